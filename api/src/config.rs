@@ -1,0 +1,892 @@
+//! The trainer's configuration: the one type the trainer parses from YAML and the operator
+//! embeds in `DistributedTraining.spec.trainer`, so the two never drift.
+//!
+//! Field names are camelCase in YAML (Kubernetes convention). Every field but `task` and
+//! `maxSteps` has a default; unknown fields are rejected.
+
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// What the trainer learns.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum Task {
+    /// Sequence-to-sequence translation from parallel text files (`data.train`, `data.valid`).
+    Translation,
+    /// A synthetic task (the target is the source sequence): needs no files; for tests and demos.
+    Copy,
+}
+
+/// A complete trainer configuration.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TrainerConfig {
+    /// What to learn: `translation` (parallel text files) or `copy` (synthetic, no files).
+    pub task: Task,
+    /// Seed for weight init, data order and dropout. Same seed + same config = same run.
+    #[serde(default = "defaults::seed")]
+    pub seed: u64,
+    /// Number of optimizer steps to train for; also the schedule's horizon (cosine).
+    #[schemars(range(min = 1))]
+    pub max_steps: u64,
+    /// Optional wall-clock budget in seconds: training stops (with a final evaluation and
+    /// checkpoint) at whichever comes first, `maxSteps` or this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_seconds: Option<u64>,
+    /// Parallel corpus and tokenizer (task `translation`).
+    #[serde(default)]
+    pub data: DataConfig,
+    /// Synthetic data (task `copy`).
+    #[serde(default)]
+    pub copy: CopyTaskConfig,
+    /// The encoder-decoder transformer.
+    #[serde(default)]
+    pub model: ModelConfig,
+    /// How sentences are grouped into steps.
+    #[serde(default)]
+    pub batch: BatchConfig,
+    /// AdamW hyper-parameters and gradient clipping.
+    #[serde(default)]
+    pub optimizer: OptimizerConfig,
+    /// Learning-rate schedule.
+    #[serde(default)]
+    pub schedule: ScheduleConfig,
+    /// Label smoothing of the cross-entropy loss, in [0, 1).
+    #[serde(default = "defaults::label_smoothing")]
+    #[schemars(range(min = 0.0, max = 0.99))]
+    pub label_smoothing: f64,
+    /// Numeric precision of the forward/backward pass.
+    #[serde(default)]
+    pub precision: Precision,
+    /// Validation loss and BLEU.
+    #[serde(default)]
+    pub eval: EvalConfig,
+    /// When to save and how many checkpoints to keep.
+    #[serde(default)]
+    pub checkpoint: CheckpointPolicy,
+    /// Gradient exchange and rendezvous between ranks.
+    #[serde(default)]
+    pub distributed: DistributedConfig,
+    /// Where the trainer runs: `auto` picks CUDA when a GPU is visible.
+    #[serde(default)]
+    pub device: DeviceKind,
+    /// Intra-op threads per rank; default = available cores / local ranks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub threads: Option<u32>,
+    /// Log a progress line every this many steps.
+    #[serde(default = "defaults::log_every_steps")]
+    #[schemars(range(min = 1))]
+    pub log_every_steps: u64,
+}
+
+/// Parallel text: one sentence a line, source and target aligned by line; `.gz` is accepted.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ParallelFiles {
+    /// Source-language file (relative paths resolve against the working directory).
+    pub source: String,
+    /// Target-language file, line-aligned with `source`.
+    pub target: String,
+}
+
+/// Data for the `translation` task.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DataConfig {
+    /// Training pairs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train: Option<ParallelFiles>,
+    /// Validation pairs (loss and BLEU during training).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid: Option<ParallelFiles>,
+    /// Training pairs with more subword tokens than this on either side are skipped.
+    #[serde(default = "defaults::max_sentence_tokens")]
+    #[schemars(range(min = 2))]
+    pub max_sentence_tokens: u32,
+    /// The subword tokenizer shared by source and target.
+    #[serde(default)]
+    pub tokenizer: TokenizerConfig,
+}
+
+/// A joint byte-pair-encoding tokenizer over source and target.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TokenizerConfig {
+    /// Vocabulary size to learn (including the 4 special tokens).
+    #[serde(default = "defaults::vocab_size")]
+    #[schemars(range(min = 16, max = 1000000))]
+    pub vocab_size: u32,
+    /// Merges seen fewer times than this are not learned.
+    #[serde(default = "defaults::min_frequency")]
+    #[schemars(range(min = 1))]
+    pub min_frequency: u32,
+    /// Use this tokenizer.json instead of learning one. Either way, the tokenizer is saved
+    /// beside the checkpoints and reused by every restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+}
+
+/// Synthetic sequences for the `copy` task.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CopyTaskConfig {
+    /// Number of distinct symbols (excluding the 4 special tokens).
+    #[serde(default = "defaults::copy_symbols")]
+    #[schemars(range(min = 2, max = 100000))]
+    pub symbols: u32,
+    /// Shortest sequence length.
+    #[serde(default = "defaults::copy_min_length")]
+    #[schemars(range(min = 1))]
+    pub min_length: u32,
+    /// Longest sequence length.
+    #[serde(default = "defaults::copy_max_length")]
+    #[schemars(range(min = 1))]
+    pub max_length: u32,
+    /// Training examples per epoch.
+    #[serde(default = "defaults::copy_train_samples")]
+    #[schemars(range(min = 1))]
+    pub train_samples: u64,
+    /// Validation examples.
+    #[serde(default = "defaults::copy_valid_samples")]
+    #[schemars(range(min = 1))]
+    pub valid_samples: u64,
+}
+
+/// A pre-layer-norm encoder-decoder transformer.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "self.dModel % self.heads == 0", "message": "model.dModel must be divisible by model.heads"}
+]))]
+pub struct ModelConfig {
+    /// Width of embeddings and hidden states (transformer-base: 512).
+    #[serde(default = "defaults::d_model")]
+    #[schemars(range(min = 8, max = 16384))]
+    pub d_model: u32,
+    /// Attention heads; must divide dModel.
+    #[serde(default = "defaults::heads")]
+    #[schemars(range(min = 1, max = 256))]
+    pub heads: u32,
+    /// Encoder layers (transformer-base: 6).
+    #[serde(default = "defaults::layers")]
+    #[schemars(range(min = 1, max = 128))]
+    pub encoder_layers: u32,
+    /// Decoder layers (transformer-base: 6).
+    #[serde(default = "defaults::layers")]
+    #[schemars(range(min = 1, max = 128))]
+    pub decoder_layers: u32,
+    /// Hidden width of the position-wise feed-forward blocks (transformer-base: 2048).
+    #[serde(default = "defaults::ffn_dim")]
+    #[schemars(range(min = 1, max = 131072))]
+    pub ffn_dim: u32,
+    /// Dropout on embeddings, attention weights and residual branches.
+    #[serde(default = "defaults::dropout")]
+    #[schemars(range(min = 0.0, max = 0.99))]
+    pub dropout: f64,
+    /// Share one matrix between source embedding, target embedding and output projection.
+    #[serde(default = "defaults::yes")]
+    pub tie_embeddings: bool,
+    /// Longest sequence (in tokens, with BOS/EOS) the positional encoding covers.
+    #[serde(default = "defaults::max_positions")]
+    #[schemars(range(min = 8, max = 65536))]
+    pub max_positions: u32,
+}
+
+/// Token-count batching.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BatchConfig {
+    /// Upper bound on padded tokens per side (source or target) of one global micro-batch,
+    /// summed over all ranks. Sentences are bucketed by length so padding stays small.
+    #[serde(default = "defaults::max_tokens")]
+    #[schemars(range(min = 8))]
+    pub max_tokens: u32,
+    /// Micro-batches accumulated into one optimizer step.
+    #[serde(default = "defaults::one")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub accumulate: u32,
+}
+
+/// AdamW with decoupled weight decay.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OptimizerConfig {
+    /// Peak learning rate (reached at the end of warmup).
+    #[serde(default = "defaults::lr")]
+    #[schemars(range(min = 0.0))]
+    pub lr: f64,
+    /// First-moment decay.
+    #[serde(default = "defaults::beta1")]
+    #[schemars(range(min = 0.0, max = 0.999999))]
+    pub beta1: f64,
+    /// Second-moment decay.
+    #[serde(default = "defaults::beta2")]
+    #[schemars(range(min = 0.0, max = 0.999999))]
+    pub beta2: f64,
+    /// Denominator epsilon.
+    #[serde(default = "defaults::eps")]
+    #[schemars(range(min = 0.0))]
+    pub eps: f64,
+    /// Decoupled weight decay (not applied to biases and layer norms).
+    #[serde(default = "defaults::weight_decay")]
+    #[schemars(range(min = 0.0))]
+    pub weight_decay: f64,
+    /// Clip the global gradient L2 norm to this; 0 disables clipping.
+    #[serde(default = "defaults::clip_norm")]
+    #[schemars(range(min = 0.0))]
+    pub clip_norm: f64,
+}
+
+/// Shape of the learning rate over steps.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum ScheduleKind {
+    /// Linear warmup, then lr * sqrt(warmup / step) (the Transformer paper's schedule).
+    #[default]
+    InverseSqrt,
+    /// Linear warmup, then cosine decay to `minLrRatio * lr` at `maxSteps`.
+    Cosine,
+    /// Linear warmup, then constant.
+    Constant,
+}
+
+/// Learning-rate schedule.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScheduleConfig {
+    /// `inverseSqrt`, `cosine` or `constant`.
+    #[serde(default)]
+    pub kind: ScheduleKind,
+    /// Steps of linear warmup from 0 to `optimizer.lr`.
+    #[serde(default = "defaults::warmup_steps")]
+    pub warmup_steps: u64,
+    /// Cosine only: final lr as a fraction of the peak.
+    #[serde(default)]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub min_lr_ratio: f64,
+}
+
+/// Numeric precision of the forward/backward pass.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum Precision {
+    /// 32-bit floats everywhere.
+    #[default]
+    Fp32,
+    /// bfloat16 autocast for matrix multiplies (GPU); weights and optimizer stay fp32.
+    Bf16,
+}
+
+/// Evaluation on the validation set.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EvalConfig {
+    /// Evaluate every this many steps (and once at the end); 0 = only at the end.
+    #[serde(default = "defaults::eval_every")]
+    pub every_steps: u64,
+    /// Also decode the validation set and report corpus BLEU (sacreBLEU-compatible).
+    #[serde(default = "defaults::yes")]
+    pub bleu: bool,
+    /// Beam width for decoding; 1 = greedy.
+    #[serde(default = "defaults::one")]
+    #[schemars(range(min = 1, max = 64))]
+    pub beam_size: u32,
+    /// Decode at most this many validation sentences for BLEU (all when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_sentences: Option<u32>,
+}
+
+/// When checkpoints are written and which are kept.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CheckpointPolicy {
+    /// Save every this many steps (and at the end); 0 = only at the end.
+    #[serde(default = "defaults::checkpoint_every_steps")]
+    pub every_steps: u64,
+    /// Also save when this many seconds passed since the last save.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub every_seconds: Option<u64>,
+    /// Keep the newest K complete checkpoints.
+    #[serde(default = "defaults::keep_latest")]
+    #[schemars(range(min = 1))]
+    pub keep_latest: u32,
+    /// Also keep the N with the lowest validation loss.
+    #[serde(default = "defaults::one")]
+    pub keep_best: u32,
+}
+
+/// Which collective backend moves gradients between ranks.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum Backend {
+    /// NCCL when the ranks have GPUs, the TCP ring otherwise.
+    #[default]
+    Auto,
+    /// The TCP ring all-reduce (CPU tensors).
+    Ring,
+    /// NCCL (GPU tensors; needs a build with the `cuda` feature).
+    Nccl,
+}
+
+/// Gradient exchange and rendezvous.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DistributedConfig {
+    /// Collective backend.
+    #[serde(default)]
+    pub backend: Backend,
+    /// Gradients are flattened into buckets of about this many MiB for exchange.
+    #[serde(default = "defaults::bucket_mib")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub bucket_mib: u32,
+    /// A collective that does not complete in this many seconds fails the rank with a
+    /// retryable exit code (a dead or hung peer never hangs the gang).
+    #[serde(default = "defaults::collective_timeout")]
+    #[schemars(range(min = 1))]
+    pub collective_timeout_seconds: u64,
+    /// How long ranks keep trying to reach each other at start-up.
+    #[serde(default = "defaults::rendezvous_timeout")]
+    #[schemars(range(min = 1))]
+    pub rendezvous_timeout_seconds: u64,
+    /// Exchange gradients in bfloat16 (NCCL only): half the bytes, slightly less precise.
+    #[serde(default)]
+    pub bf16_gradients: bool,
+}
+
+/// Where tensors live.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum DeviceKind {
+    /// CUDA when available (rank i uses GPU LOCAL_RANK), otherwise CPU.
+    #[default]
+    Auto,
+    /// Always CPU.
+    Cpu,
+    /// Always CUDA; fails when no GPU is visible.
+    Cuda,
+}
+
+mod defaults {
+    pub fn seed() -> u64 {
+        1
+    }
+    pub fn label_smoothing() -> f64 {
+        0.1
+    }
+    pub fn log_every_steps() -> u64 {
+        50
+    }
+    pub fn max_sentence_tokens() -> u32 {
+        128
+    }
+    pub fn vocab_size() -> u32 {
+        8000
+    }
+    pub fn min_frequency() -> u32 {
+        2
+    }
+    pub fn copy_symbols() -> u32 {
+        20
+    }
+    pub fn copy_min_length() -> u32 {
+        3
+    }
+    pub fn copy_max_length() -> u32 {
+        12
+    }
+    pub fn copy_train_samples() -> u64 {
+        20_000
+    }
+    pub fn copy_valid_samples() -> u64 {
+        200
+    }
+    pub fn d_model() -> u32 {
+        256
+    }
+    pub fn heads() -> u32 {
+        4
+    }
+    pub fn layers() -> u32 {
+        3
+    }
+    pub fn ffn_dim() -> u32 {
+        512
+    }
+    pub fn dropout() -> f64 {
+        0.1
+    }
+    pub fn yes() -> bool {
+        true
+    }
+    pub fn max_positions() -> u32 {
+        256
+    }
+    pub fn max_tokens() -> u32 {
+        2000
+    }
+    pub fn one() -> u32 {
+        1
+    }
+    pub fn lr() -> f64 {
+        2e-3
+    }
+    pub fn beta1() -> f64 {
+        0.9
+    }
+    pub fn beta2() -> f64 {
+        0.98
+    }
+    pub fn eps() -> f64 {
+        1e-9
+    }
+    pub fn weight_decay() -> f64 {
+        0.01
+    }
+    pub fn clip_norm() -> f64 {
+        1.0
+    }
+    pub fn warmup_steps() -> u64 {
+        300
+    }
+    pub fn eval_every() -> u64 {
+        1000
+    }
+    pub fn checkpoint_every_steps() -> u64 {
+        500
+    }
+    pub fn keep_latest() -> u32 {
+        3
+    }
+    pub fn bucket_mib() -> u32 {
+        25
+    }
+    pub fn collective_timeout() -> u64 {
+        60
+    }
+    pub fn rendezvous_timeout() -> u64 {
+        300
+    }
+}
+
+macro_rules! impl_default_from_serde {
+    ($($ty:ty),*) => {$(
+        impl Default for $ty {
+            /// The documented defaults (the same ones an empty YAML mapping gets).
+            fn default() -> Self {
+                serde_json::from_value(serde_json::json!({})).expect("all fields have defaults")
+            }
+        }
+    )*};
+}
+impl_default_from_serde!(
+    DataConfig,
+    TokenizerConfig,
+    CopyTaskConfig,
+    ModelConfig,
+    BatchConfig,
+    OptimizerConfig,
+    ScheduleConfig,
+    EvalConfig,
+    CheckpointPolicy,
+    DistributedConfig
+);
+
+/// One invalid field: its path in the document (`optimizer.lr`) and what is wrong with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldError {
+    pub path: String,
+    pub reason: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.reason)
+    }
+}
+
+/// Why a configuration could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Syntax, unknown field, wrong type: the parser's message names the field and the location.
+    #[error("{origin}: {message}")]
+    Parse { origin: String, message: String },
+    /// Every semantic problem found, each naming its field.
+    #[error("{origin}: invalid config:\n{}", .errors.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
+    Invalid {
+        origin: String,
+        errors: Vec<FieldError>,
+    },
+}
+
+impl ConfigError {
+    /// A single-line summary (for termination messages and Kubernetes events).
+    pub fn one_line(&self) -> String {
+        match self {
+            ConfigError::Invalid { origin, errors } => format!(
+                "{origin}: invalid config: {}",
+                errors
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+            other => other.to_string().replace('\n', " "),
+        }
+    }
+}
+
+impl TrainerConfig {
+    /// Parses YAML (or JSON, a subset) and validates it. `origin` names the source in errors.
+    pub fn from_yaml(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let config: TrainerConfig =
+            serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
+                origin: origin.to_string(),
+                message: e.to_string(),
+            })?;
+        config.check(origin)?;
+        Ok(config)
+    }
+
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_yaml(&text, &path.display().to_string())
+    }
+
+    /// Serializes to YAML (what the operator puts in the job's ConfigMap).
+    pub fn to_yaml(&self) -> String {
+        serde_saphyr::to_string(self).expect("config serializes")
+    }
+
+    /// `validate`, as a `Result`.
+    pub fn check(&self, origin: &str) -> Result<(), ConfigError> {
+        let errors = self.validate();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid {
+                origin: origin.to_string(),
+                errors,
+            })
+        }
+    }
+
+    /// Every semantic problem (ranges, cross-field rules). Pure: does not touch files.
+    pub fn validate(&self) -> Vec<FieldError> {
+        let mut errors = Vec::new();
+        let mut bad = |path: &str, reason: String| {
+            errors.push(FieldError {
+                path: path.to_string(),
+                reason,
+            })
+        };
+        if self.max_steps == 0 {
+            bad("maxSteps", "must be at least 1".into());
+        }
+        if self.max_seconds == Some(0) {
+            bad("maxSeconds", "must be at least 1 when set".into());
+        }
+        if !(0.0..1.0).contains(&self.label_smoothing) {
+            bad(
+                "labelSmoothing",
+                format!("must be in [0, 1), got {}", self.label_smoothing),
+            );
+        }
+        if self.log_every_steps == 0 {
+            bad("logEverySteps", "must be at least 1".into());
+        }
+        if self.threads == Some(0) {
+            bad("threads", "must be at least 1 when set".into());
+        }
+        match self.task {
+            Task::Translation => {
+                if self.data.train.is_none() {
+                    bad(
+                        "data.train",
+                        "is required for task translation (source and target files)".into(),
+                    );
+                }
+                for (name, files) in [("data.train", &self.data.train), ("data.valid", &self.data.valid)] {
+                    if let Some(f) = files {
+                        if f.source.trim().is_empty() {
+                            bad(&format!("{name}.source"), "must name a file".into());
+                        }
+                        if f.target.trim().is_empty() {
+                            bad(&format!("{name}.target"), "must name a file".into());
+                        }
+                    }
+                }
+                let tok = &self.data.tokenizer;
+                if tok.path.is_none() && tok.vocab_size < 64 {
+                    bad(
+                        "data.tokenizer.vocabSize",
+                        format!(
+                            "must be at least 64 to learn a subword vocabulary, got {}",
+                            tok.vocab_size
+                        ),
+                    );
+                }
+                if tok.min_frequency == 0 {
+                    bad("data.tokenizer.minFrequency", "must be at least 1".into());
+                }
+                if self.data.max_sentence_tokens < 2 {
+                    bad("data.maxSentenceTokens", "must be at least 2".into());
+                }
+                if self.data.max_sentence_tokens + 2 > self.model.max_positions {
+                    bad(
+                        "data.maxSentenceTokens",
+                        format!(
+                            "{} plus BOS/EOS exceeds model.maxPositions {}",
+                            self.data.max_sentence_tokens, self.model.max_positions
+                        ),
+                    );
+                }
+                if self.data.max_sentence_tokens + 2 > self.batch.max_tokens {
+                    bad(
+                        "batch.maxTokens",
+                        format!(
+                            "{} cannot hold one sentence of data.maxSentenceTokens {} plus BOS/EOS",
+                            self.batch.max_tokens, self.data.max_sentence_tokens
+                        ),
+                    );
+                }
+            }
+            Task::Copy => {
+                let c = &self.copy;
+                if c.symbols < 2 {
+                    bad("copy.symbols", format!("must be at least 2, got {}", c.symbols));
+                }
+                if c.min_length == 0 {
+                    bad("copy.minLength", "must be at least 1".into());
+                }
+                if c.max_length < c.min_length {
+                    bad(
+                        "copy.maxLength",
+                        format!("{} is less than copy.minLength {}", c.max_length, c.min_length),
+                    );
+                }
+                if c.max_length + 2 > self.model.max_positions {
+                    bad(
+                        "copy.maxLength",
+                        format!(
+                            "{} plus BOS/EOS exceeds model.maxPositions {}",
+                            c.max_length, self.model.max_positions
+                        ),
+                    );
+                }
+                if c.max_length + 2 > self.batch.max_tokens {
+                    bad(
+                        "batch.maxTokens",
+                        format!(
+                            "{} cannot hold one sequence of copy.maxLength {} plus BOS/EOS",
+                            self.batch.max_tokens, c.max_length
+                        ),
+                    );
+                }
+                if c.train_samples == 0 {
+                    bad("copy.trainSamples", "must be at least 1".into());
+                }
+                if c.valid_samples == 0 {
+                    bad("copy.validSamples", "must be at least 1".into());
+                }
+            }
+        }
+        let m = &self.model;
+        if m.d_model == 0 || m.heads == 0 {
+            bad("model.dModel", "dModel and heads must be positive".into());
+        } else if m.d_model % m.heads != 0 {
+            bad(
+                "model.dModel",
+                format!("{} is not divisible by model.heads {}", m.d_model, m.heads),
+            );
+        } else if (m.d_model / m.heads) % 2 != 0 {
+            bad(
+                "model.heads",
+                format!(
+                    "head size dModel/heads = {} must be even",
+                    m.d_model / m.heads
+                ),
+            );
+        }
+        if m.encoder_layers == 0 {
+            bad("model.encoderLayers", "must be at least 1".into());
+        }
+        if m.decoder_layers == 0 {
+            bad("model.decoderLayers", "must be at least 1".into());
+        }
+        if m.ffn_dim == 0 {
+            bad("model.ffnDim", "must be at least 1".into());
+        }
+        if !(0.0..1.0).contains(&m.dropout) {
+            bad("model.dropout", format!("must be in [0, 1), got {}", m.dropout));
+        }
+        if self.batch.accumulate == 0 {
+            bad("batch.accumulate", "must be at least 1".into());
+        }
+        let o = &self.optimizer;
+        if !(o.lr.is_finite() && o.lr > 0.0) {
+            bad("optimizer.lr", format!("must be a positive number, got {}", o.lr));
+        }
+        for (path, v) in [("optimizer.beta1", o.beta1), ("optimizer.beta2", o.beta2)] {
+            if !(0.0..1.0).contains(&v) {
+                bad(path, format!("must be in [0, 1), got {v}"));
+            }
+        }
+        if !(o.eps.is_finite() && o.eps > 0.0) {
+            bad("optimizer.eps", format!("must be positive, got {}", o.eps));
+        }
+        if !(o.weight_decay.is_finite() && o.weight_decay >= 0.0) {
+            bad(
+                "optimizer.weightDecay",
+                format!("must be >= 0, got {}", o.weight_decay),
+            );
+        }
+        if !(o.clip_norm.is_finite() && o.clip_norm >= 0.0) {
+            bad(
+                "optimizer.clipNorm",
+                format!("must be >= 0 (0 disables clipping), got {}", o.clip_norm),
+            );
+        }
+        if !(0.0..=1.0).contains(&self.schedule.min_lr_ratio) {
+            bad(
+                "schedule.minLrRatio",
+                format!("must be in [0, 1], got {}", self.schedule.min_lr_ratio),
+            );
+        }
+        if self.eval.beam_size == 0 {
+            bad("eval.beamSize", "must be at least 1 (1 = greedy)".into());
+        }
+        if self.eval.max_sentences == Some(0) {
+            bad("eval.maxSentences", "must be at least 1 when set".into());
+        }
+        if self.checkpoint.keep_latest == 0 {
+            bad(
+                "checkpoint.keepLatest",
+                "must be at least 1 (the newest checkpoint is the resume point)".into(),
+            );
+        }
+        if self.checkpoint.every_seconds == Some(0) {
+            bad("checkpoint.everySeconds", "must be at least 1 when set".into());
+        }
+        let d = &self.distributed;
+        if d.bucket_mib == 0 {
+            bad("distributed.bucketMib", "must be at least 1".into());
+        }
+        if d.collective_timeout_seconds == 0 {
+            bad("distributed.collectiveTimeoutSeconds", "must be at least 1".into());
+        }
+        if d.rendezvous_timeout_seconds == 0 {
+            bad("distributed.rendezvousTimeoutSeconds", "must be at least 1".into());
+        }
+        errors
+    }
+
+    /// A stable digest of everything that shapes the model's tensors and vocabulary; a
+    /// checkpoint whose digest differs cannot be resumed by this config (exit code 4).
+    /// Training length, data paths, batching, optimizer hyper-parameters, evaluation and
+    /// checkpoint cadence may all change between runs.
+    pub fn digest(&self) -> String {
+        let shaping = serde_json::json!({
+            "task": self.task,
+            "tokenizer": {"vocabSize": self.data.tokenizer.vocab_size, "path": self.data.tokenizer.path},
+            "copySymbols": self.copy.symbols,
+            "model": self.model,
+        });
+        // FNV-1a 64: dependency-free and stable across Rust versions.
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in shaping.to_string().bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        format!("{hash:016x}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "task: copy\nmaxSteps: 10\n";
+
+    #[test]
+    fn minimal_config_gets_documented_defaults() {
+        let c = TrainerConfig::from_yaml(MINIMAL, "t").unwrap();
+        assert_eq!(c.model.d_model, 256);
+        assert_eq!(c.optimizer.lr, 2e-3);
+        assert_eq!(c.schedule.kind, ScheduleKind::InverseSqrt);
+        assert_eq!(c.batch.max_tokens, 2000);
+        assert_eq!(c.checkpoint.keep_latest, 3);
+    }
+
+    #[test]
+    fn unknown_field_is_named() {
+        let err = TrainerConfig::from_yaml("task: copy\nmaxSteps: 10\nmodel:\n  dmodel: 3\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("dmodel"), "{err}");
+    }
+
+    #[test]
+    fn wrong_type_is_named() {
+        let err = TrainerConfig::from_yaml("task: copy\nmaxSteps: ten\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("maxSteps") || err.contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn unknown_task_is_rejected() {
+        let err = TrainerConfig::from_yaml("task: summarize\nmaxSteps: 10\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("summarize"), "{err}");
+    }
+
+    #[test]
+    fn every_range_error_is_reported_with_its_path() {
+        let text = "task: translation\nmaxSteps: 10\noptimizer:\n  lr: -0.1\nmodel:\n  dModel: 250\n  heads: 4\ndata:\n  tokenizer:\n    vocabSize: 20\n";
+        let Err(ConfigError::Invalid { errors, .. }) = TrainerConfig::from_yaml(text, "t") else {
+            panic!("expected invalid");
+        };
+        let paths: Vec<_> = errors.iter().map(|e| e.path.as_str()).collect();
+        assert!(paths.contains(&"optimizer.lr"), "{paths:?}");
+        assert!(paths.contains(&"model.dModel"), "{paths:?}");
+        assert!(paths.contains(&"data.tokenizer.vocabSize"), "{paths:?}");
+        assert!(paths.contains(&"data.train"), "{paths:?}");
+    }
+
+    #[test]
+    fn yaml_round_trip_is_lossless() {
+        let c = TrainerConfig::from_yaml(MINIMAL, "t").unwrap();
+        let again = TrainerConfig::from_yaml(&c.to_yaml(), "again").unwrap();
+        assert_eq!(c, again);
+        assert_eq!(c.digest(), again.digest());
+    }
+
+    #[test]
+    fn digest_ignores_training_length_but_not_model_shape() {
+        let a = TrainerConfig::from_yaml(MINIMAL, "t").unwrap();
+        let mut b = a.clone();
+        b.max_steps = 99;
+        b.eval.every_steps = 7;
+        b.optimizer.lr = 1e-4;
+        assert_eq!(a.digest(), b.digest());
+        b.model.d_model = 128;
+        assert_ne!(a.digest(), b.digest());
+    }
+}

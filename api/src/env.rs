@@ -1,0 +1,43 @@
+//! Environment variables: the contract between the operator, `ferrotrain launch` and each
+//! rank. The torchrun names are kept so that a PyTorch image started by torchrun also works.
+
+/// Address of the rank-0 pod (hosts the rendezvous store).
+pub const MASTER_ADDR: &str = "MASTER_ADDR";
+/// Port of the rendezvous store on MASTER_ADDR.
+pub const MASTER_PORT: &str = "MASTER_PORT";
+/// Total ranks over all nodes.
+pub const WORLD_SIZE: &str = "WORLD_SIZE";
+/// Nodes (pods).
+pub const NNODES: &str = "NNODES";
+/// This node's index, 0-based.
+pub const NODE_RANK: &str = "NODE_RANK";
+/// Ranks per node.
+pub const NPROC_PER_NODE: &str = "NPROC_PER_NODE";
+/// Global rank of one process (set by the launcher).
+pub const RANK: &str = "RANK";
+/// Rank within the node (set by the launcher).
+pub const LOCAL_RANK: &str = "LOCAL_RANK";
+/// Ranks on this node (set by the launcher).
+pub const LOCAL_WORLD_SIZE: &str = "LOCAL_WORLD_SIZE";
+/// torchelastic's name for the attempt number.
+pub const TORCHELASTIC_RESTART_COUNT: &str = "TORCHELASTIC_RESTART_COUNT";
+/// Prefix of the torch elastic twins (`PET_NNODES`, `PET_NODE_RANK`, ...).
+pub const PET_PREFIX: &str = "PET_";
+
+/// Name of the DistributedTraining job (checkpoint subdirectory).
+pub const FERROTRAIN_JOB: &str = "FERROTRAIN_JOB";
+/// Attempt number (0-based); part of the rendezvous handshake.
+pub const FERROTRAIN_ATTEMPT: &str = "FERROTRAIN_ATTEMPT";
+/// Path of the trainer config file.
+pub const FERROTRAIN_CONFIG: &str = "FERROTRAIN_CONFIG";
+/// Directory under which `<job>/step-XXXXXXXX/` checkpoints live.
+pub const FERROTRAIN_CHECKPOINT_DIR: &str = "FERROTRAIN_CHECKPOINT_DIR";
+/// Shared secret every rendezvous connection must prove it knows.
+pub const FERROTRAIN_RDZV_TOKEN: &str = "FERROTRAIN_RDZV_TOKEN";
+/// Port of rank 0's HTTP server (/metrics, /progress, /healthz).
+pub const FERROTRAIN_METRICS_PORT: &str = "FERROTRAIN_METRICS_PORT";
+
+/// Where a container writes its one-line failure reason (Kubernetes' default path).
+pub const TERMINATION_LOG: &str = "/dev/termination-log";
+/// Overrides TERMINATION_LOG (tests, local runs).
+pub const FERROTRAIN_TERMINATION_LOG: &str = "FERROTRAIN_TERMINATION_LOG";

@@ -1,0 +1,9 @@
+//! ferrotrain's contracts between the operator, the launcher and the trainer ranks.
+
+pub mod config;
+pub mod env;
+pub mod exit;
+pub mod progress;
+
+pub use config::{ConfigError, FieldError, TrainerConfig};
+pub use progress::{CheckpointInfo, Progress, TrainerPhase};

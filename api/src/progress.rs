@@ -1,0 +1,104 @@
+//! The progress report rank 0 serves at `/progress` and the operator copies into
+//! `DistributedTraining.status.progress`.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// What the trainer is doing right now.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum TrainerPhase {
+    /// Loading data, learning the tokenizer, building the model, rendezvous.
+    #[default]
+    Starting,
+    /// Taking optimizer steps.
+    Training,
+    /// Computing validation loss / BLEU.
+    Evaluating,
+    /// Reached maxSteps (or maxSeconds) and saved the final checkpoint.
+    Finished,
+}
+
+/// The newest complete checkpoint.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointInfo {
+    /// Optimizer step the checkpoint holds.
+    pub step: u64,
+    /// Bytes on disk (model + optimizer + metadata).
+    pub size_bytes: u64,
+    /// When it became complete (RFC 3339, UTC).
+    pub time: String,
+    /// Seconds the training thread was blocked by this save (the rest is written in the
+    /// background).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocking_seconds: Option<f64>,
+}
+
+/// A training run's progress. All rates are averaged over a recent window of steps.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Progress {
+    /// What the trainer is doing.
+    pub phase: TrainerPhase,
+    /// Optimizer steps completed.
+    pub step: u64,
+    /// Steps the run will take (`maxSteps`).
+    pub total_steps: u64,
+    /// Passes over the training data started so far (0-based).
+    pub epoch: u64,
+    /// Training examples consumed so far, over all ranks (the global data position).
+    pub samples: u64,
+    /// Ranks exchanging gradients.
+    pub world_size: u32,
+    /// Optimizer steps per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps_per_second: Option<f64>,
+    /// Training examples per second, all ranks together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples_per_second: Option<f64>,
+    /// Source + target tokens (without padding) per second, all ranks together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_second: Option<f64>,
+    /// Wall-clock seconds per optimizer step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_time_seconds: Option<f64>,
+    /// Share of step time spent waiting on gradient exchange, in [0, 1]. Near 1 means the
+    /// network (or a slow peer) is the bottleneck.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm_fraction: Option<f64>,
+    /// Training loss (label-smoothed cross-entropy per target token), recent average.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+    /// Validation loss (plain cross-entropy per target token) at the last evaluation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_loss: Option<f64>,
+    /// Corpus BLEU on the validation set at the last evaluation (sacreBLEU 13a, cased).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_bleu: Option<f64>,
+    /// Step of the last evaluation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_step: Option<u64>,
+    /// Best validation loss so far and its step: when evalLoss rises while loss falls, the
+    /// model is overfitting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_eval_loss: Option<f64>,
+    /// Current learning rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learning_rate: Option<f64>,
+    /// Seconds until `totalSteps` at the current rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_seconds: Option<f64>,
+    /// The newest complete checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint: Option<CheckpointInfo>,
+    /// Step this run resumed from (absent for a fresh start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_from_step: Option<u64>,
+    /// Model parameters.
+    #[serde(default)]
+    pub parameters: u64,
+    /// Peak resident memory of rank 0, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_memory_bytes: Option<u64>,
+}
