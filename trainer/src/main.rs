@@ -1,1 +1,278 @@
-fn main() {}
+//! `ferrotrain`: train (`run`, one rank; `launch`, a local gang), check a config
+//! (`validate`), translate with a checkpoint (`translate`) and score translations (`bleu`).
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use ferrotrain_api::{TrainerConfig, env, exit};
+use ferrotrain_trainer::error::{Result, TrainError, write_termination_message};
+use ferrotrain_trainer::{bleu, checkpoint, data, decode, dist, launch, model, train};
+
+#[derive(Parser, Debug)]
+#[command(name = "ferrotrain", version, about = "Distributed transformer training on libtorch")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run one rank of a training job (a single process when started by hand).
+    Run(RunArgs),
+    /// Start the local ranks of a job and restart them from the latest checkpoint on failure.
+    Launch(launch::LaunchArgs),
+    /// Check a config file: exit 0 when valid, 2 when invalid, 3 when a data file is missing.
+    Validate {
+        #[arg(long, env = env::FERROTRAIN_CONFIG)]
+        config: PathBuf,
+    },
+    /// Translate sentences from stdin (one a line) with a checkpoint; write them to stdout.
+    Translate(TranslateArgs),
+    /// Corpus BLEU (sacreBLEU 13a, cased) of hypotheses on stdin against a reference file.
+    Bleu {
+        /// Reference translations, one a line (.gz accepted).
+        #[arg(long)]
+        reference: PathBuf,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// The trainer config (YAML).
+    #[arg(long, env = env::FERROTRAIN_CONFIG)]
+    config: PathBuf,
+    /// Job name: checkpoints go to `<checkpoint-dir>/<job>/` (default: the config file's stem).
+    #[arg(long, env = env::FERROTRAIN_JOB)]
+    job: Option<String>,
+    /// Directory holding every job's checkpoints.
+    #[arg(long, env = env::FERROTRAIN_CHECKPOINT_DIR, default_value = "runs")]
+    checkpoint_dir: PathBuf,
+    /// Rank 0 serves /metrics, /progress and /healthz on this port (0 = any free port).
+    #[arg(long, env = env::FERROTRAIN_METRICS_PORT)]
+    metrics_port: Option<u16>,
+}
+
+#[derive(clap::Args, Debug)]
+struct TranslateArgs {
+    /// A checkpoint directory (`.../step-00001000`) or a job directory (its newest checkpoint).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Beam width; 1 = greedy.
+    #[arg(long, default_value_t = 4)]
+    beam: usize,
+    /// Source tokens per decoding batch.
+    #[arg(long, default_value_t = 4000)]
+    max_tokens: usize,
+    /// Intra-op threads (default: all cores).
+    #[arg(long)]
+    threads: Option<i32>,
+}
+
+fn init_logging(rank: usize) {
+    let default = if rank == 0 { "info" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+/// Threads per rank: the config's, else OMP_NUM_THREADS, else the cores shared by the
+/// node's ranks.
+fn threads_for(config: &TrainerConfig, local_world_size: usize) -> i32 {
+    if let Some(t) = config.threads {
+        return t as i32;
+    }
+    if let Some(t) = std::env::var("OMP_NUM_THREADS").ok().and_then(|v| v.parse::<i32>().ok()) {
+        return t.max(1);
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / local_world_size.max(1)).max(1) as i32
+}
+
+fn load_config(path: &Path) -> Result<TrainerConfig> {
+    TrainerConfig::load(path).map_err(|e| TrainError::Config(e.to_string()))
+}
+
+fn run(args: RunArgs) -> Result<()> {
+    let rank = dist::RankEnv::from_env()?;
+    init_logging(rank.rank);
+    let config = load_config(&args.config)?;
+    let job = match args.job {
+        Some(job) => job,
+        None => args
+            .config
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "job".into()),
+    };
+    let threads = threads_for(&config, rank.local_world_size);
+    tch::set_num_threads(threads);
+    tch::set_num_interop_threads(1);
+    tracing::info!(
+        rank = rank.rank,
+        world_size = rank.world_size,
+        threads,
+        job = %job,
+        "starting"
+    );
+    let options = train::RunOptions {
+        job_dir: args.checkpoint_dir.join(&job),
+        metrics_port: args.metrics_port,
+        rank,
+        config,
+    };
+    let summary = train::run(&options)?;
+    if options.rank.rank == 0 {
+        tracing::info!(
+            step = summary.step,
+            loss = summary.loss.unwrap_or(f64::NAN),
+            eval_loss = summary.eval_loss.unwrap_or(f64::NAN),
+            eval_bleu = summary.eval_bleu.unwrap_or(f64::NAN),
+            checkpoint = summary.last_checkpoint.as_ref().map_or(0, |c| c.step),
+            minutes = summary.seconds / 60.0,
+            "finished"
+        );
+    }
+    Ok(())
+}
+
+fn validate(config: &Path) -> Result<()> {
+    let config = load_config(config)?;
+    train::preflight_data(&config)?;
+    println!("config is valid (digest {})", config.digest());
+    Ok(())
+}
+
+/// Resolves `--checkpoint` to (job directory, checkpoint directory).
+fn resolve_checkpoint(path: &Path) -> Result<(PathBuf, PathBuf)> {
+    if path.join("trainer.json").is_file() {
+        let job = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        return Ok((job, path.to_path_buf()));
+    }
+    if !path.is_dir() {
+        return Err(TrainError::Data(format!("--checkpoint {}: no such directory", path.display())));
+    }
+    let store = checkpoint::CheckpointStore::new(path, Default::default())?;
+    match store.latest()? {
+        Some((dir, _)) => Ok((path.to_path_buf(), dir)),
+        None => Err(TrainError::Data(format!(
+            "--checkpoint {}: neither a checkpoint directory nor a job directory with a complete checkpoint",
+            path.display()
+        ))),
+    }
+}
+
+fn translate(args: TranslateArgs) -> Result<()> {
+    init_logging(0);
+    if let Some(t) = args.threads {
+        tch::set_num_threads(t);
+    }
+    let (job_dir, dir) = resolve_checkpoint(&args.checkpoint)?;
+    let config = load_config(&job_dir.join(train::CONFIG_FILE))?;
+    let vocab_path = job_dir.join(train::VOCAB_FILE);
+    let vocab = if vocab_path.is_file() {
+        data::Vocabulary::load(&vocab_path)?
+    } else {
+        // The copy task's symbols are not saved: they follow from the config.
+        data::load_corpus(&config, &vocab_path)?.vocab
+    };
+    let loaded = checkpoint::CheckpointStore::load(&dir)?;
+    if loaded.state.config_digest != config.digest() {
+        return Err(TrainError::IncompatibleCheckpoint(format!(
+            "{} does not belong to the config in {}",
+            dir.display(),
+            job_dir.display()
+        )));
+    }
+    let device = train::select_device(config.device, 0)?;
+    let vs = tch::nn::VarStore::new(device);
+    let net = model::Transformer::new(&vs.root(), &config.model, vocab.size() as i64);
+    train::restore_model(&model::named_parameters(&vs), &loaded.model)?;
+    tracing::info!(step = loaded.state.step, dir = %dir.display(), beam = args.beam, "translating");
+    let lines: Vec<String> = std::io::stdin().lock().lines().collect::<std::io::Result<_>>()?;
+    let limit = (net.max_positions() - 2).max(1) as usize;
+    let sources: Vec<Vec<u32>> = lines
+        .iter()
+        .map(|l| {
+            let mut ids = vocab.encode(l);
+            ids.truncate(limit);
+            ids
+        })
+        .collect();
+    let outputs = decode::translate(&net, &sources, args.beam, args.max_tokens, device);
+    let mut out = std::io::stdout().lock();
+    for ids in outputs {
+        writeln!(out, "{}", vocab.decode(&ids))?;
+    }
+    Ok(())
+}
+
+/// Lines of a text file, `.gz` decompressed.
+fn read_text_lines(path: &Path) -> Result<Vec<String>> {
+    let file = std::fs::File::open(path)
+        .map_err(|e| TrainError::Data(format!("cannot read {}: {e}", path.display())))?;
+    let reader: Box<dyn std::io::Read> = if path.extension().is_some_and(|e| e == "gz") {
+        Box::new(flate2::read::MultiGzDecoder::new(file))
+    } else {
+        Box::new(file)
+    };
+    std::io::BufReader::new(reader)
+        .lines()
+        .collect::<std::io::Result<Vec<_>>>()
+        .map_err(|e| TrainError::Data(format!("cannot read {}: {e}", path.display())))
+}
+
+fn score_bleu(reference: &Path) -> Result<()> {
+    let refs = read_text_lines(reference)?;
+    let hyps: Vec<String> = std::io::stdin().lock().lines().collect::<std::io::Result<_>>()?;
+    if hyps.len() != refs.len() {
+        return Err(TrainError::Data(format!(
+            "{} hypotheses on stdin but {} references in {}",
+            hyps.len(),
+            refs.len(),
+            reference.display()
+        )));
+    }
+    let b = bleu::corpus_bleu(&hyps, &refs);
+    println!(
+        "BLEU = {:.2} {:.1}/{:.1}/{:.1}/{:.1} (BP = {:.3} ratio = {:.3} hyp_len = {} ref_len = {}) tok:13a case:mixed",
+        b.score,
+        b.precisions[0],
+        b.precisions[1],
+        b.precisions[2],
+        b.precisions[3],
+        b.brevity_penalty,
+        b.hyp_len as f64 / b.ref_len.max(1) as f64,
+        b.hyp_len,
+        b.ref_len
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run(args),
+        Command::Launch(args) => {
+            init_logging(0);
+            return ExitCode::from(launch::run(args).clamp(0, 255) as u8);
+        }
+        Command::Validate { config } => validate(&config),
+        Command::Translate(args) => translate(args),
+        Command::Bleu { reference } => score_bleu(&reference),
+    };
+    match result {
+        Ok(()) => ExitCode::from(exit::SUCCESS as u8),
+        Err(e) => {
+            let code = e.exit_code();
+            eprintln!("ferrotrain: error: {e}");
+            write_termination_message(&e.to_string());
+            ExitCode::from(code as u8)
+        }
+    }
+}

@@ -1,1 +1,512 @@
-//! TODO
+//! A pre-layer-norm encoder-decoder transformer ("Attention Is All You Need", with the
+//! layer norm moved in front of each sub-layer as in most modern implementations), built on
+//! libtorch's fused scaled-dot-product attention.
+//!
+//! Variables are named by path (`encoder.layers.0.self_attn.qkv.weight`) so checkpoints are
+//! readable, and sorted by name wherever an order matters (gradient buckets, optimizer state).
+
+use ferrotrain_api::config::ModelConfig;
+use tch::nn::{self, Module};
+use tch::{Kind, Tensor};
+
+use crate::data::PAD;
+
+/// Multi-head attention. Self-attention projects q, k, v with one matrix; cross-attention
+/// projects q from the decoder and k, v (one matrix) from the encoder output.
+#[derive(Debug)]
+struct Attention {
+    q: Option<nn::Linear>,
+    kv: Option<nn::Linear>,
+    qkv: Option<nn::Linear>,
+    out: nn::Linear,
+    heads: i64,
+    dropout: f64,
+}
+
+fn linear(p: nn::Path, input: i64, output: i64) -> nn::Linear {
+    let config = nn::LinearConfig {
+        ws_init: nn::init::Init::Kaiming {
+            dist: nn::init::NormalOrUniform::Uniform,
+            fan: nn::init::FanInOut::FanAvg,
+            non_linearity: nn::init::NonLinearity::Linear,
+        },
+        bs_init: Some(nn::init::Init::Const(0.0)),
+        bias: true,
+    };
+    nn::linear(p, input, output, config)
+}
+
+impl Attention {
+    fn new_self(p: nn::Path, d: i64, heads: i64, dropout: f64) -> Self {
+        Attention {
+            q: None,
+            kv: None,
+            qkv: Some(linear(&p / "qkv", d, 3 * d)),
+            out: linear(&p / "out", d, d),
+            heads,
+            dropout,
+        }
+    }
+
+    fn new_cross(p: nn::Path, d: i64, heads: i64, dropout: f64) -> Self {
+        Attention {
+            q: Some(linear(&p / "q", d, d)),
+            kv: Some(linear(&p / "kv", d, 2 * d)),
+            qkv: None,
+            out: linear(&p / "out", d, d),
+            heads,
+            dropout,
+        }
+    }
+
+    /// [B, L, D] -> [B, H, L, D/H]
+    fn split_heads(&self, x: &Tensor) -> Tensor {
+        let (b, l, d) = x.size3().expect("[B, L, D]");
+        x.view([b, l, self.heads, d / self.heads]).transpose(1, 2)
+    }
+
+    /// [B, H, L, D/H] -> [B, L, D]
+    fn merge_heads(x: &Tensor) -> Tensor {
+        let (b, h, l, dh) = x.size4().expect("[B, H, L, Dh]");
+        x.transpose(1, 2).contiguous().view([b, l, h * dh])
+    }
+
+    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, causal: bool, train: bool) -> Tensor {
+        let p = if train { self.dropout } else { 0.0 };
+        let y = Tensor::scaled_dot_product_attention(q, k, v, mask, p, causal, None, false);
+        Self::merge_heads(&y).apply(&self.out)
+    }
+
+    /// Self-attention over `x` ([B, L, D]); `mask` is a [B, 1, 1, L] key mask (true = attend).
+    fn self_attention(&self, x: &Tensor, mask: Option<&Tensor>, causal: bool, train: bool) -> Tensor {
+        let qkv = x.apply(self.qkv.as_ref().expect("self-attention"));
+        let parts = qkv.chunk(3, -1);
+        let (q, k, v) = (self.split_heads(&parts[0]), self.split_heads(&parts[1]), self.split_heads(&parts[2]));
+        self.attend(&q, &k, &v, mask, causal, train)
+    }
+
+    /// Self-attention for one new decoder position, appending its key and value to `cache`.
+    fn self_attention_step(&self, x: &Tensor, cache: &mut Option<(Tensor, Tensor)>) -> Tensor {
+        let qkv = x.apply(self.qkv.as_ref().expect("self-attention"));
+        let parts = qkv.chunk(3, -1);
+        let q = self.split_heads(&parts[0]);
+        let (mut k, mut v) = (self.split_heads(&parts[1]), self.split_heads(&parts[2]));
+        if let Some((ck, cv)) = cache.take() {
+            k = Tensor::cat(&[ck, k], 2);
+            v = Tensor::cat(&[cv, v], 2);
+        }
+        let y = self.attend(&q, &k, &v, None, false, false);
+        *cache = Some((k, v));
+        y
+    }
+
+    /// Keys and values of the encoder output for cross-attention: ([B,H,S,Dh], [B,H,S,Dh]).
+    fn memory_kv(&self, memory: &Tensor) -> (Tensor, Tensor) {
+        let kv = memory.apply(self.kv.as_ref().expect("cross-attention"));
+        let parts = kv.chunk(2, -1);
+        (self.split_heads(&parts[0]), self.split_heads(&parts[1]))
+    }
+
+    fn cross_attention(&self, x: &Tensor, kv: &(Tensor, Tensor), mask: &Tensor, train: bool) -> Tensor {
+        let q = self.split_heads(&x.apply(self.q.as_ref().expect("cross-attention")));
+        self.attend(&q, &kv.0, &kv.1, Some(mask), false, train)
+    }
+}
+
+#[derive(Debug)]
+struct FeedForward {
+    up: nn::Linear,
+    down: nn::Linear,
+    dropout: f64,
+}
+
+impl FeedForward {
+    fn new(p: nn::Path, d: i64, ffn: i64, dropout: f64) -> Self {
+        FeedForward {
+            up: linear(&p / "up", d, ffn),
+            down: linear(&p / "down", ffn, d),
+            dropout,
+        }
+    }
+
+    fn forward(&self, x: &Tensor, train: bool) -> Tensor {
+        x.apply(&self.up).relu().dropout(self.dropout, train).apply(&self.down)
+    }
+}
+
+fn layer_norm(p: nn::Path, d: i64) -> nn::LayerNorm {
+    nn::layer_norm(p, vec![d], Default::default())
+}
+
+#[derive(Debug)]
+struct EncoderLayer {
+    norm1: nn::LayerNorm,
+    attn: Attention,
+    norm2: nn::LayerNorm,
+    ffn: FeedForward,
+    dropout: f64,
+}
+
+impl EncoderLayer {
+    fn new(p: nn::Path, c: &ModelConfig) -> Self {
+        let (d, h, drop) = (i64::from(c.d_model), i64::from(c.heads), c.dropout);
+        EncoderLayer {
+            norm1: layer_norm(&p / "norm1", d),
+            attn: Attention::new_self(&p / "self_attn", d, h, drop),
+            norm2: layer_norm(&p / "norm2", d),
+            ffn: FeedForward::new(&p / "ffn", d, i64::from(c.ffn_dim), drop),
+            dropout: drop,
+        }
+    }
+
+    fn forward(&self, x: &Tensor, mask: &Tensor, train: bool) -> Tensor {
+        let x = x + self
+            .attn
+            .self_attention(&x.apply(&self.norm1), Some(mask), false, train)
+            .dropout(self.dropout, train);
+        &x + self.ffn.forward(&x.apply(&self.norm2), train).dropout(self.dropout, train)
+    }
+}
+
+#[derive(Debug)]
+struct DecoderLayer {
+    norm1: nn::LayerNorm,
+    self_attn: Attention,
+    norm2: nn::LayerNorm,
+    cross_attn: Attention,
+    norm3: nn::LayerNorm,
+    ffn: FeedForward,
+    dropout: f64,
+}
+
+impl DecoderLayer {
+    fn new(p: nn::Path, c: &ModelConfig) -> Self {
+        let (d, h, drop) = (i64::from(c.d_model), i64::from(c.heads), c.dropout);
+        DecoderLayer {
+            norm1: layer_norm(&p / "norm1", d),
+            self_attn: Attention::new_self(&p / "self_attn", d, h, drop),
+            norm2: layer_norm(&p / "norm2", d),
+            cross_attn: Attention::new_cross(&p / "cross_attn", d, h, drop),
+            norm3: layer_norm(&p / "norm3", d),
+            ffn: FeedForward::new(&p / "ffn", d, i64::from(c.ffn_dim), drop),
+            dropout: drop,
+        }
+    }
+
+    fn forward(&self, x: &Tensor, memory_kv: &(Tensor, Tensor), src_mask: &Tensor, train: bool) -> Tensor {
+        let x = x + self
+            .self_attn
+            .self_attention(&x.apply(&self.norm1), None, true, train)
+            .dropout(self.dropout, train);
+        let x = &x + self
+            .cross_attn
+            .cross_attention(&x.apply(&self.norm2), memory_kv, src_mask, train)
+            .dropout(self.dropout, train);
+        &x + self.ffn.forward(&x.apply(&self.norm3), train).dropout(self.dropout, train)
+    }
+
+    fn step(&self, x: &Tensor, cache: &mut LayerCache, src_mask: &Tensor) -> Tensor {
+        let x = x + self.self_attn.self_attention_step(&x.apply(&self.norm1), &mut cache.self_kv);
+        let x = &x + self.cross_attn.cross_attention(&x.apply(&self.norm2), &cache.memory_kv, src_mask, false);
+        &x + self.ffn.forward(&x.apply(&self.norm3), false)
+    }
+}
+
+/// Per-layer decoding state: the growing self-attention keys/values and the fixed
+/// cross-attention keys/values of the encoder output.
+pub struct LayerCache {
+    self_kv: Option<(Tensor, Tensor)>,
+    memory_kv: (Tensor, Tensor),
+}
+
+/// Incremental decoding state for a batch of sentences (or beams).
+pub struct DecoderState {
+    layers: Vec<LayerCache>,
+    src_mask: Tensor,
+    /// Positions decoded so far.
+    pub position: i64,
+}
+
+impl DecoderState {
+    /// Keeps only the rows `index` (beam search reordering / finished sentences dropped).
+    pub fn select(&mut self, index: &Tensor) {
+        for layer in &mut self.layers {
+            if let Some((k, v)) = layer.self_kv.take() {
+                layer.self_kv = Some((k.index_select(0, index), v.index_select(0, index)));
+            }
+            layer.memory_kv = (
+                layer.memory_kv.0.index_select(0, index),
+                layer.memory_kv.1.index_select(0, index),
+            );
+        }
+        self.src_mask = self.src_mask.index_select(0, index);
+    }
+}
+
+/// The encoder-decoder transformer.
+#[derive(Debug)]
+pub struct Transformer {
+    src_embed: nn::Embedding,
+    tgt_embed: Option<nn::Embedding>,
+    output: Option<nn::Linear>,
+    positions: Tensor,
+    encoder: Vec<EncoderLayer>,
+    encoder_norm: nn::LayerNorm,
+    decoder: Vec<DecoderLayer>,
+    decoder_norm: nn::LayerNorm,
+    scale: f64,
+    dropout: f64,
+}
+
+/// Sinusoidal position encodings [max_len, d].
+fn sinusoids(max_len: i64, d: i64, device: tch::Device) -> Tensor {
+    let pos = Tensor::arange(max_len, (Kind::Float, device)).unsqueeze(1);
+    let i = Tensor::arange_start_step(0, d, 2, (Kind::Float, device));
+    let freq = (i * (-(10000f64.ln()) / d as f64)).exp();
+    let angles = pos * freq.unsqueeze(0);
+    Tensor::stack(&[angles.sin(), angles.cos()], 2).view([max_len, d])
+}
+
+impl Transformer {
+    /// Builds the model's variables under `p` (initialized from libtorch's RNG: seed first).
+    pub fn new(p: &nn::Path, c: &ModelConfig, vocab: i64) -> Self {
+        let d = i64::from(c.d_model);
+        let embed_config = nn::EmbeddingConfig {
+            ws_init: nn::init::Init::Randn {
+                mean: 0.0,
+                stdev: (d as f64).powf(-0.5),
+            },
+            padding_idx: PAD,
+            ..Default::default()
+        };
+        let src_embed = nn::embedding(p / "embed", vocab, d, embed_config);
+        let (tgt_embed, output) = if c.tie_embeddings {
+            (None, None)
+        } else {
+            (
+                Some(nn::embedding(p / "tgt_embed", vocab, d, embed_config)),
+                Some(linear(p / "output", d, vocab)),
+            )
+        };
+        Transformer {
+            src_embed,
+            tgt_embed,
+            output,
+            positions: sinusoids(i64::from(c.max_positions), d, p.device()),
+            encoder: (0..c.encoder_layers)
+                .map(|i| EncoderLayer::new(p / "encoder" / "layers" / i, c))
+                .collect(),
+            encoder_norm: layer_norm(p / "encoder" / "norm", d),
+            decoder: (0..c.decoder_layers)
+                .map(|i| DecoderLayer::new(p / "decoder" / "layers" / i, c))
+                .collect(),
+            decoder_norm: layer_norm(p / "decoder" / "norm", d),
+            scale: (d as f64).sqrt(),
+            dropout: c.dropout,
+        }
+    }
+
+    fn embed(&self, table: &nn::Embedding, ids: &Tensor, offset: i64, train: bool) -> Tensor {
+        let len = ids.size()[1];
+        let pos = self.positions.narrow(0, offset, len);
+        (ids.apply(table) * self.scale + pos).dropout(self.dropout, train)
+    }
+
+    fn tgt_table(&self) -> &nn::Embedding {
+        self.tgt_embed.as_ref().unwrap_or(&self.src_embed)
+    }
+
+    /// [B, S] source ids -> [B, 1, 1, S] attention mask (true = a real token).
+    pub fn source_mask(src: &Tensor) -> Tensor {
+        src.ne(PAD).unsqueeze(1).unsqueeze(1)
+    }
+
+    /// Encodes source ids [B, S] into [B, S, D].
+    pub fn encode(&self, src: &Tensor, src_mask: &Tensor, train: bool) -> Tensor {
+        let mut x = self.embed(&self.src_embed, src, 0, train);
+        for layer in &self.encoder {
+            x = layer.forward(&x, src_mask, train);
+        }
+        x.apply(&self.encoder_norm)
+    }
+
+    /// Output logits [B, T, V] from decoder hidden states.
+    fn project(&self, h: &Tensor) -> Tensor {
+        match &self.output {
+            Some(out) => h.apply(out),
+            None => h.matmul(&self.src_embed.ws.tr()),
+        }
+    }
+
+    /// Teacher-forced logits [B, T, V] for source [B, S] and decoder input [B, T].
+    pub fn forward(&self, src: &Tensor, tgt_in: &Tensor, train: bool) -> Tensor {
+        let src_mask = Self::source_mask(src);
+        let memory = self.encode(src, &src_mask, train);
+        let mut x = self.embed(self.tgt_table(), tgt_in, 0, train);
+        for layer in &self.decoder {
+            let kv = layer.cross_attn.memory_kv(&memory);
+            x = layer.forward(&x, &kv, &src_mask, train);
+        }
+        self.project(&x.apply(&self.decoder_norm))
+    }
+
+    /// Encodes `src` and prepares incremental decoding.
+    pub fn start_decoding(&self, src: &Tensor) -> DecoderState {
+        let src_mask = Self::source_mask(src);
+        let memory = self.encode(src, &src_mask, false);
+        DecoderState {
+            layers: self
+                .decoder
+                .iter()
+                .map(|layer| LayerCache {
+                    self_kv: None,
+                    memory_kv: layer.cross_attn.memory_kv(&memory),
+                })
+                .collect(),
+            src_mask,
+            position: 0,
+        }
+    }
+
+    /// Log-probabilities [B, V] of the next token given the previous one [B].
+    pub fn decode_step(&self, state: &mut DecoderState, prev: &Tensor) -> Tensor {
+        let mut x = self.embed(self.tgt_table(), &prev.unsqueeze(1), state.position, false);
+        for (layer, cache) in self.decoder.iter().zip(state.layers.iter_mut()) {
+            x = layer.step(&x, cache, &state.src_mask);
+        }
+        state.position += 1;
+        self.project(&x.apply(&self.decoder_norm))
+            .squeeze_dim(1)
+            .log_softmax(-1, Kind::Float)
+    }
+
+    /// Longest sequence the position table covers.
+    pub fn max_positions(&self) -> i64 {
+        self.positions.size()[0]
+    }
+}
+
+/// Label-smoothed cross-entropy summed over real target tokens (PAD ignored); with
+/// `label_smoothing` 0 it is the plain negative log-likelihood.
+pub fn loss_sum(logits: &Tensor, tgt_out: &Tensor, label_smoothing: f64) -> Tensor {
+    let v = logits.size()[2];
+    logits
+        .view([-1, v])
+        .cross_entropy_loss::<Tensor>(&tgt_out.view([-1]), None, tch::Reduction::Sum, PAD, label_smoothing)
+}
+
+/// Trainable variables sorted by name: the order every rank agrees on.
+pub fn named_parameters(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
+    let mut vars: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    vars
+}
+
+/// Number of scalar parameters.
+pub fn parameter_count(vs: &nn::VarStore) -> u64 {
+    vs.trainable_variables().iter().map(|t| t.numel() as u64).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Device;
+
+    fn tiny() -> ModelConfig {
+        ModelConfig {
+            d_model: 16,
+            heads: 2,
+            encoder_layers: 2,
+            decoder_layers: 2,
+            ffn_dim: 32,
+            dropout: 0.0,
+            tie_embeddings: true,
+            max_positions: 32,
+        }
+    }
+
+    fn build(c: &ModelConfig) -> (nn::VarStore, Transformer) {
+        tch::manual_seed(0);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let m = Transformer::new(&vs.root(), c, 11);
+        (vs, m)
+    }
+
+    #[test]
+    fn variables_are_named_by_path() {
+        let (vs, _) = build(&tiny());
+        let names: Vec<String> = named_parameters(&vs).into_iter().map(|(n, _)| n).collect();
+        assert!(names.contains(&"encoder.layers.0.self_attn.qkv.weight".to_string()), "{names:?}");
+        assert!(names.contains(&"decoder.layers.1.cross_attn.kv.bias".to_string()), "{names:?}");
+        assert!(names.contains(&"embed.weight".to_string()), "{names:?}");
+        assert!(!names.iter().any(|n| n.starts_with("output")), "tied model has no output layer");
+        let mut untied = tiny();
+        untied.tie_embeddings = false;
+        let (vs, _) = build(&untied);
+        assert!(named_parameters(&vs).iter().any(|(n, _)| n == "output.weight"));
+    }
+
+    #[test]
+    fn decoder_is_causal() {
+        let (_, m) = build(&tiny());
+        let src = Tensor::from_slice(&[5i64, 6, 7, 2]).unsqueeze(0);
+        let a = Tensor::from_slice(&[1i64, 4, 5, 6]).unsqueeze(0);
+        let b = Tensor::from_slice(&[1i64, 4, 9, 9]).unsqueeze(0);
+        let la = m.forward(&src, &a, false);
+        let lb = m.forward(&src, &b, false);
+        // Positions 0 and 1 see only tokens 0..=1, identical in a and b.
+        let diff = (la.narrow(1, 0, 2) - lb.narrow(1, 0, 2)).abs().max().double_value(&[]);
+        assert!(diff < 1e-6, "future tokens leaked: {diff}");
+        let diff_late = (la.narrow(1, 3, 1) - lb.narrow(1, 3, 1)).abs().max().double_value(&[]);
+        assert!(diff_late > 1e-6);
+    }
+
+    #[test]
+    fn padding_in_the_source_does_not_change_the_output() {
+        let (_, m) = build(&tiny());
+        let src = Tensor::from_slice(&[5i64, 6, 2]).unsqueeze(0);
+        let padded = Tensor::from_slice(&[5i64, 6, 2, PAD, PAD]).unsqueeze(0);
+        let tgt = Tensor::from_slice(&[1i64, 4]).unsqueeze(0);
+        let diff = (m.forward(&src, &tgt, false) - m.forward(&padded, &tgt, false))
+            .abs()
+            .max()
+            .double_value(&[]);
+        assert!(diff < 1e-5, "{diff}");
+    }
+
+    #[test]
+    fn incremental_decoding_matches_the_full_forward_pass() {
+        let (_, m) = build(&tiny());
+        let src = Tensor::from_slice(&[5i64, 6, 7, 8, 2, 4, 9, 2]).view([2, 4]);
+        let tgt = Tensor::from_slice(&[1i64, 4, 5, 6, 1, 7, 8, 9]).view([2, 4]);
+        let full = m.forward(&src, &tgt, false).log_softmax(-1, Kind::Float);
+        let mut state = m.start_decoding(&src);
+        for t in 0..4 {
+            let step = m.decode_step(&mut state, &tgt.select(1, t));
+            let diff = (step - full.select(1, t)).abs().max().double_value(&[]);
+            assert!(diff < 1e-4, "position {t}: {diff}");
+        }
+    }
+
+    #[test]
+    fn loss_ignores_padding_and_matches_the_label_smoothing_formula() {
+        let (_, m) = build(&tiny());
+        let src = Tensor::from_slice(&[5i64, 6, 2]).unsqueeze(0);
+        let tgt_in = Tensor::from_slice(&[1i64, 4, 5]).unsqueeze(0);
+        let out = Tensor::from_slice(&[4i64, 5, 2]).unsqueeze(0);
+        let in_padded = Tensor::from_slice(&[1i64, 4, 5, 2]).unsqueeze(0);
+        let out_padded = Tensor::from_slice(&[4i64, 5, 2, PAD]).unsqueeze(0);
+        let logits = m.forward(&src, &tgt_in, false);
+        let smoothed = loss_sum(&logits, &out, 0.1);
+        let nll = loss_sum(&logits, &out, 0.0);
+        let nll_padded = loss_sum(&m.forward(&src, &in_padded, false), &out_padded, 0.0);
+        let (smoothed, nll, nll_padded) =
+            (smoothed.double_value(&[]), nll.double_value(&[]), nll_padded.double_value(&[]));
+        assert!((nll - nll_padded).abs() < 1e-4, "{nll} vs {nll_padded}");
+        // (1 - e) * NLL + e * mean over the vocabulary of -log p, summed over tokens.
+        let logp = logits.log_softmax(-1, Kind::Float);
+        let uniform = -logp.mean_dim(-1, false, Kind::Float).sum(Kind::Float).double_value(&[]);
+        let expected = 0.9 * nll + 0.1 * uniform;
+        assert!((smoothed - expected).abs() < 1e-4, "{smoothed} vs {expected}");
+    }
+}

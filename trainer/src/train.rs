@@ -1,1 +1,729 @@
-//! TODO
+//! The training loop. Per step, like the paper: batch -> forward -> loss -> backward ->
+//! all-reduce -> clip -> optimizer step -> schedule -> maybe evaluate -> maybe checkpoint ->
+//! report.
+//!
+//! Every rank runs this loop on its shard of the same global batches. Rank 0 alone loads and
+//! writes checkpoints and serves progress; it broadcasts the vocabulary, the weights and the
+//! optimizer state, so other ranks never need the checkpoint volume.
+
+use std::collections::VecDeque;
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use ferrotrain_api::config::{DeviceKind, Task};
+use ferrotrain_api::{CheckpointInfo, Progress, TrainerConfig, TrainerPhase};
+use tch::{Device, Kind, Tensor, nn};
+
+use crate::checkpoint::{CheckpointStore, Named, TrainerState};
+use crate::data::{self, BatchStream, Corpus, Example};
+use crate::decode;
+use crate::dist::{self, Collective, GradSync, RankEnv};
+use crate::error::{Result, TrainError};
+use crate::metrics::{MetricsServer, SharedProgress};
+use crate::model::{self, Transformer};
+use crate::optim::{self, AdamW};
+
+/// File (under the job's checkpoint directory) with one JSON line per optimizer step.
+pub const TRAIN_LOG: &str = "train-log.jsonl";
+/// The vocabulary every restart reuses.
+pub const VOCAB_FILE: &str = "tokenizer.json";
+/// The config the job was started with (for `ferrotrain translate`).
+pub const CONFIG_FILE: &str = "config.yaml";
+
+/// Everything a rank needs to run.
+pub struct RunOptions {
+    pub config: TrainerConfig,
+    /// `<checkpoint dir>/<job>`.
+    pub job_dir: PathBuf,
+    /// Rank 0 serves /metrics, /progress, /healthz here (0 = ephemeral).
+    pub metrics_port: Option<u16>,
+    pub rank: RankEnv,
+}
+
+/// How a run ended.
+#[derive(Clone, Debug)]
+pub struct Summary {
+    pub step: u64,
+    pub resumed_from_step: Option<u64>,
+    pub loss: Option<f64>,
+    pub eval_loss: Option<f64>,
+    pub eval_bleu: Option<f64>,
+    pub last_checkpoint: Option<CheckpointInfo>,
+    pub seconds: f64,
+}
+
+/// Picks the device for this rank.
+pub fn select_device(kind: DeviceKind, local_rank: usize) -> Result<Device> {
+    let cuda = tch::Cuda::is_available();
+    match kind {
+        DeviceKind::Cpu => Ok(Device::Cpu),
+        DeviceKind::Auto if !cuda => Ok(Device::Cpu),
+        DeviceKind::Cuda if !cuda => Err(TrainError::Config(
+            "device: cuda requested but no CUDA device is visible (or libtorch was built without CUDA)".into(),
+        )),
+        _ => {
+            let count = tch::Cuda::device_count() as usize;
+            Ok(Device::Cuda(local_rank % count.max(1)))
+        }
+    }
+}
+
+/// Checks that configured data files exist before meeting other ranks, so a typo fails fast
+/// with exit code 3 on every rank instead of as a collective timeout.
+pub fn preflight_data(config: &TrainerConfig) -> Result<()> {
+    if config.task != Task::Translation {
+        return Ok(());
+    }
+    let mut files = Vec::new();
+    for (field, pair) in [("data.train", &config.data.train), ("data.valid", &config.data.valid)] {
+        if let Some(p) = pair {
+            files.push((format!("{field}.source"), p.source.clone()));
+            files.push((format!("{field}.target"), p.target.clone()));
+        }
+    }
+    if let Some(p) = &config.data.tokenizer.path {
+        files.push(("data.tokenizer.path".into(), p.clone()));
+    }
+    for (field, file) in files {
+        if !Path::new(&file).is_file() {
+            return Err(TrainError::Data(format!("{field}: file {file} does not exist or is not a file")));
+        }
+    }
+    Ok(())
+}
+
+/// Broadcasts unsigned integers from rank 0, exactly: each travels as four 16-bit limbs,
+/// which f32 represents without rounding.
+fn broadcast_u64s(comm: &mut dyn Collective, values: &[u64]) -> Result<Vec<u64>> {
+    let limbs: Vec<f32> = values
+        .iter()
+        .flat_map(|v| (0..4).map(move |i| ((v >> (16 * i)) & 0xffff) as f32))
+        .collect();
+    let mut t = Tensor::from_slice(&limbs);
+    comm.broadcast(&mut t, 0)?;
+    let back: Vec<f32> = Vec::try_from(&t).map_err(TrainError::from)?;
+    Ok(back
+        .chunks(4)
+        .map(|c| c.iter().enumerate().fold(0u64, |acc, (i, &l)| acc | ((l as u64) << (16 * i))))
+        .collect())
+}
+
+/// Broadcasts a byte string from rank 0 (each byte as one f32).
+fn broadcast_bytes(comm: &mut dyn Collective, bytes: Option<Vec<u8>>) -> Result<Vec<u8>> {
+    let len = broadcast_u64s(comm, &[bytes.as_ref().map_or(0, |b| b.len() as u64)])?[0] as usize;
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let floats: Vec<f32> = match bytes {
+        Some(b) => b.into_iter().map(f32::from).collect(),
+        None => vec![0.0; len],
+    };
+    let mut t = Tensor::from_slice(&floats);
+    comm.broadcast(&mut t, 0)?;
+    let back: Vec<f32> = Vec::try_from(&t).map_err(TrainError::from)?;
+    Ok(back.into_iter().map(|f| f as u8).collect())
+}
+
+/// Loads the corpus on every rank with one vocabulary: rank 0 learns (or reloads) it and
+/// sends it to the others.
+fn load_corpus(opts: &RunOptions, comm: &mut dyn Collective) -> Result<Corpus> {
+    let vocab_path = opts.job_dir.join(VOCAB_FILE);
+    if comm.world_size() == 1 {
+        return data::load_corpus(&opts.config, &vocab_path);
+    }
+    if comm.rank() == 0 {
+        let corpus = data::load_corpus(&opts.config, &vocab_path)?;
+        let bytes = std::fs::read(&vocab_path).ok();
+        broadcast_bytes(comm, bytes)?;
+        Ok(corpus)
+    } else {
+        let bytes = broadcast_bytes(comm, None)?;
+        let local = std::env::temp_dir().join(format!(
+            "ferrotrain-vocab-{}-rank{}.json",
+            std::process::id(),
+            comm.rank()
+        ));
+        if bytes.is_empty() {
+            return data::load_corpus(&opts.config, &local);
+        }
+        std::fs::write(&local, bytes)?;
+        let corpus = data::load_corpus(&opts.config, &local);
+        let _ = std::fs::remove_file(&local);
+        corpus
+    }
+}
+
+/// Copies checkpointed tensors into the model's variables, by name.
+pub fn restore_model(vars: &[(String, Tensor)], saved: &Named) -> Result<()> {
+    for (name, var) in vars {
+        let src = saved.iter().find(|(n, _)| n == name).map(|(_, t)| t).ok_or_else(|| {
+            TrainError::IncompatibleCheckpoint(format!("checkpoint has no tensor {name} that the model needs"))
+        })?;
+        if src.size() != var.size() {
+            return Err(TrainError::IncompatibleCheckpoint(format!(
+                "checkpoint tensor {name} has shape {:?}, the model needs {:?}",
+                src.size(),
+                var.size()
+            )));
+        }
+        let mut dst = var.shallow_clone();
+        tch::no_grad(|| dst.copy_(src));
+    }
+    Ok(())
+}
+
+/// A seed for libtorch's RNG at (run seed, step, rank, micro-batch): dropout masks are a pure
+/// function of the position in training, so a resume replays them exactly.
+fn step_seed(seed: u64, step: u64, rank: usize, micro: usize) -> i64 {
+    let mut h = seed ^ 0x9e37_79b9_7f4a_7c15;
+    for v in [step, rank as u64, micro as u64] {
+        h = (h ^ v).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h ^= h >> 31;
+    }
+    (h >> 1) as i64
+}
+
+fn target_tokens(examples: &[Example], batch: &[usize]) -> i64 {
+    batch.iter().map(|&i| examples[i].tgt.len() as i64 + 1).sum()
+}
+
+fn rfc3339_now() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+/// Peak resident memory of this process (VmHWM), bytes.
+fn peak_memory_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Validation loss (per target token, no smoothing) and BLEU statistics for this rank's
+/// share of the validation set; every rank must call it (it all-reduces).
+fn evaluate(
+    model: &Transformer,
+    corpus: &Corpus,
+    config: &TrainerConfig,
+    comm: &mut dyn Collective,
+    device: Device,
+) -> Result<(Option<f64>, Option<f64>)> {
+    if corpus.valid.is_empty() {
+        return Ok((None, None));
+    }
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let mine: Vec<usize> = (rank..corpus.valid.len()).step_by(world).collect();
+    let mut loss_sum = 0.0;
+    let mut tokens = 0.0;
+    tch::no_grad(|| {
+        let max_tokens = config.batch.max_tokens as usize;
+        let mut order = mine.clone();
+        order.sort_by_key(|&i| corpus.valid[i].src.len().max(corpus.valid[i].tgt.len()));
+        let mut start = 0;
+        while start < order.len() {
+            let mut end = start;
+            let mut longest = 0;
+            while end < order.len() {
+                let e = &corpus.valid[order[end]];
+                let l = e.src.len().max(e.tgt.len()) + 2;
+                if (end - start + 1) * longest.max(l) > max_tokens && end > start {
+                    break;
+                }
+                longest = longest.max(l);
+                end += 1;
+            }
+            let batch = data::to_tensors(&corpus.valid, &order[start..end], device);
+            let logits = model.forward(&batch.src, &batch.tgt_in, false);
+            let nll = model::loss_sum(&logits, &batch.tgt_out, 0.0);
+            loss_sum += nll.double_value(&[]);
+            tokens += batch.tgt_tokens as f64;
+            start = end;
+        }
+    });
+    let mut stats = vec![loss_sum as f32, tokens as f32];
+    let mut want_bleu = false;
+    if config.eval.bleu {
+        want_bleu = true;
+        let limit = config.eval.max_sentences.map_or(corpus.valid.len(), |m| m as usize);
+        let chosen: Vec<usize> = mine.iter().copied().filter(|&i| i < limit).collect();
+        let sources: Vec<Vec<u32>> = chosen.iter().map(|&i| corpus.valid[i].src.clone()).collect();
+        let outputs = decode::translate(
+            model,
+            &sources,
+            config.eval.beam_size as usize,
+            config.batch.max_tokens as usize,
+            device,
+        );
+        let mut total = BleuStats::default();
+        for (&i, out) in chosen.iter().zip(&outputs) {
+            total += sentence_stats(&corpus.vocab.decode(out), &corpus.valid_references[i]);
+        }
+        stats.extend(total.to_vector().into_iter().map(|v| v as f32));
+    }
+    let mut t = Tensor::from_slice(&stats);
+    if world > 1 {
+        comm.all_reduce_sum(&mut t)?;
+    }
+    let summed: Vec<f32> = Vec::try_from(&t).map_err(TrainError::from)?;
+    let loss = (summed[1] > 0.0).then(|| f64::from(summed[0]) / f64::from(summed[1]));
+    let bleu_score = want_bleu.then(|| {
+        let v: Vec<u64> = summed[2..].iter().map(|&f| f.round() as u64).collect();
+        BleuStats::from_vector(&v).score().score
+    });
+    Ok((loss, bleu_score))
+}
+
+/// A sliding window of recent steps for rates.
+struct Window {
+    steps: VecDeque<(f64, f64, i64, u64)>, // (seconds, comm seconds, tokens, samples)
+}
+
+impl Window {
+    const LEN: usize = 20;
+    fn push(&mut self, seconds: f64, comm: f64, tokens: i64, samples: u64) {
+        if self.steps.len() == Self::LEN {
+            self.steps.pop_front();
+        }
+        self.steps.push_back((seconds, comm, tokens, samples));
+    }
+    fn rates(&self) -> Option<(f64, f64, f64, f64, f64)> {
+        let secs: f64 = self.steps.iter().map(|s| s.0).sum();
+        if secs <= 0.0 {
+            return None;
+        }
+        let n = self.steps.len() as f64;
+        let comm: f64 = self.steps.iter().map(|s| s.1).sum();
+        let tokens: i64 = self.steps.iter().map(|s| s.2).sum();
+        let samples: u64 = self.steps.iter().map(|s| s.3).sum();
+        Some((n / secs, samples as f64 / secs, tokens as f64 / secs, secs / n, comm / secs))
+    }
+}
+
+/// Trains until `maxSteps` (or `maxSeconds`), resuming from the job's latest checkpoint.
+pub fn run(opts: &RunOptions) -> Result<Summary> {
+    let started = Instant::now();
+    let config = &opts.config;
+    preflight_data(config)?;
+    let device = select_device(config.device, opts.rank.local_rank)?;
+    let mut comm = dist::init(&opts.rank, &config.distributed, device)?;
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let leader = rank == 0;
+    if leader {
+        std::fs::create_dir_all(&opts.job_dir)?;
+        std::fs::write(opts.job_dir.join(CONFIG_FILE), config.to_yaml())?;
+    }
+
+    let corpus = load_corpus(opts, comm.as_mut())?;
+    if corpus.train.is_empty() {
+        return Err(TrainError::Data("the training set is empty after filtering".into()));
+    }
+
+    tch::manual_seed(config.seed as i64);
+    let vs = nn::VarStore::new(device);
+    let model = Transformer::new(&vs.root(), &config.model, corpus.vocab.size() as i64);
+    let params = model::named_parameters(&vs);
+    let mut optimizer = AdamW::new(&params, &config.optimizer);
+    let tensors: Vec<Tensor> = params.iter().map(|(_, t)| t.shallow_clone()).collect();
+    let bucket_bytes = config.distributed.bucket_mib as usize * 1024 * 1024;
+    let mut grad_sync = (world > 1).then(|| GradSync::new(&tensors, bucket_bytes));
+
+    // Resume: rank 0 reads the newest complete checkpoint and tells the others.
+    let mut store = if leader {
+        Some(CheckpointStore::new(&opts.job_dir, config.checkpoint.clone())?)
+    } else {
+        None
+    };
+    let mut resume_state: Option<TrainerState> = None;
+    let mut status = 0u64; // 0 fresh, 1 resumed, 4 incompatible
+    let mut incompatible = None;
+    if let Some(store) = &store {
+        if let Some((dir, _)) = store.latest()? {
+            let loaded = CheckpointStore::load(&dir)?;
+            let outcome = if loaded.state.config_digest != config.digest() {
+                Err(TrainError::IncompatibleCheckpoint(format!(
+                    "checkpoint {} was written by a config with digest {}, this config has {} \
+                     (model shape, task or vocabulary changed); use a new job name or checkpoint directory",
+                    dir.display(),
+                    loaded.state.config_digest,
+                    config.digest()
+                )))
+            } else {
+                restore_model(&params, &loaded.model).and_then(|_| optimizer.load_state(&loaded.optimizer))
+            };
+            match outcome {
+                Ok(()) => {
+                    tracing::info!(step = loaded.state.step, dir = %dir.display(), "resuming from checkpoint");
+                    status = 1;
+                    resume_state = Some(loaded.state);
+                }
+                Err(e) => {
+                    status = 4;
+                    incompatible = Some(e);
+                }
+            }
+        }
+    }
+    let (mut step, mut samples) = resume_state.as_ref().map_or((0, 0), |s| (s.step, s.samples));
+    if world > 1 {
+        let header = broadcast_u64s(comm.as_mut(), &[status, step, samples, optimizer.steps])?;
+        status = header[0];
+        step = header[1];
+        samples = header[2];
+        optimizer.steps = header[3];
+        if status == 4 {
+            return Err(incompatible.unwrap_or_else(|| {
+                TrainError::IncompatibleCheckpoint("rank 0 found the checkpoint incompatible with the config".into())
+            }));
+        }
+        let sync = grad_sync.as_mut().expect("world > 1");
+        sync.broadcast_params(comm.as_mut())?;
+        for mut moment in optimizer.moments() {
+            comm.broadcast(&mut moment, 0)?;
+        }
+    } else if let Some(e) = incompatible {
+        return Err(e);
+    }
+    let resumed_from_step = (status == 1).then_some(step);
+
+    let progress: SharedProgress = Default::default();
+    let _server = match (leader, opts.metrics_port) {
+        (true, Some(port)) => {
+            let server = MetricsServer::start(port, progress.clone())?;
+            tracing::info!(addr = %server.local_addr(), "serving /metrics, /progress, /healthz");
+            Some(server)
+        }
+        _ => None,
+    };
+    {
+        let mut p = progress.lock().expect("progress lock");
+        p.phase = TrainerPhase::Training;
+        p.step = step;
+        p.total_steps = config.max_steps;
+        p.samples = samples;
+        p.world_size = world as u32;
+        p.resumed_from_step = resumed_from_step;
+        p.parameters = model::parameter_count(&vs);
+        p.last_checkpoint = store.as_ref().and_then(|s| s.last_completed());
+    }
+
+    let mut stream = BatchStream::new(&corpus.train, config.batch.max_tokens as usize, config.seed);
+    stream.seek(samples)?;
+    let mut log = if leader {
+        Some(OpenOptions::new().create(true).append(true).open(opts.job_dir.join(TRAIN_LOG))?)
+    } else {
+        None
+    };
+
+    let mut window = Window { steps: VecDeque::new() };
+    let mut recent_loss: VecDeque<f64> = VecDeque::new();
+    let mut last_eval: Option<(f64, Option<f64>)> = None;
+    let mut best_eval: Option<f64> = None;
+    let mut last_eval_step = step;
+    let mut last_save_step = step;
+    let mut last_save_time = Instant::now();
+    let mut stop = false;
+    let total_seconds_budget = config.max_seconds.map(|s| s as f64);
+    let mut train_loss = None;
+
+    while step < config.max_steps && !stop {
+        let t0 = Instant::now();
+        let micro: Vec<Vec<usize>> = (0..config.batch.accumulate).map(|_| stream.next_batch()).collect();
+        let global_tokens: i64 = micro.iter().map(|b| target_tokens(&corpus.train, b)).sum();
+        let step_samples: u64 = micro.iter().map(|b| b.len() as u64).sum();
+        let mut step_tokens = 0i64;
+        optimizer.zero_grad();
+        let mut loss_local = 0.0;
+        for (i, batch) in micro.iter().enumerate() {
+            let mine = data::shard(batch, &corpus.train, rank, world);
+            step_tokens += batch
+                .iter()
+                .map(|&j| (corpus.train[j].src.len() + corpus.train[j].tgt.len() + 2) as i64)
+                .sum::<i64>();
+            if mine.is_empty() {
+                continue;
+            }
+            let tb = data::to_tensors(&corpus.train, &mine, device);
+            tch::manual_seed(step_seed(config.seed, step, rank, i));
+            let logits = model.forward(&tb.src, &tb.tgt_in, true);
+            let smoothed = model::loss_sum(&logits, &tb.tgt_out, config.label_smoothing);
+            (&smoothed / global_tokens as f64).backward();
+            loss_local += smoothed.double_value(&[]);
+        }
+        let mut comm_seconds = 0.0;
+        let over_budget = total_seconds_budget.is_some_and(|b| started.elapsed().as_secs_f64() >= b);
+        let mut loss = loss_local / global_tokens as f64;
+        if let Some(sync) = grad_sync.as_mut() {
+            comm_seconds += sync.sync(comm.as_mut())?;
+            let c0 = Instant::now();
+            let mut scalars = Tensor::from_slice(&[loss_local as f32, f32::from(u8::from(over_budget))]);
+            comm.all_reduce_sum(&mut scalars)?;
+            comm_seconds += c0.elapsed().as_secs_f64();
+            let v: Vec<f32> = Vec::try_from(&scalars).map_err(TrainError::from)?;
+            loss = f64::from(v[0]) / global_tokens as f64;
+            stop = v[1] > 0.0;
+        } else {
+            stop = over_budget;
+        }
+        let grad_norm = optimizer.clip_grad_norm(config.optimizer.clip_norm);
+        let lr = optim::learning_rate(config.optimizer.lr, &config.schedule, config.max_steps, step + 1);
+        optimizer.step(lr);
+        step += 1;
+        samples += step_samples;
+        train_loss = Some(loss);
+        let seconds = t0.elapsed().as_secs_f64();
+        window.push(seconds, comm_seconds, step_tokens, step_samples);
+        if recent_loss.len() == Window::LEN {
+            recent_loss.pop_front();
+        }
+        recent_loss.push_back(loss);
+        if !loss.is_finite() {
+            return Err(TrainError::Other(format!(
+                "loss became {loss} at step {step}: lower optimizer.lr or raise schedule.warmupSteps"
+            )));
+        }
+
+        if let Some(log) = log.as_mut() {
+            let line = serde_json::json!({
+                "step": step, "loss": loss, "lr": lr, "gradNorm": grad_norm, "samples": samples,
+                "tokens": step_tokens, "seconds": seconds, "commSeconds": comm_seconds,
+            });
+            writeln!(log, "{line}")?;
+        }
+
+        let final_step = step >= config.max_steps || stop;
+        let eval_due = (config.eval.every_steps > 0 && step % config.eval.every_steps == 0) || final_step;
+        if eval_due && last_eval_step != step {
+            set_phase(&progress, TrainerPhase::Evaluating);
+            let e0 = Instant::now();
+            let (eval_loss, eval_bleu) = evaluate(&model, &corpus, config, comm.as_mut(), device)?;
+            last_eval_step = step;
+            if let Some(l) = eval_loss {
+                best_eval = Some(best_eval.map_or(l, |b: f64| b.min(l)));
+                last_eval = Some((l, eval_bleu));
+            }
+            if leader {
+                tracing::info!(
+                    step,
+                    eval_loss = eval_loss.unwrap_or(f64::NAN),
+                    eval_bleu = eval_bleu.unwrap_or(f64::NAN),
+                    seconds = e0.elapsed().as_secs_f64(),
+                    "evaluation"
+                );
+                if let Some(log) = log.as_mut() {
+                    let line = serde_json::json!({"step": step, "evalLoss": eval_loss, "evalBleu": eval_bleu, "evalSeconds": e0.elapsed().as_secs_f64()});
+                    writeln!(log, "{line}")?;
+                }
+            }
+            let mut p = progress.lock().expect("progress lock");
+            p.eval_loss = eval_loss;
+            p.eval_bleu = eval_bleu;
+            p.eval_step = Some(step);
+            p.best_eval_loss = best_eval;
+            p.phase = TrainerPhase::Training;
+        }
+
+        if let Some(store) = store.as_mut() {
+            let every = config.checkpoint.every_steps;
+            let by_steps = every > 0 && step % every == 0;
+            let by_time = config
+                .checkpoint
+                .every_seconds
+                .is_some_and(|s| last_save_time.elapsed().as_secs() >= s);
+            if (by_steps || by_time || final_step) && last_save_step != step {
+                let state = TrainerState {
+                    step,
+                    samples,
+                    epoch: stream.position().epoch,
+                    seed: config.seed,
+                    config_digest: config.digest(),
+                    world_size: world as u32,
+                    train_loss,
+                    eval_loss: (last_eval_step == step).then(|| last_eval.map(|e| e.0)).flatten(),
+                    eval_bleu: (last_eval_step == step).then(|| last_eval.and_then(|e| e.1)).flatten(),
+                    time: rfc3339_now(),
+                };
+                let blocked = store.save(&params, &optimizer.state(), state)?;
+                tracing::debug!(step, blocked, "checkpoint started");
+                last_save_step = step;
+                last_save_time = Instant::now();
+            }
+        }
+
+        let rates = window.rates();
+        let mut p = progress.lock().expect("progress lock");
+        p.step = step;
+        p.samples = samples;
+        p.epoch = stream.position().epoch;
+        p.loss = Some(recent_loss.iter().sum::<f64>() / recent_loss.len() as f64);
+        p.learning_rate = Some(lr);
+        if let Some((sps, samples_ps, tps, step_time, comm_fraction)) = rates {
+            p.steps_per_second = Some(sps);
+            p.samples_per_second = Some(samples_ps);
+            p.tokens_per_second = Some(tps);
+            p.step_time_seconds = Some(step_time);
+            p.comm_fraction = (world > 1).then_some(comm_fraction.clamp(0.0, 1.0));
+            let mut eta = (config.max_steps - step) as f64 / sps;
+            if let Some(budget) = total_seconds_budget {
+                eta = eta.min((budget - started.elapsed().as_secs_f64()).max(0.0));
+            }
+            p.eta_seconds = Some(eta);
+        }
+        if let Some(store) = store.as_ref() {
+            p.last_checkpoint = store.last_completed();
+        }
+        p.peak_memory_bytes = peak_memory_bytes();
+        if leader && (step % config.log_every_steps == 0 || step == 1 || final_step) {
+            tracing::info!(
+                "step {step}/{} loss {:.4} lr {lr:.3e} {:.2} steps/s {:.0} tok/s comm {:.0}% eta {:.0}s",
+                config.max_steps,
+                p.loss.unwrap_or(f64::NAN),
+                p.steps_per_second.unwrap_or(0.0),
+                p.tokens_per_second.unwrap_or(0.0),
+                100.0 * p.comm_fraction.unwrap_or(0.0),
+                p.eta_seconds.unwrap_or(0.0),
+            );
+        }
+    }
+
+    let last_checkpoint = match store.as_mut() {
+        Some(store) => store.wait()?,
+        None => None,
+    };
+    {
+        let mut p = progress.lock().expect("progress lock");
+        p.phase = TrainerPhase::Finished;
+        p.last_checkpoint = last_checkpoint.clone();
+        p.eta_seconds = Some(0.0);
+    }
+    comm.barrier()?;
+    Ok(Summary {
+        step,
+        resumed_from_step,
+        loss: train_loss,
+        eval_loss: last_eval.map(|e| e.0),
+        eval_bleu: last_eval.and_then(|e| e.1),
+        last_checkpoint,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+// TODO(move into bleu.rs once that module lands): sufficient statistics of corpus BLEU,
+// additive over sentences and therefore over ranks.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct BleuStats {
+    matches: [u64; 4],
+    totals: [u64; 4],
+    hyp_len: u64,
+    ref_len: u64,
+}
+
+impl std::ops::AddAssign for BleuStats {
+    fn add_assign(&mut self, o: Self) {
+        for n in 0..4 {
+            self.matches[n] += o.matches[n];
+            self.totals[n] += o.totals[n];
+        }
+        self.hyp_len += o.hyp_len;
+        self.ref_len += o.ref_len;
+    }
+}
+
+impl BleuStats {
+    fn to_vector(&self) -> Vec<u64> {
+        let mut v = self.matches.to_vec();
+        v.extend(self.totals);
+        v.extend([self.hyp_len, self.ref_len]);
+        v
+    }
+    fn from_vector(v: &[u64]) -> Self {
+        let mut s = BleuStats::default();
+        s.matches.copy_from_slice(&v[0..4]);
+        s.totals.copy_from_slice(&v[4..8]);
+        s.hyp_len = v[8];
+        s.ref_len = v[9];
+        s
+    }
+    fn score(&self) -> crate::bleu::Bleu {
+        let hyps = vec![String::new()];
+        let _ = hyps;
+        let precisions: [f64; 4] = std::array::from_fn(|n| {
+            if self.totals[n] == 0 { 0.0 } else { 100.0 * self.matches[n] as f64 / self.totals[n] as f64 }
+        });
+        let bp = if self.hyp_len == 0 {
+            0.0
+        } else if self.hyp_len < self.ref_len {
+            (1.0 - self.ref_len as f64 / self.hyp_len as f64).exp()
+        } else {
+            1.0
+        };
+        let score = if self.matches.contains(&0) {
+            0.0
+        } else {
+            bp * (precisions.iter().map(|p| (p / 100.0).ln()).sum::<f64>() / 4.0).exp() * 100.0
+        };
+        crate::bleu::Bleu { score, precisions, brevity_penalty: bp, hyp_len: self.hyp_len as usize, ref_len: self.ref_len as usize }
+    }
+}
+
+fn sentence_stats(hyp: &str, reference: &str) -> BleuStats {
+    use std::collections::HashMap;
+    fn ngrams(tokens: &[&str], n: usize) -> HashMap<Vec<String>, u64> {
+        let mut m = HashMap::new();
+        if tokens.len() >= n {
+            for w in tokens.windows(n) {
+                *m.entry(w.iter().map(|s| s.to_string()).collect()).or_insert(0) += 1;
+            }
+        }
+        m
+    }
+    let h = crate::bleu::tokenize_13a(hyp);
+    let r = crate::bleu::tokenize_13a(reference);
+    let ht: Vec<&str> = h.split_whitespace().collect();
+    let rt: Vec<&str> = r.split_whitespace().collect();
+    let mut s = BleuStats { hyp_len: ht.len() as u64, ref_len: rt.len() as u64, ..Default::default() };
+    for n in 1..=4 {
+        let hn = ngrams(&ht, n);
+        let rn = ngrams(&rt, n);
+        s.totals[n - 1] = ht.len().saturating_sub(n - 1) as u64;
+        s.matches[n - 1] = hn.iter().map(|(g, c)| (*c).min(*rn.get(g).unwrap_or(&0))).sum();
+    }
+    s
+}
+
+fn set_phase(progress: &SharedProgress, phase: TrainerPhase) {
+    progress.lock().expect("progress lock").phase = phase;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_seeds_differ_by_step_rank_and_micro_batch() {
+        let a = step_seed(1, 10, 0, 0);
+        assert_eq!(a, step_seed(1, 10, 0, 0));
+        assert_ne!(a, step_seed(1, 11, 0, 0));
+        assert_ne!(a, step_seed(1, 10, 1, 0));
+        assert_ne!(a, step_seed(1, 10, 0, 1));
+        assert_ne!(a, step_seed(2, 10, 0, 0));
+        assert!(a >= 0);
+    }
+
+    #[test]
+    fn window_rates() {
+        let mut w = Window { steps: VecDeque::new() };
+        assert!(w.rates().is_none());
+        w.push(0.5, 0.1, 1000, 10);
+        w.push(0.5, 0.1, 1000, 10);
+        let (sps, samples, tps, step_time, comm) = w.rates().unwrap();
+        assert!((sps - 2.0).abs() < 1e-9);
+        assert!((samples - 20.0).abs() < 1e-9);
+        assert!((tps - 2000.0).abs() < 1e-9);
+        assert!((step_time - 0.5).abs() < 1e-9);
+        assert!((comm - 0.2).abs() < 1e-9);
+    }
+}

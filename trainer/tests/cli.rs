@@ -1,0 +1,217 @@
+//! The `ferrotrain` command line: bad input fails with the right exit code and a message
+//! naming the field or file; a small translation job trains, evaluates, translates and scores.
+
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+fn output_of(mut cmd: std::process::Command) -> Output {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = cmd.spawn().expect("spawn");
+    let pid = child.id();
+    // Bound the wait: a watchdog kills the process if it hangs.
+    let watchdog = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(120));
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    });
+    let out = child.wait_with_output().expect("wait");
+    drop(watchdog);
+    out
+}
+
+fn validate(config: &Path) -> Output {
+    let mut cmd = ferrotrain();
+    cmd.arg("validate").arg("--config").arg(config);
+    output_of(cmd)
+}
+
+fn run_job(config: &Path, ckpt: &Path, termination_log: &Path) -> Output {
+    let mut cmd = ferrotrain();
+    cmd.arg("run")
+        .arg("--config")
+        .arg(config)
+        .arg("--checkpoint-dir")
+        .arg(ckpt)
+        .env("FERROTRAIN_TERMINATION_LOG", termination_log);
+    output_of(cmd)
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A parallel corpus the tests can learn: a tiny word-for-word "English -> German".
+fn write_corpus(dir: &Path, pairs: usize) -> (String, String) {
+    let en = ["the", "a", "red", "small", "dog", "cat", "runs", "sleeps", "in", "park", "house", "big"];
+    let de = ["der", "ein", "rote", "kleine", "Hund", "Katze", "läuft", "schläft", "im", "Park", "Haus", "große"];
+    let mut src = String::new();
+    let mut tgt = String::new();
+    let mut x: u64 = 12345;
+    for _ in 0..pairs {
+        let len = 3 + (x % 5) as usize;
+        let mut s = Vec::new();
+        let mut t = Vec::new();
+        for _ in 0..len {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let w = (x >> 33) as usize % en.len();
+            s.push(en[w]);
+            t.push(de[w]);
+        }
+        src.push_str(&format!("{} .\n", s.join(" ")));
+        tgt.push_str(&format!("{} .\n", t.join(" ")));
+    }
+    let (s, t) = (dir.join("train.en"), dir.join("train.de"));
+    std::fs::write(&s, src).unwrap();
+    std::fs::write(&t, tgt).unwrap();
+    (s.display().to_string(), t.display().to_string())
+}
+
+fn translation_config(train: &(String, String), extra: &str) -> String {
+    format!(
+        "task: translation\nseed: 3\nmaxSteps: 120\nthreads: 1\n\
+         data:\n  train: {{source: '{}', target: '{}'}}\n  valid: {{source: '{}', target: '{}'}}\n  tokenizer: {{vocabSize: 100, minFrequency: 1}}\n  maxSentenceTokens: 30\n\
+         model: {{dModel: 32, heads: 2, encoderLayers: 1, decoderLayers: 1, ffnDim: 64, dropout: 0.0, maxPositions: 64}}\n\
+         batch: {{maxTokens: 400}}\noptimizer: {{lr: 0.005}}\nschedule: {{warmupSteps: 20}}\nlabelSmoothing: 0.1\n\
+         eval: {{everySteps: 60, beamSize: 1, maxSentences: 30}}\ncheckpoint: {{everySteps: 60}}\nlogEverySteps: 20\n{extra}",
+        train.0, train.1, train.0, train.1
+    )
+}
+
+#[test]
+fn unknown_field_exits_2_naming_the_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write(tmp.path(), "c.yaml", &copy_config(10, 5, "modle: {dModel: 8}\n"));
+    let out = validate(&cfg);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("modle"), "{}", stderr(&out));
+    // `run` fails the same way and leaves the reason in the termination log.
+    let log = tmp.path().join("termination-log");
+    let out = run_job(&cfg, &tmp.path().join("ckpt"), &log);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let message = std::fs::read_to_string(&log).expect("termination message written");
+    assert!(message.contains("modle") && !message.contains('\n'), "{message}");
+}
+
+#[test]
+fn negative_learning_rate_exits_2_naming_the_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write(
+        tmp.path(),
+        "c.yaml",
+        &copy_config(10, 5, "").replace("optimizer: {lr: 0.003}", "optimizer: {lr: -0.1}"),
+    );
+    let out = validate(&cfg);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("optimizer.lr"), "{}", stderr(&out));
+}
+
+#[test]
+fn vocabulary_too_small_exits_2_naming_the_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = write_corpus(tmp.path(), 50);
+    let cfg = write(
+        tmp.path(),
+        "c.yaml",
+        &translation_config(&corpus, "").replace("vocabSize: 100", "vocabSize: 20"),
+    );
+    let out = validate(&cfg);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("data.tokenizer.vocabSize"), "{}", stderr(&out));
+}
+
+#[test]
+fn missing_data_file_exits_3_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = (
+        tmp.path().join("nope.en").display().to_string(),
+        tmp.path().join("nope.de").display().to_string(),
+    );
+    let cfg = write(tmp.path(), "c.yaml", &translation_config(&corpus, ""));
+    let out = validate(&cfg);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("nope.en"), "{}", stderr(&out));
+    let out = run_job(&cfg, &tmp.path().join("ckpt"), &tmp.path().join("log"));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("nope.en"), "{}", stderr(&out));
+}
+
+#[test]
+fn empty_corpus_exits_3_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (s, t) = (tmp.path().join("empty.en"), tmp.path().join("empty.de"));
+    std::fs::write(&s, "").unwrap();
+    std::fs::write(&t, "").unwrap();
+    let corpus = (s.display().to_string(), t.display().to_string());
+    let cfg = write(tmp.path(), "c.yaml", &translation_config(&corpus, ""));
+    let out = run_job(&cfg, &tmp.path().join("ckpt"), &tmp.path().join("log"));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("empty.en"), "{}", stderr(&out));
+}
+
+#[test]
+fn incompatible_checkpoint_exits_4() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = tmp.path().join("ckpt");
+    let cfg = write(tmp.path(), "job.yaml", &copy_config(6, 3, ""));
+    let out = run_job(&cfg, &ckpt, &tmp.path().join("log"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Same job, wider model: the checkpoint cannot be loaded into it.
+    let wider = copy_config(12, 3, "").replace("dModel: 32", "dModel: 64");
+    let cfg = write(tmp.path(), "job.yaml", &wider);
+    let out = run_job(&cfg, &ckpt, &tmp.path().join("log"));
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(stderr(&out).contains("digest"), "{}", stderr(&out));
+}
+
+#[test]
+fn translation_job_trains_evaluates_translates_and_scores() {
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = write_corpus(tmp.path(), 400);
+    let cfg = write(tmp.path(), "tiny.yaml", &translation_config(&corpus, ""));
+    let ckpt = tmp.path().join("ckpt");
+    let out = run_job(&cfg, &ckpt, &tmp.path().join("log"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let job = ckpt.join("tiny");
+    assert!(job.join("tokenizer.json").is_file());
+    assert!(job.join("step-00000120/model.safetensors").is_file());
+
+    let losses = losses(&job);
+    assert_eq!(losses.len(), 120);
+    let first: f64 = losses[..10].iter().map(|l| l.1).sum::<f64>() / 10.0;
+    let last: f64 = losses[110..].iter().map(|l| l.1).sum::<f64>() / 10.0;
+    assert!(last < 0.6 * first, "loss did not fall: {first} -> {last}");
+    let log = std::fs::read_to_string(job.join("train-log.jsonl")).unwrap();
+    let bleu: Vec<f64> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["evalBleu"].as_f64())
+        .collect();
+    assert_eq!(bleu.len(), 2, "evaluations at steps 60 and 120");
+
+    // translate reads stdin and writes one line per input line; bleu scores them.
+    let sources: Vec<&str> = vec!["the red dog runs in park .", "a small cat sleeps ."];
+    let mut cmd = ferrotrain();
+    cmd.arg("translate").arg("--checkpoint").arg(&job).args(["--beam", "2"]);
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(format!("{}\n", sources.join("\n")).as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let hyps = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(hyps.lines().count(), 2, "{hyps}");
+
+    let refs = write(tmp.path(), "refs.de", "der rote Hund läuft im Park .\nein kleine Katze schläft .\n");
+    let mut cmd = ferrotrain();
+    cmd.arg("bleu").arg("--reference").arg(&refs);
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(hyps.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("BLEU = "));
+}

@@ -1,0 +1,122 @@
+//! Helpers for tests that start `ferrotrain` processes: every child is killed when its guard
+//! drops (also when the test panics), and every wait is bounded.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// The binary under test.
+pub fn ferrotrain() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferrotrain"));
+    cmd.env("OMP_WAIT_POLICY", "PASSIVE")
+        .env("RUST_LOG", "info")
+        .env_remove("FERROTRAIN_CONFIG")
+        .env_remove("FERROTRAIN_JOB")
+        .env_remove("FERROTRAIN_CHECKPOINT_DIR")
+        .env_remove("FERROTRAIN_METRICS_PORT")
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .env_remove("MASTER_ADDR")
+        .env_remove("MASTER_PORT");
+    cmd
+}
+
+/// A child process that is killed (SIGKILL) and reaped when dropped.
+pub struct Guard(pub Option<Child>);
+
+impl Guard {
+    pub fn spawn(mut cmd: Command) -> Guard {
+        cmd.stdin(Stdio::null());
+        Guard(Some(cmd.spawn().expect("spawn ferrotrain")))
+    }
+
+    pub fn id(&self) -> u32 {
+        self.0.as_ref().expect("running").id()
+    }
+
+    /// Waits at most `limit` for the process to exit.
+    pub fn wait_timeout(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let child = self.0.as_mut().expect("running");
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls `cond` every 50 ms until it holds or `limit` passes.
+pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cond()
+}
+
+/// (step, loss) of every line of a job's train-log.jsonl that has a loss; a step logged
+/// again after a resume replaces the earlier line.
+pub fn losses(job_dir: &Path) -> Vec<(u64, f64)> {
+    let text = std::fs::read_to_string(job_dir.join("train-log.jsonl")).unwrap_or_default();
+    let mut by_step = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue; // a line cut by SIGKILL
+        };
+        if let (Some(step), Some(loss)) = (v["step"].as_u64(), v["loss"].as_f64()) {
+            by_step.insert(step, loss);
+        }
+    }
+    by_step.into_iter().collect()
+}
+
+/// Every loss line in order, including steps replayed after a resume.
+pub fn loss_lines(job_dir: &Path) -> Vec<(u64, f64)> {
+    let text = std::fs::read_to_string(job_dir.join("train-log.jsonl")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| Some((v["step"].as_u64()?, v["loss"].as_f64()?)))
+        .collect()
+}
+
+/// A small copy-task config: trains in seconds on one thread.
+pub fn copy_config(max_steps: u64, checkpoint_every: u64, extra: &str) -> String {
+    format!(
+        "task: copy\nseed: 7\nmaxSteps: {max_steps}\nthreads: 1\n\
+         copy: {{symbols: 12, minLength: 2, maxLength: 8, trainSamples: 2000, validSamples: 40}}\n\
+         model: {{dModel: 32, heads: 2, encoderLayers: 1, decoderLayers: 1, ffnDim: 64, dropout: 0.1, maxPositions: 16}}\n\
+         batch: {{maxTokens: 256}}\n\
+         optimizer: {{lr: 0.003}}\n\
+         schedule: {{warmupSteps: 10}}\n\
+         eval: {{everySteps: 0, maxSentences: 20}}\n\
+         checkpoint: {{everySteps: {checkpoint_every}, keepLatest: 2}}\n\
+         logEverySteps: 10\n{extra}"
+    )
+}
+
+/// Writes `text` to `dir/name` and returns the path.
+pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write test file");
+    path
+}
