@@ -7,3 +7,4 @@ pub mod progress;
 
 pub use config::{ConfigError, FieldError, TrainerConfig};
 pub use progress::{CheckpointInfo, Progress, TrainerPhase};
+pub mod crd;

@@ -1,0 +1,671 @@
+//! The `DistributedTraining` custom resource (group `ferrotrain.dev`, version `v1alpha1`,
+//! short name `dt`): one object = one data-parallel training job run as a gang of pods.
+//!
+//! The spec embeds [`TrainerConfig`], the very type the trainer parses, so the operator and the
+//! trainer cannot drift. Every field carries a doc comment because the generated schema's
+//! descriptions are what `kubectl explain dt.spec...` prints. Validation lives in the schema
+//! (ranges, enums, CEL rules) so a bad object is refused at `kubectl apply`, naming the field.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, EnvVar, LocalObjectReference, PodSecurityContext, ResourceRequirements, Toleration,
+    Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use kube::core::crd::CustomResourceExt;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::config::TrainerConfig;
+use crate::progress::Progress;
+
+/// API group of the resource.
+pub const GROUP: &str = "ferrotrain.dev";
+/// API version of the resource.
+pub const VERSION: &str = "v1alpha1";
+/// Longest object name: pods are named `<name>-<attempt>-<nodeRank>` and must stay a DNS label
+/// (63 characters) for their hostname.
+pub const MAX_NAME_LENGTH: usize = 47;
+
+/// A data-parallel training job: `replicas` pods, each running `procsPerReplica` ranks of the
+/// ferrotrain trainer (or any image following the torchrun environment contract). The operator
+/// restarts the whole gang from the latest checkpoint when any rank fails and reports training
+/// progress (step, rate, loss, ETA) in the status.
+#[derive(CustomResource, Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "ferrotrain.dev",
+    version = "v1alpha1",
+    kind = "DistributedTraining",
+    plural = "distributedtrainings",
+    singular = "distributedtraining",
+    shortname = "dt",
+    category = "ferrotrain",
+    namespaced,
+    status = "DistributedTrainingStatus",
+    derive = "PartialEq",
+    doc = "A data-parallel training job run as a gang of pods, restarted as a whole from the latest checkpoint on failure, with training progress in its status.",
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase", description = "Where the job is in its life cycle"),
+    printcolumn(name = "Step", type_ = "integer", json_path = ".status.progress.step", description = "Optimizer steps completed"),
+    printcolumn(name = "Steps/s", type_ = "number", json_path = ".status.progress.stepsPerSecond", description = "Optimizer steps per second"),
+    printcolumn(name = "Loss", type_ = "number", json_path = ".status.progress.loss", description = "Recent training loss"),
+    printcolumn(name = "ETA", type_ = "string", json_path = ".status.progress.eta", description = "Time left to maxSteps at the current rate"),
+    printcolumn(name = "Restarts", type_ = "integer", json_path = ".status.restarts", description = "Gang restarts so far"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "has(self.trainer) || has(self.command)",
+        "message": "spec.trainer is required unless spec.command runs your own training program",
+        "fieldPath": ".trainer"
+    },
+    {
+        "rule": "!has(self.procsPerReplica) || self.gpusPerReplica == 0 || self.procsPerReplica <= self.gpusPerReplica",
+        "message": "spec.procsPerReplica must not exceed spec.gpusPerReplica on GPU pods (one rank per GPU at most)",
+        "fieldPath": ".procsPerReplica"
+    }
+]))]
+pub struct DistributedTrainingSpec {
+    /// Number of pods (nodes) in the gang. Each pod runs `procsPerReplica` ranks, so the world
+    /// size is replicas * procsPerReplica.
+    #[schemars(range(min = 1, max = 4096))]
+    pub replicas: i32,
+
+    /// Ranks (processes) per pod. Defaults to gpusPerReplica on GPU pods, 1 on CPU pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 256))]
+    pub procs_per_replica: Option<i32>,
+
+    /// GPUs (nvidia.com/gpu) requested by each pod; 0 trains on CPU.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 64))]
+    pub gpus_per_replica: i32,
+
+    /// CPU and memory requests/limits of each pod's trainer container. GPUs are added from
+    /// gpusPerReplica.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// Container image. Defaults to the operator's trainer image (--trainer-image).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub image: Option<String>,
+
+    /// Image pull policy of the trainer container: Always, IfNotPresent or Never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
+
+    /// Entrypoint override for a bring-your-own image (for example
+    /// ["torchrun", "train.py"]). Default: `ferrotrain launch --max-restarts 0`. The container
+    /// gets the same environment contract (MASTER_ADDR, WORLD_SIZE, PET_*, ...) either way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub command: Option<Vec<String>>,
+
+    /// Arguments appended to the entrypoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<Vec<String>>,
+
+    /// Pod-level customisation: labels, annotations, scheduling, extra env and volumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_template: Option<PodTemplateOverrides>,
+
+    /// The trainer configuration (task, model, data, batch, optimizer, schedule, precision,
+    /// maxSteps, eval, seed), mounted into every pod as the file FERROTRAIN_CONFIG. Optional only
+    /// with a custom `command`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trainer: Option<TrainerConfig>,
+
+    /// Where checkpoints are written and how often; the policy fields override
+    /// trainer.checkpoint. Without a volume checkpoints go to a pod-local emptyDir and a gang
+    /// restart starts from scratch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointSpec>,
+
+    /// The volume holding the dataset; the trainer's working directory, so relative paths in
+    /// trainer.data resolve against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<DataSpec>,
+
+    /// How gang restarts are bounded and paced.
+    #[serde(default)]
+    pub restart_policy: RestartPolicy,
+
+    /// True stops the job: its pods are deleted and none are created until it is set back to
+    /// false, which starts a new attempt from the latest checkpoint (Kueue's convention).
+    #[serde(default)]
+    pub suspend: bool,
+
+    /// Delete the object (and its pods) this many seconds after it Succeeded or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub ttl_seconds_after_finished: Option<i64>,
+
+    /// Fail the job when it has been running (since it started or last resumed) this long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub active_deadline_seconds: Option<i64>,
+
+    /// When the trainer's reported progress (step or phase) does not change for this many
+    /// seconds while all pods run, the job is marked Stalled and the gang restarted. 0 disables
+    /// stall detection (it also never fires for images without a /progress endpoint).
+    #[serde(default = "defaults::stall_timeout_seconds")]
+    #[schemars(range(min = 0))]
+    pub stall_timeout_seconds: i64,
+}
+
+/// Container image pull policy.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+pub enum PullPolicy {
+    /// Pull on every pod start.
+    Always,
+    /// Pull when the node does not have the image.
+    IfNotPresent,
+    /// Never pull.
+    Never,
+}
+
+impl PullPolicy {
+    /// The Kubernetes spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PullPolicy::Always => "Always",
+            PullPolicy::IfNotPresent => "IfNotPresent",
+            PullPolicy::Never => "Never",
+        }
+    }
+}
+
+/// Pod-level customisation applied to every pod of the gang.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PodTemplateOverrides {
+    /// Extra labels (the operator's own labels win on conflict).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Extra annotations.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Node labels the pods must match.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Taints the pods tolerate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Node and pod (anti-)affinity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// PriorityClass of the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+    /// Scheduler to use (for example a gang scheduler such as volcano).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler_name: Option<String>,
+    /// ServiceAccount the pods run as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+    /// Secrets for pulling the image.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+    /// Extra environment variables of the trainer container. The operator's contract variables
+    /// (MASTER_ADDR, WORLD_SIZE, FERROTRAIN_*, ...) cannot be overridden.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Extra volumes of the pods (checkpoint.volumeName and data.volumeName may name one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<Volume>,
+    /// Extra mounts of the trainer container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<VolumeMount>,
+    /// Replaces the operator's restricted pod security context (non-root uid 65532, fsGroup
+    /// 65532, RuntimeDefault seccomp). The container itself always runs without privilege
+    /// escalation, with all capabilities dropped and a read-only root file system.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_context: Option<PodSecurityContext>,
+    /// Size limit of /dev/shm (a memory-backed emptyDir; it counts against the memory limit).
+    /// Unset: bounded by the pod's memory limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm_size: Option<Quantity>,
+    /// Seconds a deleted pod gets to exit (the trainer saves nothing on SIGTERM, so short is
+    /// fine). Default 30.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub termination_grace_period_seconds: Option<i64>,
+}
+
+/// Where checkpoints live and the checkpoint policy.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "!(has(self.claimName) && has(self.volumeName))",
+        "message": "set at most one of spec.checkpoint.claimName and spec.checkpoint.volumeName"
+    }
+]))]
+pub struct CheckpointSpec {
+    /// A PersistentVolumeClaim to write checkpoints to. Multi-node jobs need a claim every
+    /// node can mount (ReadWriteMany), because rank 0 may run on another node after a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub claim_name: Option<String>,
+    /// Or: the name of a volume in podTemplate.volumes (any volume source: nfs, csi, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub volume_name: Option<String>,
+    /// Where the volume is mounted (FERROTRAIN_CHECKPOINT_DIR); checkpoints go to
+    /// `<mountPath>/<job name>/step-<step>/`.
+    #[serde(default = "defaults::checkpoint_mount_path")]
+    #[schemars(length(min = 2), regex(pattern = r"^/"))]
+    pub mount_path: String,
+    /// Save every this many steps (and at the end); 0 = only at the end. Overrides
+    /// trainer.checkpoint.everySteps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub every_steps: Option<u64>,
+    /// Also save when this many seconds passed since the last save. Overrides
+    /// trainer.checkpoint.everySeconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub every_seconds: Option<u64>,
+    /// Keep the newest K complete checkpoints. Overrides trainer.checkpoint.keepLatest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub keep_latest: Option<u32>,
+    /// Also keep the N with the lowest validation loss. Overrides trainer.checkpoint.keepBest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub keep_best: Option<u32>,
+}
+
+/// The volume holding the dataset.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "has(self.claimName) != has(self.volumeName)",
+        "message": "set exactly one of spec.data.claimName and spec.data.volumeName"
+    }
+]))]
+pub struct DataSpec {
+    /// A PersistentVolumeClaim holding the dataset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub claim_name: Option<String>,
+    /// Or: the name of a volume in podTemplate.volumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub volume_name: Option<String>,
+    /// Where the volume is mounted; also the trainer's working directory.
+    #[serde(default = "defaults::data_mount_path")]
+    #[schemars(length(min = 2), regex(pattern = r"^/"))]
+    pub mount_path: String,
+    /// Mount read-only (default true).
+    #[serde(default = "defaults::yes")]
+    pub read_only: bool,
+}
+
+/// How gang restarts are bounded and paced.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "self.maxBackoffSeconds >= self.backoffSeconds",
+        "message": "spec.restartPolicy.maxBackoffSeconds must be at least spec.restartPolicy.backoffSeconds",
+        "fieldPath": ".maxBackoffSeconds"
+    }
+]))]
+pub struct RestartPolicy {
+    /// Gang restarts allowed before the job Fails; 0 fails on the first retryable failure.
+    #[serde(default = "defaults::max_restarts")]
+    #[schemars(range(min = 0, max = 10000))]
+    pub max_restarts: i32,
+    /// Wait before the first restart; doubles with every restart up to maxBackoffSeconds.
+    #[serde(default = "defaults::backoff_seconds")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub backoff_seconds: i64,
+    /// Upper bound of the restart backoff.
+    #[serde(default = "defaults::max_backoff_seconds")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub max_backoff_seconds: i64,
+    /// Container exit codes that no restart can fix: the job Fails with the rank's termination
+    /// message. Default: 2 (invalid config), 3 (invalid data), 4 (incompatible checkpoint).
+    #[serde(default = "defaults::permanent_exit_codes")]
+    #[schemars(length(max = 64))]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub permanent_exit_codes: Vec<i32>,
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        RestartPolicy {
+            max_restarts: defaults::max_restarts(),
+            backoff_seconds: defaults::backoff_seconds(),
+            max_backoff_seconds: defaults::max_backoff_seconds(),
+            permanent_exit_codes: defaults::permanent_exit_codes(),
+        }
+    }
+}
+
+/// Where the job is in its life cycle.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// The current attempt's pods are being created.
+    #[default]
+    Pending,
+    /// All pods of the attempt exist; some are not running yet (scheduling, pulling, ...).
+    Starting,
+    /// Every pod of the attempt runs.
+    Running,
+    /// A rank failed: the attempt's pods are being deleted and the next attempt waits out the
+    /// backoff.
+    Restarting,
+    /// spec.suspend is true: no pods.
+    Suspended,
+    /// Every rank exited 0.
+    Succeeded,
+    /// A permanent failure, maxRestarts exhausted or activeDeadlineSeconds passed.
+    Failed,
+}
+
+impl Phase {
+    /// All phases, in life-cycle order.
+    pub const ALL: [Phase; 7] = [
+        Phase::Pending,
+        Phase::Starting,
+        Phase::Running,
+        Phase::Restarting,
+        Phase::Suspended,
+        Phase::Succeeded,
+        Phase::Failed,
+    ];
+
+    /// The name shown in `status.phase`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Starting => "Starting",
+            Phase::Running => "Running",
+            Phase::Restarting => "Restarting",
+            Phase::Suspended => "Suspended",
+            Phase::Succeeded => "Succeeded",
+            Phase::Failed => "Failed",
+        }
+    }
+
+    /// Succeeded or Failed: nothing runs any more.
+    pub fn is_finished(self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Failed)
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Condition types the operator maintains in `status.conditions`.
+pub mod condition {
+    /// The current attempt's pods were all created.
+    pub const CREATED: &str = "Created";
+    /// Every pod of the current attempt runs.
+    pub const RUNNING: &str = "Running";
+    /// A gang restart is in progress.
+    pub const RESTARTING: &str = "Restarting";
+    /// The trainer's progress stopped changing for stallTimeoutSeconds.
+    pub const STALLED: &str = "Stalled";
+    /// Every rank exited 0.
+    pub const SUCCEEDED: &str = "Succeeded";
+    /// The job failed for good.
+    pub const FAILED: &str = "Failed";
+    /// spec.suspend holds the job.
+    pub const SUSPENDED: &str = "Suspended";
+    /// Rank 0 serves /progress (False for images without the endpoint).
+    pub const PROGRESS_AVAILABLE: &str = "ProgressAvailable";
+}
+
+/// A rank's failure: what the status keeps of the last one.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FailureInfo {
+    /// Attempt the failure ended.
+    pub attempt: i32,
+    /// Node rank (pod index) that failed first, when a pod is to blame.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_rank: Option<i32>,
+    /// The pod that failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// The trainer container's exit code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Machine-readable cause: ExitCode, PermanentExitCode, PodDeleted, PodFailed, NodeLost,
+    /// Stalled, DeadlineExceeded.
+    pub reason: String,
+    /// Human-readable detail: the rank's termination message when it wrote one.
+    #[serde(default)]
+    pub message: String,
+    /// When the operator saw it.
+    pub time: Time,
+}
+
+/// Training progress as reported by rank 0's /progress, with the operator's derived values.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainingProgress {
+    /// The trainer's report, rates rounded to 3 significant digits.
+    #[serde(flatten)]
+    pub report: Progress,
+    /// Time left to totalSteps at the current rate, for humans (for example 2h05m).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta: Option<String>,
+    /// When training should reach totalSteps at the current rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_completion_time: Option<Time>,
+    /// When the operator last saw the report change (the stall clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<Time>,
+}
+
+/// Observed state of a DistributedTraining.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DistributedTrainingStatus {
+    /// Pending, Starting, Running, Restarting, Suspended, Succeeded or Failed.
+    #[serde(default)]
+    pub phase: Phase,
+    /// Created, Running, Restarting, Stalled, Succeeded, Failed, Suspended, ProgressAvailable.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// The generation of the spec this status reflects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The current attempt: pods are named `<job>-<attempt>-<nodeRank>`; increases with every
+    /// restart and resume.
+    #[serde(default)]
+    pub attempt: i32,
+    /// Gang restarts after failures so far (bounded by restartPolicy.maxRestarts).
+    #[serde(default)]
+    pub restarts: i32,
+    /// The most recent failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<FailureInfo>,
+    /// When the job started (or last resumed); activeDeadlineSeconds counts from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the job Succeeded or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    /// Pods of the current attempt that exist.
+    #[serde(default)]
+    pub replicas: i32,
+    /// Pods of the current attempt whose trainer runs.
+    #[serde(default)]
+    pub running_replicas: i32,
+    /// Pods of the current attempt that exited 0.
+    #[serde(default)]
+    pub succeeded_replicas: i32,
+    /// Training progress of the current attempt (absent for images without /progress).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<TrainingProgress>,
+}
+
+impl DistributedTrainingStatus {
+    /// The condition of `type_`, if set.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+
+    /// True when the condition of `type_` has status "True".
+    pub fn is_true(&self, type_: &str) -> bool {
+        self.condition(type_).is_some_and(|c| c.status == "True")
+    }
+}
+
+impl DistributedTrainingSpec {
+    /// Ranks per pod: procsPerReplica, else one per GPU, else 1.
+    pub fn procs_per_replica(&self) -> i32 {
+        self.procs_per_replica
+            .unwrap_or(if self.gpus_per_replica > 0 {
+                self.gpus_per_replica
+            } else {
+                1
+            })
+            .max(1)
+    }
+
+    /// Total ranks over all pods.
+    pub fn world_size(&self) -> i32 {
+        self.replicas.max(1) * self.procs_per_replica()
+    }
+
+    /// The trainer config the pods read: spec.trainer with spec.checkpoint's policy fields
+    /// merged into its `checkpoint` section.
+    pub fn effective_trainer_config(&self) -> Option<TrainerConfig> {
+        let mut config = self.trainer.clone()?;
+        if let Some(c) = &self.checkpoint {
+            let policy = &mut config.checkpoint;
+            if let Some(v) = c.every_steps {
+                policy.every_steps = v;
+            }
+            if let Some(v) = c.every_seconds {
+                policy.every_seconds = Some(v);
+            }
+            if let Some(v) = c.keep_latest {
+                policy.keep_latest = v;
+            }
+            if let Some(v) = c.keep_best {
+                policy.keep_best = v;
+            }
+        }
+        Some(config)
+    }
+}
+
+/// The CRD as installed: the derived definition plus the object-level rule on the name (pods
+/// are named `<name>-<attempt>-<nodeRank>` and the name is also the headless Service's).
+pub fn custom_resource_definition()
+-> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::ValidationRule;
+    let mut crd = DistributedTraining::crd();
+    let rule = ValidationRule {
+        rule: format!(
+            "size(self.metadata.name) <= {MAX_NAME_LENGTH} && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')"
+        ),
+        message: Some(format!(
+            "metadata.name must be a DNS label of at most {MAX_NAME_LENGTH} characters starting with a letter: pods are named <name>-<attempt>-<nodeRank> and the name is the headless Service's"
+        )),
+        field_path: Some(".metadata.name".to_string()),
+        ..ValidationRule::default()
+    };
+    for version in &mut crd.spec.versions {
+        if let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        {
+            schema
+                .x_kubernetes_validations
+                .get_or_insert_with(Vec::new)
+                .push(rule.clone());
+            let mut value = serde_json::to_value(&*schema).expect("schema serializes");
+            kubernetes_integer_formats(&mut value);
+            *schema = serde_json::from_value(value).expect("schema deserializes");
+        }
+    }
+    crd
+}
+
+/// Kubernetes knows the integer formats int32 and int64 only (it warns "unrecognized format
+/// uint32"); the Rust unsigned types become int64 with their bounds as minimum and maximum.
+fn kubernetes_integer_formats(schema: &mut serde_json::Value) {
+    use serde_json::Value;
+    match schema {
+        Value::Object(map) => {
+            let bound = match map.get("format").and_then(Value::as_str) {
+                Some("uint8") => Some(u64::from(u8::MAX)),
+                Some("uint16") => Some(u64::from(u16::MAX)),
+                Some("uint32") => Some(u64::from(u32::MAX)),
+                Some("uint64" | "uint") => Some(i64::MAX as u64),
+                _ => None,
+            };
+            if let Some(max) = bound {
+                map.insert("format".into(), "int64".into());
+                let min = map.get("minimum").and_then(Value::as_f64).unwrap_or(0.0);
+                map.insert("minimum".into(), Value::from(min.max(0.0) as u64));
+                let current = map.get("maximum").and_then(Value::as_f64);
+                if current.is_none_or(|m| m > max as f64) {
+                    map.insert("maximum".into(), Value::from(max));
+                }
+            }
+            for v in map.values_mut() {
+                kubernetes_integer_formats(v);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(kubernetes_integer_formats),
+        _ => {}
+    }
+}
+
+/// The CRD as YAML, exactly as committed under crds/ and the Helm chart.
+pub fn custom_resource_definition_yaml() -> String {
+    let body = serde_saphyr::to_string(&custom_resource_definition()).expect("CRD serializes");
+    format!(
+        "# Generated by `ferrotrain-operator crd` (scripts/gen-crds.sh). Do not edit.\n---\n{body}"
+    )
+}
+
+mod defaults {
+    pub fn stall_timeout_seconds() -> i64 {
+        1800
+    }
+    pub fn checkpoint_mount_path() -> String {
+        "/checkpoints".to_string()
+    }
+    pub fn data_mount_path() -> String {
+        "/data".to_string()
+    }
+    pub fn yes() -> bool {
+        true
+    }
+    pub fn max_restarts() -> i32 {
+        10
+    }
+    pub fn backoff_seconds() -> i64 {
+        10
+    }
+    pub fn max_backoff_seconds() -> i64 {
+        300
+    }
+    pub fn permanent_exit_codes() -> Vec<i32> {
+        vec![
+            crate::exit::INVALID_CONFIG,
+            crate::exit::INVALID_DATA,
+            crate::exit::INCOMPATIBLE_CHECKPOINT,
+        ]
+    }
+}

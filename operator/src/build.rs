@@ -1,0 +1,477 @@
+//! Build: the objects of a job, from its spec and the operator's settings. Pure functions:
+//! same input, same object (so server-side apply is a no-op when nothing changed).
+
+use std::collections::BTreeMap;
+
+use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingSpec};
+use ferrotrain_api::env;
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
+    EnvVar, EnvVarSource, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
+    ResourceRequirements, SeccompProfile, Secret, SecretKeySelector, SecurityContext, Service,
+    ServicePort, ServiceSpec, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::{Resource, ResourceExt};
+
+use crate::labels;
+
+/// Volume names the operator uses itself.
+pub const RESERVED_VOLUMES: [&str; 5] = ["shm", "tmp", "trainer-config", "checkpoints", "data"];
+/// The non-root user and group the pods run as by default.
+pub const RUN_AS: i64 = 65532;
+/// The GPU resource.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// The trainer image's default entrypoint. The operator restarts the gang, so the launcher
+/// must not restart ranks itself.
+pub const DEFAULT_COMMAND: [&str; 4] = ["ferrotrain", "launch", "--max-restarts", "0"];
+
+/// What the builders need besides the object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BuildSettings {
+    pub trainer_image: String,
+    pub master_port: u16,
+    pub trainer_metrics_port: u16,
+}
+
+/// Why an object could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the DistributedTraining has no {0}")]
+    MissingMetadata(&'static str),
+}
+
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Name, namespace and controller owner reference of a job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Owner {
+    pub name: String,
+    pub namespace: String,
+    pub reference: OwnerReference,
+}
+
+impl Owner {
+    /// Reads them from the object.
+    pub fn of(dt: &DistributedTraining) -> Result<Self> {
+        Ok(Owner {
+            name: dt.metadata.name.clone().ok_or(Error::MissingMetadata("name"))?,
+            namespace: dt.namespace().ok_or(Error::MissingMetadata("namespace"))?,
+            reference: dt
+                .controller_owner_ref(&())
+                .ok_or(Error::MissingMetadata("uid"))?,
+        })
+    }
+
+    fn meta(&self, name: String, extra_labels: BTreeMap<String, String>) -> ObjectMeta {
+        // The operator's labels win: they are how it finds its pods.
+        let mut labels = extra_labels;
+        labels.extend(common_labels(&self.name));
+        ObjectMeta {
+            name: Some(name),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(labels),
+            owner_references: Some(vec![self.reference.clone()]),
+            ..ObjectMeta::default()
+        }
+    }
+}
+
+/// Labels every child carries.
+pub fn common_labels(job: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (labels::APP_NAME.to_string(), "ferrotrain".to_string()),
+        (labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()),
+        (labels::JOB.to_string(), job.to_string()),
+    ])
+}
+
+/// The headless Service giving each pod the DNS name `<pod>.<job>.<ns>.svc`. Not-ready
+/// addresses are published: rendezvous happens before any readiness.
+pub fn service(owner: &Owner, s: &BuildSettings) -> Service {
+    Service {
+        metadata: owner.meta(labels::service_name(&owner.name), BTreeMap::new()),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            publish_not_ready_addresses: Some(true),
+            selector: Some(BTreeMap::from([(
+                labels::JOB.to_string(),
+                owner.name.clone(),
+            )])),
+            ports: Some(vec![
+                ServicePort {
+                    name: Some("rendezvous".into()),
+                    port: s.master_port.into(),
+                    protocol: Some("TCP".into()),
+                    ..ServicePort::default()
+                },
+                ServicePort {
+                    name: Some("metrics".into()),
+                    port: s.trainer_metrics_port.into(),
+                    protocol: Some("TCP".into()),
+                    ..ServicePort::default()
+                },
+            ]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    }
+}
+
+/// The ConfigMap with the trainer config (spec.trainer with spec.checkpoint's policy merged);
+/// None when the job runs its own command without a trainer config.
+pub fn config_map(owner: &Owner, spec: &DistributedTrainingSpec) -> Option<ConfigMap> {
+    let config = spec.effective_trainer_config()?;
+    Some(ConfigMap {
+        metadata: owner.meta(labels::config_map_name(&owner.name), BTreeMap::new()),
+        data: Some(BTreeMap::from([(
+            labels::CONFIG_KEY.to_string(),
+            config.to_yaml(),
+        )])),
+        ..ConfigMap::default()
+    })
+}
+
+/// The Secret with the rendezvous token (created once; never rewritten).
+pub fn secret(owner: &Owner, token: &str) -> Secret {
+    Secret {
+        metadata: owner.meta(labels::secret_name(&owner.name), BTreeMap::new()),
+        type_: Some("Opaque".into()),
+        string_data: Some(BTreeMap::from([(
+            labels::TOKEN_KEY.to_string(),
+            token.to_string(),
+        )])),
+        ..Secret::default()
+    }
+}
+
+/// A fresh random rendezvous token (256 bits, hex).
+pub fn new_token() -> String {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).expect("the OS random source works");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn env_value(name: &str, value: impl ToString) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value: Some(value.to_string()),
+        value_from: None,
+    }
+}
+
+/// The environment contract of one pod (torchrun-compatible plus FERROTRAIN_*).
+pub fn contract_env(
+    owner: &Owner,
+    spec: &DistributedTrainingSpec,
+    attempt: i32,
+    node_rank: i32,
+    s: &BuildSettings,
+) -> Vec<EnvVar> {
+    let master_addr = labels::master_addr(&owner.name, attempt, &owner.namespace);
+    let torch = [
+        (env::MASTER_ADDR, master_addr),
+        (env::MASTER_PORT, s.master_port.to_string()),
+        (env::NNODES, spec.replicas.to_string()),
+        (env::NODE_RANK, node_rank.to_string()),
+        (env::NPROC_PER_NODE, spec.procs_per_replica().to_string()),
+    ];
+    let mut vars: Vec<EnvVar> = torch.iter().map(|(k, v)| env_value(k, v)).collect();
+    vars.push(env_value(env::WORLD_SIZE, spec.world_size()));
+    vars.extend(
+        torch
+            .iter()
+            .map(|(k, v)| env_value(&format!("{}{k}", env::PET_PREFIX), v)),
+    );
+    vars.push(env_value(env::TORCHELASTIC_RESTART_COUNT, attempt));
+    vars.push(env_value(env::FERROTRAIN_JOB, &owner.name));
+    vars.push(env_value(env::FERROTRAIN_ATTEMPT, attempt));
+    if spec.trainer.is_some() {
+        vars.push(env_value(
+            env::FERROTRAIN_CONFIG,
+            format!("{}/{}", labels::CONFIG_DIR, labels::CONFIG_KEY),
+        ));
+    }
+    vars.push(env_value(
+        env::FERROTRAIN_CHECKPOINT_DIR,
+        checkpoint_mount_path(spec),
+    ));
+    vars.push(EnvVar {
+        name: env::FERROTRAIN_RDZV_TOKEN.into(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: labels::secret_name(&owner.name),
+                key: labels::TOKEN_KEY.into(),
+                optional: Some(false),
+            }),
+            ..EnvVarSource::default()
+        }),
+    });
+    vars.push(env_value(env::FERROTRAIN_METRICS_PORT, s.trainer_metrics_port));
+    // The root file system is read-only; libraries that write to $HOME get the tmp volume.
+    vars.push(env_value("HOME", "/tmp"));
+    vars
+}
+
+fn checkpoint_mount_path(spec: &DistributedTrainingSpec) -> String {
+    spec.checkpoint
+        .as_ref()
+        .map(|c| c.mount_path.clone())
+        .unwrap_or_else(|| "/checkpoints".into())
+}
+
+fn pvc(claim: &str, read_only: bool) -> PersistentVolumeClaimVolumeSource {
+    PersistentVolumeClaimVolumeSource {
+        claim_name: claim.to_string(),
+        read_only: read_only.then_some(true),
+    }
+}
+
+/// The pod of `node_rank` in `attempt`.
+pub fn pod(
+    owner: &Owner,
+    spec: &DistributedTrainingSpec,
+    attempt: i32,
+    node_rank: i32,
+    s: &BuildSettings,
+) -> Pod {
+    let name = labels::pod_name(&owner.name, attempt, node_rank);
+    let template = spec.pod_template.clone().unwrap_or_default();
+
+    let mut pod_labels = template.labels.clone();
+    pod_labels.extend([
+        (labels::ATTEMPT.to_string(), attempt.to_string()),
+        (labels::NODE_RANK.to_string(), node_rank.to_string()),
+    ]);
+    let mut metadata = owner.meta(name.clone(), pod_labels);
+    if !template.annotations.is_empty() {
+        metadata.annotations = Some(template.annotations.clone());
+    }
+
+    let mut volumes = vec![
+        Volume {
+            name: "shm".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: Some("Memory".into()),
+                size_limit: template.shm_size.clone(),
+            }),
+            ..Volume::default()
+        },
+        Volume {
+            name: "tmp".into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        },
+    ];
+    let mut mounts = vec![
+        VolumeMount {
+            name: "shm".into(),
+            mount_path: "/dev/shm".into(),
+            ..VolumeMount::default()
+        },
+        VolumeMount {
+            name: "tmp".into(),
+            mount_path: "/tmp".into(),
+            ..VolumeMount::default()
+        },
+    ];
+    if spec.trainer.is_some() {
+        volumes.push(Volume {
+            name: "trainer-config".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: labels::config_map_name(&owner.name),
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+        mounts.push(VolumeMount {
+            name: "trainer-config".into(),
+            mount_path: labels::CONFIG_DIR.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+    }
+
+    // Checkpoints: a claim, a named user volume, or (no resume across restarts) an emptyDir.
+    let checkpoint = spec.checkpoint.clone().unwrap_or_default();
+    let checkpoint_path = checkpoint_mount_path(spec);
+    match (&checkpoint.claim_name, &checkpoint.volume_name) {
+        (Some(claim), _) => {
+            volumes.push(Volume {
+                name: "checkpoints".into(),
+                persistent_volume_claim: Some(pvc(claim, false)),
+                ..Volume::default()
+            });
+            mounts.push(VolumeMount {
+                name: "checkpoints".into(),
+                mount_path: checkpoint_path,
+                ..VolumeMount::default()
+            });
+        }
+        (None, Some(volume)) => mounts.push(VolumeMount {
+            name: volume.clone(),
+            mount_path: checkpoint_path,
+            ..VolumeMount::default()
+        }),
+        (None, None) => {
+            volumes.push(Volume {
+                name: "checkpoints".into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Volume::default()
+            });
+            mounts.push(VolumeMount {
+                name: "checkpoints".into(),
+                mount_path: checkpoint_path,
+                ..VolumeMount::default()
+            });
+        }
+    }
+
+    let mut working_dir = None;
+    if let Some(data) = &spec.data {
+        let read_only = data.read_only.then_some(true);
+        let volume_name = match (&data.claim_name, &data.volume_name) {
+            (Some(claim), _) => {
+                volumes.push(Volume {
+                    name: "data".into(),
+                    persistent_volume_claim: Some(pvc(claim, data.read_only)),
+                    ..Volume::default()
+                });
+                Some("data".to_string())
+            }
+            (None, Some(volume)) => Some(volume.clone()),
+            (None, None) => None,
+        };
+        if let Some(volume_name) = volume_name {
+            mounts.push(VolumeMount {
+                name: volume_name,
+                mount_path: data.mount_path.clone(),
+                read_only,
+                ..VolumeMount::default()
+            });
+            working_dir = Some(data.mount_path.clone());
+        }
+    }
+    volumes.extend(template.volumes.iter().cloned());
+    mounts.extend(template.volume_mounts.iter().cloned());
+
+    let contract = contract_env(owner, spec, attempt, node_rank, s);
+    let mut env = contract.clone();
+    env.extend(
+        template
+            .env
+            .iter()
+            .filter(|e| !contract.iter().any(|c| c.name == e.name))
+            .cloned(),
+    );
+
+    let mut resources = spec.resources.clone().unwrap_or_default();
+    if spec.gpus_per_replica > 0 {
+        let gpus = Quantity(spec.gpus_per_replica.to_string());
+        resources
+            .limits
+            .get_or_insert_with(BTreeMap::new)
+            .insert(GPU_RESOURCE.into(), gpus.clone());
+        resources
+            .requests
+            .get_or_insert_with(BTreeMap::new)
+            .insert(GPU_RESOURCE.into(), gpus);
+    }
+    let resources = (resources != ResourceRequirements::default()).then_some(resources);
+
+    let container = Container {
+        name: labels::TRAINER_CONTAINER.into(),
+        image: Some(spec.image.clone().unwrap_or_else(|| s.trainer_image.clone())),
+        image_pull_policy: spec.image_pull_policy.map(|p| p.as_str().to_string()),
+        command: Some(
+            spec.command
+                .clone()
+                .unwrap_or_else(|| DEFAULT_COMMAND.iter().map(|s| s.to_string()).collect()),
+        ),
+        args: spec.args.clone(),
+        env: Some(env),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("rendezvous".into()),
+                container_port: s.master_port.into(),
+                protocol: Some("TCP".into()),
+                ..ContainerPort::default()
+            },
+            ContainerPort {
+                name: Some("metrics".into()),
+                container_port: s.trainer_metrics_port.into(),
+                protocol: Some("TCP".into()),
+                ..ContainerPort::default()
+            },
+        ]),
+        resources,
+        volume_mounts: Some(mounts),
+        working_dir,
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                add: None,
+            }),
+            ..SecurityContext::default()
+        }),
+        termination_message_path: Some(env::TERMINATION_LOG.into()),
+        // A bring-your-own image may not write the file: its last log lines explain instead.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Container::default()
+    };
+
+    let security_context = template.security_context.clone().unwrap_or(PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(RUN_AS),
+        run_as_group: Some(RUN_AS),
+        fs_group: Some(RUN_AS),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            localhost_profile: None,
+        }),
+        ..PodSecurityContext::default()
+    });
+
+    Pod {
+        metadata,
+        spec: Some(PodSpec {
+            hostname: Some(name),
+            subdomain: Some(labels::service_name(&owner.name)),
+            restart_policy: Some("Never".into()),
+            containers: vec![container],
+            volumes: Some(volumes),
+            security_context: Some(security_context),
+            termination_grace_period_seconds: Some(
+                template.termination_grace_period_seconds.unwrap_or(30),
+            ),
+            // No service-link variables and no API token: a trainer talks to its peers only.
+            enable_service_links: Some(false),
+            automount_service_account_token: Some(false),
+            service_account_name: template.service_account_name.clone(),
+            node_selector: (!template.node_selector.is_empty())
+                .then(|| template.node_selector.clone()),
+            tolerations: (!template.tolerations.is_empty()).then(|| template.tolerations.clone()),
+            affinity: template.affinity.clone(),
+            priority_class_name: template.priority_class_name.clone(),
+            scheduler_name: template.scheduler_name.clone(),
+            image_pull_secrets: (!template.image_pull_secrets.is_empty())
+                .then(|| template.image_pull_secrets.clone()),
+            ..PodSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// The kind/apiVersion of a built object, for server-side apply bodies.
+pub fn type_meta<K: Resource<DynamicType = ()>>() -> (String, String) {
+    (K::api_version(&()).into_owned(), K::kind(&()).into_owned())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,358 @@
+//! The built objects: names, env contract, volumes, security context, resources.
+
+use super::*;
+use ferrotrain_api::TrainerConfig;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+fn job(spec: serde_json::Value) -> DistributedTraining {
+    let mut dt = DistributedTraining::new("mt", serde_json::from_value(spec).unwrap());
+    dt.metadata = ObjectMeta {
+        name: Some("mt".into()),
+        namespace: Some("ml".into()),
+        uid: Some("uid-1".into()),
+        ..ObjectMeta::default()
+    };
+    dt
+}
+
+fn settings() -> BuildSettings {
+    BuildSettings {
+        trainer_image: "registry.example/ferrotrain:1".into(),
+        master_port: 29500,
+        trainer_metrics_port: 9090,
+    }
+}
+
+fn gpu_job() -> DistributedTraining {
+    job(serde_json::json!({
+        "replicas": 2,
+        "gpusPerReplica": 4,
+        "resources": {"limits": {"memory": "32Gi"}, "requests": {"cpu": "8"}},
+        "trainer": {"task": "copy", "maxSteps": 100, "checkpoint": {"everySteps": 50}},
+        "checkpoint": {"claimName": "ckpt", "everySteps": 20, "keepLatest": 5},
+        "data": {"claimName": "wmt"},
+        "podTemplate": {
+            "labels": {"team": "nlp", "ferrotrain.dev/attempt": "spoofed"},
+            "annotations": {"a": "b"},
+            "nodeSelector": {"gpu": "a100"},
+            "priorityClassName": "training",
+            "schedulerName": "volcano",
+            "env": [{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "WORLD_SIZE", "value": "999"}],
+            "volumes": [{"name": "cache", "emptyDir": {}}],
+            "volumeMounts": [{"name": "cache", "mountPath": "/cache"}],
+            "shmSize": "8Gi"
+        }
+    }))
+}
+
+fn env_of(pod: &Pod) -> Vec<(String, String)> {
+    pod.spec.as_ref().unwrap().containers[0]
+        .env
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let value = match (&e.value, &e.value_from) {
+                (Some(v), _) => v.clone(),
+                (None, Some(from)) => {
+                    let s = from.secret_key_ref.as_ref().unwrap();
+                    format!("secret:{}/{}", s.name, s.key)
+                }
+                _ => String::new(),
+            };
+            (e.name.clone(), value)
+        })
+        .collect()
+}
+
+#[test]
+fn env_contract_of_a_gpu_pod() {
+    let dt = gpu_job();
+    let owner = Owner::of(&dt).unwrap();
+    let pod = pod(&owner, &dt.spec, 3, 1, &settings());
+    let env = env_of(&pod);
+    let expected: Vec<(&str, &str)> = vec![
+        ("MASTER_ADDR", "mt-3-0.mt.ml.svc"),
+        ("MASTER_PORT", "29500"),
+        ("NNODES", "2"),
+        ("NODE_RANK", "1"),
+        ("NPROC_PER_NODE", "4"),
+        ("WORLD_SIZE", "8"),
+        ("PET_MASTER_ADDR", "mt-3-0.mt.ml.svc"),
+        ("PET_MASTER_PORT", "29500"),
+        ("PET_NNODES", "2"),
+        ("PET_NODE_RANK", "1"),
+        ("PET_NPROC_PER_NODE", "4"),
+        ("TORCHELASTIC_RESTART_COUNT", "3"),
+        ("FERROTRAIN_JOB", "mt"),
+        ("FERROTRAIN_ATTEMPT", "3"),
+        ("FERROTRAIN_CONFIG", "/etc/ferrotrain/trainer.yaml"),
+        ("FERROTRAIN_CHECKPOINT_DIR", "/checkpoints"),
+        ("FERROTRAIN_RDZV_TOKEN", "secret:mt-rdzv/token"),
+        ("FERROTRAIN_METRICS_PORT", "9090"),
+        ("HOME", "/tmp"),
+        // The user's extra variable, after the contract; their WORLD_SIZE is dropped.
+        ("NCCL_DEBUG", "INFO"),
+    ];
+    let got: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn cpu_pod_defaults_to_one_rank_and_no_gpu() {
+    let dt = job(serde_json::json!({"replicas": 3, "trainer": {"task": "copy", "maxSteps": 10}}));
+    let owner = Owner::of(&dt).unwrap();
+    let pod = pod(&owner, &dt.spec, 0, 2, &settings());
+    let env = env_of(&pod);
+    let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    assert_eq!(get("NPROC_PER_NODE").as_deref(), Some("1"));
+    assert_eq!(get("WORLD_SIZE").as_deref(), Some("3"));
+    assert_eq!(get("MASTER_ADDR").as_deref(), Some("mt-0-0.mt.ml.svc"));
+    let c = &pod.spec.as_ref().unwrap().containers[0];
+    assert_eq!(c.resources, None);
+    assert_eq!(c.image.as_deref(), Some("registry.example/ferrotrain:1"));
+}
+
+#[test]
+fn names_labels_and_owner() {
+    let dt = gpu_job();
+    let owner = Owner::of(&dt).unwrap();
+    let pod = pod(&owner, &dt.spec, 3, 1, &settings());
+    assert_eq!(pod.metadata.name.as_deref(), Some("mt-3-1"));
+    assert_eq!(pod.metadata.namespace.as_deref(), Some("ml"));
+    let spec = pod.spec.as_ref().unwrap();
+    assert_eq!(spec.hostname.as_deref(), Some("mt-3-1"));
+    assert_eq!(spec.subdomain.as_deref(), Some("mt"));
+    assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+    let l = pod.metadata.labels.as_ref().unwrap();
+    assert_eq!(l.get("ferrotrain.dev/job").map(String::as_str), Some("mt"));
+    assert_eq!(l.get("ferrotrain.dev/attempt").map(String::as_str), Some("3"));
+    assert_eq!(l.get("ferrotrain.dev/node-rank").map(String::as_str), Some("1"));
+    assert_eq!(
+        l.get("app.kubernetes.io/managed-by").map(String::as_str),
+        Some("ferrotrain-operator")
+    );
+    assert_eq!(l.get("team").map(String::as_str), Some("nlp"));
+    assert_eq!(pod.metadata.annotations.as_ref().unwrap()["a"], "b");
+    let refs = pod.metadata.owner_references.as_ref().unwrap();
+    assert_eq!(refs.len(), 1);
+    assert_eq!(refs[0].kind, "DistributedTraining");
+    assert_eq!(refs[0].api_version, "ferrotrain.dev/v1alpha1");
+    assert_eq!(refs[0].uid, "uid-1");
+    assert_eq!(refs[0].controller, Some(true));
+    assert_eq!(spec.node_selector.as_ref().unwrap()["gpu"], "a100");
+    assert_eq!(spec.priority_class_name.as_deref(), Some("training"));
+    assert_eq!(spec.scheduler_name.as_deref(), Some("volcano"));
+
+    for meta in [
+        service(&owner, &settings()).metadata,
+        config_map(&owner, &dt.spec).unwrap().metadata,
+        secret(&owner, "t").metadata,
+    ] {
+        assert_eq!(meta.owner_references.as_ref().unwrap()[0].uid, "uid-1");
+        assert_eq!(meta.labels.as_ref().unwrap()["ferrotrain.dev/job"], "mt");
+    }
+}
+
+#[test]
+fn volumes_and_mounts() {
+    let dt = gpu_job();
+    let owner = Owner::of(&dt).unwrap();
+    let pod = pod(&owner, &dt.spec, 0, 0, &settings());
+    let spec = pod.spec.as_ref().unwrap();
+    let volumes = spec.volumes.as_ref().unwrap();
+    let names: Vec<&str> = volumes.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(names, ["shm", "tmp", "trainer-config", "checkpoints", "data", "cache"]);
+    let shm = volumes[0].empty_dir.as_ref().unwrap();
+    assert_eq!(shm.medium.as_deref(), Some("Memory"));
+    assert_eq!(shm.size_limit, Some(Quantity("8Gi".into())));
+    assert_eq!(volumes[2].config_map.as_ref().unwrap().name, "mt-config");
+    let ckpt = volumes[3].persistent_volume_claim.as_ref().unwrap();
+    assert_eq!((ckpt.claim_name.as_str(), ckpt.read_only), ("ckpt", None));
+    let data = volumes[4].persistent_volume_claim.as_ref().unwrap();
+    assert_eq!((data.claim_name.as_str(), data.read_only), ("wmt", Some(true)));
+
+    let c = &spec.containers[0];
+    let mounts: Vec<(&str, &str, Option<bool>)> = c
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|m| (m.name.as_str(), m.mount_path.as_str(), m.read_only))
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            ("shm", "/dev/shm", None),
+            ("tmp", "/tmp", None),
+            ("trainer-config", "/etc/ferrotrain", Some(true)),
+            ("checkpoints", "/checkpoints", None),
+            ("data", "/data", Some(true)),
+            ("cache", "/cache", None),
+        ]
+    );
+    assert_eq!(c.working_dir.as_deref(), Some("/data"));
+}
+
+#[test]
+fn named_user_volumes_and_no_checkpoint_volume() {
+    let dt = job(serde_json::json!({
+        "replicas": 1,
+        "trainer": {"task": "copy", "maxSteps": 10},
+        "checkpoint": {"volumeName": "nfs", "mountPath": "/ckpt"},
+        "data": {"volumeName": "nfs", "mountPath": "/corpus", "readOnly": false},
+        "podTemplate": {"volumes": [{"name": "nfs", "nfs": {"server": "10.0.0.1", "path": "/x"}}]}
+    }));
+    let owner = Owner::of(&dt).unwrap();
+    let pod = pod(&owner, &dt.spec, 0, 0, &settings());
+    let spec = pod.spec.unwrap();
+    let names: Vec<String> = spec.volumes.unwrap().into_iter().map(|v| v.name).collect();
+    assert_eq!(names, ["shm", "tmp", "trainer-config", "nfs"]);
+    let mounts: Vec<(String, String, Option<bool>)> = spec.containers[0]
+        .volume_mounts
+        .clone()
+        .unwrap()
+        .into_iter()
+        .map(|m| (m.name, m.mount_path, m.read_only))
+        .collect();
+    assert!(mounts.contains(&("nfs".into(), "/ckpt".into(), None)));
+    assert!(mounts.contains(&("nfs".into(), "/corpus".into(), None)));
+
+    // No checkpoint volume at all: an emptyDir (no resume across restarts).
+    let bare = job(serde_json::json!({"replicas": 1, "trainer": {"task": "copy", "maxSteps": 10}}));
+    let owner = Owner::of(&bare).unwrap();
+    let pod = super::pod(&owner, &bare.spec, 0, 0, &settings());
+    let v = pod.spec.unwrap().volumes.unwrap();
+    let ckpt = v.iter().find(|v| v.name == "checkpoints").unwrap();
+    assert!(ckpt.empty_dir.is_some());
+}
+
+#[test]
+fn restricted_security_context() {
+    let dt = gpu_job();
+    let owner = Owner::of(&dt).unwrap();
+    let pod = pod(&owner, &dt.spec, 0, 0, &settings());
+    let spec = pod.spec.as_ref().unwrap();
+    let psc = spec.security_context.as_ref().unwrap();
+    assert_eq!(psc.run_as_non_root, Some(true));
+    assert_eq!(psc.run_as_user, Some(RUN_AS));
+    assert_eq!(psc.fs_group, Some(RUN_AS));
+    assert_eq!(psc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+    let sc = spec.containers[0].security_context.as_ref().unwrap();
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.privileged, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(
+        sc.capabilities.as_ref().unwrap().drop.as_deref(),
+        Some(&["ALL".to_string()][..])
+    );
+    assert_eq!(spec.automount_service_account_token, Some(false));
+    assert_eq!(spec.enable_service_links, Some(false));
+}
+
+#[test]
+fn resources_carry_gpus() {
+    let dt = gpu_job();
+    let owner = Owner::of(&dt).unwrap();
+    let pod = pod(&owner, &dt.spec, 0, 0, &settings());
+    let r = pod.spec.unwrap().containers[0].resources.clone().unwrap();
+    let limits = r.limits.unwrap();
+    let requests = r.requests.unwrap();
+    assert_eq!(limits["nvidia.com/gpu"], Quantity("4".into()));
+    assert_eq!(limits["memory"], Quantity("32Gi".into()));
+    assert_eq!(requests["nvidia.com/gpu"], Quantity("4".into()));
+    assert_eq!(requests["cpu"], Quantity("8".into()));
+}
+
+#[test]
+fn command_default_and_bring_your_own() {
+    let dt = gpu_job();
+    let owner = Owner::of(&dt).unwrap();
+    let c = pod(&owner, &dt.spec, 0, 0, &settings()).spec.unwrap().containers[0].clone();
+    assert_eq!(
+        c.command.unwrap(),
+        ["ferrotrain", "launch", "--max-restarts", "0"]
+    );
+    assert_eq!(c.termination_message_path.as_deref(), Some("/dev/termination-log"));
+    assert_eq!(
+        c.termination_message_policy.as_deref(),
+        Some("FallbackToLogsOnError")
+    );
+
+    let byo = job(serde_json::json!({
+        "replicas": 2,
+        "image": "pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime",
+        "command": ["torchrun"],
+        "args": ["/workspace/train.py"],
+    }));
+    let owner = Owner::of(&byo).unwrap();
+    let p = pod(&owner, &byo.spec, 0, 0, &settings());
+    let c = &p.spec.as_ref().unwrap().containers[0];
+    assert_eq!(c.command.as_deref(), Some(&["torchrun".to_string()][..]));
+    assert_eq!(c.args.as_deref(), Some(&["/workspace/train.py".to_string()][..]));
+    let env = env_of(&p);
+    assert!(!env.iter().any(|(k, _)| k == "FERROTRAIN_CONFIG"));
+    assert!(env.iter().any(|(k, v)| k == "PET_NNODES" && v == "2"));
+    let volumes = p.spec.unwrap().volumes.unwrap();
+    assert!(!volumes.iter().any(|v| v.name == "trainer-config"));
+    assert!(config_map(&owner, &byo.spec).is_none());
+}
+
+#[test]
+fn service_is_headless_and_publishes_not_ready_pods() {
+    let dt = gpu_job();
+    let owner = Owner::of(&dt).unwrap();
+    let svc = service(&owner, &settings());
+    assert_eq!(svc.metadata.name.as_deref(), Some("mt"));
+    let spec = svc.spec.unwrap();
+    assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
+    assert_eq!(spec.publish_not_ready_addresses, Some(true));
+    assert_eq!(spec.selector.unwrap()["ferrotrain.dev/job"], "mt");
+    let ports: Vec<i32> = spec.ports.unwrap().iter().map(|p| p.port).collect();
+    assert_eq!(ports, [29500, 9090]);
+}
+
+#[test]
+fn config_map_holds_the_trainer_config_with_the_checkpoint_policy_merged() {
+    let dt = gpu_job();
+    let owner = Owner::of(&dt).unwrap();
+    let cm = config_map(&owner, &dt.spec).unwrap();
+    assert_eq!(cm.metadata.name.as_deref(), Some("mt-config"));
+    let yaml = &cm.data.unwrap()["trainer.yaml"];
+    let config = TrainerConfig::from_yaml(yaml, "configmap").unwrap();
+    assert_eq!(config.max_steps, 100);
+    assert_eq!(config.checkpoint.every_steps, 20, "spec.checkpoint wins");
+    assert_eq!(config.checkpoint.keep_latest, 5);
+    assert_eq!(config.checkpoint.keep_best, 1, "unset fields keep the trainer's value");
+}
+
+#[test]
+fn tokens_are_random_and_long() {
+    let a = new_token();
+    let b = new_token();
+    assert_eq!(a.len(), 64);
+    assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+    assert_ne!(a, b);
+    let dt = gpu_job();
+    let s = secret(&Owner::of(&dt).unwrap(), &a);
+    assert_eq!(s.metadata.name.as_deref(), Some("mt-rdzv"));
+    assert_eq!(s.string_data.unwrap()["token"], a);
+}
+
+#[test]
+fn building_is_deterministic() {
+    let dt = gpu_job();
+    let owner = Owner::of(&dt).unwrap();
+    assert_eq!(
+        pod(&owner, &dt.spec, 1, 1, &settings()),
+        pod(&owner, &dt.spec, 1, 1, &settings())
+    );
+}
+
+#[test]
+fn owner_needs_name_namespace_and_uid() {
+    let mut dt = gpu_job();
+    dt.metadata.uid = None;
+    assert!(matches!(Owner::of(&dt), Err(Error::MissingMetadata("uid"))));
+}

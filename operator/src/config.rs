@@ -1,0 +1,199 @@
+//! The operator's configuration: one clap `Args` struct, every flag with an environment twin
+//! (the Helm chart sets the `FERROTRAIN_OPERATOR_*` variables from its values).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// ferrotrain's Kubernetes operator.
+#[derive(Debug, Parser)]
+#[command(name = "ferrotrain-operator", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// What to do.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the controller.
+    Run(Box<Args>),
+    /// Print the DistributedTraining CustomResourceDefinition as YAML.
+    Crd,
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Flags of `ferrotrain-operator run`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// Watch DistributedTrainings in this namespace only (default: all namespaces).
+    #[arg(long, env = "FERROTRAIN_OPERATOR_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Image of jobs that do not set spec.image.
+    #[arg(
+        long,
+        env = "FERROTRAIN_OPERATOR_TRAINER_IMAGE",
+        default_value = "ghcr.io/ferrotrain/trainer:latest"
+    )]
+    pub trainer_image: String,
+
+    /// Port of rank 0's rendezvous store (MASTER_PORT).
+    #[arg(long, env = "FERROTRAIN_OPERATOR_MASTER_PORT", default_value_t = 29500)]
+    pub master_port: u16,
+
+    /// Port of rank 0's HTTP server (/progress, /metrics): FERROTRAIN_METRICS_PORT.
+    #[arg(long, env = "FERROTRAIN_OPERATOR_TRAINER_METRICS_PORT", default_value_t = 9090)]
+    pub trainer_metrics_port: u16,
+
+    /// Seconds between polls of rank 0's /progress while a job runs.
+    #[arg(long, env = "FERROTRAIN_OPERATOR_PROGRESS_INTERVAL_SECONDS", default_value_t = 5)]
+    pub progress_interval_seconds: u64,
+
+    /// Timeout of one /progress request, in milliseconds.
+    #[arg(long, env = "FERROTRAIN_OPERATOR_PROGRESS_TIMEOUT_MS", default_value_t = 2000)]
+    pub progress_timeout_ms: u64,
+
+    /// Seconds rank 0 may run without serving /progress before the job is reported as having no
+    /// progress endpoint (bring-your-own images).
+    #[arg(long, env = "FERROTRAIN_OPERATOR_PROGRESS_GRACE_SECONDS", default_value_t = 120)]
+    pub progress_grace_seconds: u64,
+
+    /// Seconds a node may be NotReady before its pods count as lost and the gang restarts.
+    #[arg(long, env = "FERROTRAIN_OPERATOR_NODE_LOST_GRACE_SECONDS", default_value_t = 60)]
+    pub node_lost_grace_seconds: u64,
+
+    /// Seconds a pod may stay terminating on a lost node before it is force-deleted.
+    #[arg(long, env = "FERROTRAIN_OPERATOR_FORCE_DELETE_GRACE_SECONDS", default_value_t = 60)]
+    pub force_delete_grace_seconds: u64,
+
+    /// Listen address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "FERROTRAIN_OPERATOR_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    pub http_addr: SocketAddr,
+
+    /// Elect a leader on a Lease so that only one replica acts.
+    #[arg(long, env = "FERROTRAIN_OPERATOR_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_election: bool,
+
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "FERROTRAIN_OPERATOR_LEASE_NAME", default_value = "ferrotrain-operator")]
+    pub lease_name: String,
+
+    /// Namespace of the Lease (default: the operator pod's namespace, from POD_NAMESPACE).
+    #[arg(long, env = "FERROTRAIN_OPERATOR_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+
+    /// Lease duration in seconds: how long a dead leader blocks the others.
+    #[arg(long, env = "FERROTRAIN_OPERATOR_LEASE_DURATION_SECONDS", default_value_t = 15)]
+    pub lease_duration_seconds: u64,
+
+    /// This replica's identity in the Lease (default: the pod name, from POD_NAME, or the host
+    /// name).
+    #[arg(long, env = "FERROTRAIN_OPERATOR_IDENTITY")]
+    pub identity: Option<String>,
+
+    /// Log format.
+    #[arg(long, env = "FERROTRAIN_OPERATOR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Log filter (tracing-subscriber EnvFilter syntax).
+    #[arg(long, env = "FERROTRAIN_OPERATOR_LOG", default_value = "info,kube=warn")]
+    pub log: String,
+}
+
+/// The settings the reconciler reads, derived from [`Args`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    pub trainer_image: String,
+    pub master_port: u16,
+    pub trainer_metrics_port: u16,
+    pub progress_interval: Duration,
+    pub progress_timeout: Duration,
+    pub progress_grace: Duration,
+    pub node_lost_grace: Duration,
+    pub force_delete_grace: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            trainer_image: "ghcr.io/ferrotrain/trainer:latest".into(),
+            master_port: 29500,
+            trainer_metrics_port: 9090,
+            progress_interval: Duration::from_secs(5),
+            progress_timeout: Duration::from_secs(2),
+            progress_grace: Duration::from_secs(120),
+            node_lost_grace: Duration::from_secs(60),
+            force_delete_grace: Duration::from_secs(60),
+        }
+    }
+}
+
+impl From<&Args> for Settings {
+    fn from(a: &Args) -> Self {
+        Settings {
+            trainer_image: a.trainer_image.clone(),
+            master_port: a.master_port,
+            trainer_metrics_port: a.trainer_metrics_port,
+            progress_interval: Duration::from_secs(a.progress_interval_seconds.max(1)),
+            progress_timeout: Duration::from_millis(a.progress_timeout_ms.max(1)),
+            progress_grace: Duration::from_secs(a.progress_grace_seconds),
+            node_lost_grace: Duration::from_secs(a.node_lost_grace_seconds),
+            force_delete_grace: Duration::from_secs(a.force_delete_grace_seconds),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_parse_and_match_settings_default() {
+        let cli = Cli::try_parse_from(["ferrotrain-operator", "run"]).unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("expected run");
+        };
+        assert_eq!(Settings::from(args.as_ref()), Settings::default());
+        assert!(args.leader_election);
+    }
+
+    #[test]
+    fn every_flag_has_an_env_twin() {
+        use clap::CommandFactory;
+        let cmd = Cli::command();
+        let run = cmd.find_subcommand("run").unwrap();
+        for arg in run.get_arguments() {
+            let id = arg.get_id().as_str();
+            if matches!(id, "help" | "version") {
+                continue;
+            }
+            let env = arg.get_env().unwrap_or_else(|| panic!("--{id} has no env twin"));
+            let expected = format!(
+                "FERROTRAIN_OPERATOR_{}",
+                id.to_uppercase().replace('-', "_")
+            );
+            assert_eq!(env.to_str().unwrap(), expected, "--{id}");
+        }
+    }
+
+    #[test]
+    fn leader_election_can_be_switched_off() {
+        let cli =
+            Cli::try_parse_from(["ferrotrain-operator", "run", "--leader-election", "false"])
+                .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("expected run");
+        };
+        assert!(!args.leader_election);
+    }
+}

@@ -1,0 +1,630 @@
+//! Reconciles against kube-rs's mocked API service (tower-test): every call the operator makes
+//! is asserted in order (method, path, body); a call nobody expects fails the test.
+
+use super::*;
+use ferrotrain_api::Progress;
+use ferrotrain_api::crd::{TrainingProgress, condition};
+use http::{Method, Request, Response};
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
+use kube::client::Body;
+use kube::runtime::watcher;
+use serde_json::Value;
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+const NS: &str = "ml";
+const NAME: &str = "mt";
+const UID: &str = "0b7d3c6e-uid";
+
+fn t(s: i64) -> Timestamp {
+    Timestamp::from_second(1_750_000_000 + s).unwrap()
+}
+
+impl Context {
+    /// A context on a mocked API server, with the pod cache holding `pods`; the writer lets a
+    /// test change the cache between reconciles.
+    fn test(pods: Vec<Pod>, settings: Settings) -> (Arc<Context>, Handle, reflector::store::Writer<Pod>) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let (pod_store, mut writer) = reflector::store();
+        for p in pods {
+            writer.apply_watcher_event(&watcher::Event::Apply(p));
+        }
+        let (node_store, _) = reflector::store::<Node>();
+        let ctx = Context::new(
+            client,
+            settings,
+            Arc::new(Metrics::new()),
+            pod_store,
+            node_store,
+            Arc::new(AtomicBool::new(true)),
+        );
+        (Arc::new(ctx), handle, writer)
+    }
+}
+
+fn job(status: Option<DistributedTrainingStatus>) -> Arc<DistributedTraining> {
+    let spec = serde_json::from_value(serde_json::json!({
+        "replicas": 2,
+        "trainer": {"task": "copy", "maxSteps": 1000},
+        "checkpoint": {"claimName": "ckpt"},
+    }))
+    .unwrap();
+    let mut dt = DistributedTraining::new(NAME, spec);
+    dt.metadata = ObjectMeta {
+        name: Some(NAME.into()),
+        namespace: Some(NS.into()),
+        uid: Some(UID.into()),
+        generation: Some(1),
+        resource_version: Some("100".into()),
+        creation_timestamp: Some(Time(t(0))),
+        ..ObjectMeta::default()
+    };
+    dt.status = status;
+    Arc::new(dt)
+}
+
+fn cond(type_: &str, since: i64) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status: "True".into(),
+        reason: "Test".into(),
+        message: String::new(),
+        last_transition_time: Time(t(since)),
+        observed_generation: Some(1),
+    }
+}
+
+fn running_status() -> DistributedTrainingStatus {
+    DistributedTrainingStatus {
+        phase: Phase::Running,
+        attempt: 0,
+        restarts: 0,
+        observed_generation: Some(1),
+        start_time: Some(Time(t(0))),
+        conditions: vec![cond(condition::CREATED, 0), cond(condition::RUNNING, 10)],
+        replicas: 2,
+        running_replicas: 2,
+        ..DistributedTrainingStatus::default()
+    }
+}
+
+fn pod(attempt: i32, rank: i32, state: ContainerState, ip: &str) -> Pod {
+    let dt = job(None);
+    let owner = build::Owner::of(&dt).unwrap();
+    let settings = BuildSettings {
+        trainer_image: "img".into(),
+        master_port: 29500,
+        trainer_metrics_port: 9090,
+    };
+    let mut p = build::pod(&owner, &dt.spec, attempt, rank, &settings);
+    let phase = if state.running.is_some() {
+        "Running"
+    } else {
+        "Failed"
+    };
+    p.status = Some(PodStatus {
+        phase: Some(phase.into()),
+        pod_ip: Some(ip.into()),
+        container_statuses: Some(vec![ContainerStatus {
+            name: labels::TRAINER_CONTAINER.into(),
+            state: Some(state),
+            ..ContainerStatus::default()
+        }]),
+        ..PodStatus::default()
+    });
+    p
+}
+
+fn running() -> ContainerState {
+    ContainerState {
+        running: Some(ContainerStateRunning {
+            started_at: Some(Time(t(5))),
+        }),
+        ..ContainerState::default()
+    }
+}
+
+fn exited(code: i32, message: &str) -> ContainerState {
+    ContainerState {
+        terminated: Some(ContainerStateTerminated {
+            exit_code: code,
+            message: Some(message.into()),
+            finished_at: Some(Time(t(90))),
+            ..ContainerStateTerminated::default()
+        }),
+        ..ContainerState::default()
+    }
+}
+
+/// How the mocked API server answers a call.
+enum Answer {
+    /// The request body back (creates and applies).
+    Echo,
+    /// A deleted pod's Status.
+    Deleted,
+    /// An HTTP error with a Status body.
+    Error(u16, &'static str),
+    /// The object with the status from the request and a new resourceVersion (status patches).
+    Patched(Arc<DistributedTraining>, &'static str),
+}
+
+/// One expected API call: method, path, a check of the request body, and the answer.
+struct Call {
+    method: Method,
+    path: String,
+    check: Box<dyn FnOnce(&Value) + Send>,
+    answer: Answer,
+}
+
+fn call(method: Method, path: &str, answer: Answer, check: impl FnOnce(&Value) + Send + 'static) -> Call {
+    Call {
+        method,
+        path: path.to_string(),
+        check: Box::new(check),
+        answer,
+    }
+}
+
+fn status_path() -> String {
+    format!("/apis/ferrotrain.dev/v1alpha1/namespaces/{NS}/distributedtrainings/{NAME}/status")
+}
+
+fn status_call(
+    dt: &Arc<DistributedTraining>,
+    version: &'static str,
+    check: impl FnOnce(DistributedTrainingStatus) + Send + 'static,
+) -> Call {
+    call(Method::PATCH, &status_path(), Answer::Patched(dt.clone(), version), move |body| {
+        assert_eq!(body["apiVersion"], "ferrotrain.dev/v1alpha1");
+        assert_eq!(body["kind"], "DistributedTraining");
+        check(serde_json::from_value(body["status"].clone()).unwrap())
+    })
+}
+
+fn event_call(reason: &'static str) -> Call {
+    call(
+        Method::POST,
+        &format!("/apis/events.k8s.io/v1/namespaces/{NS}/events"),
+        Answer::Echo,
+        move |body| {
+            assert_eq!(body["reason"], reason, "{body}");
+            assert_eq!(body["regarding"]["kind"], "DistributedTraining");
+            assert_eq!(body["regarding"]["name"], NAME);
+            assert_eq!(body["reportingController"], "ferrotrain-operator");
+        },
+    )
+}
+
+/// Serves `calls` in order on the mocked API server; panics on any difference.
+async fn serve(mut handle: Handle, calls: Vec<Call>) -> Handle {
+    for (i, expected) in calls.into_iter().enumerate() {
+        let (request, send) = handle.next_request().await.unwrap_or_else(|| {
+            panic!("call {i} ({} {}) never came", expected.method, expected.path)
+        });
+        assert_eq!(request.method(), expected.method, "call {i}: {}", request.uri());
+        assert_eq!(request.uri().path(), expected.path, "call {i}");
+        if request.method() == Method::PATCH {
+            let query = request.uri().query().unwrap_or_default().to_string();
+            assert!(query.contains("fieldManager=ferrotrain-operator"), "call {i}: {query}");
+            assert!(query.contains("force=true"), "call {i}: {query}");
+            assert_eq!(
+                request.headers()["content-type"],
+                "application/apply-patch+yaml",
+                "call {i}: server-side apply"
+            );
+        }
+        let bytes = request.into_body().collect_bytes().await.unwrap();
+        let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        (expected.check)(&body);
+        let (code, answer) = match expected.answer {
+            Answer::Echo => (200, body),
+            Answer::Deleted => (
+                200,
+                serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200, "metadata": {}}),
+            ),
+            Answer::Error(code, reason) => (
+                code,
+                serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code, "message": reason, "metadata": {}}),
+            ),
+            Answer::Patched(dt, version) => {
+                let mut out = (*dt).clone();
+                out.status = Some(serde_json::from_value(body["status"].clone()).unwrap());
+                out.metadata.resource_version = Some(version.into());
+                (200, serde_json::to_value(out).unwrap())
+            }
+        };
+        send.send_response(
+            Response::builder()
+                .status(code)
+                .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+                .unwrap(),
+        );
+    }
+    handle
+}
+
+/// Runs one reconcile against exactly the expected calls: a call nobody expects makes the
+/// reconcile hang (no answer) and fails the test, and so does an expected call that never
+/// comes or a call still pending afterwards.
+async fn reconcile_expecting(
+    ctx: &Arc<Context>,
+    handle: Handle,
+    dt: Arc<DistributedTraining>,
+    now: Timestamp,
+    calls: Vec<Call>,
+) -> (Action, Handle) {
+    let server = tokio::spawn(serve(handle, calls));
+    let action = tokio::time::timeout(Duration::from_secs(10), reconcile_at(dt, ctx, now))
+        .await
+        .expect("reconcile hung: it made a call nobody expected")
+        .expect("reconcile failed");
+    let mut handle = tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("expected calls never came")
+        .expect("an expected call did not match");
+    let extra = tokio::time::timeout(Duration::from_millis(100), handle.next_request()).await;
+    if let Ok(Some((request, _))) = extra {
+        panic!("unexpected call {} {}", request.method(), request.uri());
+    }
+    (action, handle)
+}
+
+#[tokio::test]
+async fn first_reconcile_writes_status_then_creates_the_gang() {
+    let (ctx, handle, _) = Context::test(vec![], Settings::default());
+    let dt = job(None);
+    let now = t(100);
+    let calls = vec![
+        status_call(&dt, "101", move |s| {
+            assert_eq!(
+                s,
+                DistributedTrainingStatus {
+                    phase: Phase::Pending,
+                    observed_generation: Some(1),
+                    start_time: Some(Time(t(100))),
+                    ..DistributedTrainingStatus::default()
+                }
+            );
+        }),
+        call(
+            Method::PATCH,
+            &format!("/api/v1/namespaces/{NS}/services/{NAME}"),
+            Answer::Echo,
+            |body| {
+                assert_eq!(body["kind"], "Service");
+                assert_eq!(body["apiVersion"], "v1");
+                assert_eq!(body["spec"]["clusterIP"], "None");
+                assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], UID);
+            },
+        ),
+        call(
+            Method::PATCH,
+            &format!("/api/v1/namespaces/{NS}/configmaps/{NAME}-config"),
+            Answer::Echo,
+            |body| {
+                assert_eq!(body["kind"], "ConfigMap");
+                let yaml = body["data"]["trainer.yaml"].as_str().unwrap();
+                let config = ferrotrain_api::TrainerConfig::from_yaml(yaml, "cm").unwrap();
+                assert_eq!(config.max_steps, 1000);
+            },
+        ),
+        call(
+            Method::POST,
+            &format!("/api/v1/namespaces/{NS}/secrets"),
+            Answer::Echo,
+            |body| {
+                assert_eq!(body["metadata"]["name"], "mt-rdzv");
+                assert_eq!(body["stringData"]["token"].as_str().unwrap().len(), 64);
+            },
+        ),
+        call(Method::POST, &format!("/api/v1/namespaces/{NS}/pods"), Answer::Echo, |body| {
+            assert_eq!(body["metadata"]["name"], "mt-0-0");
+            assert_eq!(body["spec"]["hostname"], "mt-0-0");
+            assert_eq!(body["spec"]["subdomain"], "mt");
+        }),
+        call(Method::POST, &format!("/api/v1/namespaces/{NS}/pods"), Answer::Echo, |body| {
+            assert_eq!(body["metadata"]["name"], "mt-0-1");
+        }),
+        event_call("Created"),
+    ];
+    let (action, _) = reconcile_expecting(&ctx, handle, dt, now, calls).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+}
+
+#[tokio::test]
+async fn objects_that_already_exist_are_not_an_error() {
+    // The cache does not show the pods of an earlier reconcile yet: creating them again gets
+    // 409, which is fine; the token Secret is never overwritten.
+    let status = DistributedTrainingStatus {
+        phase: Phase::Pending,
+        observed_generation: Some(1),
+        start_time: Some(Time(t(100))),
+        ..DistributedTrainingStatus::default()
+    };
+    let (ctx, handle, _) = Context::test(vec![], Settings::default());
+    let exists = || Answer::Error(409, "AlreadyExists");
+    let calls = vec![
+        call(Method::PATCH, &format!("/api/v1/namespaces/{NS}/services/{NAME}"), Answer::Echo, |_| {}),
+        call(Method::PATCH, &format!("/api/v1/namespaces/{NS}/configmaps/{NAME}-config"), Answer::Echo, |_| {}),
+        call(Method::POST, &format!("/api/v1/namespaces/{NS}/secrets"), exists(), |_| {}),
+        call(Method::POST, &format!("/api/v1/namespaces/{NS}/pods"), exists(), |_| {}),
+        call(Method::POST, &format!("/api/v1/namespaces/{NS}/pods"), exists(), |_| {}),
+        event_call("Created"),
+    ];
+    let (action, _) = reconcile_expecting(&ctx, handle, job(Some(status)), t(101), calls).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+}
+
+#[tokio::test]
+async fn a_failed_rank_restarts_the_whole_gang_once_even_from_a_stale_cache() {
+    let pods = vec![
+        pod(0, 0, running(), "10.0.0.1"),
+        pod(0, 1, exited(1, "collective all_reduce timed out after 60s"), "10.0.0.2"),
+    ];
+    let (ctx, handle, mut pod_cache) = Context::test(pods, Settings::default());
+    let dt = job(Some(running_status()));
+    let calls = vec![
+        call(
+            Method::DELETE,
+            &format!("/api/v1/namespaces/{NS}/pods/mt-0-0"),
+            Answer::Deleted,
+            |_| {},
+        ),
+        status_call(&dt, "101", |s| {
+            assert_eq!(s.phase, Phase::Restarting);
+            assert_eq!((s.attempt, s.restarts), (0, 1));
+            let f = s.last_failure.unwrap();
+            assert_eq!((f.node_rank, f.exit_code), (Some(1), Some(1)));
+            assert_eq!(f.reason, "ExitCode");
+            assert_eq!(f.message, "collective all_reduce timed out after 60s");
+            assert!(s.is_true(condition::RESTARTING));
+            assert!(!s.is_true(condition::RUNNING));
+        }),
+        event_call("RankFailed"),
+        event_call("Restarting"),
+    ];
+    let (action, handle) = reconcile_expecting(&ctx, handle, dt.clone(), t(100), calls).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(10)));
+    let restarts = ctx
+        .metrics
+        .restarts
+        .get_or_create(&ReasonLabels {
+            reason: "ExitCode".into(),
+        })
+        .get();
+    assert_eq!(restarts, 1);
+
+    // The pod watch fires (rank 0 terminating) before the job watch delivers our status
+    // write: the cached object still says Running. No second restart and no events; only
+    // the replica count a user sees changes.
+    let mut terminating = pod(0, 0, running(), "10.0.0.1");
+    terminating.metadata.deletion_timestamp = Some(Time(t(100)));
+    pod_cache.apply_watcher_event(&watcher::Event::Apply(terminating));
+    let calls = vec![status_call(&dt, "102", |s| {
+        assert_eq!(s.phase, Phase::Restarting);
+        assert_eq!((s.attempt, s.restarts), (0, 1));
+        assert_eq!(s.running_replicas, 0);
+    })];
+    let (action, handle) = reconcile_expecting(&ctx, handle, dt.clone(), t(102), calls).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(8)));
+
+    // Again, still from the stale cache and with nothing new: not a single call.
+    let (action, handle) = reconcile_expecting(&ctx, handle, dt.clone(), t(103), vec![]).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(7)));
+
+    // Backoff over (10s after t=100): attempt 1 is launched while attempt 0's pods still
+    // terminate under their old names.
+    let calls = vec![
+        status_call(&dt, "103", |s| {
+            assert_eq!(s.phase, Phase::Pending);
+            assert_eq!((s.attempt, s.restarts), (1, 1));
+            assert!(!s.is_true(condition::RESTARTING));
+        }),
+        call(Method::PATCH, &format!("/api/v1/namespaces/{NS}/services/{NAME}"), Answer::Echo, |_| {}),
+        call(Method::PATCH, &format!("/api/v1/namespaces/{NS}/configmaps/{NAME}-config"), Answer::Echo, |_| {}),
+        call(Method::POST, &format!("/api/v1/namespaces/{NS}/secrets"), Answer::Error(409, "AlreadyExists"), |_| {}),
+        call(Method::POST, &format!("/api/v1/namespaces/{NS}/pods"), Answer::Echo, |body| {
+            assert_eq!(body["metadata"]["name"], "mt-1-0");
+            let env = body["spec"]["containers"][0]["env"].as_array().unwrap();
+            let master = env.iter().find(|e| e["name"] == "MASTER_ADDR").unwrap();
+            assert_eq!(master["value"], "mt-1-0.mt.ml.svc");
+            let count = env.iter().find(|e| e["name"] == "TORCHELASTIC_RESTART_COUNT").unwrap();
+            assert_eq!(count["value"], "1");
+        }),
+        call(Method::POST, &format!("/api/v1/namespaces/{NS}/pods"), Answer::Echo, |body| {
+            assert_eq!(body["metadata"]["name"], "mt-1-1");
+        }),
+        event_call("Created"),
+    ];
+    let (action, _) = reconcile_expecting(&ctx, handle, dt, t(110), calls).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+}
+
+#[tokio::test]
+async fn a_permanent_exit_code_fails_the_job_with_the_ranks_message() {
+    let pods = vec![
+        pod(0, 0, running(), "10.0.0.1"),
+        pod(0, 1, exited(3, "data/train.de: no such file or directory"), "10.0.0.2"),
+    ];
+    let (ctx, handle, _) = Context::test(pods, Settings::default());
+    let dt = job(Some(running_status()));
+    let calls = vec![
+        call(Method::DELETE, &format!("/api/v1/namespaces/{NS}/pods/mt-0-0"), Answer::Deleted, |_| {}),
+        status_call(&dt, "101", |s| {
+            assert_eq!(s.phase, Phase::Failed);
+            assert_eq!(s.restarts, 0);
+            let failed = s.condition(condition::FAILED).unwrap();
+            assert_eq!(failed.reason, "PermanentFailure");
+            assert_eq!(
+                failed.message,
+                "rank 1 (pod mt-0-1) exited with code 3: data/train.de: no such file or directory"
+            );
+            assert_eq!(s.completion_time, Some(Time(t(100))));
+        }),
+        event_call("RankFailed"),
+        event_call("Failed"),
+    ];
+    let (action, _) = reconcile_expecting(&ctx, handle, dt, t(100), calls).await;
+    assert_eq!(action, Action::await_change());
+}
+
+/// Serves one `/progress` report on 127.0.0.1 for each connection, until dropped.
+async fn progress_server(report: Progress) -> (u16, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let body = serde_json::to_string(&report).unwrap();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let _ = socket.read(&mut buf).await;
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = socket.write_all(response.as_bytes()).await;
+            });
+        }
+    });
+    (port, task)
+}
+
+fn report(step: u64) -> Progress {
+    Progress {
+        step,
+        total_steps: 1000,
+        steps_per_second: Some(4.00321),
+        loss: Some(3.217654),
+        learning_rate: Some(0.00123456),
+        world_size: 2,
+        ..Progress::default()
+    }
+}
+
+#[tokio::test]
+async fn progress_is_polled_from_rank_0_and_written_once() {
+    let (port, server) = progress_server(report(120)).await;
+    let settings = Settings {
+        trainer_metrics_port: port,
+        ..Settings::default()
+    };
+    let pods = vec![pod(0, 0, running(), "127.0.0.1"), pod(0, 1, running(), "127.0.0.2")];
+    let (ctx, handle, _) = Context::test(pods, settings);
+    let dt = job(Some(running_status()));
+    let calls = vec![status_call(&dt, "101", |s| {
+        assert_eq!(s.phase, Phase::Running);
+        let p = s.progress.unwrap();
+        assert_eq!(p.report.step, 120);
+        assert_eq!(p.report.steps_per_second, Some(4.0));
+        assert_eq!(p.report.loss, Some(3.218));
+        assert_eq!(p.report.learning_rate, Some(0.00123));
+        assert_eq!(p.eta.as_deref(), Some("3m"));
+        assert_eq!(p.estimated_completion_time, Some(Time(t(100 + 220))));
+        assert_eq!(p.updated_at, Some(Time(t(100))));
+        assert!(s.is_true(condition::PROGRESS_AVAILABLE));
+    })];
+    let (action, _) = reconcile_expecting(&ctx, handle, dt, t(100), calls).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(5)));
+    server.abort();
+}
+
+#[tokio::test]
+async fn an_unchanged_progress_report_causes_no_write() {
+    let (port, server) = progress_server(report(120)).await;
+    let settings = Settings {
+        trainer_metrics_port: port,
+        ..Settings::default()
+    };
+    let pods = vec![pod(0, 0, running(), "127.0.0.1"), pod(0, 1, running(), "127.0.0.2")];
+    let (ctx, handle, _) = Context::test(pods, settings);
+    let mut status = running_status();
+    status.progress = Some(TrainingProgress {
+        report: crate::progress::rounded(&report(120)),
+        eta: Some("3m".into()),
+        estimated_completion_time: Some(Time(t(320))),
+        updated_at: Some(Time(t(100))),
+    });
+    status.conditions.push(Condition {
+        reason: "Reported".into(),
+        message: "rank 0 serves /progress".into(),
+        ..cond(condition::PROGRESS_AVAILABLE, 100)
+    });
+    let dt = job(Some(status));
+    // Five seconds later the trainer reports the same thing (its unrounded rate wobbles below
+    // the shown precision): not a single call.
+    let (action, _) = reconcile_expecting(&ctx, handle, dt, t(105), vec![]).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(5)));
+    let polls = ctx
+        .metrics
+        .progress_polls
+        .get_or_create(&ResultLabels {
+            result: ReconcileResult::Ok,
+        })
+        .get();
+    assert_eq!(polls, 1, "the report was fetched");
+    server.abort();
+}
+
+#[tokio::test]
+async fn no_reconcile_before_the_caches_are_synced() {
+    let (ctx, handle, _) = Context::test(vec![], Settings::default());
+    ctx.caches_ready.store(false, Ordering::Relaxed);
+    let (action, _) =
+        reconcile_expecting(&ctx, handle, job(Some(running_status())), t(100), vec![]).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(1)));
+}
+
+#[tokio::test]
+async fn an_api_error_is_reported_and_backs_off() {
+    let pods = vec![pod(0, 0, running(), "10.0.0.1")];
+    let (ctx, handle, _) = Context::test(pods, Settings::default());
+    let dt = job(Some(running_status()));
+    let calls = vec![call(
+        Method::DELETE,
+        &format!("/api/v1/namespaces/{NS}/pods/mt-0-0"),
+        Answer::Error(403, "Forbidden"),
+        |_| {},
+    )];
+    let server = tokio::spawn(serve(handle, calls));
+    let err = reconcile_at(dt.clone(), &ctx, t(100)).await.unwrap_err();
+    server.await.unwrap();
+    assert_eq!(err.kind(), "delete_pod");
+    assert!(err.to_string().contains("delete Pod mt-0-0"), "{err}");
+    let first = error_policy(dt.clone(), &err, ctx.clone());
+    let second = error_policy(dt, &err, ctx);
+    assert_eq!(first, Action::requeue(Duration::from_secs(5)));
+    assert_eq!(second, Action::requeue(Duration::from_secs(10)));
+}
+
+#[test]
+fn node_events_map_to_the_jobs_with_pods_there() {
+    let (pod_store, mut writer) = reflector::store::<Pod>();
+    let mut a = pod(0, 0, running(), "10.0.0.1");
+    a.spec.as_mut().unwrap().node_name = Some("n1".into());
+    let mut b = pod(0, 1, running(), "10.0.0.2");
+    b.spec.as_mut().unwrap().node_name = Some("n1".into());
+    let mut c = pod(0, 1, running(), "10.0.0.3");
+    c.metadata.name = Some("other".into());
+    c.spec.as_mut().unwrap().node_name = Some("n2".into());
+    for p in [a, b, c] {
+        writer.apply_watcher_event(&watcher::Event::Apply(p));
+    }
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some("n1".into()),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    };
+    let jobs = jobs_on_node(&pod_store, &node);
+    assert_eq!(jobs, vec![ObjectRef::new(NAME).within(NS)]);
+}

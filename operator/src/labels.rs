@@ -1,0 +1,51 @@
+//! Labels and names every object the operator creates carries: the pods' labels are half of
+//! the operator's durable state (the status is the other half).
+
+/// The field manager of every server-side apply.
+pub const FIELD_MANAGER: &str = "ferrotrain-operator";
+/// `app.kubernetes.io/name` of every child object.
+pub const APP_NAME: &str = "app.kubernetes.io/name";
+/// `app.kubernetes.io/managed-by`: the label selector of the operator's pod watch.
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Value of [`MANAGED_BY`].
+pub const MANAGER: &str = "ferrotrain-operator";
+/// The DistributedTraining a child belongs to.
+pub const JOB: &str = "ferrotrain.dev/job";
+/// The attempt a pod belongs to.
+pub const ATTEMPT: &str = "ferrotrain.dev/attempt";
+/// The pod's node rank within its attempt.
+pub const NODE_RANK: &str = "ferrotrain.dev/node-rank";
+
+/// Name of the container running the trainer.
+pub const TRAINER_CONTAINER: &str = "trainer";
+/// Key of the trainer config in the ConfigMap.
+pub const CONFIG_KEY: &str = "trainer.yaml";
+/// Where the ConfigMap is mounted.
+pub const CONFIG_DIR: &str = "/etc/ferrotrain";
+/// Key of the rendezvous token in the Secret.
+pub const TOKEN_KEY: &str = "token";
+
+/// `<job>-<attempt>-<nodeRank>`.
+pub fn pod_name(job: &str, attempt: i32, node_rank: i32) -> String {
+    format!("{job}-{attempt}-{node_rank}")
+}
+
+/// The headless Service: the pods' DNS subdomain.
+pub fn service_name(job: &str) -> String {
+    job.to_string()
+}
+
+/// The ConfigMap holding the trainer config.
+pub fn config_map_name(job: &str) -> String {
+    format!("{job}-config")
+}
+
+/// The Secret holding the rendezvous token.
+pub fn secret_name(job: &str) -> String {
+    format!("{job}-rdzv")
+}
+
+/// Rank 0's DNS name: `<job>-<attempt>-0.<job>.<namespace>.svc`.
+pub fn master_addr(job: &str, attempt: i32, namespace: &str) -> String {
+    format!("{}.{}.{namespace}.svc", pod_name(job, attempt, 0), service_name(job))
+}

@@ -1,0 +1,19 @@
+//! ferrotrain's Kubernetes operator: runs `DistributedTraining` jobs as gangs of pods.
+//!
+//! A reconcile is a pipeline of named steps:
+//! [`observe`] (pods, nodes, rank 0's /progress) -> [`gang::decide`] (pure state machine) ->
+//! [`build`] (pure object builders) -> apply (server-side apply, creates, deletes) -> status.
+//! Everything the operator knows lives in the object's status and its pods' labels, so a
+//! restarted operator converges without duplicate pods or lost restarts.
+
+pub mod build;
+pub mod config;
+pub mod controller;
+pub mod gang;
+pub mod labels;
+pub mod metrics;
+pub mod observe;
+pub mod progress;
+pub mod server;
+
+pub use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingSpec, DistributedTrainingStatus};

@@ -1,0 +1,163 @@
+//! The operator's own Prometheus metrics (the trainer's live on each rank 0's /metrics).
+
+use ferrotrain_api::crd::Phase;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+/// `result` label of reconciles.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum ReconcileResult {
+    Ok,
+    Error,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: ReconcileResult,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub error: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    pub phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+/// Every metric of the operator, registered once.
+pub struct Metrics {
+    pub registry: Registry,
+    pub reconciles: Family<ResultLabels, Counter>,
+    pub reconcile_errors: Family<ErrorLabels, Counter>,
+    pub reconcile_duration: Histogram,
+    pub jobs: Family<PhaseLabels, Gauge>,
+    pub restarts: Family<ReasonLabels, Counter>,
+    pub time_to_first_step: Histogram,
+    pub progress_polls: Family<ResultLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("ferrotrain_operator");
+        let reconciles = Family::<ResultLabels, Counter>::default();
+        registry.register("reconciles", "Reconciles by result", reconciles.clone());
+        let reconcile_errors = Family::<ErrorLabels, Counter>::default();
+        registry.register(
+            "reconcile_errors",
+            "Failed reconciles by error kind",
+            reconcile_errors.clone(),
+        );
+        let reconcile_duration = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        registry.register_with_unit(
+            "reconcile_duration",
+            "Time spent in one reconcile",
+            Unit::Seconds,
+            reconcile_duration.clone(),
+        );
+        let jobs = Family::<PhaseLabels, Gauge>::default();
+        registry.register("jobs", "DistributedTrainings by phase", jobs.clone());
+        let restarts = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "gang_restarts",
+            "Gang restarts by failure reason",
+            restarts.clone(),
+        );
+        let time_to_first_step = Histogram::new(exponential_buckets(1.0, 2.0, 16));
+        registry.register_with_unit(
+            "time_to_first_step",
+            "From a job's creation to its first reported training step",
+            Unit::Seconds,
+            time_to_first_step.clone(),
+        );
+        let progress_polls = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "progress_polls",
+            "Polls of rank 0's /progress by result",
+            progress_polls.clone(),
+        );
+        Metrics {
+            registry,
+            reconciles,
+            reconcile_errors,
+            reconcile_duration,
+            jobs,
+            restarts,
+            time_to_first_step,
+            progress_polls,
+        }
+    }
+
+    /// Sets the jobs-by-phase gauge from the phases of every known job (at scrape time, so
+    /// deleted jobs disappear).
+    pub fn set_jobs(&self, phases: impl IntoIterator<Item = Phase>) {
+        let mut counts = [0i64; Phase::ALL.len()];
+        for phase in phases {
+            let i = Phase::ALL.iter().position(|p| *p == phase).unwrap_or(0);
+            counts[i] += 1;
+        }
+        for (phase, count) in Phase::ALL.iter().zip(counts) {
+            self.jobs
+                .get_or_create(&PhaseLabels {
+                    phase: phase.as_str().into(),
+                })
+                .set(count);
+        }
+    }
+
+    /// The text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_names_and_counts() {
+        let m = Metrics::new();
+        m.reconciles
+            .get_or_create(&ResultLabels {
+                result: ReconcileResult::Ok,
+            })
+            .inc();
+        m.set_jobs([Phase::Running, Phase::Running, Phase::Failed]);
+        m.restarts
+            .get_or_create(&ReasonLabels {
+                reason: "ExitCode".into(),
+            })
+            .inc();
+        let text = m.encode();
+        assert!(text.contains("ferrotrain_operator_reconciles_total{result=\"Ok\"} 1"), "{text}");
+        assert!(text.contains("ferrotrain_operator_jobs{phase=\"Running\"} 2"), "{text}");
+        assert!(text.contains("ferrotrain_operator_jobs{phase=\"Failed\"} 1"), "{text}");
+        assert!(text.contains("ferrotrain_operator_jobs{phase=\"Pending\"} 0"), "{text}");
+        assert!(
+            text.contains("ferrotrain_operator_gang_restarts_total{reason=\"ExitCode\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("ferrotrain_operator_reconcile_duration_seconds_bucket"), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+}

@@ -1,0 +1,278 @@
+//! Observe: turn the cluster's objects (pods, nodes) into the plain data the state machine
+//! decides from, and check what the schema cannot (the trainer config's cross-field rules,
+//! volume references).
+
+use ferrotrain_api::crd::DistributedTrainingSpec;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::gang::{PodState, PodView, Termination};
+use crate::labels;
+
+/// The pod as the state machine sees it; None for a pod without the operator's labels.
+/// `node` is the pod's node (None when it is unscheduled or the node object is gone; `node_known`
+/// tells which).
+pub fn pod_view(pod: &Pod, node: Option<&Node>) -> Option<PodView> {
+    let meta = &pod.metadata;
+    let labels = meta.labels.as_ref()?;
+    let attempt = labels.get(labels::ATTEMPT)?.parse().ok()?;
+    let node_rank = labels.get(labels::NODE_RANK)?.parse().ok()?;
+    let status = pod.status.as_ref();
+    let trainer = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.name == labels::TRAINER_CONTAINER));
+    let state = trainer.and_then(|c| c.state.as_ref());
+    let pod_phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
+
+    let terminated = state.and_then(|s| s.terminated.as_ref());
+    let pod_state = if let Some(t) = terminated {
+        if t.exit_code == 0 {
+            PodState::Succeeded
+        } else {
+            PodState::Failed(Termination {
+                exit_code: Some(t.exit_code),
+                reason: t.reason.clone().unwrap_or_else(|| "Error".into()),
+                message: t.message.clone().unwrap_or_default(),
+                finished_at: t.finished_at.as_ref().map(|f| f.0),
+            })
+        }
+    } else if pod_phase == "Failed" {
+        // Evicted, node shutdown, deadline...: the pod failed without its container exiting.
+        PodState::Failed(Termination {
+            exit_code: None,
+            reason: status
+                .and_then(|s| s.reason.clone())
+                .unwrap_or_else(|| "PodFailed".into()),
+            message: status.and_then(|s| s.message.clone()).unwrap_or_default(),
+            finished_at: None,
+        })
+    } else if pod_phase == "Succeeded" {
+        PodState::Succeeded
+    } else if state.and_then(|s| s.running.as_ref()).is_some() {
+        PodState::Running
+    } else {
+        PodState::Pending
+    };
+    let running_since = state
+        .and_then(|s| s.running.as_ref())
+        .and_then(|r| r.started_at.as_ref())
+        .map(|t| t.0);
+
+    let scheduled_on = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+    let node_lost_since = match (scheduled_on, node) {
+        (None, _) => None,
+        (Some(_), Some(node)) => node_not_ready_since(node),
+        // Scheduled on a node that no longer exists: lost since forever.
+        (Some(_), None) => Some(Timestamp::UNIX_EPOCH),
+    };
+
+    Some(PodView {
+        name: meta.name.clone()?,
+        attempt,
+        node_rank,
+        state: pod_state,
+        deleting_since: meta.deletion_timestamp.as_ref().map(|t| t.0),
+        node_lost_since,
+        running_since,
+    })
+}
+
+/// When the node's Ready condition stopped being True (None while it is Ready).
+pub fn node_not_ready_since(node: &Node) -> Option<Timestamp> {
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
+    match ready {
+        Some(c) if c.status == "True" => None,
+        Some(c) => Some(
+            c.last_transition_time
+                .as_ref()
+                .map(|t| t.0)
+                .unwrap_or(Timestamp::UNIX_EPOCH),
+        ),
+        None => Some(Timestamp::UNIX_EPOCH),
+    }
+}
+
+/// Problems the schema cannot catch; any of them keeps the job from launching pods (a Warning
+/// event names it, and the job waits for a spec change).
+pub fn spec_problems(spec: &DistributedTrainingSpec) -> Vec<String> {
+    let mut problems = Vec::new();
+    if let Some(config) = spec.effective_trainer_config() {
+        for e in config.validate() {
+            problems.push(format!("spec.trainer.{}: {}", e.path, e.reason));
+        }
+    }
+    let volumes: Vec<&str> = spec
+        .pod_template
+        .as_ref()
+        .map(|t| t.volumes.iter().map(|v| v.name.as_str()).collect())
+        .unwrap_or_default();
+    let named = [
+        (
+            "spec.checkpoint.volumeName",
+            spec.checkpoint.as_ref().and_then(|c| c.volume_name.as_deref()),
+        ),
+        (
+            "spec.data.volumeName",
+            spec.data.as_ref().and_then(|d| d.volume_name.as_deref()),
+        ),
+    ];
+    for (field, name) in named {
+        if let Some(name) = name
+            && !volumes.contains(&name)
+        {
+            problems.push(format!(
+                "{field}: no volume named {name:?} in spec.podTemplate.volumes"
+            ));
+        }
+    }
+    let reserved = crate::build::RESERVED_VOLUMES;
+    for v in &volumes {
+        if reserved.contains(v) {
+            problems.push(format!(
+                "spec.podTemplate.volumes: the name {v:?} is reserved by the operator"
+            ));
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus,
+        NodeCondition, NodeStatus, PodSpec, PodStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    fn pod(state: Option<ContainerState>, phase: &str, node: Option<&str>) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("job-2-1".into()),
+                labels: Some(
+                    [
+                        (labels::ATTEMPT.to_string(), "2".to_string()),
+                        (labels::NODE_RANK.to_string(), "1".to_string()),
+                    ]
+                    .into(),
+                ),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                node_name: node.map(str::to_string),
+                ..PodSpec::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some(phase.into()),
+                container_statuses: state.map(|s| {
+                    vec![ContainerStatus {
+                        name: labels::TRAINER_CONTAINER.into(),
+                        state: Some(s),
+                        ..ContainerStatus::default()
+                    }]
+                }),
+                ..PodStatus::default()
+            }),
+        }
+    }
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    fn node(ready: &str, since: &str) -> Node {
+        Node {
+            status: Some(NodeStatus {
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: ready.into(),
+                    last_transition_time: Some(Time(ts(since))),
+                    ..NodeCondition::default()
+                }]),
+                ..NodeStatus::default()
+            }),
+            ..Node::default()
+        }
+    }
+
+    #[test]
+    fn reads_attempt_rank_and_running_state() {
+        let running = ContainerState {
+            running: Some(ContainerStateRunning {
+                started_at: Some(Time(ts("2025-01-01T00:00:10Z"))),
+            }),
+            ..ContainerState::default()
+        };
+        let healthy = node("True", "2025-01-01T00:00:00Z");
+        let v = pod_view(&pod(Some(running), "Running", Some("n1")), Some(&healthy)).unwrap();
+        assert_eq!((v.attempt, v.node_rank), (2, 1));
+        assert_eq!(v.state, PodState::Running);
+        assert_eq!(v.running_since, Some(ts("2025-01-01T00:00:10Z")));
+        assert_eq!(v.node_lost_since, None);
+    }
+
+    #[test]
+    fn exit_code_reason_and_termination_message_are_kept() {
+        let terminated = ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: 3,
+                reason: Some("Error".into()),
+                message: Some("data/train.en: no such file".into()),
+                finished_at: Some(Time(ts("2025-01-01T00:01:00Z"))),
+                ..ContainerStateTerminated::default()
+            }),
+            ..ContainerState::default()
+        };
+        let v = pod_view(&pod(Some(terminated), "Failed", None), None).unwrap();
+        assert_eq!(
+            v.state,
+            PodState::Failed(Termination {
+                exit_code: Some(3),
+                reason: "Error".into(),
+                message: "data/train.en: no such file".into(),
+                finished_at: Some(ts("2025-01-01T00:01:00Z")),
+            })
+        );
+    }
+
+    #[test]
+    fn evicted_pod_fails_without_exit_code() {
+        let mut p = pod(None, "Failed", Some("n1"));
+        let status = p.status.as_mut().unwrap();
+        status.reason = Some("Evicted".into());
+        status.message = Some("The node was low on resource: memory.".into());
+        let v = pod_view(&p, Some(&node("True", "2025-01-01T00:00:00Z"))).unwrap();
+        let PodState::Failed(t) = v.state else {
+            panic!("expected failed");
+        };
+        assert_eq!(t.exit_code, None);
+        assert_eq!(t.reason, "Evicted");
+    }
+
+    #[test]
+    fn node_not_ready_or_gone_is_lost() {
+        let p = pod(None, "Running", Some("n1"));
+        let sick = node("Unknown", "2025-01-01T00:05:00Z");
+        assert_eq!(
+            pod_view(&p, Some(&sick)).unwrap().node_lost_since,
+            Some(ts("2025-01-01T00:05:00Z"))
+        );
+        assert_eq!(
+            pod_view(&p, None).unwrap().node_lost_since,
+            Some(Timestamp::UNIX_EPOCH)
+        );
+        let unscheduled = pod(None, "Pending", None);
+        assert_eq!(pod_view(&unscheduled, None).unwrap().node_lost_since, None);
+    }
+
+    #[test]
+    fn unlabelled_pod_is_ignored() {
+        let mut p = pod(None, "Running", None);
+        p.metadata.labels = None;
+        assert!(pod_view(&p, None).is_none());
+    }
+}

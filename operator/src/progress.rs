@@ -1,0 +1,310 @@
+//! Rank 0's progress report: polling `/progress` over HTTP, and shaping the report for the
+//! status (rates rounded so that noise in the last digits is not a "change" worth a write, ETA
+//! for humans).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use ferrotrain_api::Progress;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+/// Why a poll gave no report.
+#[derive(Debug, thiserror::Error)]
+pub enum PollError {
+    #[error("invalid URL {url}: {source}")]
+    Url {
+        url: String,
+        #[source]
+        source: http::uri::InvalidUri,
+    },
+    #[error("GET {url}: {source}")]
+    Request {
+        url: String,
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+    #[error("GET {url}: no answer within {timeout:?}")]
+    Timeout { url: String, timeout: Duration },
+    #[error("GET {url}: HTTP {status}")]
+    Status { url: String, status: u16 },
+    #[error("GET {url}: reading the body: {source}")]
+    Body {
+        url: String,
+        #[source]
+        source: hyper::Error,
+    },
+    #[error("GET {url}: not a progress report: {source}")]
+    Decode {
+        url: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Polls `http://<rank 0 pod IP>:<port>/progress`.
+#[derive(Clone)]
+pub struct ProgressClient {
+    client: Client<HttpConnector, Empty<Bytes>>,
+    timeout: Duration,
+}
+
+impl ProgressClient {
+    /// A client whose every request (connect + answer) is bounded by `timeout`.
+    pub fn new(timeout: Duration) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_max_idle_per_host(1)
+            .build(connector);
+        ProgressClient { client, timeout }
+    }
+
+    /// The URL of a pod's report.
+    pub fn url(ip: &str, port: u16) -> String {
+        if ip.contains(':') {
+            format!("http://[{ip}]:{port}/progress")
+        } else {
+            format!("http://{ip}:{port}/progress")
+        }
+    }
+
+    /// One poll.
+    pub async fn fetch(&self, ip: &str, port: u16) -> Result<Progress, PollError> {
+        let url = Self::url(ip, port);
+        let uri: http::Uri = url.parse().map_err(|source| PollError::Url {
+            url: url.clone(),
+            source,
+        })?;
+        let request = async {
+            let response = self
+                .client
+                .get(uri)
+                .await
+                .map_err(|source| PollError::Request {
+                    url: url.clone(),
+                    source,
+                })?;
+            let status = response.status();
+            if !status.is_success() {
+                return Err(PollError::Status {
+                    url: url.clone(),
+                    status: status.as_u16(),
+                });
+            }
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|source| PollError::Body {
+                    url: url.clone(),
+                    source,
+                })?
+                .to_bytes();
+            serde_json::from_slice::<Progress>(&body).map_err(|source| PollError::Decode {
+                url: url.clone(),
+                source,
+            })
+        };
+        match tokio::time::timeout(self.timeout, request).await {
+            Ok(result) => result,
+            Err(_) => Err(PollError::Timeout {
+                url: url.clone(),
+                timeout: self.timeout,
+            }),
+        }
+    }
+}
+
+/// Rounds to `digits` significant digits (NaN and infinities become absent).
+pub fn significant(value: f64, digits: i32) -> Option<f64> {
+    if !value.is_finite() {
+        return None;
+    }
+    if value == 0.0 {
+        return Some(0.0);
+    }
+    let magnitude = value.abs().log10().floor() as i32;
+    let scale = 10f64.powi(digits - 1 - magnitude);
+    Some((value * scale).round() / scale)
+}
+
+/// The report as the status shows it: rates and times to 3 significant digits, losses to 4,
+/// BLEU to 2 decimals, ETA to whole seconds. Two reports that differ only beyond that are the
+/// same to a user, so they cause no status write.
+pub fn rounded(report: &Progress) -> Progress {
+    let sig = |v: Option<f64>, d: i32| v.and_then(|v| significant(v, d));
+    let mut p = report.clone();
+    p.steps_per_second = sig(p.steps_per_second, 3);
+    p.samples_per_second = sig(p.samples_per_second, 3);
+    p.tokens_per_second = sig(p.tokens_per_second, 3);
+    p.step_time_seconds = sig(p.step_time_seconds, 3);
+    p.comm_fraction = p
+        .comm_fraction
+        .filter(|v| v.is_finite())
+        .map(|v| (v.clamp(0.0, 1.0) * 1000.0).round() / 1000.0);
+    p.loss = sig(p.loss, 4);
+    p.eval_loss = sig(p.eval_loss, 4);
+    p.best_eval_loss = sig(p.best_eval_loss, 4);
+    p.eval_bleu = p
+        .eval_bleu
+        .filter(|v| v.is_finite())
+        .map(|v| (v * 100.0).round() / 100.0);
+    p.learning_rate = sig(p.learning_rate, 3);
+    p.eta_seconds = p
+        .eta_seconds
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .map(f64::round);
+    if let Some(c) = p.last_checkpoint.as_mut() {
+        c.blocking_seconds = c.blocking_seconds.and_then(|v| significant(v, 3));
+    }
+    p
+}
+
+/// Seconds to totalSteps: the trainer's own estimate, else (total - step) / rate.
+pub fn eta_seconds(p: &Progress) -> Option<f64> {
+    if p.total_steps > 0 && p.step >= p.total_steps {
+        return Some(0.0);
+    }
+    if let Some(eta) = p.eta_seconds.filter(|v| v.is_finite() && *v >= 0.0) {
+        return Some(eta);
+    }
+    let rate = p.steps_per_second.filter(|r| r.is_finite() && *r > 0.0)?;
+    if p.total_steps == 0 {
+        return None;
+    }
+    Some(((p.total_steps - p.step) as f64 / rate).round())
+}
+
+/// `45s`, `12m`, `3h05m`, `2d04h`: coarse enough that it changes only when the ETA does.
+pub fn human_duration(seconds: f64) -> String {
+    let s = seconds.max(0.0).round() as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86400 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d{:02}h", s / 86400, (s % 86400) / 3600),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn significant_digits() {
+        assert_eq!(significant(3.14159, 3), Some(3.14));
+        assert_eq!(significant(0.000123456, 3), Some(0.000123));
+        assert_eq!(significant(12345.6, 3), Some(12300.0));
+        assert_eq!(significant(0.0, 3), Some(0.0));
+        assert_eq!(significant(f64::NAN, 3), None);
+        assert_eq!(significant(-2.71828, 2), Some(-2.7));
+    }
+
+    #[test]
+    fn rounding_hides_noise_but_not_changes() {
+        let a = Progress {
+            step: 10,
+            steps_per_second: Some(4.00012),
+            loss: Some(2.345678),
+            ..Progress::default()
+        };
+        let mut b = a.clone();
+        b.steps_per_second = Some(4.00049);
+        b.loss = Some(2.345702);
+        assert_eq!(rounded(&a), rounded(&b));
+        b.loss = Some(2.3467);
+        assert_ne!(rounded(&a), rounded(&b));
+    }
+
+    #[test]
+    fn eta_prefers_the_trainers_estimate_then_the_rate() {
+        let mut p = Progress {
+            step: 100,
+            total_steps: 1100,
+            steps_per_second: Some(2.0),
+            ..Progress::default()
+        };
+        assert_eq!(eta_seconds(&p), Some(500.0));
+        p.eta_seconds = Some(420.0);
+        assert_eq!(eta_seconds(&p), Some(420.0));
+        p.step = 1100;
+        assert_eq!(eta_seconds(&p), Some(0.0));
+        let unknown = Progress {
+            step: 1,
+            total_steps: 10,
+            ..Progress::default()
+        };
+        assert_eq!(eta_seconds(&unknown), None);
+    }
+
+    #[test]
+    fn human_durations() {
+        assert_eq!(human_duration(0.0), "0s");
+        assert_eq!(human_duration(59.4), "59s");
+        assert_eq!(human_duration(61.0), "1m");
+        assert_eq!(human_duration(3600.0 + 5.0 * 60.0), "1h05m");
+        assert_eq!(human_duration(2.0 * 86400.0 + 4.0 * 3600.0 + 59.0), "2d04h");
+    }
+
+    #[test]
+    fn url_brackets_ipv6() {
+        assert_eq!(ProgressClient::url("10.0.0.7", 9090), "http://10.0.0.7:9090/progress");
+        assert_eq!(ProgressClient::url("fd00::7", 9090), "http://[fd00::7]:9090/progress");
+    }
+
+    #[tokio::test]
+    async fn fetch_reads_a_served_report_and_reports_a_closed_port() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let report = Progress {
+            step: 42,
+            total_steps: 100,
+            loss: Some(1.5),
+            ..Progress::default()
+        };
+        let body = serde_json::to_string(&report).unwrap();
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let n = socket.read(&mut buf).await.unwrap();
+            let request = String::from_utf8_lossy(&buf[..n]).to_string();
+            let response = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            socket.write_all(response.as_bytes()).await.unwrap();
+            request
+        });
+        let client = ProgressClient::new(Duration::from_secs(5));
+        let got = client.fetch("127.0.0.1", port).await.unwrap();
+        assert_eq!(got, report);
+        let request = tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(request.starts_with("GET /progress HTTP/1.1"), "{request}");
+
+        // Nothing listens any more (the listener was dropped with the task).
+        let err = client.fetch("127.0.0.1", port).await.unwrap_err();
+        assert!(matches!(err, PollError::Request { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn fetch_times_out_on_a_silent_server() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        // Accepts (the kernel does) but never answers.
+        let client = ProgressClient::new(Duration::from_millis(200));
+        let started = std::time::Instant::now();
+        let err = client.fetch("127.0.0.1", port).await.unwrap_err();
+        assert!(matches!(err, PollError::Timeout { .. }), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(3));
+        drop(listener);
+    }
+}
