@@ -149,7 +149,7 @@ impl CheckpointStore {
     /// unreadable directories, with a warning).
     pub fn latest(&self) -> Result<Option<(PathBuf, TrainerState)>> {
         let mut steps = step_dirs(&self.root)?;
-        steps.sort_by(|a, b| b.0.cmp(&a.0));
+        steps.sort_by_key(|s| std::cmp::Reverse(s.0));
         for (step, dir) in steps {
             match inspect(&dir, step) {
                 Ok(state) => return Ok(Some((dir, state))),
@@ -1019,7 +1019,8 @@ mod tests {
             (400, Some(2.2)),
             (500, Some(2.4)),
         ];
-        let cases: Vec<(&str, Vec<(u64, Option<f64>)>, u32, u32, Vec<u64>)> = vec![
+        type Case = (&'static str, Vec<(u64, Option<f64>)>, u32, u32, Vec<u64>);
+        let cases: Vec<Case> = vec![
             ("nothing saved", vec![], 2, 1, vec![]),
             ("one", vec![(100, None)], 1, 1, vec![100]),
             ("latest only", five.to_vec(), 2, 0, vec![400, 500]),
