@@ -1,1 +1,473 @@
-//! TODO
+//! `ferrotrain launch`: torchrun's job for ferrotrain. Starts the local ranks, forwards
+//! signals, and when one fails stops the others and (single node) restarts the group.
+//!
+//! Each rank is this executable (`run --config <path>`) with the env contract set: RANK,
+//! LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, FERROTRAIN_ATTEMPT,
+//! FERROTRAIN_RDZV_TOKEN, OMP_NUM_THREADS. Ranks resume from the latest checkpoint on their
+//! own; the launcher only restarts them. A permanent exit code (2, 3, 4) is never restarted.
+//! On several nodes a failure ends the launcher with the failing rank's code: restarting the
+//! gang across nodes is the operator's job.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+use ferrotrain_api::{env, exit};
+
+use crate::dist::auth::random_token;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct LaunchArgs {
+    /// The trainer config (YAML) every rank runs.
+    #[arg(long, env = env::FERROTRAIN_CONFIG)]
+    pub config: PathBuf,
+    /// Nodes in the job.
+    #[arg(long, env = env::NNODES, default_value_t = 1)]
+    pub nnodes: usize,
+    /// Ranks started on this node (one per GPU on GPU nodes).
+    #[arg(long, env = env::NPROC_PER_NODE, default_value_t = 1)]
+    pub nproc_per_node: usize,
+    /// This node's index, 0-based.
+    #[arg(long, env = env::NODE_RANK, default_value_t = 0)]
+    pub node_rank: usize,
+    /// Address of node 0, which hosts the rendezvous store.
+    #[arg(long, env = env::MASTER_ADDR, default_value = "127.0.0.1")]
+    pub master_addr: String,
+    /// Port of the rendezvous store; 0 picks a free port (single node only).
+    #[arg(long, env = env::MASTER_PORT, default_value_t = crate::dist::DEFAULT_MASTER_PORT)]
+    pub master_port: u16,
+    /// Single node: how many times the group is restarted after a retryable failure.
+    #[arg(long, env = "FERROTRAIN_MAX_RESTARTS", default_value_t = 3)]
+    pub max_restarts: u32,
+    /// Wait before the first restart; doubles with each restart.
+    #[arg(
+        long,
+        env = "FERROTRAIN_RESTART_BACKOFF_SECONDS",
+        default_value_t = 1.0
+    )]
+    pub restart_backoff_seconds: f64,
+    /// Longest wait between restarts.
+    #[arg(
+        long,
+        env = "FERROTRAIN_RESTART_BACKOFF_MAX_SECONDS",
+        default_value_t = 30.0
+    )]
+    pub restart_backoff_max_seconds: f64,
+    /// How long stopped ranks get between SIGTERM and SIGKILL.
+    #[arg(long, env = "FERROTRAIN_STOP_GRACE_SECONDS", default_value_t = 10.0)]
+    pub stop_grace_seconds: f64,
+    /// The program each rank runs (default: this executable). For tests and wrappers.
+    #[arg(long, env = "FERROTRAIN_RANK_PROGRAM", hide = true)]
+    pub rank_program: Option<PathBuf>,
+    /// Extra arguments passed to every rank after `run --config <path>`.
+    #[arg(last = true)]
+    pub rank_args: Vec<String>,
+}
+
+/// The last SIGTERM or SIGINT received (0 = none).
+static SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(signal: i32) {
+    SIGNAL.store(signal, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() {
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_signal as *const () as usize;
+            libc::sigemptyset(&mut action.sa_mask);
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+    }
+}
+
+/// How a group of local ranks ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupOutcome {
+    /// Every rank exited 0.
+    Finished,
+    /// The launcher itself was asked to stop.
+    Signalled(i32),
+    /// A rank failed first; the others were stopped.
+    Failed(RankFailure),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankFailure {
+    pub rank: usize,
+    /// The exit code, or 128 + signal for a rank killed by a signal.
+    pub code: i32,
+    /// The rank's termination message, or a description of its exit.
+    pub reason: String,
+}
+
+fn exit_code(status: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c,
+        (None, Some(s)) => 128 + s,
+        (None, None) => exit::RETRYABLE,
+    }
+}
+
+fn describe_exit(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (None, Some(s)) => format!("was killed by signal {s} ({})", signal_name(s)),
+        (None, None) => "ended".into(),
+    }
+}
+
+fn signal_name(s: i32) -> &'static str {
+    match s {
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGINT => "SIGINT",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        _ => "signal",
+    }
+}
+
+/// The running ranks of one attempt on this node. Dropping it kills what is left.
+struct Group {
+    children: Vec<(usize, Child, PathBuf)>,
+    grace: Duration,
+}
+
+impl Group {
+    fn signal_all(&self, signal: i32) {
+        for (_, child, _) in &self.children {
+            // SAFETY: signalling our own child by pid; it is not reaped before we drop it.
+            unsafe {
+                libc::kill(child.id() as i32, signal);
+            }
+        }
+    }
+
+    /// SIGTERM (and SIGCONT, so a stopped rank handles it), then SIGKILL after the grace.
+    fn stop(&mut self) {
+        self.signal_all(libc::SIGTERM);
+        self.signal_all(libc::SIGCONT);
+        let deadline = Instant::now() + self.grace;
+        loop {
+            let mut running = 0;
+            for (_, child, _) in &mut self.children {
+                if c_try_wait(child).is_none() {
+                    running += 1;
+                }
+            }
+            if running == 0 {
+                return;
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.signal_all(libc::SIGKILL);
+        for (_, child, _) in &mut self.children {
+            let _ = child.wait();
+        }
+    }
+
+    /// Polls the ranks until all finish, one fails, or the launcher gets a signal.
+    fn supervise(&mut self) -> GroupOutcome {
+        let mut done = vec![false; self.children.len()];
+        loop {
+            let signal = SIGNAL.swap(0, Ordering::SeqCst);
+            if signal != 0 {
+                tracing::warn!("launch: received signal {signal}; stopping the ranks");
+                self.signal_all(signal);
+                self.stop();
+                return GroupOutcome::Signalled(signal);
+            }
+            let mut failures = Vec::new();
+            for (i, (rank, child, log)) in self.children.iter_mut().enumerate() {
+                if done[i] {
+                    continue;
+                }
+                if let Some(status) = c_try_wait(child) {
+                    done[i] = true;
+                    if !status.success() {
+                        failures.push((*rank, status, log.clone()));
+                    }
+                }
+            }
+            if !failures.is_empty() {
+                // A rank killed by a signal is the likelier cause than the peers that
+                // noticed its death in the same instant.
+                failures.sort_by_key(|(rank, status, _)| (status.code().is_some(), *rank));
+                let (rank, status, log) = failures.swap_remove(0);
+                let message = std::fs::read_to_string(&log).unwrap_or_default();
+                let message = message.trim();
+                let reason = if message.is_empty() {
+                    format!("rank {rank} {}", describe_exit(status))
+                } else {
+                    format!("rank {rank} {}: {message}", describe_exit(status))
+                };
+                self.stop();
+                return GroupOutcome::Failed(RankFailure {
+                    rank,
+                    code: exit_code(status),
+                    reason,
+                });
+            }
+            if done.iter().all(|&d| d) {
+                return GroupOutcome::Finished;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+}
+
+fn c_try_wait(child: &mut Child) -> Option<ExitStatus> {
+    child.try_wait().ok().flatten()
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        for (_, child, _) in &mut self.children {
+            if c_try_wait(child).is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+/// What one attempt of the local group needs.
+struct Attempt<'a> {
+    args: &'a LaunchArgs,
+    program: &'a Path,
+    attempt: u64,
+    port: u16,
+    token: &'a str,
+    logs: &'a Path,
+    omp_threads: Option<String>,
+}
+
+fn start_group(a: &Attempt<'_>) -> std::io::Result<Group> {
+    let args = a.args;
+    let world = args.nnodes * args.nproc_per_node;
+    let mut group = Group {
+        children: Vec::new(),
+        grace: Duration::from_secs_f64(args.stop_grace_seconds.max(0.0)),
+    };
+    for local_rank in 0..args.nproc_per_node {
+        let rank = args.node_rank * args.nproc_per_node + local_rank;
+        let log = a.logs.join(format!("rank-{rank}.termination-log"));
+        let _ = std::fs::remove_file(&log);
+        let mut cmd = Command::new(a.program);
+        cmd.arg("run")
+            .arg("--config")
+            .arg(&args.config)
+            .args(&args.rank_args)
+            .env(env::RANK, rank.to_string())
+            .env(env::LOCAL_RANK, local_rank.to_string())
+            .env(env::WORLD_SIZE, world.to_string())
+            .env(env::LOCAL_WORLD_SIZE, args.nproc_per_node.to_string())
+            .env(env::NNODES, args.nnodes.to_string())
+            .env(env::NODE_RANK, args.node_rank.to_string())
+            .env(env::NPROC_PER_NODE, args.nproc_per_node.to_string())
+            .env(env::MASTER_ADDR, &args.master_addr)
+            .env(env::MASTER_PORT, a.port.to_string())
+            .env(env::FERROTRAIN_ATTEMPT, a.attempt.to_string())
+            .env(env::TORCHELASTIC_RESTART_COUNT, a.attempt.to_string())
+            .env(env::FERROTRAIN_RDZV_TOKEN, a.token)
+            .env(env::FERROTRAIN_CONFIG, &args.config)
+            .env(env::FERROTRAIN_TERMINATION_LOG, &log);
+        if let Some(t) = &a.omp_threads {
+            cmd.env("OMP_NUM_THREADS", t);
+        }
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: prctl is async-signal-safe. A rank dies with its launcher, even a
+            // SIGKILLed one, instead of training on as an orphan.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd.spawn()?;
+        tracing::debug!("launch: started rank {rank} (pid {})", child.id());
+        group.children.push((rank, child, log));
+    }
+    Ok(group)
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Sleeps `d` unless a signal arrives; returns the signal.
+fn sleep_unless_signalled(d: Duration) -> Option<i32> {
+    let deadline = Instant::now() + d;
+    while Instant::now() < deadline {
+        let s = SIGNAL.load(Ordering::SeqCst);
+        if s != 0 {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(25).min(deadline - Instant::now()));
+    }
+    None
+}
+
+fn fail_now(code: i32, message: &str) -> i32 {
+    tracing::error!("launch: {message}");
+    crate::error::write_termination_message(message);
+    code
+}
+
+/// Runs the local ranks to completion; returns the launcher's exit code.
+pub fn run(args: LaunchArgs) -> i32 {
+    if args.nnodes == 0 || args.nproc_per_node == 0 || args.node_rank >= args.nnodes {
+        return fail_now(
+            exit::INVALID_CONFIG,
+            &format!(
+                "invalid gang: --nnodes {} --nproc-per-node {} --node-rank {}",
+                args.nnodes, args.nproc_per_node, args.node_rank
+            ),
+        );
+    }
+    let multi_node = args.nnodes > 1;
+    if multi_node && args.master_port == 0 {
+        return fail_now(exit::INVALID_CONFIG, "--master-port 0 needs a single node");
+    }
+    let program = match &args.rank_program {
+        Some(p) => p.clone(),
+        None => match std::env::current_exe() {
+            Ok(p) => p,
+            Err(e) => return fail_now(exit::RETRYABLE, &format!("cannot find own binary: {e}")),
+        },
+    };
+    let token = match std::env::var(env::FERROTRAIN_RDZV_TOKEN) {
+        Ok(t) if !t.is_empty() => t,
+        _ if multi_node => {
+            return fail_now(
+                exit::INVALID_CONFIG,
+                &format!(
+                    "{} must be set (the same on every node) when --nnodes > 1",
+                    env::FERROTRAIN_RDZV_TOKEN
+                ),
+            );
+        }
+        _ => random_token(),
+    };
+    let base_attempt: u64 = std::env::var(env::FERROTRAIN_ATTEMPT)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let omp_threads = match std::env::var("OMP_NUM_THREADS") {
+        Ok(_) => None,
+        Err(_) => {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            Some((cores / args.nproc_per_node).max(1).to_string())
+        }
+    };
+    let logs = std::env::temp_dir().join(format!("ferrotrain-launch-{}", std::process::id()));
+    if let Err(e) = std::fs::create_dir_all(&logs) {
+        return fail_now(
+            exit::RETRYABLE,
+            &format!("cannot create {}: {e}", logs.display()),
+        );
+    }
+    install_signal_handlers();
+    let code = supervise_attempts(&args, &program, &token, base_attempt, omp_threads, &logs);
+    let _ = std::fs::remove_dir_all(&logs);
+    code
+}
+
+fn supervise_attempts(
+    args: &LaunchArgs,
+    program: &Path,
+    token: &str,
+    base_attempt: u64,
+    omp_threads: Option<String>,
+    logs: &Path,
+) -> i32 {
+    let multi_node = args.nnodes > 1;
+    let mut restarts: u32 = 0;
+    let mut backoff = Duration::from_secs_f64(args.restart_backoff_seconds.max(0.0));
+    let max_backoff = Duration::from_secs_f64(args.restart_backoff_max_seconds.max(0.0));
+    loop {
+        let attempt = base_attempt + if multi_node { 0 } else { restarts as u64 };
+        let port = if args.master_port == 0 {
+            match free_port() {
+                Ok(p) => p,
+                Err(e) => return fail_now(exit::RETRYABLE, &format!("no free port: {e}")),
+            }
+        } else {
+            args.master_port
+        };
+        let a = Attempt {
+            args,
+            program,
+            attempt,
+            port,
+            token,
+            logs,
+            omp_threads: omp_threads.clone(),
+        };
+        tracing::info!(
+            "launch: starting {} rank(s), attempt {attempt}, rendezvous {}:{port}",
+            args.nproc_per_node,
+            args.master_addr
+        );
+        let mut group = match start_group(&a) {
+            Ok(g) => g,
+            Err(e) => {
+                return fail_now(
+                    exit::RETRYABLE,
+                    &format!("cannot start {}: {e}", program.display()),
+                );
+            }
+        };
+        let outcome = group.supervise();
+        drop(group);
+        match outcome {
+            GroupOutcome::Finished => return exit::SUCCESS,
+            GroupOutcome::Signalled(s) => return 128 + s,
+            GroupOutcome::Failed(f) => {
+                tracing::warn!("launch: {}", f.reason);
+                crate::error::write_termination_message(&f.reason);
+                if exit::is_permanent(f.code) {
+                    tracing::error!("launch: exit code {} is permanent; not restarting", f.code);
+                    return f.code;
+                }
+                if multi_node {
+                    // The operator restarts the whole gang across nodes.
+                    return f.code;
+                }
+                if restarts >= args.max_restarts {
+                    tracing::error!(
+                        "launch: giving up after {restarts} restart(s) (--max-restarts)"
+                    );
+                    return f.code;
+                }
+                restarts += 1;
+                tracing::warn!(
+                    "launch: restarting the group in {:.1} s (restart {restarts} of \
+                     {}); ranks resume from the latest checkpoint",
+                    backoff.as_secs_f64(),
+                    args.max_restarts
+                );
+                if let Some(s) = sleep_unless_signalled(backoff) {
+                    return 128 + s;
+                }
+                backoff = (backoff * 2).min(max_backoff);
+            }
+        }
+    }
+}

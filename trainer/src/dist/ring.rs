@@ -1,0 +1,796 @@
+//! The TCP ring: all-reduce (reduce-scatter + all-gather), broadcast and barrier on CPU
+//! buffers. Knows nothing of tensors so it can be tested with plain slices.
+//!
+//! Rank r sends to rank r+1 ("next") and receives from rank r-1 ("prev") over one
+//! authenticated TCP connection each way. A buffer of n elements is cut into `world` chunks;
+//! at step t (0 <= t < 2(world-1)) rank r sends chunk (r-t) mod world and receives chunk
+//! (r-t-1) mod world, adding it into its own during the first world-1 steps (reduce-scatter)
+//! and overwriting it during the rest (all-gather). Each chunk is further cut into segments
+//! and the segments pipelined: segment k of step t leaves as soon as segment k of step t-1 has
+//! arrived, so the links stay busy while chunks are still in flight. Both sockets are
+//! non-blocking and driven by one `poll` loop per call, which also enforces the timeout.
+//!
+//! Every collective starts with a 24-byte header (operation, size, sequence number) so that
+//! ranks calling different collectives fail loudly instead of exchanging garbage.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::auth::{Auth, Channel};
+use crate::error::{Result, TrainError};
+
+/// Default pipeline segment; big enough to amortize syscalls, small enough to pipeline.
+pub const DEFAULT_SEGMENT_BYTES: usize = 512 << 10;
+const HEADER: usize = 24;
+const MAGIC: u32 = u32::from_le_bytes(*b"FTRG");
+const OP_ALL_REDUCE: u32 = 1;
+const OP_BROADCAST: u32 = 2;
+const OP_BARRIER: u32 = 3;
+
+/// One rank's two links of the ring.
+pub struct Ring {
+    rank: usize,
+    world: usize,
+    next: TcpStream,
+    prev: TcpStream,
+    next_addr: SocketAddr,
+    prev_addr: SocketAddr,
+    timeout: Duration,
+    segment_bytes: usize,
+    scratch: Vec<f32>,
+    seq: u64,
+    /// Set by the first failure: a ring that lost a peer stays failed.
+    broken: Option<String>,
+}
+
+/// A contiguous piece of the caller's buffer, in bytes.
+#[derive(Clone, Copy, Debug)]
+struct Piece {
+    start: usize,
+    len: usize,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Target {
+    Header,
+    Data(Piece),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct SendUnit {
+    what: Target,
+    /// Receive units that must be complete first.
+    after: usize,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct RecvUnit {
+    what: Target,
+    reduce: bool,
+}
+
+#[derive(Default)]
+struct Plan {
+    sends: Vec<SendUnit>,
+    recvs: Vec<RecvUnit>,
+}
+
+impl Plan {
+    fn new() -> Self {
+        Plan {
+            sends: vec![SendUnit {
+                what: Target::Header,
+                after: 0,
+            }],
+            recvs: vec![RecvUnit {
+                what: Target::Header,
+                reduce: false,
+            }],
+        }
+    }
+}
+
+/// Element range of chunk `c` when `n` elements are cut into `world` near-equal chunks.
+fn chunk(n: usize, world: usize, c: usize) -> (usize, usize) {
+    (c * n / world, (c + 1) * n / world)
+}
+
+/// Cuts `[start, end)` (elements of `elem` bytes) into pieces of at most `segment` bytes.
+fn segments(start: usize, end: usize, elem: usize, segment: usize) -> Vec<Piece> {
+    let per = (segment / elem).max(1);
+    let mut out = Vec::new();
+    let mut s = start;
+    while s < end {
+        let e = (s + per).min(end);
+        out.push(Piece {
+            start: s * elem,
+            len: (e - s) * elem,
+        });
+        s = e;
+    }
+    out
+}
+
+fn all_reduce_plan(rank: usize, world: usize, n: usize, segment: usize) -> Plan {
+    let mut plan = Plan::new();
+    let mut prev_first = 0;
+    for t in 0..2 * (world - 1) {
+        let send_chunk = (rank + 2 * world - t) % world;
+        let recv_chunk = (rank + 2 * world - t - 1) % world;
+        let (s0, s1) = chunk(n, world, send_chunk);
+        for (k, piece) in segments(s0, s1, 4, segment).into_iter().enumerate() {
+            // What we send at step t is what we received at step t-1 (same chunk).
+            let after = if t == 0 { 0 } else { prev_first + k + 1 };
+            plan.sends.push(SendUnit {
+                what: Target::Data(piece),
+                after,
+            });
+        }
+        prev_first = plan.recvs.len();
+        let (r0, r1) = chunk(n, world, recv_chunk);
+        for piece in segments(r0, r1, 4, segment) {
+            plan.recvs.push(RecvUnit {
+                what: Target::Data(piece),
+                reduce: t < world - 1,
+            });
+        }
+    }
+    plan
+}
+
+fn broadcast_plan(rank: usize, world: usize, bytes: usize, root: usize, segment: usize) -> Plan {
+    let mut plan = Plan::new();
+    let position = (rank + world - root) % world;
+    let pieces = segments(0, bytes, 1, segment);
+    if position != 0 {
+        for &piece in &pieces {
+            plan.recvs.push(RecvUnit {
+                what: Target::Data(piece),
+                reduce: false,
+            });
+        }
+    }
+    if position != world - 1 {
+        for (k, &piece) in pieces.iter().enumerate() {
+            let after = if position == 0 { 0 } else { k + 2 };
+            plan.sends.push(SendUnit {
+                what: Target::Data(piece),
+                after,
+            });
+        }
+    }
+    plan
+}
+
+fn header(op: u32, len: usize, seq: u64) -> [u8; HEADER] {
+    let mut h = [0u8; HEADER];
+    h[..4].copy_from_slice(&MAGIC.to_le_bytes());
+    h[4..8].copy_from_slice(&op.to_le_bytes());
+    h[8..16].copy_from_slice(&(len as u64).to_le_bytes());
+    h[16..].copy_from_slice(&seq.to_le_bytes());
+    h
+}
+
+fn describe(h: &[u8; HEADER]) -> String {
+    let magic = u32::from_le_bytes(h[..4].try_into().expect("4"));
+    if magic != MAGIC {
+        return "garbage".to_string();
+    }
+    let op = u32::from_le_bytes(h[4..8].try_into().expect("4"));
+    let len = u64::from_le_bytes(h[8..16].try_into().expect("8"));
+    let seq = u64::from_le_bytes(h[16..].try_into().expect("8"));
+    let name = match op & 0xff {
+        OP_ALL_REDUCE => "all-reduce".to_string(),
+        OP_BROADCAST => format!("broadcast from rank {}", op >> 8),
+        OP_BARRIER => "barrier".to_string(),
+        _ => format!("operation {op}"),
+    };
+    format!("{name} of {len} bytes as collective #{seq}")
+}
+
+fn op_name(op: u32) -> &'static str {
+    match op & 0xff {
+        OP_ALL_REDUCE => "all-reduce",
+        OP_BROADCAST => "broadcast",
+        _ => "barrier",
+    }
+}
+
+/// Waits for `events` on up to two fds; returns their revents.
+fn poll2(a: (i32, i16), b: (i32, i16), timeout: Duration) -> std::io::Result<(i16, i16)> {
+    let mut fds = [
+        libc::pollfd {
+            fd: a.0,
+            events: a.1,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: b.0,
+            events: b.1,
+            revents: 0,
+        },
+    ];
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+    // SAFETY: two valid pollfds for the duration of the call.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == ErrorKind::Interrupted {
+            return Ok((0, 0));
+        }
+        return Err(e);
+    }
+    Ok((fds[0].revents, fds[1].revents))
+}
+
+fn set_buffer_sizes(stream: &TcpStream, bytes: i32) {
+    for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
+        // SAFETY: setsockopt with a valid fd and a pointer to an int of the stated size.
+        unsafe {
+            libc::setsockopt(
+                stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&bytes as *const i32).cast(),
+                std::mem::size_of::<i32>() as libc::socklen_t,
+            );
+        }
+    }
+}
+
+impl Ring {
+    /// Connects this rank into the ring: accepts rank-1's connection on `listener` (already
+    /// published to the others) while connecting to rank+1 at `next_addr`. Both links are
+    /// authenticated; connections from anyone else are dropped. Fails at `deadline`.
+    pub fn establish(
+        rank: usize,
+        world: usize,
+        listener: TcpListener,
+        next_addr: SocketAddr,
+        auth: &Auth,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<Ring> {
+        assert!(world >= 2 && rank < world, "a ring needs 2+ ranks");
+        let prev_rank = (rank + world - 1) % world;
+        let next_rank = (rank + 1) % world;
+        let acceptor = {
+            let auth = auth.clone();
+            std::thread::Builder::new()
+                .name("ring-accept".into())
+                .spawn(move || accept_prev(listener, prev_rank as u32, &auth, deadline))?
+        };
+        let next = connect_next(next_addr, next_rank, rank as u32, auth, deadline);
+        let prev = acceptor
+            .join()
+            .map_err(|_| TrainError::Distributed("ring accept thread panicked".into()))?;
+        let next = next?;
+        let (prev, prev_addr) = prev?;
+        for s in [&next, &prev] {
+            s.set_nodelay(true)?;
+            set_buffer_sizes(s, 4 << 20);
+            s.set_nonblocking(true)?;
+        }
+        Ok(Ring {
+            rank,
+            world,
+            next,
+            prev,
+            next_addr,
+            prev_addr,
+            timeout,
+            segment_bytes: DEFAULT_SEGMENT_BYTES,
+            scratch: Vec::new(),
+            seq: 0,
+            broken: None,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    pub fn set_segment_bytes(&mut self, bytes: usize) {
+        self.segment_bytes = bytes.max(4);
+    }
+
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// Element-wise sum over all ranks, in place.
+    pub fn all_reduce_sum(&mut self, data: &mut [f32]) -> Result<()> {
+        let plan = all_reduce_plan(self.rank, self.world, data.len(), self.segment_bytes);
+        // SAFETY: any byte pattern is a valid f32 and vice versa; the view has the same
+        // lifetime and exclusivity as `data`.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(data.as_mut_ptr().cast::<u8>(), data.len() * 4)
+        };
+        self.run(OP_ALL_REDUCE, bytes, &plan)
+    }
+
+    /// Copies `root`'s bytes into every rank's `data`, pipelined along the ring.
+    pub fn broadcast(&mut self, data: &mut [u8], root: usize) -> Result<()> {
+        if root >= self.world {
+            return Err(TrainError::Distributed(format!(
+                "broadcast from rank {root} in a world of {}",
+                self.world
+            )));
+        }
+        let plan = broadcast_plan(self.rank, self.world, data.len(), root, self.segment_bytes);
+        self.run(OP_BROADCAST | ((root as u32) << 8), data, &plan)
+    }
+
+    /// Returns once every rank has entered the barrier.
+    pub fn barrier(&mut self) -> Result<()> {
+        let mut one = [1.0f32];
+        let plan = all_reduce_plan(self.rank, self.world, 1, self.segment_bytes);
+        // SAFETY: as in all_reduce_sum.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(one.as_mut_ptr().cast::<u8>(), 4) };
+        self.run(OP_BARRIER, bytes, &plan)?;
+        if one[0] != self.world as f32 {
+            return self.fail(format!(
+                "barrier counted {} ranks instead of {}",
+                one[0], self.world
+            ));
+        }
+        Ok(())
+    }
+
+    fn fail<T>(&mut self, message: String) -> Result<T> {
+        // Closing both links tells the neighbours at once instead of after their timeout.
+        let _ = self.next.shutdown(Shutdown::Both);
+        let _ = self.prev.shutdown(Shutdown::Both);
+        self.broken = Some(message.clone());
+        Err(TrainError::Distributed(message))
+    }
+
+    fn peer(&self, next: bool) -> String {
+        if next {
+            format!("rank {} ({})", (self.rank + 1) % self.world, self.next_addr)
+        } else {
+            format!(
+                "rank {} ({})",
+                (self.rank + self.world - 1) % self.world,
+                self.prev_addr
+            )
+        }
+    }
+
+    fn io_failure(&mut self, next: bool, what: &str, e: &std::io::Error) -> String {
+        let peer = self.peer(next);
+        match e.kind() {
+            ErrorKind::UnexpectedEof
+            | ErrorKind::ConnectionReset
+            | ErrorKind::BrokenPipe
+            | ErrorKind::ConnectionAborted => {
+                format!("{peer} closed the connection during {what} (it exited or was killed): {e}")
+            }
+            _ => format!("{what} with {peer} failed: {e}"),
+        }
+    }
+
+    fn run(&mut self, op: u32, data: &mut [u8], plan: &Plan) -> Result<()> {
+        if let Some(b) = &self.broken {
+            return Err(TrainError::Distributed(format!(
+                "the ring is broken by an earlier failure: {b}"
+            )));
+        }
+        let what = op_name(op);
+        self.seq += 1;
+        let ours = header(op, data.len(), self.seq);
+        let mut theirs = [0u8; HEADER];
+        let max_reduce = plan
+            .recvs
+            .iter()
+            .filter(|u| u.reduce)
+            .map(|u| match u.what {
+                Target::Data(p) => p.len / 4,
+                Target::Header => 0,
+            })
+            .max()
+            .unwrap_or(0);
+        if self.scratch.len() < max_reduce {
+            self.scratch.resize(max_reduce, 0.0);
+        }
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let result = self.drive(what, &ours, &mut theirs, data, &mut scratch, plan);
+        self.scratch = scratch;
+        match result {
+            Ok(()) => Ok(()),
+            Err(message) => self.fail(message),
+        }
+    }
+
+    /// The poll loop. Returns the failure message.
+    fn drive(
+        &mut self,
+        what: &str,
+        ours: &[u8; HEADER],
+        theirs: &mut [u8; HEADER],
+        data: &mut [u8],
+        scratch: &mut [f32],
+        plan: &Plan,
+    ) -> std::result::Result<(), String> {
+        let (mut si, mut so, mut ri, mut ro) = (0usize, 0usize, 0usize, 0usize);
+        let mut last_send = Instant::now();
+        let mut last_recv = last_send;
+        loop {
+            let mut progressed = false;
+            // Send whatever is ready until the socket is full.
+            while si < plan.sends.len() && ri >= plan.sends[si].after {
+                let unit = plan.sends[si];
+                let bytes = match unit.what {
+                    Target::Header => &ours[..],
+                    Target::Data(p) => &data[p.start..p.start + p.len],
+                };
+                if bytes.is_empty() {
+                    si += 1;
+                    continue;
+                }
+                match self.next.write(&bytes[so..]) {
+                    Ok(0) => {
+                        let e = std::io::Error::new(ErrorKind::WriteZero, "wrote 0 bytes");
+                        return Err(self.io_failure(true, what, &e));
+                    }
+                    Ok(n) => {
+                        so += n;
+                        progressed = true;
+                        last_send = Instant::now();
+                        if so == bytes.len() {
+                            si += 1;
+                            so = 0;
+                        }
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => return Err(self.io_failure(true, what, &e)),
+                }
+            }
+            // Receive until the socket is empty or a unit completes (which may unblock a send).
+            while ri < plan.recvs.len() {
+                let unit = plan.recvs[ri];
+                let len = match unit.what {
+                    Target::Header => HEADER,
+                    Target::Data(p) => p.len,
+                };
+                let buf: &mut [u8] = match (unit.what, unit.reduce) {
+                    (Target::Header, _) => &mut theirs[..],
+                    (Target::Data(p), true) => {
+                        // SAFETY: the scratch floats viewed as bytes, exclusively borrowed.
+                        unsafe {
+                            std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u8>(), p.len)
+                        }
+                    }
+                    (Target::Data(p), false) => &mut data[p.start..p.start + p.len],
+                };
+                let n = match self.prev.read(&mut buf[ro..len]) {
+                    Ok(0) => {
+                        let e = std::io::Error::new(ErrorKind::UnexpectedEof, "end of stream");
+                        return Err(self.io_failure(false, what, &e));
+                    }
+                    Ok(n) => n,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(self.io_failure(false, what, &e)),
+                };
+                ro += n;
+                progressed = true;
+                last_recv = Instant::now();
+                if ro < len {
+                    continue;
+                }
+                match unit.what {
+                    Target::Header => {
+                        if theirs != ours {
+                            return Err(format!(
+                                "{} called {} while this rank called {}: ranks disagree on the \
+                                 sequence of collectives",
+                                self.peer(false),
+                                describe(theirs),
+                                describe(ours)
+                            ));
+                        }
+                    }
+                    Target::Data(p) if unit.reduce => {
+                        add_into(&mut data[p.start..p.start + p.len], &scratch[..p.len / 4]);
+                    }
+                    Target::Data(_) => {}
+                }
+                ri += 1;
+                ro = 0;
+                break;
+            }
+            let sending = si < plan.sends.len();
+            let receiving = ri < plan.recvs.len();
+            if !sending && !receiving {
+                return Ok(());
+            }
+            if progressed {
+                continue;
+            }
+            let can_send = sending && ri >= plan.sends[si].after;
+            let quiet_since = if can_send && receiving {
+                last_send.max(last_recv)
+            } else if can_send {
+                last_send
+            } else {
+                last_recv
+            };
+            let idle = quiet_since.elapsed();
+            if idle >= self.timeout {
+                // Blame the link that has been silent longest.
+                let blame_next = can_send && (!receiving || last_send <= last_recv);
+                return Err(format!(
+                    "{} did not answer within {} s during {what}",
+                    self.peer(blame_next),
+                    self.timeout.as_secs_f64()
+                ));
+            }
+            let send_events = if can_send { libc::POLLOUT } else { 0 };
+            let recv_events = if receiving { libc::POLLIN } else { 0 };
+            poll2(
+                (self.next.as_raw_fd(), send_events),
+                (self.prev.as_raw_fd(), recv_events),
+                self.timeout - idle,
+            )
+            .map_err(|e| format!("poll failed during {what}: {e}"))?;
+        }
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        let _ = self.next.shutdown(Shutdown::Both);
+        let _ = self.prev.shutdown(Shutdown::Both);
+    }
+}
+
+/// dst += src, element-wise; `dst` is a byte view of f32s from the caller's buffer.
+fn add_into(dst: &mut [u8], src: &[f32]) {
+    // SAFETY: f32 has no invalid bit patterns; align_to_mut only yields aligned f32s.
+    let (head, body, tail) = unsafe { dst.align_to_mut::<f32>() };
+    if head.is_empty() && tail.is_empty() && body.len() == src.len() {
+        for (d, s) in body.iter_mut().zip(src) {
+            *d += *s;
+        }
+    } else {
+        for (d, s) in dst.chunks_exact_mut(4).zip(src) {
+            let v = f32::from_ne_bytes(d[..].try_into().expect("4")) + *s;
+            d.copy_from_slice(&v.to_ne_bytes());
+        }
+    }
+}
+
+fn accept_prev(
+    listener: TcpListener,
+    prev: u32,
+    auth: &Auth,
+    deadline: Instant,
+) -> Result<(TcpStream, SocketAddr)> {
+    listener.set_nonblocking(true)?;
+    let (tx, rx) = mpsc::channel::<(TcpStream, SocketAddr)>();
+    loop {
+        if let Ok(found) = rx.try_recv() {
+            return Ok(found);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(TrainError::Distributed(format!(
+                "ring: rank {prev} did not connect before the rendezvous timeout"
+            )));
+        }
+        match listener.accept() {
+            Ok((mut stream, addr)) => {
+                let tx = tx.clone();
+                let auth = auth.clone();
+                let left = (deadline - now).min(Duration::from_secs(10));
+                // Handshakes run on their own threads so a silent connection cannot delay
+                // the real peer's.
+                std::thread::spawn(move || {
+                    if stream.set_nonblocking(false).is_err() {
+                        return;
+                    }
+                    match auth.accept(&mut stream, Channel::Ring, left) {
+                        Ok(hello) if hello == prev => {
+                            let _ = tx.send((stream, addr));
+                        }
+                        Ok(hello) => {
+                            tracing::warn!("ring: rank {hello} connected, expected rank {prev}")
+                        }
+                        Err(e) => tracing::debug!("ring: rejected {addr}: {e}"),
+                    }
+                });
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                if let Ok(found) = rx.recv_timeout(Duration::from_millis(5)) {
+                    return Ok(found);
+                }
+            }
+            Err(e) => {
+                tracing::warn!("ring: accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+fn connect_next(
+    addr: SocketAddr,
+    next: usize,
+    rank: u32,
+    auth: &Auth,
+    deadline: Instant,
+) -> Result<TcpStream> {
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let step = left.clamp(Duration::from_millis(1), Duration::from_secs(10));
+        let error = match TcpStream::connect_timeout(&addr, step) {
+            Ok(mut s) => match auth.connect(&mut s, Channel::Ring, rank, step) {
+                Ok(()) => {
+                    s.set_read_timeout(None)?;
+                    s.set_write_timeout(None)?;
+                    return Ok(s);
+                }
+                Err(e) => e.to_string(),
+            },
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() + backoff >= deadline {
+            return Err(TrainError::Distributed(format!(
+                "ring: cannot connect to rank {next} at {addr} before the rendezvous timeout: \
+                 {error}"
+            )));
+        }
+        std::thread::sleep(backoff);
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// Test and benchmark helper: a complete ring of `world` ranks on 127.0.0.1, one `Ring` per
+/// rank, built without a store.
+pub fn local_rings(world: usize, auth: &Auth, timeout: Duration) -> Result<Vec<Ring>> {
+    let listeners: Vec<TcpListener> = (0..world)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<_>>()?;
+    let addrs: Vec<SocketAddr> = listeners
+        .iter()
+        .map(|l| l.local_addr())
+        .collect::<std::io::Result<_>>()?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let handles: Vec<_> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(rank, l)| {
+            let next = addrs[(rank + 1) % world];
+            let auth = auth.clone();
+            std::thread::spawn(move || {
+                Ring::establish(rank, world, l, next, &auth, deadline, timeout)
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .map_err(|_| TrainError::Distributed("ring setup panicked".into()))?
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_all<T: Send + 'static>(
+        rings: Vec<Ring>,
+        f: impl Fn(&mut Ring) -> T + Send + Sync + Clone + 'static,
+    ) -> Vec<T> {
+        let handles: Vec<_> = rings
+            .into_iter()
+            .map(|mut r| {
+                let f = f.clone();
+                std::thread::spawn(move || f(&mut r))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    #[test]
+    fn chunks_cover_the_buffer() {
+        for n in 0..20 {
+            for w in 1..6 {
+                let mut next = 0;
+                for c in 0..w {
+                    let (s, e) = chunk(n, w, c);
+                    assert_eq!(s, next);
+                    assert!(e >= s);
+                    next = e;
+                }
+                assert_eq!(next, n);
+            }
+        }
+    }
+
+    #[test]
+    fn plans_send_and_receive_the_same_bytes_around_the_ring() {
+        for w in 2..6 {
+            for n in [0, 1, 3, 7, 100] {
+                let plans: Vec<Plan> = (0..w).map(|r| all_reduce_plan(r, w, n, 8)).collect();
+                for r in 0..w {
+                    let sent: usize = plans[r]
+                        .sends
+                        .iter()
+                        .filter_map(|u| match u.what {
+                            Target::Data(p) => Some(p.len),
+                            _ => None,
+                        })
+                        .sum();
+                    let got: usize = plans[(r + 1) % w]
+                        .recvs
+                        .iter()
+                        .filter_map(|u| match u.what {
+                            Target::Data(p) => Some(p.len),
+                            _ => None,
+                        })
+                        .sum();
+                    assert_eq!(sent, got, "w={w} n={n} r={r}");
+                    for u in &plans[r].sends {
+                        assert!(u.after <= plans[r].recvs.len());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn all_reduce_small_world_two() {
+        let rings = local_rings(2, &Auth::new("t", 0), Duration::from_secs(10)).unwrap();
+        let out = run_all(rings, |r| {
+            let mut v = vec![r.rank() as f32 + 1.0; 5];
+            r.all_reduce_sum(&mut v).unwrap();
+            v
+        });
+        for v in out {
+            assert_eq!(v, vec![3.0; 5]);
+        }
+    }
+
+    #[test]
+    fn broadcast_and_barrier() {
+        let rings = local_rings(3, &Auth::new("t", 0), Duration::from_secs(10)).unwrap();
+        let out = run_all(rings, |r| {
+            let mut v = vec![r.rank() as u8; 1001];
+            r.broadcast(&mut v, 1).unwrap();
+            r.barrier().unwrap();
+            v
+        });
+        for v in out {
+            assert!(v.iter().all(|&b| b == 1));
+        }
+    }
+
+    #[test]
+    fn mismatched_collectives_fail_loudly() {
+        let rings = local_rings(2, &Auth::new("t", 0), Duration::from_secs(5)).unwrap();
+        let out = run_all(rings, |r| {
+            if r.rank() == 0 {
+                r.all_reduce_sum(&mut [1.0; 4]).map_err(|e| e.to_string())
+            } else {
+                r.all_reduce_sum(&mut [1.0; 5]).map_err(|e| e.to_string())
+            }
+        });
+        for o in out {
+            let e = o.unwrap_err();
+            assert!(e.contains("disagree") || e.contains("closed"), "{e}");
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! `dist::init` end to end in one process (one thread per rank): rendezvous through rank 0's
+//! store, the ring on tensors, and GradSync's bucketed gradient sums and parameter broadcast.
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use ferrotrain_api::config::DistributedConfig;
+use ferrotrain_trainer::dist::{self, Collective, GradSync, RankEnv};
+use tch::{Device, Kind, Tensor};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn config() -> DistributedConfig {
+    serde_json::from_str(
+        r#"{"backend":"ring","rendezvousTimeoutSeconds":20,"collectiveTimeoutSeconds":10}"#,
+    )
+    .unwrap()
+}
+
+fn gang<T: Send + 'static>(
+    world: usize,
+    f: impl Fn(usize, Box<dyn Collective>) -> T + Send + Sync + Clone + 'static,
+) -> Vec<T> {
+    let port = free_port();
+    let handles: Vec<_> = (0..world)
+        .map(|rank| {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                let env = RankEnv {
+                    rank,
+                    world_size: world,
+                    local_rank: rank,
+                    local_world_size: world,
+                    master_addr: "localhost".into(),
+                    master_port: port,
+                    attempt: 0,
+                    token: "init-test".into(),
+                };
+                let comm = dist::init(&env, &config(), Device::Cpu).expect("init");
+                assert_eq!((comm.rank(), comm.world_size()), (rank, world));
+                f(rank, comm)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn tensors_are_summed_and_broadcast_in_place() {
+    let out = gang(3, |rank, mut comm| {
+        let mut t = Tensor::full([4, 5], rank as f64 + 1.0, (Kind::Float, Device::Cpu));
+        comm.all_reduce_sum(&mut t).unwrap();
+        // A non-contiguous view goes through a copy and still lands in place.
+        let base = Tensor::full([5, 4], rank as f64, (Kind::Float, Device::Cpu));
+        let mut view = base.tr();
+        comm.all_reduce_sum(&mut view).unwrap();
+        let mut b = Tensor::full([3], rank as f64 * 10.0, (Kind::Int64, Device::Cpu));
+        comm.broadcast(&mut b, 2).unwrap();
+        comm.barrier().unwrap();
+        (
+            Vec::<f32>::try_from(t.flatten(0, -1)).unwrap(),
+            Vec::<f32>::try_from(base.flatten(0, -1)).unwrap(),
+            Vec::<i64>::try_from(b).unwrap(),
+        )
+    });
+    for (sum, viewed, b) in out {
+        assert!(sum.iter().all(|&x| x == 6.0));
+        assert!(viewed.iter().all(|&x| x == 3.0));
+        assert_eq!(b, vec![20, 20, 20]);
+    }
+}
+
+#[test]
+fn grad_sync_sums_in_buckets_and_treats_missing_grads_as_zeros() {
+    let out = gang(3, |rank, mut comm| {
+        let sizes = [7i64, 100, 3, 50];
+        let params: Vec<Tensor> = sizes
+            .iter()
+            .map(|&n| {
+                Tensor::full([n], rank as f64, (Kind::Float, Device::Cpu)).set_requires_grad(true)
+            })
+            .collect();
+        // Small buckets: several all-reduces per sync.
+        let mut sync = GradSync::new(&params, 256);
+        assert!(sync.bucket_sizes().len() >= 3);
+        sync.broadcast_params(comm.as_mut()).unwrap();
+        // Rank 1 does not use parameter 2 this step: its grad stays undefined.
+        let mut loss = Tensor::zeros([], (Kind::Float, Device::Cpu));
+        for (i, p) in params.iter().enumerate() {
+            if rank == 1 && i == 2 {
+                continue;
+            }
+            loss += (p * (rank as f64 + 1.0)).sum(Kind::Float);
+        }
+        loss.backward();
+        let seconds = sync.sync(comm.as_mut()).unwrap();
+        assert!(seconds >= 0.0);
+        params
+            .iter()
+            .map(|p| {
+                (
+                    Vec::<f32>::try_from(p.detach()).unwrap(),
+                    Vec::<f32>::try_from(p.grad()).unwrap(),
+                )
+            })
+            .collect::<Vec<_>>()
+    });
+    for per_rank in &out {
+        for (i, (value, grad)) in per_rank.iter().enumerate() {
+            // Rank 0's parameters (zeros) everywhere.
+            assert!(value.iter().all(|&x| x == 0.0), "param {i}");
+            let expected = if i == 2 { 1.0 + 3.0 } else { 1.0 + 2.0 + 3.0 };
+            assert!(grad.iter().all(|&g| g == expected), "param {i}: {grad:?}");
+        }
+    }
+}
+
+#[test]
+fn a_rank_that_never_arrives_fails_the_rendezvous_at_the_timeout() {
+    let port = free_port();
+    let config: DistributedConfig =
+        serde_json::from_str(r#"{"backend":"ring","rendezvousTimeoutSeconds":2}"#).unwrap();
+    let env = RankEnv {
+        rank: 0,
+        world_size: 2,
+        local_rank: 0,
+        local_world_size: 2,
+        master_addr: "127.0.0.1".into(),
+        master_port: port,
+        attempt: 0,
+        token: "t".into(),
+    };
+    let start = std::time::Instant::now();
+    let err = dist::init(&env, &config, Device::Cpu).err().unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(matches!(
+        err,
+        ferrotrain_trainer::error::TrainError::Distributed(_)
+    ));
+    assert!(err.to_string().contains("ring/1"), "{err}");
+}
