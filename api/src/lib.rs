@@ -5,6 +5,6 @@ pub mod env;
 pub mod exit;
 pub mod progress;
 
-pub use config::{ConfigError, FieldError, TrainerConfig};
+pub use config::{ConfigError, FieldError, ParallelFiles, Task, TrainerConfig};
 pub use progress::{CheckpointInfo, Progress, TrainerPhase};
 pub mod crd;

@@ -5,9 +5,13 @@ use tch::{Device, Kind, Tensor};
 use crate::data::{BOS, EOS, PAD};
 use crate::model::Transformer;
 
-/// Longest output for a source of `src_len` tokens: 1.5x + 10, within the position table.
-fn max_output_len(model: &Transformer, src_len: i64) -> i64 {
-    (src_len * 3 / 2 + 10).min(model.max_positions() - 1)
+/// Longest output (tokens before EOS) for each source: 1.5x its length + 10, within the
+/// position table. Per sentence, so batching never changes a translation.
+fn output_limits(model: &Transformer, sources: &[&[u32]]) -> Vec<i64> {
+    sources
+        .iter()
+        .map(|s| ((s.len() as i64 + 1) * 3 / 2 + 10).min(model.max_positions() - 2))
+        .collect()
 }
 
 /// Pads `sources` (ids without EOS) into a [B, S] tensor with EOS appended.
@@ -28,13 +32,17 @@ fn source_tensor(sources: &[&[u32]], device: Device) -> Tensor {
 pub fn greedy(model: &Transformer, sources: &[&[u32]], device: Device) -> Vec<Vec<u32>> {
     tch::no_grad(|| {
         let src = source_tensor(sources, device);
-        let (batch, src_len) = src.size2().expect("[B, S]");
+        let batch = src.size()[0];
+        let limits = output_limits(model, sources);
+        let limit_t = Tensor::from_slice(&limits).to_device(device);
         let mut state = model.start_decoding(&src);
         let mut prev = Tensor::full([batch], BOS, (Kind::Int64, device));
         let mut finished = Tensor::zeros([batch], (Kind::Bool, device));
         let mut steps = Vec::new();
-        for _ in 0..max_output_len(model, src_len) {
+        for t in 0..=limits.iter().copied().max().unwrap_or(0) {
             let next = model.decode_step(&mut state, &prev).argmax(-1, false);
+            let at_limit = limit_t.le(t);
+            let next = next.where_self(&at_limit.logical_not(), &Tensor::from(EOS).to_device(device));
             let next = next.where_self(&finished.logical_not(), &Tensor::from(PAD).to_device(device));
             finished = finished.logical_or(&next.eq(EOS));
             steps.push(next.shallow_clone());
@@ -67,7 +75,8 @@ pub fn beam_search(model: &Transformer, sources: &[&[u32]], beam: usize, device:
     }
     tch::no_grad(|| {
         let src = source_tensor(sources, device);
-        let (batch, src_len) = src.size2().expect("[B, S]");
+        let batch = src.size()[0];
+        let limits = output_limits(model, sources);
         let b = batch as usize;
         let k = beam;
         let expand = Tensor::arange(batch, (Kind::Int64, device)).repeat_interleave_self_int(k as i64, 0, None);
@@ -77,8 +86,24 @@ pub fn beam_search(model: &Transformer, sources: &[&[u32]], beam: usize, device:
         let mut scores: Vec<f64> = (0..b * k).map(|i| if i % k == 0 { 0.0 } else { f64::NEG_INFINITY }).collect();
         let mut prev = vec![BOS; b * k];
         let mut done: Vec<Vec<(f64, Vec<i64>)>> = vec![Vec::new(); b];
-        let max_len = max_output_len(model, src_len);
-        for t in 0..max_len {
+        for t in 0..=limits.iter().copied().max().unwrap_or(0) {
+            // A sentence at its length limit ends its alive beams here (forced EOS).
+            for s in 0..b {
+                if done[s].len() < k && t == limits[s] {
+                    for slot in s * k..(s + 1) * k {
+                        if scores[slot] > f64::NEG_INFINITY {
+                            let len = (tokens[slot].len() + 1) as f64;
+                            done[s].push((scores[slot] / len, tokens[slot].clone()));
+                        }
+                    }
+                    while done[s].len() < k {
+                        done[s].push((f64::NEG_INFINITY, Vec::new()));
+                    }
+                }
+            }
+            if done.iter().all(|d| d.len() >= k) {
+                break;
+            }
             let prev_t = Tensor::from_slice(&prev).to_device(device);
             let logp = model.decode_step(&mut state, &prev_t);
             let vocab = logp.size()[1];
@@ -103,13 +128,10 @@ pub fn beam_search(model: &Transformer, sources: &[&[u32]], beam: usize, device:
                     if sentence_done || score == f64::NEG_INFINITY {
                         break;
                     }
-                    if token == EOS || t == max_len - 1 {
+                    if token == EOS {
                         // Only candidates ranked within the beam may finish (fairseq).
                         if j < k {
-                            let mut hyp = tokens[origin].clone();
-                            if token != EOS {
-                                hyp.push(token);
-                            }
+                            let hyp = tokens[origin].clone();
                             let len = (hyp.len() + 1) as f64;
                             done[s].push((score / len, hyp));
                         }
@@ -129,9 +151,6 @@ pub fn beam_search(model: &Transformer, sources: &[&[u32]], beam: usize, device:
                     reorder.push((s * k) as i64);
                     alive += 1;
                 }
-            }
-            if done.iter().all(|d| d.len() >= k) {
-                break;
             }
             state.select(&Tensor::from_slice(&reorder).to_device(device));
             tokens = next_tokens;

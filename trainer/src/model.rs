@@ -6,7 +6,7 @@
 //! readable, and sorted by name wherever an order matters (gradient buckets, optimizer state).
 
 use ferrotrain_api::config::ModelConfig;
-use tch::nn::{self, Module};
+use tch::nn;
 use tch::{Kind, Tensor};
 
 use crate::data::PAD;
@@ -23,12 +23,13 @@ struct Attention {
     dropout: f64,
 }
 
+/// A linear layer with Xavier-uniform weights (as PyTorch's nn.Transformer) and zero bias.
 fn linear(p: nn::Path, input: i64, output: i64) -> nn::Linear {
+    let bound = (6.0 / (input + output) as f64).sqrt();
     let config = nn::LinearConfig {
-        ws_init: nn::init::Init::Kaiming {
-            dist: nn::init::NormalOrUniform::Uniform,
-            fan: nn::init::FanInOut::FanAvg,
-            non_linearity: nn::init::NonLinearity::Linear,
+        ws_init: nn::init::Init::Uniform {
+            lo: -bound,
+            up: bound,
         },
         bs_init: Some(nn::init::Init::Const(0.0)),
         bias: true,

@@ -13,9 +13,10 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use ferrotrain_api::config::{DeviceKind, Task};
-use ferrotrain_api::{CheckpointInfo, Progress, TrainerConfig, TrainerPhase};
-use tch::{Device, Kind, Tensor, nn};
+use ferrotrain_api::{CheckpointInfo, TrainerConfig, TrainerPhase};
+use tch::{Device, Tensor, nn};
 
+use crate::bleu::BleuStats;
 use crate::checkpoint::{CheckpointStore, Named, TrainerState};
 use crate::data::{self, BatchStream, Corpus, Example};
 use crate::decode;
@@ -260,7 +261,7 @@ fn evaluate(
         );
         let mut total = BleuStats::default();
         for (&i, out) in chosen.iter().zip(&outputs) {
-            total += sentence_stats(&corpus.vocab.decode(out), &corpus.valid_references[i]);
+            total += BleuStats::sentence(&corpus.vocab.decode(out), &corpus.valid_references[i]);
         }
         stats.extend(total.to_vector().into_iter().map(|v| v as f32));
     }
@@ -609,89 +610,6 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         last_checkpoint,
         seconds: started.elapsed().as_secs_f64(),
     })
-}
-
-// TODO(move into bleu.rs once that module lands): sufficient statistics of corpus BLEU,
-// additive over sentences and therefore over ranks.
-#[derive(Clone, Debug, Default, PartialEq)]
-struct BleuStats {
-    matches: [u64; 4],
-    totals: [u64; 4],
-    hyp_len: u64,
-    ref_len: u64,
-}
-
-impl std::ops::AddAssign for BleuStats {
-    fn add_assign(&mut self, o: Self) {
-        for n in 0..4 {
-            self.matches[n] += o.matches[n];
-            self.totals[n] += o.totals[n];
-        }
-        self.hyp_len += o.hyp_len;
-        self.ref_len += o.ref_len;
-    }
-}
-
-impl BleuStats {
-    fn to_vector(&self) -> Vec<u64> {
-        let mut v = self.matches.to_vec();
-        v.extend(self.totals);
-        v.extend([self.hyp_len, self.ref_len]);
-        v
-    }
-    fn from_vector(v: &[u64]) -> Self {
-        let mut s = BleuStats::default();
-        s.matches.copy_from_slice(&v[0..4]);
-        s.totals.copy_from_slice(&v[4..8]);
-        s.hyp_len = v[8];
-        s.ref_len = v[9];
-        s
-    }
-    fn score(&self) -> crate::bleu::Bleu {
-        let hyps = vec![String::new()];
-        let _ = hyps;
-        let precisions: [f64; 4] = std::array::from_fn(|n| {
-            if self.totals[n] == 0 { 0.0 } else { 100.0 * self.matches[n] as f64 / self.totals[n] as f64 }
-        });
-        let bp = if self.hyp_len == 0 {
-            0.0
-        } else if self.hyp_len < self.ref_len {
-            (1.0 - self.ref_len as f64 / self.hyp_len as f64).exp()
-        } else {
-            1.0
-        };
-        let score = if self.matches.contains(&0) {
-            0.0
-        } else {
-            bp * (precisions.iter().map(|p| (p / 100.0).ln()).sum::<f64>() / 4.0).exp() * 100.0
-        };
-        crate::bleu::Bleu { score, precisions, brevity_penalty: bp, hyp_len: self.hyp_len as usize, ref_len: self.ref_len as usize }
-    }
-}
-
-fn sentence_stats(hyp: &str, reference: &str) -> BleuStats {
-    use std::collections::HashMap;
-    fn ngrams(tokens: &[&str], n: usize) -> HashMap<Vec<String>, u64> {
-        let mut m = HashMap::new();
-        if tokens.len() >= n {
-            for w in tokens.windows(n) {
-                *m.entry(w.iter().map(|s| s.to_string()).collect()).or_insert(0) += 1;
-            }
-        }
-        m
-    }
-    let h = crate::bleu::tokenize_13a(hyp);
-    let r = crate::bleu::tokenize_13a(reference);
-    let ht: Vec<&str> = h.split_whitespace().collect();
-    let rt: Vec<&str> = r.split_whitespace().collect();
-    let mut s = BleuStats { hyp_len: ht.len() as u64, ref_len: rt.len() as u64, ..Default::default() };
-    for n in 1..=4 {
-        let hn = ngrams(&ht, n);
-        let rn = ngrams(&rt, n);
-        s.totals[n - 1] = ht.len().saturating_sub(n - 1) as u64;
-        s.matches[n - 1] = hn.iter().map(|(g, c)| (*c).min(*rn.get(g).unwrap_or(&0))).sum();
-    }
-    s
 }
 
 fn set_phase(progress: &SharedProgress, phase: TrainerPhase) {

@@ -1,0 +1,119 @@
+"""Throughput of the same transformer recipe in plain PyTorch eager, for comparison with
+ferrotrain on the same machine (see bench/README.md).
+
+  bench/run-pytorch-baseline.sh [--steps 60] [--threads 2]
+
+It reuses the BPE vocabulary ferrotrain learned (tokenizer.json), builds the same model
+(pre-LN encoder-decoder, d_model 256, 4 heads, 3+3 layers, ffn 512, tied embeddings,
+label smoothing 0.1, AdamW 2e-3, 300 warmup steps, inverse-sqrt decay), batches Multi30k by
+at most 2000 padded tokens per side, and prints steps/s and real source+target tokens/s.
+"""
+import argparse
+import gzip
+import math
+import random
+import time
+
+import torch
+import torch.nn as nn
+from tokenizers import Tokenizer
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+def read(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+class Model(nn.Module):
+    def __init__(self, vocab, d=256, heads=4, layers=3, ffn=512, dropout=0.1, max_len=256):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d, padding_idx=PAD)
+        nn.init.normal_(self.embed.weight, 0, d ** -0.5)
+        self.core = nn.Transformer(d, heads, layers, layers, ffn, dropout, batch_first=True, norm_first=True)
+        pos = torch.arange(max_len).unsqueeze(1)
+        freq = torch.exp(torch.arange(0, d, 2) * (-math.log(10000.0) / d))
+        pe = torch.stack([torch.sin(pos * freq), torch.cos(pos * freq)], 2).view(max_len, d)
+        self.register_buffer("pe", pe)
+        self.scale = d ** 0.5
+        self.drop = nn.Dropout(dropout)
+
+    def emb(self, x):
+        return self.drop(self.embed(x) * self.scale + self.pe[: x.size(1)])
+
+    def forward(self, src, tgt):
+        mask = self.core.generate_square_subsequent_mask(tgt.size(1))
+        h = self.core(self.emb(src), self.emb(tgt), tgt_mask=mask, tgt_is_causal=True,
+                      src_key_padding_mask=src.eq(PAD), memory_key_padding_mask=src.eq(PAD))
+        return h @ self.embed.weight.t()
+
+
+def batches(pairs, max_tokens, seed):
+    rng = random.Random(seed)
+    idx = list(range(len(pairs)))
+    rng.shuffle(idx)
+    out = []
+    for c in range(0, len(idx), 100 * 64):
+        chunk = sorted(idx[c:c + 100 * 64], key=lambda i: (len(pairs[i][0]), len(pairs[i][1])))
+        cur, ls, lt = [], 0, 0
+        for i in chunk:
+            s, t = len(pairs[i][0]) + 2, len(pairs[i][1]) + 2
+            if cur and ((len(cur) + 1) * max(ls, s) > max_tokens or (len(cur) + 1) * max(lt, t) > max_tokens):
+                out.append(cur)
+                cur, ls, lt = [], 0, 0
+            cur.append(i)
+            ls, lt = max(ls, s), max(lt, t)
+        if cur:
+            out.append(cur)
+    rng.shuffle(out)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default="../shared/data/multi30k")
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--warmup-steps", type=int, default=10, help="untimed steps first")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=2000)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(1)
+    tok = Tokenizer.from_file(args.tokenizer)
+    en, de = read(f"{args.data}/train.en.gz"), read(f"{args.data}/train.de.gz")
+    pairs = [(tok.encode(s).ids, tok.encode(t).ids) for s, t in zip(en, de)]
+    pairs = [p for p in pairs if 0 < len(p[0]) <= 100 and 0 < len(p[1]) <= 100]
+    model = Model(tok.get_vocab_size())
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.01)
+    loss_fn = nn.CrossEntropyLoss(ignore_index=PAD, label_smoothing=0.1, reduction="sum")
+    plan = batches(pairs, args.max_tokens, 1)
+    tokens = 0
+    start = None
+    for step, b in enumerate(plan[: args.steps + args.warmup_steps], 1):
+        if step == args.warmup_steps + 1:
+            start, tokens = time.perf_counter(), 0
+        ls = max(len(pairs[i][0]) for i in b) + 1
+        lt = max(len(pairs[i][1]) for i in b) + 1
+        src = torch.tensor([pairs[i][0] + [EOS] + [PAD] * (ls - len(pairs[i][0]) - 1) for i in b])
+        tin = torch.tensor([[BOS] + pairs[i][1] + [PAD] * (lt - len(pairs[i][1]) - 1) for i in b])
+        tout = torch.tensor([pairs[i][1] + [EOS] + [PAD] * (lt - len(pairs[i][1]) - 1) for i in b])
+        ntgt = int(tout.ne(PAD).sum())
+        for g in opt.param_groups:
+            g["lr"] = 2e-3 * min(step / 300, math.sqrt(300 / step))
+        logits = model(src, tin)
+        loss = loss_fn(logits.view(-1, logits.size(-1)), tout.view(-1)) / ntgt
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        tokens += sum(len(pairs[i][0]) + len(pairs[i][1]) + 2 for i in b)
+    secs = time.perf_counter() - start
+    print(f"pytorch {torch.__version__} threads={args.threads}: {args.steps} steps in {secs:.1f}s = "
+          f"{args.steps / secs:.2f} steps/s, {tokens / secs:.0f} tokens/s (source+target, with BOS/EOS), loss {loss.item():.3f}")
+
+
+if __name__ == "__main__":
+    main()
