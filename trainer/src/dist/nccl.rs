@@ -267,7 +267,7 @@ impl Collective for Nccl {
         self.check()?;
         Self::check_tensor(tensor)?;
         let exchange_bf16 = self.bf16 && tensor.kind() == Kind::Float;
-        let mut wire = if exchange_bf16 {
+        let wire = if exchange_bf16 {
             tensor.f_to_kind(Kind::BFloat16)?
         } else {
             tensor.shallow_clone()
@@ -293,7 +293,6 @@ impl Collective for Nccl {
         if exchange_bf16 {
             tch::no_grad(|| tensor.f_copy_(&wire))?;
         }
-        let _ = &mut wire;
         Ok(())
     }
 
