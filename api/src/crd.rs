@@ -428,7 +428,7 @@ pub mod condition {
 }
 
 /// A rank's failure: what the status keeps of the last one.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct FailureInfo {
     /// Attempt the failure ended.
@@ -579,7 +579,8 @@ pub fn custom_resource_definition()
         message: Some(format!(
             "metadata.name must be a DNS label of at most {MAX_NAME_LENGTH} characters starting with a letter: pods are named <name>-<attempt>-<nodeRank> and the name is the headless Service's"
         )),
-        field_path: Some(".metadata.name".to_string()),
+        // No fieldPath: the schema does not declare metadata's fields, so the apiserver would
+        // refuse ".metadata.name" as a path.
         ..ValidationRule::default()
     };
     for version in &mut crd.spec.versions {
@@ -594,10 +595,49 @@ pub fn custom_resource_definition()
                 .push(rule.clone());
             let mut value = serde_json::to_value(&*schema).expect("schema serializes");
             kubernetes_integer_formats(&mut value);
+            trim_volume_descriptions(&mut value);
             *schema = serde_json::from_value(value).expect("schema deserializes");
         }
     }
     crd
+}
+
+/// The Volume schema is two fifths of the CRD: its nested descriptions would push the CRD past
+/// the 256 KiB that client-side `kubectl apply` can store. Each volume source keeps its own
+/// description; the fields inside it are documented by `kubectl explain pod.spec.volumes`.
+fn trim_volume_descriptions(schema: &mut serde_json::Value) {
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                map.remove("description");
+                map.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let volumes = schema
+        .pointer_mut("/properties/spec/properties/podTemplate/properties/volumes")
+        .expect("spec.podTemplate.volumes is in the schema");
+    if let Some(d) = volumes.get_mut("description") {
+        *d = format!(
+            "{} Same schema as a Pod's volumes: `kubectl explain pod.spec.volumes` documents every field.",
+            d.as_str().unwrap_or_default()
+        )
+        .into();
+    }
+    if let Some(sources) = volumes
+        .pointer_mut("/items/properties")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        for source in sources.values_mut() {
+            let description = source.get("description").cloned();
+            strip(source);
+            if let Some(d) = description {
+                source["description"] = d;
+            }
+        }
+    }
 }
 
 /// Kubernetes knows the integer formats int32 and int64 only (it warns "unrecognized format

@@ -143,7 +143,7 @@ async fn the_api_server_rejects_invalid_objects_naming_the_field() {
         let api: Api<DynamicObject> = Api::namespaced_with(client, &ns, &resource);
         let dry_run = PostParams {
             dry_run: true,
-            field_manager: None,
+            ..PostParams::default()
         };
         let good = json!({
             "replicas": 2,
@@ -162,7 +162,7 @@ async fn the_api_server_rejects_invalid_objects_naming_the_field() {
             .await
             .expect("a valid object is accepted");
 
-        let mut with = |pointer: &str, value: Value| {
+        let with = |pointer: &str, value: Value| {
             let mut spec = good.clone();
             *spec.pointer_mut(pointer).unwrap_or_else(|| panic!("{pointer}")) = value;
             spec

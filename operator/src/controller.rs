@@ -307,7 +307,9 @@ pub async fn reconcile_at(
             },
             reason: note.reason.into(),
             note: Some(note.note.chars().take(1000).collect()),
-            action: "Reconcile".into(),
+            // The recorder folds repeats of (reason, action) into a series that keeps the
+            // first note; keying by attempt keeps each attempt's failure message.
+            action: format!("Attempt{}", decision.status.attempt),
             secondary: None,
         };
         ctx.recorder

@@ -394,10 +394,12 @@ impl<'a, 'o> Decider<'a, 'o> {
         let failure = Failure {
             info: FailureInfo {
                 attempt: self.status.attempt,
+                node_rank: None,
+                pod: None,
+                exit_code: None,
                 reason: "DeadlineExceeded".into(),
                 message: format!("activeDeadlineSeconds {deadline} passed"),
                 time: Time(self.now()),
-                ..FailureInfo::default()
             },
             permanent: true,
             finished_at: None,
@@ -700,7 +702,8 @@ impl<'a, 'o> Decider<'a, 'o> {
     /// ProgressAvailable, and restarts a stalled gang.
     fn track_progress(&mut self, rank0: Option<&PodView>) {
         let now = self.now();
-        match &self.o.progress {
+        let o = self.o;
+        match &o.progress {
             ProgressObservation::Report(report) => {
                 let rounded = progress::rounded(report);
                 let changed = self

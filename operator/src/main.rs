@@ -1,14 +1,14 @@
 //! `ferrotrain-operator run` (the controller) and `ferrotrain-operator crd` (the CRD YAML).
 
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context as _;
 use clap::Parser;
 use ferrotrain_operator::config::{Args, Cli, Command, LogFormat, Settings};
+use ferrotrain_operator::controller;
 use ferrotrain_operator::metrics::Metrics;
 use ferrotrain_operator::server::{self, ServerState};
-use ferrotrain_operator::controller;
 use kube_lease_manager::LeaseManagerBuilder;
 use tracing::{error, info};
 
@@ -60,14 +60,24 @@ async fn run(args: Args) -> anyhow::Result<()> {
     });
 
     let settings = Settings::from(&args);
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+
+    // Why the controller stops; the shutdown future only waits on a oneshot (Send + Sync).
+    let stop_reason = Arc::new(Mutex::new("interrupted"));
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        let _ = stop_rx.await;
     };
 
     if !args.leader_election {
-        controller::run(client, settings, args.namespace.clone(), metrics, ready, jobs.clone(), shutdown)
+        tokio::spawn(async move {
+            let _ = tokio::signal::ctrl_c().await;
+            let _ = stop_tx.send(());
+        });
+        ready.store(false, Ordering::Relaxed);
+        controller::run(client, settings, args.namespace.clone(), metrics, ready, jobs, shutdown)
             .await;
         server.abort();
+        info!("stopped");
         return Ok(());
     }
 
@@ -93,6 +103,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .await
         .context("setting up leader election")?;
     let (mut leader, lease_task) = manager.watch().await;
+    // A follower is healthy and ready: it only waits.
+    ready.store(true, Ordering::Relaxed);
     info!(lease = %args.lease_name, namespace = %lease_namespace, %identity, "waiting to lead");
     while !*leader.borrow_and_update() {
         tokio::select! {
@@ -104,36 +116,34 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     info!(%identity, "leading");
+    ready.store(false, Ordering::Relaxed);
 
     // Lose the lease => stop acting at once and exit, so the pod restarts as a follower.
     let mut lost = leader.clone();
-    let lost_lease = async move {
-        loop {
-            if lost.changed().await.is_err() || !*lost.borrow_and_update() {
-                return;
-            }
-        }
-    };
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<&'static str>();
-    let stop_tx = std::sync::Mutex::new(Some(stop_tx));
-    let signal = async move {
-        let reason = tokio::select! {
-            _ = lost_lease => "lost the leader lease",
-            _ = shutdown => "interrupted",
+    let reason = stop_reason.clone();
+    tokio::spawn(async move {
+        let why = tokio::select! {
+            _ = async {
+                loop {
+                    if lost.changed().await.is_err() || !*lost.borrow_and_update() {
+                        return;
+                    }
+                }
+            } => "lost the leader lease",
+            _ = tokio::signal::ctrl_c() => "interrupted",
         };
-        if let Some(tx) = stop_tx.lock().expect("lock").take() {
-            let _ = tx.send(reason);
-        }
-    };
-    controller::run(client, settings, args.namespace.clone(), metrics, ready, jobs.clone(), signal).await;
-    let reason = stop_rx.await.unwrap_or("controller stopped");
+        *reason.lock().expect("lock") = why;
+        let _ = stop_tx.send(());
+    });
+    controller::run(client, settings, args.namespace.clone(), metrics, ready, jobs, shutdown).await;
+    let why = *stop_reason.lock().expect("lock");
     drop(leader);
     let _ = lease_task.await;
     server.abort();
-    if reason == "interrupted" {
+    if why == "interrupted" {
         info!("stopped");
         Ok(())
     } else {
-        anyhow::bail!("{reason}; exiting so that another replica leads")
+        anyhow::bail!("{why}; exiting so that another replica leads")
     }
 }

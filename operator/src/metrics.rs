@@ -92,7 +92,7 @@ impl Metrics {
             "Polls of rank 0's /progress by result",
             progress_polls.clone(),
         );
-        Metrics {
+        let metrics = Metrics {
             registry,
             reconciles,
             reconcile_errors,
@@ -101,7 +101,17 @@ impl Metrics {
             restarts,
             time_to_first_step,
             progress_polls,
+        };
+        // Expose every known series from the start (at 0), so rates and alerts work before
+        // the first event.
+        for result in [ReconcileResult::Ok, ReconcileResult::Error] {
+            let _ = metrics.reconciles.get_or_create(&ResultLabels {
+                result: result.clone(),
+            });
+            let _ = metrics.progress_polls.get_or_create(&ResultLabels { result });
         }
+        metrics.set_jobs([]);
+        metrics
     }
 
     /// Sets the jobs-by-phase gauge from the phases of every known job (at scrape time, so

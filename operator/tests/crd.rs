@@ -47,6 +47,16 @@ fn schema() -> Value {
     crd_json()["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
 }
 
+/// Client-side `kubectl apply` stores the object in an annotation of at most 256 KiB.
+#[test]
+fn the_crd_fits_a_client_side_apply() {
+    let json = serde_json::to_string(&custom_resource_definition()).unwrap();
+    assert!(json.len() < 240 * 1024, "CRD is {} bytes of JSON", json.len());
+    let volumes = &schema()["properties"]["spec"]["properties"]["podTemplate"]["properties"]["volumes"];
+    assert!(volumes["items"]["properties"]["nfs"]["description"].is_string());
+    assert!(volumes["description"].as_str().unwrap().contains("kubectl explain pod.spec.volumes"));
+}
+
 #[test]
 fn names_scope_columns_and_subresources() {
     let crd = crd_json();
@@ -133,6 +143,11 @@ fn every_spec_field_is_described() {
         if let Some(props) = schema["properties"].as_object() {
             for (name, sub) in props {
                 let p = format!("{path}.{name}");
+                // Inside a volume source the fields are documented by `kubectl explain
+                // pod.spec.volumes` (the CRD must stay under 256 KiB).
+                if path.starts_with("spec.podTemplate.volumes[].") {
+                    continue;
+                }
                 if sub["description"].as_str().is_none_or(|d| d.trim().is_empty()) {
                     missing.push(p.clone());
                 }
@@ -407,6 +422,7 @@ fn the_schema_rejects_bad_objects_naming_the_field() {
     let mut failures = Vec::new();
     for (what, object, needle) in rejections() {
         let errors = validate(object);
+        eprintln!("{what}: {errors:?}");
         if errors.is_empty() {
             failures.push(format!("{what}: accepted"));
         } else if !errors.iter().any(|e| e.contains(needle)) {

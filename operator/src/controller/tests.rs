@@ -377,7 +377,7 @@ async fn a_failed_rank_restarts_the_whole_gang_once_even_from_a_stale_cache() {
         status_call(&dt, "101", |s| {
             assert_eq!(s.phase, Phase::Restarting);
             assert_eq!((s.attempt, s.restarts), (0, 1));
-            let f = s.last_failure.unwrap();
+            let f = s.last_failure.clone().unwrap();
             assert_eq!((f.node_rank, f.exit_code), (Some(1), Some(1)));
             assert_eq!(f.reason, "ExitCode");
             assert_eq!(f.message, "collective all_reduce timed out after 60s");
@@ -522,7 +522,7 @@ async fn progress_is_polled_from_rank_0_and_written_once() {
     let dt = job(Some(running_status()));
     let calls = vec![status_call(&dt, "101", |s| {
         assert_eq!(s.phase, Phase::Running);
-        let p = s.progress.unwrap();
+        let p = s.progress.clone().unwrap();
         assert_eq!(p.report.step, 120);
         assert_eq!(p.report.steps_per_second, Some(4.0));
         assert_eq!(p.report.loss, Some(3.218));

@@ -603,7 +603,7 @@ fn permanent_failure_reports_the_ranks_termination_message() {
         ..Row::default()
     };
     let d = run(&row);
-    let f = d.status.last_failure.unwrap();
+    let f = d.status.last_failure.clone().unwrap();
     assert_eq!(f.reason, "PermanentExitCode");
     assert_eq!(f.exit_code, Some(3));
     assert_eq!(f.node_rank, Some(1));
@@ -629,7 +629,7 @@ fn the_rank_that_failed_first_is_blamed() {
         ..Row::default()
     };
     let d = run(&row);
-    let f = d.status.last_failure.unwrap();
+    let f = d.status.last_failure.clone().unwrap();
     assert_eq!((f.node_rank, f.exit_code), (Some(1), Some(137)));
     assert!(d.status.is_true(condition::RESTARTING));
     assert!(!d.status.is_true(condition::RUNNING));
