@@ -1,0 +1,291 @@
+//! `ferrotrain launch` with the real trainer on 127.0.0.1: a rank killed with SIGKILL or
+//! stopped with SIGSTOP mid-run makes the group restart and resume from the latest
+//! checkpoint, losing at most one checkpoint interval; a permanent failure is not restarted.
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+const CHECKPOINT_EVERY: u64 = 20;
+const MAX_STEPS: u64 = 240;
+const COLLECTIVE_TIMEOUT: u64 = 5;
+
+fn config(max_steps: u64) -> String {
+    format!(
+        "task: copy
+seed: 5
+maxSteps: {max_steps}
+copy:
+  symbols: 12
+  minLength: 3
+  maxLength: 8
+  trainSamples: 4000
+  validSamples: 32
+model:
+  dModel: 32
+  heads: 2
+  encoderLayers: 1
+  decoderLayers: 1
+  ffnDim: 64
+  dropout: 0.0
+  maxPositions: 16
+batch:
+  maxTokens: 512
+optimizer:
+  lr: 0.003
+schedule:
+  kind: inverseSqrt
+  warmupSteps: 10
+labelSmoothing: 0.0
+eval:
+  everySteps: 0
+  beamSize: 1
+checkpoint:
+  everySteps: {CHECKPOINT_EVERY}
+  keepLatest: 2
+distributed:
+  collectiveTimeoutSeconds: {COLLECTIVE_TIMEOUT}
+  rendezvousTimeoutSeconds: 30
+logEverySteps: 1000
+"
+    )
+}
+
+/// The launcher and everything in its process group die with the test.
+struct Launcher {
+    child: Child,
+    stderr: PathBuf,
+}
+
+impl Launcher {
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn wait(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "launch did not finish within {within:?}; its log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+}
+
+impl Drop for Launcher {
+    fn drop(&mut self) {
+        // SAFETY: the process group we created for this launcher.
+        unsafe {
+            libc::kill(-self.pid(), libc::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+struct Job {
+    dir: tempfile::TempDir,
+}
+
+impl Job {
+    fn new(config_text: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("job.yaml"), config_text).unwrap();
+        Job { dir }
+    }
+
+    fn launch(&self, nproc: usize) -> Launcher {
+        let stderr = self.dir.path().join("launch.log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferrotrain"));
+        cmd.arg("launch")
+            .arg("--config")
+            .arg(self.dir.path().join("job.yaml"))
+            .args(["--nproc-per-node", &nproc.to_string(), "--master-port", "0"])
+            .args(["--max-restarts", "2", "--restart-backoff-seconds", "0.2"])
+            .args(["--stop-grace-seconds", "3"])
+            .env("FERROTRAIN_CHECKPOINT_DIR", self.dir.path().join("runs"))
+            .env(
+                "FERROTRAIN_TERMINATION_LOG",
+                self.dir.path().join("termination-log"),
+            )
+            .env("OMP_NUM_THREADS", "1")
+            .env("RUST_LOG", "info")
+            .env_remove("FERROTRAIN_RDZV_TOKEN")
+            .env_remove("FERROTRAIN_ATTEMPT")
+            .env_remove("FERROTRAIN_METRICS_PORT")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .process_group(0);
+        Launcher {
+            child: cmd.spawn().unwrap(),
+            stderr,
+        }
+    }
+
+    fn job_dir(&self) -> PathBuf {
+        self.dir.path().join("runs").join("job")
+    }
+
+    /// Steps logged by rank 0, in order (a restart logs steps again from its resume point).
+    fn logged_steps(&self) -> Vec<u64> {
+        let text =
+            std::fs::read_to_string(self.job_dir().join("train-log.jsonl")).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v.get("loss").is_some())
+            .filter_map(|v| v.get("step").and_then(|s| s.as_u64()))
+            .collect()
+    }
+
+    fn termination_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("termination-log")).unwrap_or_default()
+    }
+}
+
+/// The pid of the launcher's child with RANK=`rank` in attempt `attempt`, if running.
+fn rank_pid(launcher: i32, rank: usize, attempt: u64) -> Option<i32> {
+    let want_rank = format!("RANK={rank}");
+    let want_attempt = format!("FERROTRAIN_ATTEMPT={attempt}");
+    for entry in std::fs::read_dir("/proc").ok()? {
+        let Ok(entry) = entry else { continue };
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid ..."; comm may contain spaces, so split after ')'.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<i32>().ok());
+        if ppid != Some(launcher) {
+            continue;
+        }
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        let vars: Vec<&[u8]> = environ.split(|&b| b == 0).collect();
+        if vars.contains(&want_rank.as_bytes()) && vars.contains(&want_attempt.as_bytes()) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+fn wait_for<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Steps trained twice because of the restart: the last step logged before it minus the
+/// step it resumed from.
+fn steps_lost(steps: &[u64]) -> (u64, u64) {
+    let restart = steps
+        .windows(2)
+        .position(|w| w[1] <= w[0])
+        .expect("the log shows a restart");
+    let before = steps[restart];
+    let resumed_from = steps[restart + 1] - 1;
+    (before, before - resumed_from)
+}
+
+fn interrupt_and_recover(signal: i32) {
+    let job = Job::new(&config(MAX_STEPS));
+    let mut launcher = job.launch(2);
+    // Past the first checkpoints, well before the end.
+    wait_for("training to pass step 50", Duration::from_secs(60), || {
+        job.logged_steps()
+            .last()
+            .is_some_and(|&s| s >= 50)
+            .then_some(())
+    });
+    let victim = rank_pid(launcher.pid(), 1, 0).expect("rank 1 of attempt 0 runs");
+    let hit = Instant::now();
+    // SAFETY: signalling a rank process the launcher started for this test.
+    unsafe {
+        libc::kill(victim, signal);
+    }
+    // The group comes back as attempt 1.
+    wait_for("the restarted rank 1", Duration::from_secs(30), || {
+        rank_pid(launcher.pid(), 1, 1)
+    });
+    let restarted_after = hit.elapsed();
+    let status = launcher.wait(Duration::from_secs(90));
+    let log = launcher.log();
+    assert_eq!(status.code(), Some(0), "launch failed:\n{log}");
+
+    let steps = job.logged_steps();
+    assert_eq!(*steps.last().unwrap(), MAX_STEPS, "{log}");
+    let (before, lost) = steps_lost(&steps);
+    assert!(before >= 50, "{steps:?}");
+    assert!(
+        lost <= CHECKPOINT_EVERY,
+        "lost {lost} steps (> checkpoint interval {CHECKPOINT_EVERY})"
+    );
+    assert!(log.contains("restarting the group"), "{log}");
+    assert!(log.contains("resuming from checkpoint"), "{log}");
+    eprintln!(
+        "signal {signal}: restarted after {restarted_after:?}, {lost} steps redone (killed at \
+         step {before})"
+    );
+    let reason = job.termination_log();
+    if signal == libc::SIGSTOP {
+        // Nobody died: rank 0 noticed rank 1's silence at the collective timeout.
+        assert!(
+            restarted_after >= Duration::from_secs(COLLECTIVE_TIMEOUT)
+                && restarted_after < Duration::from_secs(COLLECTIVE_TIMEOUT + 15),
+            "{restarted_after:?}"
+        );
+        assert!(
+            reason.contains("rank 1") && reason.contains("did not answer within"),
+            "{reason}"
+        );
+    } else {
+        assert!(restarted_after < Duration::from_secs(COLLECTIVE_TIMEOUT + 10));
+        assert!(
+            reason.contains("rank 1") && reason.contains("signal 9"),
+            "{reason}"
+        );
+    }
+}
+
+#[test]
+fn a_killed_rank_restarts_the_group_from_the_latest_checkpoint() {
+    interrupt_and_recover(libc::SIGKILL);
+}
+
+#[test]
+fn a_stopped_rank_is_detected_by_the_collective_timeout_and_the_group_recovers() {
+    interrupt_and_recover(libc::SIGSTOP);
+}
+
+#[test]
+fn an_invalid_config_is_not_restarted() {
+    let job = Job::new(&config(MAX_STEPS).replace("heads: 2", "heads: 3"));
+    let mut launcher = job.launch(2);
+    let status = launcher.wait(Duration::from_secs(60));
+    assert_eq!(status.code(), Some(2), "{}", launcher.log());
+    assert!(!launcher.log().contains("restarting the group"));
+    assert!(!job.termination_log().is_empty());
+}
