@@ -34,7 +34,15 @@ impl std::fmt::Display for Bleu {
         write!(
             f,
             "BLEU = {:.2} {:.1}/{:.1}/{:.1}/{:.1} (BP = {:.3} ratio = {:.3} hyp_len = {} ref_len = {})",
-            self.score, p[0], p[1], p[2], p[3], self.brevity_penalty, ratio, self.hyp_len, self.ref_len
+            self.score,
+            p[0],
+            p[1],
+            p[2],
+            p[3],
+            self.brevity_penalty,
+            ratio,
+            self.hyp_len,
+            self.ref_len
         )
     }
 }
@@ -43,7 +51,10 @@ const MAX_ORDER: usize = 4;
 
 /// sacreBLEU's `13a` tokenizer (mteval-v13a).
 pub fn tokenize_13a(line: &str) -> String {
-    let mut line = line.replace("<skipped>", "").replace("-\n", "").replace('\n', " ");
+    let mut line = line
+        .replace("<skipped>", "")
+        .replace("-\n", "")
+        .replace('\n', " ");
     if line.contains('&') {
         line = line
             .replace("&quot;", "\"")
@@ -55,18 +66,38 @@ pub fn tokenize_13a(line: &str) -> String {
     // The four substitutions of sacreBLEU's TokenizerRegexp, applied in order. Each pattern
     // matches a fixed number of characters, so Python's `re.sub` (leftmost, non-overlapping,
     // scanning on after each match) is reproduced by the scans below.
-    let chars = substitute(&chars, 1, |w| is_13a_symbol(w[0]), |w, out| {
-        out.extend([' ', w[0], ' ']);
-    });
-    let chars = substitute(&chars, 2, |w| !is_digit(w[0]) && is_period_or_comma(w[1]), |w, out| {
-        out.extend([w[0], ' ', w[1], ' ']);
-    });
-    let chars = substitute(&chars, 2, |w| is_period_or_comma(w[0]) && !is_digit(w[1]), |w, out| {
-        out.extend([' ', w[0], ' ', w[1]]);
-    });
-    let chars = substitute(&chars, 2, |w| is_digit(w[0]) && w[1] == '-', |w, out| {
-        out.extend([w[0], ' ', w[1], ' ']);
-    });
+    let chars = substitute(
+        &chars,
+        1,
+        |w| is_13a_symbol(w[0]),
+        |w, out| {
+            out.extend([' ', w[0], ' ']);
+        },
+    );
+    let chars = substitute(
+        &chars,
+        2,
+        |w| !is_digit(w[0]) && is_period_or_comma(w[1]),
+        |w, out| {
+            out.extend([w[0], ' ', w[1], ' ']);
+        },
+    );
+    let chars = substitute(
+        &chars,
+        2,
+        |w| is_period_or_comma(w[0]) && !is_digit(w[1]),
+        |w, out| {
+            out.extend([' ', w[0], ' ', w[1]]);
+        },
+    );
+    let chars = substitute(
+        &chars,
+        2,
+        |w| is_digit(w[0]) && w[1] == '-',
+        |w, out| {
+            out.extend([w[0], ' ', w[1], ' ']);
+        },
+    );
     let text: String = chars.into_iter().collect();
     python_split(&text).collect::<Vec<_>>().join(" ")
 }
@@ -274,19 +305,34 @@ mod tests {
     // Pairs: (input, sacrebleu's Tokenizer13a()(input)).
     const TOKENIZE_13A: &[(&str, &str)] = &[
         ("Hello, world!", "Hello , world !"),
-        ("It costs $1,000.50 (or 1.000,5 EUR).", "It costs $ 1,000.50 ( or 1.000,5 EUR ) ."),
+        (
+            "It costs $1,000.50 (or 1.000,5 EUR).",
+            "It costs $ 1,000.50 ( or 1.000,5 EUR ) .",
+        ),
         (
             "Numbers: 3.14, 2,5 and 10-20 and x-ray and 5-year-old.",
             "Numbers : 3.14 , 2,5 and 10 - 20 and x-ray and 5 - year-old .",
         ),
-        ("Ein 3-jähriges Kind, das \"Hallo\" sagt.", "Ein 3 - jähriges Kind , das \" Hallo \" sagt ."),
-        ("She said: 'don't' -- well...", "She said : 'don't' -- well . . ."),
+        (
+            "Ein 3-jähriges Kind, das \"Hallo\" sagt.",
+            "Ein 3 - jähriges Kind , das \" Hallo \" sagt .",
+        ),
+        (
+            "She said: 'don't' -- well...",
+            "She said : 'don't' -- well . . .",
+        ),
         ("A.B.C. and a.b, c;d", "A . B . C . and a . b , c ; d"),
-        ("&quot;quoted&quot; &amp; &lt;tag&gt; &amp;lt;", "\" quoted \" & < tag > <"),
+        (
+            "&quot;quoted&quot; &amp; &lt;tag&gt; &amp;lt;",
+            "\" quoted \" & < tag > <",
+        ),
         ("tabs\tand  double  spaces  ", "tabs and double spaces"),
         ("line-\nbreak and\nnewline", "linebreak and newline"),
         ("<skipped> text", "text"),
-        ("Größe Übergröße straße, Äpfel.", "Größe Übergröße straße , Äpfel ."),
+        (
+            "Größe Übergröße straße, Äpfel.",
+            "Größe Übergröße straße , Äpfel .",
+        ),
         ("end with period.", "end with period ."),
         (
             "email@example.com / path\\to{x}[y]^_`~|",
@@ -315,28 +361,52 @@ mod tests {
     fn corpus(name: &str) -> (Vec<String>, Vec<String>) {
         let (h, r): (&[&str], &[&str]) = match name {
             "perfect" => (
-                &["The cat sat on the mat.", "A man rides a bike down the street."],
-                &["The cat sat on the mat.", "A man rides a bike down the street."],
+                &[
+                    "The cat sat on the mat.",
+                    "A man rides a bike down the street.",
+                ],
+                &[
+                    "The cat sat on the mat.",
+                    "A man rides a bike down the street.",
+                ],
             ),
             "partial" => (
-                &["The cat is on the mat.", "A man is riding a bicycle on the street."],
-                &["The cat sat on the mat.", "A man rides a bike down the street."],
+                &[
+                    "The cat is on the mat.",
+                    "A man is riding a bicycle on the street.",
+                ],
+                &[
+                    "The cat sat on the mat.",
+                    "A man rides a bike down the street.",
+                ],
             ),
             "short_hypothesis_brevity" => (
                 &["the cat sat", "a man rides a bike"],
-                &["the cat sat on the mat today", "a man rides a bike down the busy street"],
+                &[
+                    "the cat sat on the mat today",
+                    "a man rides a bike down the busy street",
+                ],
             ),
             "no_fourgram_match_exp_smoothing" => (
                 &["the cat the dog a bird the fish"],
                 &["the cat and the dog and a bird and the fish"],
             ),
             "no_fourgrams_at_all" => (&["the cat", "a dog"], &["the cat sat", "a dog ran"]),
-            "no_match" => (&["completely different words here"], &["nothing in common at all"]),
+            "no_match" => (
+                &["completely different words here"],
+                &["nothing in common at all"],
+            ),
             "empty_hypothesis" => (
                 &["", "A man rides a bike down the street."],
-                &["The cat sat on the mat.", "A man rides a bike down the street."],
+                &[
+                    "The cat sat on the mat.",
+                    "A man rides a bike down the street.",
+                ],
             ),
-            "all_empty_hypotheses" => (&["", ""], &["The cat sat on the mat.", "A man rides a bike."]),
+            "all_empty_hypotheses" => (
+                &["", ""],
+                &["The cat sat on the mat.", "A man rides a bike."],
+            ),
             "punctuation_numbers" => (
                 &[
                     "It costs $1,000.50, she said.",
@@ -378,11 +448,23 @@ mod tests {
     // Same provenance as TOKENIZE_13A: (name, score, precisions, bp, sys_len, ref_len) of
     // `sacrebleu.metrics.BLEU().corpus_score(hyps, [refs])`.
     const CORPORA: &[Expected] = &[
-        ("perfect", 100.00000000000004, [100.0, 100.0, 100.0, 100.0], 1.0, 16, 16),
+        (
+            "perfect",
+            100.00000000000004,
+            [100.0, 100.0, 100.0, 100.0],
+            1.0,
+            16,
+            16,
+        ),
         (
             "partial",
             28.83241900654793,
-            [70.58823529411765, 46.666666666666664, 23.076923076923077, 9.090909090909092],
+            [
+                70.58823529411765,
+                46.666666666666664,
+                23.076923076923077,
+                9.090909090909092,
+            ],
             1.0,
             17,
             16,
@@ -403,8 +485,22 @@ mod tests {
             8,
             11,
         ),
-        ("no_fourgrams_at_all", 0.0, [100.0, 100.0, 0.0, 0.0], 0.6065306597126334, 4, 6),
-        ("no_match", 0.0, [0.0, 0.0, 0.0, 0.0], 0.7788007830714049, 4, 5),
+        (
+            "no_fourgrams_at_all",
+            0.0,
+            [100.0, 100.0, 0.0, 0.0],
+            0.6065306597126334,
+            4,
+            6,
+        ),
+        (
+            "no_match",
+            0.0,
+            [0.0, 0.0, 0.0, 0.0],
+            0.7788007830714049,
+            4,
+            5,
+        ),
         (
             "empty_hypothesis",
             45.94258240359268,
@@ -413,7 +509,14 @@ mod tests {
             9,
             16,
         ),
-        ("all_empty_hypotheses", 0.0, [0.0, 0.0, 0.0, 0.0], 0.0, 0, 13),
+        (
+            "all_empty_hypotheses",
+            0.0,
+            [0.0, 0.0, 0.0, 0.0],
+            0.0,
+            0,
+            13,
+        ),
         (
             "punctuation_numbers",
             71.74710904453877,
@@ -435,18 +538,28 @@ mod tests {
     fn assert_matches(bleu: &Bleu, expected: &Expected) {
         let (name, score, precisions, bp, hyp_len, ref_len) = *expected;
         let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
-        assert!(close(bleu.score, score), "{name}: score {} != {score}", bleu.score);
-        for n in 0..4 {
+        assert!(
+            close(bleu.score, score),
+            "{name}: score {} != {score}",
+            bleu.score
+        );
+        for (n, (got, want)) in bleu.precisions.iter().zip(precisions).enumerate() {
             assert!(
-                close(bleu.precisions[n], precisions[n]),
-                "{name}: precision {} {} != {}",
-                n + 1,
-                bleu.precisions[n],
-                precisions[n]
+                close(*got, want),
+                "{name}: precision {} {got} != {want}",
+                n + 1
             );
         }
-        assert!(close(bleu.brevity_penalty, bp), "{name}: bp {} != {bp}", bleu.brevity_penalty);
-        assert_eq!((bleu.hyp_len, bleu.ref_len), (hyp_len, ref_len), "{name}: lengths");
+        assert!(
+            close(bleu.brevity_penalty, bp),
+            "{name}: bp {} != {bp}",
+            bleu.brevity_penalty
+        );
+        assert_eq!(
+            (bleu.hyp_len, bleu.ref_len),
+            (hyp_len, ref_len),
+            "{name}: lengths"
+        );
     }
 
     #[test]
@@ -461,11 +574,11 @@ mod tests {
     /// word of every 2nd.
     fn perturb(i: usize, line: &str) -> String {
         let words: Vec<&str> = line.split(' ').collect();
-        if i % 5 == 0 {
+        if i.is_multiple_of(5) {
             String::new()
-        } else if i % 3 == 0 {
+        } else if i.is_multiple_of(3) {
             words.iter().rev().copied().collect::<Vec<_>>().join(" ")
-        } else if i % 2 == 0 {
+        } else if i.is_multiple_of(2) {
             words[..words.len() - 1].join(" ")
         } else {
             line.to_string()
@@ -482,11 +595,20 @@ mod tests {
         }
         let refs = crate::data::read_lines(&path).unwrap();
         assert_eq!(refs.len(), 1014);
-        let hyps: Vec<String> = refs.iter().enumerate().map(|(i, l)| perturb(i, l)).collect();
+        let hyps: Vec<String> = refs
+            .iter()
+            .enumerate()
+            .map(|(i, l)| perturb(i, l))
+            .collect();
         let expected: Expected = (
             "multi30k_val_perturbed",
             52.62931432831749,
-            [100.0, 68.67565424266455, 64.88273453093812, 64.62669997224535],
+            [
+                100.0,
+                68.67565424266455,
+                64.88273453093812,
+                64.62669997224535,
+            ],
             0.7184420265185802,
             9638,
             12825,
