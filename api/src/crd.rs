@@ -47,13 +47,14 @@ pub const MAX_NAME_LENGTH: usize = 47;
     status = "DistributedTrainingStatus",
     derive = "PartialEq",
     doc = "A data-parallel training job run as a gang of pods, restarted as a whole from the latest checkpoint on failure, with training progress in its status.",
-    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase", description = "Where the job is in its life cycle"),
-    printcolumn(name = "Step", type_ = "integer", json_path = ".status.progress.step", description = "Optimizer steps completed"),
-    printcolumn(name = "Steps/s", type_ = "number", json_path = ".status.progress.stepsPerSecond", description = "Optimizer steps per second"),
-    printcolumn(name = "Loss", type_ = "number", json_path = ".status.progress.loss", description = "Recent training loss"),
-    printcolumn(name = "ETA", type_ = "string", json_path = ".status.progress.eta", description = "Time left to maxSteps at the current rate"),
-    printcolumn(name = "Restarts", type_ = "integer", json_path = ".status.restarts", description = "Gang restarts so far"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    // The JSON form: clippy's duplicated-attribute lint misfires on repeated `type_ = ...`.
+    printcolumn = r#"{"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Where the job is in its life cycle"}"#,
+    printcolumn = r#"{"name": "Step", "type": "integer", "jsonPath": ".status.progress.step", "description": "Optimizer steps completed"}"#,
+    printcolumn = r#"{"name": "Steps/s", "type": "number", "jsonPath": ".status.progress.stepsPerSecond", "description": "Optimizer steps per second"}"#,
+    printcolumn = r#"{"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss", "description": "Recent training loss"}"#,
+    printcolumn = r#"{"name": "ETA", "type": "string", "jsonPath": ".status.progress.eta", "description": "Time left to maxSteps at the current rate"}"#,
+    printcolumn = r#"{"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Gang restarts so far"}"#,
+    printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use ferrotrain_api::crd::{DistributedTraining, Phase};
 use futures::FutureExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
-use kube::Client;
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(300);
@@ -42,8 +42,10 @@ where
     namespaces
         .create(
             &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns, "labels": {"ferrotrain.dev/e2e": "true"}}}))
-                .unwrap(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": ns, "labels": {"ferrotrain.dev/e2e": "true"}}}),
+            )
+            .unwrap(),
         )
         .await
         .expect("creating the test namespace");
@@ -103,7 +105,10 @@ fn shell_job(name: &str, ns: &str, replicas: i32, script: &str) -> DistributedTr
     )
 }
 
-async fn status_of(api: &Api<DistributedTraining>, name: &str) -> (Option<DistributedTraining>, String) {
+async fn status_of(
+    api: &Api<DistributedTraining>,
+    name: &str,
+) -> (Option<DistributedTraining>, String) {
     match api.get_opt(name).await {
         Ok(Some(dt)) => {
             let seen = serde_json::to_string(&dt.status).unwrap();
@@ -114,7 +119,11 @@ async fn status_of(api: &Api<DistributedTraining>, name: &str) -> (Option<Distri
     }
 }
 
-async fn wait_phase(api: &Api<DistributedTraining>, name: &str, phase: Phase) -> DistributedTraining {
+async fn wait_phase(
+    api: &Api<DistributedTraining>,
+    name: &str,
+    phase: Phase,
+) -> DistributedTraining {
     wait_for(&format!("{name} to be {phase}"), WAIT, || async {
         let (dt, seen) = status_of(api, name).await;
         (
@@ -129,7 +138,12 @@ async fn pod_names(pods: &Api<Pod>, job: &str) -> Vec<String> {
     let mut names: Vec<String> = pods
         .list(&ListParams::default().labels(&format!("ferrotrain.dev/job={job}")))
         .await
-        .map(|l| l.items.into_iter().filter_map(|p| p.metadata.name).collect())
+        .map(|l| {
+            l.items
+                .into_iter()
+                .filter_map(|p| p.metadata.name)
+                .collect()
+        })
         .unwrap_or_default();
     names.sort();
     names
@@ -164,7 +178,9 @@ async fn the_api_server_rejects_invalid_objects_naming_the_field() {
 
         let with = |pointer: &str, value: Value| {
             let mut spec = good.clone();
-            *spec.pointer_mut(pointer).unwrap_or_else(|| panic!("{pointer}")) = value;
+            *spec
+                .pointer_mut(pointer)
+                .unwrap_or_else(|| panic!("{pointer}")) = value;
             spec
         };
         let mut bad_model = good.clone();
@@ -173,9 +189,21 @@ async fn the_api_server_rejects_invalid_objects_naming_the_field() {
         negative_restarts["restartPolicy"] = json!({"maxRestarts": -1});
         let cases = [
             ("replicas 0", with("/replicas", json!(0)), "spec.replicas"),
-            ("unknown task", with("/trainer/task", json!("summarize")), "spec.trainer.task"),
-            ("negative maxRestarts", negative_restarts, "spec.restartPolicy.maxRestarts"),
-            ("dModel % heads", bad_model, "model.dModel must be divisible by model.heads"),
+            (
+                "unknown task",
+                with("/trainer/task", json!("summarize")),
+                "spec.trainer.task",
+            ),
+            (
+                "negative maxRestarts",
+                negative_restarts,
+                "spec.restartPolicy.maxRestarts",
+            ),
+            (
+                "dModel % heads",
+                bad_model,
+                "model.dModel must be divisible by model.heads",
+            ),
         ];
         for (what, spec, needle) in cases {
             match api.create(&dry_run, &object(spec)).await {
@@ -201,13 +229,18 @@ async fn deleting_a_pod_restarts_the_whole_gang_as_a_new_attempt() {
     in_namespace("restart", |client, ns| async move {
         let api: Api<DistributedTraining> = Api::namespaced(client.clone(), &ns);
         let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        api.create(&PostParams::default(), &shell_job("gang", &ns, 2, "sleep 3600"))
-            .await
-            .unwrap();
+        api.create(
+            &PostParams::default(),
+            &shell_job("gang", &ns, 2, "sleep 3600"),
+        )
+        .await
+        .unwrap();
         wait_phase(&api, "gang", Phase::Running).await;
         assert_eq!(pod_names(&pods, "gang").await, ["gang-0-0", "gang-0-1"]);
 
-        pods.delete("gang-0-1", &DeleteParams::default()).await.unwrap();
+        pods.delete("gang-0-1", &DeleteParams::default())
+            .await
+            .unwrap();
 
         let dt = wait_for("attempt 1 running", WAIT, || async {
             let (dt, seen) = status_of(&api, "gang").await;
@@ -233,11 +266,20 @@ async fn deleting_a_pod_restarts_the_whole_gang_as_a_new_attempt() {
         .await;
         let rank1 = pods.get("gang-1-1").await.unwrap();
         let env = &rank1.spec.unwrap().containers[0].env.clone().unwrap();
-        let value = |n: &str| env.iter().find(|e| e.name == n).and_then(|e| e.value.clone());
-        assert_eq!(value("MASTER_ADDR").as_deref(), Some(format!("gang-1-0.gang.{ns}.svc").as_str()));
+        let value = |n: &str| {
+            env.iter()
+                .find(|e| e.name == n)
+                .and_then(|e| e.value.clone())
+        };
+        assert_eq!(
+            value("MASTER_ADDR").as_deref(),
+            Some(format!("gang-1-0.gang.{ns}.svc").as_str())
+        );
         assert_eq!(value("TORCHELASTIC_RESTART_COUNT").as_deref(), Some("1"));
 
-        api.delete("gang", &DeleteParams::foreground()).await.unwrap();
+        api.delete("gang", &DeleteParams::foreground())
+            .await
+            .unwrap();
         wait_for("the job's pods to be garbage-collected", WAIT, || async {
             let names = pod_names(&pods, "gang").await;
             (names.is_empty().then_some(()), format!("{names:?}"))
@@ -273,7 +315,12 @@ async fn a_permanent_exit_code_fails_the_job_with_the_ranks_message() {
 async fn every_rank_exiting_zero_succeeds_and_ttl_deletes_the_job() {
     in_namespace("success", |client, ns| async move {
         let api: Api<DistributedTraining> = Api::namespaced(client, &ns);
-        let mut dt = shell_job("ok", &ns, 2, "test -n \"$FERROTRAIN_RDZV_TOKEN\" && test \"$WORLD_SIZE\" = 2");
+        let mut dt = shell_job(
+            "ok",
+            &ns,
+            2,
+            "test -n \"$FERROTRAIN_RDZV_TOKEN\" && test \"$WORLD_SIZE\" = 2",
+        );
         dt.spec.ttl_seconds_after_finished = Some(5);
         api.create(&PostParams::default(), &dt).await.unwrap();
         let done = wait_phase(&api, "ok", Phase::Succeeded).await;
@@ -298,7 +345,10 @@ async fn suspend_deletes_the_pods_and_resume_starts_a_new_attempt() {
         api.create(&PostParams::default(), &dt).await.unwrap();
         wait_phase(&api, "hold", Phase::Suspended).await;
         tokio::time::sleep(Duration::from_secs(3)).await;
-        assert!(pod_names(&pods, "hold").await.is_empty(), "a suspended job has no pods");
+        assert!(
+            pod_names(&pods, "hold").await.is_empty(),
+            "a suspended job has no pods"
+        );
 
         let resume = json!({"spec": {"suspend": false}});
         api.patch("hold", &PatchParams::default(), &Patch::Merge(&resume))

@@ -56,7 +56,11 @@ impl Owner {
     /// Reads them from the object.
     pub fn of(dt: &DistributedTraining) -> Result<Self> {
         Ok(Owner {
-            name: dt.metadata.name.clone().ok_or(Error::MissingMetadata("name"))?,
+            name: dt
+                .metadata
+                .name
+                .clone()
+                .ok_or(Error::MissingMetadata("name"))?,
             namespace: dt.namespace().ok_or(Error::MissingMetadata("namespace"))?,
             reference: dt
                 .controller_owner_ref(&())
@@ -209,7 +213,10 @@ pub fn contract_env(
             ..EnvVarSource::default()
         }),
     });
-    vars.push(env_value(env::FERROTRAIN_METRICS_PORT, s.trainer_metrics_port));
+    vars.push(env_value(
+        env::FERROTRAIN_METRICS_PORT,
+        s.trainer_metrics_port,
+    ));
     // The root file system is read-only; libraries that write to $HOME get the tmp volume.
     vars.push(env_value("HOME", "/tmp"));
     vars
@@ -383,7 +390,11 @@ pub fn pod(
 
     let container = Container {
         name: labels::TRAINER_CONTAINER.into(),
-        image: Some(spec.image.clone().unwrap_or_else(|| s.trainer_image.clone())),
+        image: Some(
+            spec.image
+                .clone()
+                .unwrap_or_else(|| s.trainer_image.clone()),
+        ),
         image_pull_policy: spec.image_pull_policy.map(|p| p.as_str().to_string()),
         command: Some(
             spec.command
@@ -426,17 +437,20 @@ pub fn pod(
         ..Container::default()
     };
 
-    let security_context = template.security_context.clone().unwrap_or(PodSecurityContext {
-        run_as_non_root: Some(true),
-        run_as_user: Some(RUN_AS),
-        run_as_group: Some(RUN_AS),
-        fs_group: Some(RUN_AS),
-        seccomp_profile: Some(SeccompProfile {
-            type_: "RuntimeDefault".into(),
-            localhost_profile: None,
-        }),
-        ..PodSecurityContext::default()
-    });
+    let security_context = template
+        .security_context
+        .clone()
+        .unwrap_or(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(RUN_AS),
+            run_as_group: Some(RUN_AS),
+            fs_group: Some(RUN_AS),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                localhost_profile: None,
+            }),
+            ..PodSecurityContext::default()
+        });
 
     Pod {
         metadata,

@@ -52,32 +52,60 @@ pub struct Args {
     pub master_port: u16,
 
     /// Port of rank 0's HTTP server (/progress, /metrics): FERROTRAIN_METRICS_PORT.
-    #[arg(long, env = "FERROTRAIN_OPERATOR_TRAINER_METRICS_PORT", default_value_t = 9090)]
+    #[arg(
+        long,
+        env = "FERROTRAIN_OPERATOR_TRAINER_METRICS_PORT",
+        default_value_t = 9090
+    )]
     pub trainer_metrics_port: u16,
 
     /// Seconds between polls of rank 0's /progress while a job runs.
-    #[arg(long, env = "FERROTRAIN_OPERATOR_PROGRESS_INTERVAL_SECONDS", default_value_t = 5)]
+    #[arg(
+        long,
+        env = "FERROTRAIN_OPERATOR_PROGRESS_INTERVAL_SECONDS",
+        default_value_t = 5
+    )]
     pub progress_interval_seconds: u64,
 
     /// Timeout of one /progress request, in milliseconds.
-    #[arg(long, env = "FERROTRAIN_OPERATOR_PROGRESS_TIMEOUT_MS", default_value_t = 2000)]
+    #[arg(
+        long,
+        env = "FERROTRAIN_OPERATOR_PROGRESS_TIMEOUT_MS",
+        default_value_t = 2000
+    )]
     pub progress_timeout_ms: u64,
 
     /// Seconds rank 0 may run without serving /progress before the job is reported as having no
     /// progress endpoint (bring-your-own images).
-    #[arg(long, env = "FERROTRAIN_OPERATOR_PROGRESS_GRACE_SECONDS", default_value_t = 120)]
+    #[arg(
+        long,
+        env = "FERROTRAIN_OPERATOR_PROGRESS_GRACE_SECONDS",
+        default_value_t = 120
+    )]
     pub progress_grace_seconds: u64,
 
     /// Seconds a node may be NotReady before its pods count as lost and the gang restarts.
-    #[arg(long, env = "FERROTRAIN_OPERATOR_NODE_LOST_GRACE_SECONDS", default_value_t = 60)]
+    #[arg(
+        long,
+        env = "FERROTRAIN_OPERATOR_NODE_LOST_GRACE_SECONDS",
+        default_value_t = 60
+    )]
     pub node_lost_grace_seconds: u64,
 
     /// Seconds a pod may stay terminating on a lost node before it is force-deleted.
-    #[arg(long, env = "FERROTRAIN_OPERATOR_FORCE_DELETE_GRACE_SECONDS", default_value_t = 60)]
+    #[arg(
+        long,
+        env = "FERROTRAIN_OPERATOR_FORCE_DELETE_GRACE_SECONDS",
+        default_value_t = 60
+    )]
     pub force_delete_grace_seconds: u64,
 
     /// Listen address of /metrics, /healthz and /readyz.
-    #[arg(long, env = "FERROTRAIN_OPERATOR_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    #[arg(
+        long,
+        env = "FERROTRAIN_OPERATOR_HTTP_ADDR",
+        default_value = "0.0.0.0:8080"
+    )]
     pub http_addr: SocketAddr,
 
     /// Elect a leader on a Lease so that only one replica acts.
@@ -85,7 +113,11 @@ pub struct Args {
     pub leader_election: bool,
 
     /// Name of the leader-election Lease.
-    #[arg(long, env = "FERROTRAIN_OPERATOR_LEASE_NAME", default_value = "ferrotrain-operator")]
+    #[arg(
+        long,
+        env = "FERROTRAIN_OPERATOR_LEASE_NAME",
+        default_value = "ferrotrain-operator"
+    )]
     pub lease_name: String,
 
     /// Namespace of the Lease (default: the operator pod's namespace, from POD_NAMESPACE).
@@ -93,7 +125,11 @@ pub struct Args {
     pub lease_namespace: Option<String>,
 
     /// Lease duration in seconds: how long a dead leader blocks the others.
-    #[arg(long, env = "FERROTRAIN_OPERATOR_LEASE_DURATION_SECONDS", default_value_t = 15)]
+    #[arg(
+        long,
+        env = "FERROTRAIN_OPERATOR_LEASE_DURATION_SECONDS",
+        default_value_t = 15
+    )]
     pub lease_duration_seconds: u64,
 
     /// This replica's identity in the Lease (default: the pod name, from POD_NAME, or the host
@@ -106,7 +142,11 @@ pub struct Args {
     pub log_format: LogFormat,
 
     /// Log filter (tracing-subscriber EnvFilter syntax).
-    #[arg(long, env = "FERROTRAIN_OPERATOR_LOG", default_value = "info,kube=warn")]
+    #[arg(
+        long,
+        env = "FERROTRAIN_OPERATOR_LOG",
+        default_value = "info,kube=warn"
+    )]
     pub log: String,
 }
 
@@ -177,7 +217,9 @@ mod tests {
             if matches!(id, "help" | "version") {
                 continue;
             }
-            let env = arg.get_env().unwrap_or_else(|| panic!("--{id} has no env twin"));
+            let env = arg
+                .get_env()
+                .unwrap_or_else(|| panic!("--{id} has no env twin"));
             let expected = format!(
                 "FERROTRAIN_OPERATOR_{}",
                 id.to_uppercase().replace('-', "_")
@@ -188,9 +230,8 @@ mod tests {
 
     #[test]
     fn leader_election_can_be_switched_off() {
-        let cli =
-            Cli::try_parse_from(["ferrotrain-operator", "run", "--leader-election", "false"])
-                .unwrap();
+        let cli = Cli::try_parse_from(["ferrotrain-operator", "run", "--leader-election", "false"])
+            .unwrap();
         let Command::Run(args) = cli.command else {
             panic!("expected run");
         };

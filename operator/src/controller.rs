@@ -63,7 +63,11 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-fn api_err(verb: &'static str, kind: &'static str, name: &str) -> impl FnOnce(kube::Error) -> Error {
+fn api_err(
+    verb: &'static str,
+    kind: &'static str,
+    name: &str,
+) -> impl FnOnce(kube::Error) -> Error {
     let name = name.to_string();
     move |source| Error::Api {
         verb,
@@ -218,7 +222,9 @@ pub fn error_policy(dt: Arc<DistributedTraining>, error: &Error, ctx: Arc<Contex
     warn!(job = %dt.name_any(), namespace = ?dt.namespace(), %error, "reconcile failed");
     ctx.metrics
         .reconcile_errors
-        .get_or_create(&ErrorLabels { error: error.kind() })
+        .get_or_create(&ErrorLabels {
+            error: error.kind(),
+        })
         .inc();
     let mut counts = ctx.error_counts.lock().expect("lock");
     let n = counts.entry(dt.uid().unwrap_or_default()).or_insert(0);
@@ -388,7 +394,7 @@ async fn poll_progress(
                     result: ReconcileResult::Ok,
                 })
                 .inc();
-            ProgressObservation::Report(report)
+            ProgressObservation::Report(Box::new(report))
         }
         Err(e) => {
             debug!(job = %owner.name, error = %e, "no progress report");
@@ -437,7 +443,11 @@ async fn write_status(
     let written = api
         .patch_status(&owner.name, &params, &Patch::Apply(&body))
         .await
-        .map_err(api_err("patch status of", "DistributedTraining", &owner.name))?;
+        .map_err(api_err(
+            "patch status of",
+            "DistributedTraining",
+            &owner.name,
+        ))?;
     ctx.remember_write(dt, written);
     Ok(())
 }
@@ -460,7 +470,8 @@ fn record_status_metrics(
             .get_or_create(&ReasonLabels { reason })
             .inc();
     }
-    let stepped = |s: &DistributedTrainingStatus| s.progress.as_ref().is_some_and(|p| p.report.step > 0);
+    let stepped =
+        |s: &DistributedTrainingStatus| s.progress.as_ref().is_some_and(|p| p.report.step > 0);
     if !stepped(before)
         && stepped(after)
         && let Some(created) = dt.metadata.creation_timestamp.as_ref()
@@ -504,7 +515,13 @@ async fn launch(
     match secrets.create(&PostParams::default(), &secret).await {
         Ok(_) => {}
         Err(e) if is_status(&e, 409) => {}
-        Err(e) => return Err(api_err("create", "Secret", &labels::secret_name(&owner.name))(e)),
+        Err(e) => {
+            return Err(api_err(
+                "create",
+                "Secret",
+                &labels::secret_name(&owner.name),
+            )(e));
+        }
     }
 
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &owner.namespace);

@@ -73,8 +73,8 @@ pub struct PodView {
 pub enum ProgressObservation {
     /// Not polled (rank 0 does not run, or the job is not in an active phase).
     NotPolled,
-    /// Rank 0 answered.
-    Report(Progress),
+    /// Rank 0 answered (boxed: the report is large).
+    Report(Box<Progress>),
     /// Rank 0 runs but did not answer with a report (no endpoint, refused, timeout, bad JSON).
     Unavailable(String),
 }
@@ -330,7 +330,10 @@ impl<'a, 'o> Decider<'a, 'o> {
             self.event(
                 false,
                 "Suspended",
-                format!("suspended in phase {from}: pods of attempt {} are deleted", self.status.attempt),
+                format!(
+                    "suspended in phase {from}: pods of attempt {} are deleted",
+                    self.status.attempt
+                ),
             );
         }
         self.stop_current_pods();
@@ -417,8 +420,9 @@ impl<'a, 'o> Decider<'a, 'o> {
             .filter(|c| c.status == "True")
             .map(|c| c.last_transition_time.0)
             .unwrap_or(self.now());
-        let at = since + SignedDuration::try_from(backoff(self.o.spec, self.status.restarts))
-            .unwrap_or(SignedDuration::ZERO);
+        let at = since
+            + SignedDuration::try_from(backoff(self.o.spec, self.status.restarts))
+                .unwrap_or(SignedDuration::ZERO);
         if self.now() < at {
             self.requeue_at(at);
             return false;
@@ -520,13 +524,26 @@ impl<'a, 'o> Decider<'a, 'o> {
                     let mut f = self.failure(
                         rank,
                         Some(&pod.name),
-                        if t.exit_code.is_some() { "ExitCode" } else { "PodFailed" },
-                        first_line(if t.message.is_empty() { &t.reason } else { &t.message }),
+                        if t.exit_code.is_some() {
+                            "ExitCode"
+                        } else {
+                            "PodFailed"
+                        },
+                        first_line(if t.message.is_empty() {
+                            &t.reason
+                        } else {
+                            &t.message
+                        }),
                         t.exit_code,
                     );
                     f.finished_at = t.finished_at;
                     if let Some(code) = t.exit_code
-                        && self.o.spec.restart_policy.permanent_exit_codes.contains(&code)
+                        && self
+                            .o
+                            .spec
+                            .restart_policy
+                            .permanent_exit_codes
+                            .contains(&code)
                     {
                         f.permanent = true;
                         f.info.reason = "PermanentExitCode".into();
@@ -715,9 +732,8 @@ impl<'a, 'o> Decider<'a, 'o> {
                     let eta = progress::eta_seconds(&rounded);
                     self.status.progress = Some(TrainingProgress {
                         eta: eta.map(progress::human_duration),
-                        estimated_completion_time: eta.map(|s| {
-                            Time(now + SignedDuration::from_secs(s.round() as i64))
-                        }),
+                        estimated_completion_time: eta
+                            .map(|s| Time(now + SignedDuration::from_secs(s.round() as i64))),
                         updated_at: Some(Time(now)),
                         report: rounded,
                     });
@@ -731,12 +747,12 @@ impl<'a, 'o> Decider<'a, 'o> {
                     }
                 }
                 if !self.status.is_true(condition::PROGRESS_AVAILABLE) {
-                    if self.status.condition(condition::PROGRESS_AVAILABLE).is_some() {
-                        self.event(
-                            false,
-                            "ProgressAvailable",
-                            "rank 0 serves /progress".into(),
-                        );
+                    if self
+                        .status
+                        .condition(condition::PROGRESS_AVAILABLE)
+                        .is_some()
+                    {
+                        self.event(false, "ProgressAvailable", "rank 0 serves /progress".into());
                     }
                     self.set_condition(
                         condition::PROGRESS_AVAILABLE,
@@ -747,7 +763,10 @@ impl<'a, 'o> Decider<'a, 'o> {
                 }
             }
             ProgressObservation::Unavailable(why) => {
-                let known = self.status.condition(condition::PROGRESS_AVAILABLE).is_some();
+                let known = self
+                    .status
+                    .condition(condition::PROGRESS_AVAILABLE)
+                    .is_some();
                 let running_since = rank0.and_then(|p| p.running_since).unwrap_or(now);
                 let grace_end = running_since
                     + SignedDuration::try_from(self.o.timing.progress_grace)
@@ -910,7 +929,11 @@ fn order(mut actions: Vec<Action>) -> Vec<Action> {
 }
 
 fn first_line(s: &str) -> String {
-    let line = s.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+    let line = s
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim();
     let mut out: String = line.chars().take(512).collect();
     if line.chars().count() > 512 {
         out.push('…');

@@ -47,5 +47,9 @@ pub fn secret_name(job: &str) -> String {
 
 /// Rank 0's DNS name: `<job>-<attempt>-0.<job>.<namespace>.svc`.
 pub fn master_addr(job: &str, attempt: i32, namespace: &str) -> String {
-    format!("{}.{}.{namespace}.svc", pod_name(job, attempt, 0), service_name(job))
+    format!(
+        "{}.{}.{namespace}.svc",
+        pod_name(job, attempt, 0),
+        service_name(job)
+    )
 }

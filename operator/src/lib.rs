@@ -16,4 +16,6 @@ pub mod observe;
 pub mod progress;
 pub mod server;
 
-pub use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingSpec, DistributedTrainingStatus};
+pub use ferrotrain_api::crd::{
+    DistributedTraining, DistributedTrainingSpec, DistributedTrainingStatus,
+};

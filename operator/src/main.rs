@@ -74,8 +74,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
             let _ = stop_tx.send(());
         });
         ready.store(false, Ordering::Relaxed);
-        controller::run(client, settings, args.namespace.clone(), metrics, ready, jobs, shutdown)
-            .await;
+        controller::run(
+            client,
+            settings,
+            args.namespace.clone(),
+            metrics,
+            ready,
+            jobs,
+            shutdown,
+        )
+        .await;
         server.abort();
         info!("stopped");
         return Ok(());
@@ -135,7 +143,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
         *reason.lock().expect("lock") = why;
         let _ = stop_tx.send(());
     });
-    controller::run(client, settings, args.namespace.clone(), metrics, ready, jobs, shutdown).await;
+    controller::run(
+        client,
+        settings,
+        args.namespace.clone(),
+        metrics,
+        ready,
+        jobs,
+        shutdown,
+    )
+    .await;
     let why = *stop_reason.lock().expect("lock");
     drop(leader);
     let _ = lease_task.await;

@@ -108,7 +108,9 @@ impl Metrics {
             let _ = metrics.reconciles.get_or_create(&ResultLabels {
                 result: result.clone(),
             });
-            let _ = metrics.progress_polls.get_or_create(&ResultLabels { result });
+            let _ = metrics
+                .progress_polls
+                .get_or_create(&ResultLabels { result });
         }
         metrics.set_jobs([]);
         metrics
@@ -159,15 +161,30 @@ mod tests {
             })
             .inc();
         let text = m.encode();
-        assert!(text.contains("ferrotrain_operator_reconciles_total{result=\"Ok\"} 1"), "{text}");
-        assert!(text.contains("ferrotrain_operator_jobs{phase=\"Running\"} 2"), "{text}");
-        assert!(text.contains("ferrotrain_operator_jobs{phase=\"Failed\"} 1"), "{text}");
-        assert!(text.contains("ferrotrain_operator_jobs{phase=\"Pending\"} 0"), "{text}");
+        assert!(
+            text.contains("ferrotrain_operator_reconciles_total{result=\"Ok\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ferrotrain_operator_jobs{phase=\"Running\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ferrotrain_operator_jobs{phase=\"Failed\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ferrotrain_operator_jobs{phase=\"Pending\"} 0"),
+            "{text}"
+        );
         assert!(
             text.contains("ferrotrain_operator_gang_restarts_total{reason=\"ExitCode\"} 1"),
             "{text}"
         );
-        assert!(text.contains("ferrotrain_operator_reconcile_duration_seconds_bucket"), "{text}");
+        assert!(
+            text.contains("ferrotrain_operator_reconcile_duration_seconds_bucket"),
+            "{text}"
+        );
         assert!(text.ends_with("# EOF\n"), "{text}");
     }
 }

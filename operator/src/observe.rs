@@ -113,7 +113,9 @@ pub fn spec_problems(spec: &DistributedTrainingSpec) -> Vec<String> {
     let named = [
         (
             "spec.checkpoint.volumeName",
-            spec.checkpoint.as_ref().and_then(|c| c.volume_name.as_deref()),
+            spec.checkpoint
+                .as_ref()
+                .and_then(|c| c.volume_name.as_deref()),
         ),
         (
             "spec.data.volumeName",

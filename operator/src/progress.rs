@@ -197,12 +197,12 @@ mod tests {
 
     #[test]
     fn significant_digits() {
-        assert_eq!(significant(3.14159, 3), Some(3.14));
+        assert_eq!(significant(1.23456, 3), Some(1.23));
         assert_eq!(significant(0.000123456, 3), Some(0.000123));
         assert_eq!(significant(12345.6, 3), Some(12300.0));
         assert_eq!(significant(0.0, 3), Some(0.0));
         assert_eq!(significant(f64::NAN, 3), None);
-        assert_eq!(significant(-2.71828, 2), Some(-2.7));
+        assert_eq!(significant(-5.4321, 2), Some(-5.4));
     }
 
     #[test]
@@ -253,8 +253,14 @@ mod tests {
 
     #[test]
     fn url_brackets_ipv6() {
-        assert_eq!(ProgressClient::url("10.0.0.7", 9090), "http://10.0.0.7:9090/progress");
-        assert_eq!(ProgressClient::url("fd00::7", 9090), "http://[fd00::7]:9090/progress");
+        assert_eq!(
+            ProgressClient::url("10.0.0.7", 9090),
+            "http://10.0.0.7:9090/progress"
+        );
+        assert_eq!(
+            ProgressClient::url("fd00::7", 9090),
+            "http://[fd00::7]:9090/progress"
+        );
     }
 
     #[tokio::test]

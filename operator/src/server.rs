@@ -1,8 +1,8 @@
 //! The operator's HTTP endpoints: `/metrics` (Prometheus text), `/healthz` (the process
 //! serves), `/readyz` (the caches are synced: this replica could lead).
 
-use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use axum::Router;
 use axum::extract::State;
@@ -75,10 +75,14 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     async fn get(port: u16, path: &str) -> String {
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).await.unwrap();
         out
@@ -105,10 +109,15 @@ mod tests {
             assert!(get(port, "/readyz").await.starts_with("HTTP/1.1 200"));
             let metrics = get(port, "/metrics").await;
             assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
-            assert!(metrics.contains("# TYPE ferrotrain_operator_reconciles counter"), "{metrics}");
+            assert!(
+                metrics.contains("# TYPE ferrotrain_operator_reconciles counter"),
+                "{metrics}"
+            );
             assert!(get(port, "/nope").await.starts_with("HTTP/1.1 404"));
         };
-        tokio::time::timeout(Duration::from_secs(10), checks).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), checks)
+            .await
+            .unwrap();
         stop.send(()).unwrap();
         tokio::time::timeout(Duration::from_secs(10), server)
             .await

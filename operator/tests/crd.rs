@@ -12,7 +12,10 @@ use ferrotrain_api::crd::{custom_resource_definition, custom_resource_definition
 use serde_json::{Value, json};
 
 fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 #[test]
@@ -51,16 +54,29 @@ fn schema() -> Value {
 #[test]
 fn the_crd_fits_a_client_side_apply() {
     let json = serde_json::to_string(&custom_resource_definition()).unwrap();
-    assert!(json.len() < 240 * 1024, "CRD is {} bytes of JSON", json.len());
-    let volumes = &schema()["properties"]["spec"]["properties"]["podTemplate"]["properties"]["volumes"];
+    assert!(
+        json.len() < 240 * 1024,
+        "CRD is {} bytes of JSON",
+        json.len()
+    );
+    let volumes =
+        &schema()["properties"]["spec"]["properties"]["podTemplate"]["properties"]["volumes"];
     assert!(volumes["items"]["properties"]["nfs"]["description"].is_string());
-    assert!(volumes["description"].as_str().unwrap().contains("kubectl explain pod.spec.volumes"));
+    assert!(
+        volumes["description"]
+            .as_str()
+            .unwrap()
+            .contains("kubectl explain pod.spec.volumes")
+    );
 }
 
 #[test]
 fn names_scope_columns_and_subresources() {
     let crd = crd_json();
-    assert_eq!(crd["metadata"]["name"], "distributedtrainings.ferrotrain.dev");
+    assert_eq!(
+        crd["metadata"]["name"],
+        "distributedtrainings.ferrotrain.dev"
+    );
     let spec = &crd["spec"];
     assert_eq!(spec["group"], "ferrotrain.dev");
     assert_eq!(spec["scope"], "Namespaced");
@@ -132,7 +148,10 @@ fn status_carries_progress_fields() {
         "resumedFromStep",
         "updatedAt",
     ] {
-        assert!(progress.get(field).is_some(), "status.progress.{field} missing");
+        assert!(
+            progress.get(field).is_some(),
+            "status.progress.{field} missing"
+        );
     }
 }
 
@@ -148,7 +167,10 @@ fn every_spec_field_is_described() {
                 if path.starts_with("spec.podTemplate.volumes[].") {
                     continue;
                 }
-                if sub["description"].as_str().is_none_or(|d| d.trim().is_empty()) {
+                if sub["description"]
+                    .as_str()
+                    .is_none_or(|d| d.trim().is_empty())
+                {
                     missing.push(p.clone());
                 }
                 walk(sub, &p, missing);
@@ -185,13 +207,18 @@ fn type_name(v: &Value) -> &'static str {
 fn check(schema: &Value, value: &Value, path: &str, errors: &mut Vec<String>) {
     if value.is_null() {
         if schema["nullable"] != true && schema.get("type").is_some() {
-            errors.push(format!("{path}: Invalid value: \"null\": {path} in body must be of type {}: \"null\"", schema["type"].as_str().unwrap_or("?")));
+            errors.push(format!(
+                "{path}: Invalid value: \"null\": {path} in body must be of type {}: \"null\"",
+                schema["type"].as_str().unwrap_or("?")
+            ));
         }
         return;
     }
     if schema["x-kubernetes-int-or-string"] == true {
         if !(value.is_string() || value.is_i64() || value.is_u64()) {
-            errors.push(format!("{path}: Invalid value: must be an integer or a string"));
+            errors.push(format!(
+                "{path}: Invalid value: must be an integer or a string"
+            ));
         }
         return;
     }
@@ -242,19 +269,26 @@ fn check(schema: &Value, value: &Value, path: &str, errors: &mut Vec<String>) {
         if let Some(max) = schema["maxLength"].as_u64()
             && len > max
         {
-            errors.push(format!("{path}: Too long: may not be more than {max} bytes"));
+            errors.push(format!(
+                "{path}: Too long: may not be more than {max} bytes"
+            ));
         }
     }
     if let Some(items) = value.as_array() {
         if let Some(max) = schema["maxItems"].as_u64()
             && items.len() as u64 > max
         {
-            errors.push(format!("{path}: Too many: {}: must have at most {max} items", items.len()));
+            errors.push(format!(
+                "{path}: Too many: {}: must have at most {max} items",
+                items.len()
+            ));
         }
         if let Some(min) = schema["minItems"].as_u64()
             && (items.len() as u64) < min
         {
-            errors.push(format!("{path}: Invalid value: {path} in body should have at least {min} items"));
+            errors.push(format!(
+                "{path}: Invalid value: {path} in body should have at least {min} items"
+            ));
         }
         for (i, item) in items.iter().enumerate() {
             check(&schema["items"], item, &format!("{path}[{i}]"), errors);
@@ -275,7 +309,9 @@ fn check(schema: &Value, value: &Value, path: &str, errors: &mut Vec<String>) {
                 None if schema["additionalProperties"].is_object() => {
                     check(&schema["additionalProperties"], sub, &p, errors)
                 }
-                None if props.is_some() && schema["x-kubernetes-preserve-unknown-fields"] != true => {
+                None if props.is_some()
+                    && schema["x-kubernetes-preserve-unknown-fields"] != true =>
+                {
                     // kubectl's default strict field validation.
                     errors.push(format!("{p}: unknown field \"{key}\""));
                 }
@@ -342,17 +378,33 @@ fn with(mut base: Value, pointer: &str, value: Value) -> Value {
 fn rejections() -> Vec<(&'static str, Value, &'static str)> {
     let v = valid_spec;
     vec![
-        ("replicas 0", object(with(v(), "/replicas", json!(0))), "spec.replicas"),
-        ("replicas missing", object(json!({"trainer": {"task": "copy", "maxSteps": 1}})), "spec.replicas"),
+        (
+            "replicas 0",
+            object(with(v(), "/replicas", json!(0))),
+            "spec.replicas",
+        ),
+        (
+            "replicas missing",
+            object(json!({"trainer": {"task": "copy", "maxSteps": 1}})),
+            "spec.replicas",
+        ),
         (
             "negative maxRestarts",
             object(with(v(), "/restartPolicy/maxRestarts", json!(-1))),
             "spec.restartPolicy.maxRestarts",
         ),
-        ("unknown task", object(with(v(), "/trainer/task", json!("summarize"))), "spec.trainer.task"),
+        (
+            "unknown task",
+            object(with(v(), "/trainer/task", json!("summarize"))),
+            "spec.trainer.task",
+        ),
         (
             "dModel not divisible by heads",
-            object(with(v(), "/trainer/model", json!({"dModel": 250, "heads": 4}))),
+            object(with(
+                v(),
+                "/trainer/model",
+                json!({"dModel": 250, "heads": 4}),
+            )),
             "model.dModel must be divisible by model.heads",
         ),
         (
@@ -360,7 +412,11 @@ fn rejections() -> Vec<(&'static str, Value, &'static str)> {
             object(with(v(), "/trainer/model", json!({"heads": 3}))),
             "model.dModel must be divisible by model.heads",
         ),
-        ("maxSteps 0", object(with(v(), "/trainer/maxSteps", json!(0))), "spec.trainer.maxSteps"),
+        (
+            "maxSteps 0",
+            object(with(v(), "/trainer/maxSteps", json!(0))),
+            "spec.trainer.maxSteps",
+        ),
         (
             "negative gpusPerReplica",
             object(with(v(), "/gpusPerReplica", json!(-1))),
@@ -368,7 +424,11 @@ fn rejections() -> Vec<(&'static str, Value, &'static str)> {
         ),
         (
             "more ranks than GPUs",
-            object(with(with(v(), "/gpusPerReplica", json!(2)), "/procsPerReplica", json!(4))),
+            object(with(
+                with(v(), "/gpusPerReplica", json!(2)),
+                "/procsPerReplica",
+                json!(4),
+            )),
             "spec.procsPerReplica",
         ),
         (
@@ -378,7 +438,11 @@ fn rejections() -> Vec<(&'static str, Value, &'static str)> {
         ),
         (
             "two checkpoint volumes",
-            object(with(v(), "/checkpoint", json!({"claimName": "a", "volumeName": "b"}))),
+            object(with(
+                v(),
+                "/checkpoint",
+                json!({"claimName": "a", "volumeName": "b"}),
+            )),
             "spec.checkpoint.claimName and spec.checkpoint.volumeName",
         ),
         (
@@ -476,7 +540,12 @@ fn the_validator_is_not_vacuous() {
     let mut e = Vec::new();
     check(&s, &json!({"a": 2, "b": "x", "c": ["q"]}), "o", &mut e);
     assert!(e.is_empty(), "{e:?}");
-    check(&s, &json!({"a": 0, "b": "y", "c": ["q", "r"], "d": 1}), "o", &mut e);
+    check(
+        &s,
+        &json!({"a": 0, "b": "y", "c": ["q", "r"], "d": 1}),
+        "o",
+        &mut e,
+    );
     assert_eq!(e.len(), 4, "{e:?}");
     let mut e = Vec::new();
     check(&s, &json!({"b": 1}), "o", &mut e);
@@ -506,10 +575,13 @@ fn integer_formats_are_the_ones_kubernetes_knows() {
     let mut bad = Vec::new();
     walk(&schema(), "", &mut bad);
     assert!(bad.is_empty(), "{bad:?}");
-    let vocab = &schema()["properties"]["spec"]["properties"]["trainer"]["properties"]["data"]
-        ["properties"]["tokenizer"]["properties"]["vocabSize"];
+    let vocab = &schema()["properties"]["spec"]["properties"]["trainer"]["properties"]["data"]["properties"]
+        ["tokenizer"]["properties"]["vocabSize"];
     assert_eq!(vocab["format"], "int64");
     assert_eq!(vocab["maximum"], 1000000.0);
     let errors = validate(object(with(valid_spec(), "/trainer/seed", json!(-1))));
-    assert!(errors.iter().any(|e| e.contains("spec.trainer.seed")), "{errors:?}");
+    assert!(
+        errors.iter().any(|e| e.contains("spec.trainer.seed")),
+        "{errors:?}"
+    );
 }

@@ -13,14 +13,21 @@ use ferrotrain_operator::config::Cli;
 use serde_json::Value;
 
 fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn helm() -> Option<PathBuf> {
     if let Ok(path) = std::env::var("HELM_BIN") {
         let path = PathBuf::from(path);
         // scripts/setup-helm.sh prints the binary; accept its directory too.
-        return Some(if path.is_dir() { path.join("helm") } else { path });
+        return Some(if path.is_dir() {
+            path.join("helm")
+        } else {
+            path
+        });
     }
     let cache = std::env::var("FERROTRAIN_CACHE")
         .map(PathBuf::from)
@@ -74,10 +81,14 @@ fn documents(rendered: &str) -> Vec<Value> {
     let mut current = String::new();
     for line in rendered.lines().chain(std::iter::once("---")) {
         if line == "---" {
-            if current.lines().any(|l| !l.trim().is_empty() && !l.starts_with('#')) {
-                docs.push(serde_saphyr::from_str::<Value>(&current).unwrap_or_else(|e| {
-                    panic!("rendered YAML does not parse: {e}\n{current}")
-                }));
+            if current
+                .lines()
+                .any(|l| !l.trim().is_empty() && !l.starts_with('#'))
+            {
+                docs.push(
+                    serde_saphyr::from_str::<Value>(&current)
+                        .unwrap_or_else(|e| panic!("rendered YAML does not parse: {e}\n{current}")),
+                );
             }
             current.clear();
         } else {
@@ -111,11 +122,22 @@ fn chart_renders_crd_rbac_and_a_deployment_setting_every_flag() {
     let helm = helm_or_skip!();
     let rendered = run(
         &helm,
-        &["template", "ft", "charts/ferrotrain", "--namespace", "ops", "--include-crds"],
+        &[
+            "template",
+            "ft",
+            "charts/ferrotrain",
+            "--namespace",
+            "ops",
+            "--include-crds",
+        ],
     );
     let docs = documents(&rendered);
 
-    let crd = find(&docs, "CustomResourceDefinition", "distributedtrainings.ferrotrain.dev");
+    let crd = find(
+        &docs,
+        "CustomResourceDefinition",
+        "distributedtrainings.ferrotrain.dev",
+    );
     let generated =
         serde_json::to_value(ferrotrain_api::crd::custom_resource_definition()).unwrap();
     assert_eq!(crd, &generated, "the chart's CRD is not the generated one");
@@ -157,7 +179,11 @@ fn chart_renders_crd_rbac_and_a_deployment_setting_every_flag() {
     let rules = role["rules"].as_array().unwrap();
     let allows = |resource: &str, verb: &str| {
         rules.iter().any(|r| {
-            r["resources"].as_array().unwrap().iter().any(|x| x == resource)
+            r["resources"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|x| x == resource)
                 && r["verbs"].as_array().unwrap().iter().any(|x| x == verb)
         })
     };
@@ -171,7 +197,10 @@ fn chart_renders_crd_rbac_and_a_deployment_setting_every_flag() {
         ("secrets", "create"),
         ("events", "create"),
     ] {
-        assert!(allows(resource, verb), "ClusterRole lacks {verb} {resource}");
+        assert!(
+            allows(resource, verb),
+            "ClusterRole lacks {verb} {resource}"
+        );
     }
     find(&docs, "ClusterRole", "ft-ferrotrain-nodes");
     let lease = find(&docs, "Role", "ft-ferrotrain-leader");
@@ -222,5 +251,8 @@ fn watching_one_namespace_renders_a_role_there() {
             .map(|e| e["value"].clone())
     };
     assert_eq!(get("FERROTRAIN_OPERATOR_NAMESPACE"), Some("ml".into()));
-    assert_eq!(get("FERROTRAIN_OPERATOR_LEADER_ELECTION"), Some("false".into()));
+    assert_eq!(
+        get("FERROTRAIN_OPERATOR_LEADER_ELECTION"),
+        Some("false".into())
+    );
 }

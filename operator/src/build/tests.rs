@@ -126,8 +126,14 @@ fn names_labels_and_owner() {
     assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
     let l = pod.metadata.labels.as_ref().unwrap();
     assert_eq!(l.get("ferrotrain.dev/job").map(String::as_str), Some("mt"));
-    assert_eq!(l.get("ferrotrain.dev/attempt").map(String::as_str), Some("3"));
-    assert_eq!(l.get("ferrotrain.dev/node-rank").map(String::as_str), Some("1"));
+    assert_eq!(
+        l.get("ferrotrain.dev/attempt").map(String::as_str),
+        Some("3")
+    );
+    assert_eq!(
+        l.get("ferrotrain.dev/node-rank").map(String::as_str),
+        Some("1")
+    );
     assert_eq!(
         l.get("app.kubernetes.io/managed-by").map(String::as_str),
         Some("ferrotrain-operator")
@@ -162,7 +168,17 @@ fn volumes_and_mounts() {
     let spec = pod.spec.as_ref().unwrap();
     let volumes = spec.volumes.as_ref().unwrap();
     let names: Vec<&str> = volumes.iter().map(|v| v.name.as_str()).collect();
-    assert_eq!(names, ["shm", "tmp", "trainer-config", "checkpoints", "data", "cache"]);
+    assert_eq!(
+        names,
+        [
+            "shm",
+            "tmp",
+            "trainer-config",
+            "checkpoints",
+            "data",
+            "cache"
+        ]
+    );
     let shm = volumes[0].empty_dir.as_ref().unwrap();
     assert_eq!(shm.medium.as_deref(), Some("Memory"));
     assert_eq!(shm.size_limit, Some(Quantity("8Gi".into())));
@@ -170,7 +186,10 @@ fn volumes_and_mounts() {
     let ckpt = volumes[3].persistent_volume_claim.as_ref().unwrap();
     assert_eq!((ckpt.claim_name.as_str(), ckpt.read_only), ("ckpt", None));
     let data = volumes[4].persistent_volume_claim.as_ref().unwrap();
-    assert_eq!((data.claim_name.as_str(), data.read_only), ("wmt", Some(true)));
+    assert_eq!(
+        (data.claim_name.as_str(), data.read_only),
+        ("wmt", Some(true))
+    );
 
     let c = &spec.containers[0];
     let mounts: Vec<(&str, &str, Option<bool>)> = c
@@ -237,7 +256,10 @@ fn restricted_security_context() {
     assert_eq!(psc.run_as_non_root, Some(true));
     assert_eq!(psc.run_as_user, Some(RUN_AS));
     assert_eq!(psc.fs_group, Some(RUN_AS));
-    assert_eq!(psc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+    assert_eq!(
+        psc.seccomp_profile.as_ref().unwrap().type_,
+        "RuntimeDefault"
+    );
     let sc = spec.containers[0].security_context.as_ref().unwrap();
     assert_eq!(sc.allow_privilege_escalation, Some(false));
     assert_eq!(sc.privileged, Some(false));
@@ -269,12 +291,19 @@ fn resources_carry_gpus() {
 fn command_default_and_bring_your_own() {
     let dt = gpu_job();
     let owner = Owner::of(&dt).unwrap();
-    let c = pod(&owner, &dt.spec, 0, 0, &settings()).spec.unwrap().containers[0].clone();
+    let c = pod(&owner, &dt.spec, 0, 0, &settings())
+        .spec
+        .unwrap()
+        .containers[0]
+        .clone();
     assert_eq!(
         c.command.unwrap(),
         ["ferrotrain", "launch", "--max-restarts", "0"]
     );
-    assert_eq!(c.termination_message_path.as_deref(), Some("/dev/termination-log"));
+    assert_eq!(
+        c.termination_message_path.as_deref(),
+        Some("/dev/termination-log")
+    );
     assert_eq!(
         c.termination_message_policy.as_deref(),
         Some("FallbackToLogsOnError")
@@ -290,7 +319,10 @@ fn command_default_and_bring_your_own() {
     let p = pod(&owner, &byo.spec, 0, 0, &settings());
     let c = &p.spec.as_ref().unwrap().containers[0];
     assert_eq!(c.command.as_deref(), Some(&["torchrun".to_string()][..]));
-    assert_eq!(c.args.as_deref(), Some(&["/workspace/train.py".to_string()][..]));
+    assert_eq!(
+        c.args.as_deref(),
+        Some(&["/workspace/train.py".to_string()][..])
+    );
     let env = env_of(&p);
     assert!(!env.iter().any(|(k, _)| k == "FERROTRAIN_CONFIG"));
     assert!(env.iter().any(|(k, v)| k == "PET_NNODES" && v == "2"));
@@ -324,7 +356,10 @@ fn config_map_holds_the_trainer_config_with_the_checkpoint_policy_merged() {
     assert_eq!(config.max_steps, 100);
     assert_eq!(config.checkpoint.every_steps, 20, "spec.checkpoint wins");
     assert_eq!(config.checkpoint.keep_latest, 5);
-    assert_eq!(config.checkpoint.keep_best, 1, "unset fields keep the trainer's value");
+    assert_eq!(
+        config.checkpoint.keep_best, 1,
+        "unset fields keep the trainer's value"
+    );
 }
 
 #[test]

@@ -26,7 +26,10 @@ fn t(s: i64) -> Timestamp {
 impl Context {
     /// A context on a mocked API server, with the pod cache holding `pods`; the writer lets a
     /// test change the cache between reconciles.
-    fn test(pods: Vec<Pod>, settings: Settings) -> (Arc<Context>, Handle, reflector::store::Writer<Pod>) {
+    fn test(
+        pods: Vec<Pod>,
+        settings: Settings,
+    ) -> (Arc<Context>, Handle, reflector::store::Writer<Pod>) {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
         let (pod_store, mut writer) = reflector::store();
@@ -160,7 +163,12 @@ struct Call {
     answer: Answer,
 }
 
-fn call(method: Method, path: &str, answer: Answer, check: impl FnOnce(&Value) + Send + 'static) -> Call {
+fn call(
+    method: Method,
+    path: &str,
+    answer: Answer,
+    check: impl FnOnce(&Value) + Send + 'static,
+) -> Call {
     Call {
         method,
         path: path.to_string(),
@@ -178,11 +186,16 @@ fn status_call(
     version: &'static str,
     check: impl FnOnce(DistributedTrainingStatus) + Send + 'static,
 ) -> Call {
-    call(Method::PATCH, &status_path(), Answer::Patched(dt.clone(), version), move |body| {
-        assert_eq!(body["apiVersion"], "ferrotrain.dev/v1alpha1");
-        assert_eq!(body["kind"], "DistributedTraining");
-        check(serde_json::from_value(body["status"].clone()).unwrap())
-    })
+    call(
+        Method::PATCH,
+        &status_path(),
+        Answer::Patched(dt.clone(), version),
+        move |body| {
+            assert_eq!(body["apiVersion"], "ferrotrain.dev/v1alpha1");
+            assert_eq!(body["kind"], "DistributedTraining");
+            check(serde_json::from_value(body["status"].clone()).unwrap())
+        },
+    )
 }
 
 fn event_call(reason: &'static str) -> Call {
@@ -203,13 +216,24 @@ fn event_call(reason: &'static str) -> Call {
 async fn serve(mut handle: Handle, calls: Vec<Call>) -> Handle {
     for (i, expected) in calls.into_iter().enumerate() {
         let (request, send) = handle.next_request().await.unwrap_or_else(|| {
-            panic!("call {i} ({} {}) never came", expected.method, expected.path)
+            panic!(
+                "call {i} ({} {}) never came",
+                expected.method, expected.path
+            )
         });
-        assert_eq!(request.method(), expected.method, "call {i}: {}", request.uri());
+        assert_eq!(
+            request.method(),
+            expected.method,
+            "call {i}: {}",
+            request.uri()
+        );
         assert_eq!(request.uri().path(), expected.path, "call {i}");
         if request.method() == Method::PATCH {
             let query = request.uri().query().unwrap_or_default().to_string();
-            assert!(query.contains("fieldManager=ferrotrain-operator"), "call {i}: {query}");
+            assert!(
+                query.contains("fieldManager=ferrotrain-operator"),
+                "call {i}: {query}"
+            );
             assert!(query.contains("force=true"), "call {i}: {query}");
             assert_eq!(
                 request.headers()["content-type"],
@@ -321,14 +345,24 @@ async fn first_reconcile_writes_status_then_creates_the_gang() {
                 assert_eq!(body["stringData"]["token"].as_str().unwrap().len(), 64);
             },
         ),
-        call(Method::POST, &format!("/api/v1/namespaces/{NS}/pods"), Answer::Echo, |body| {
-            assert_eq!(body["metadata"]["name"], "mt-0-0");
-            assert_eq!(body["spec"]["hostname"], "mt-0-0");
-            assert_eq!(body["spec"]["subdomain"], "mt");
-        }),
-        call(Method::POST, &format!("/api/v1/namespaces/{NS}/pods"), Answer::Echo, |body| {
-            assert_eq!(body["metadata"]["name"], "mt-0-1");
-        }),
+        call(
+            Method::POST,
+            &format!("/api/v1/namespaces/{NS}/pods"),
+            Answer::Echo,
+            |body| {
+                assert_eq!(body["metadata"]["name"], "mt-0-0");
+                assert_eq!(body["spec"]["hostname"], "mt-0-0");
+                assert_eq!(body["spec"]["subdomain"], "mt");
+            },
+        ),
+        call(
+            Method::POST,
+            &format!("/api/v1/namespaces/{NS}/pods"),
+            Answer::Echo,
+            |body| {
+                assert_eq!(body["metadata"]["name"], "mt-0-1");
+            },
+        ),
         event_call("Created"),
     ];
     let (action, _) = reconcile_expecting(&ctx, handle, dt, now, calls).await;
@@ -348,11 +382,36 @@ async fn objects_that_already_exist_are_not_an_error() {
     let (ctx, handle, _) = Context::test(vec![], Settings::default());
     let exists = || Answer::Error(409, "AlreadyExists");
     let calls = vec![
-        call(Method::PATCH, &format!("/api/v1/namespaces/{NS}/services/{NAME}"), Answer::Echo, |_| {}),
-        call(Method::PATCH, &format!("/api/v1/namespaces/{NS}/configmaps/{NAME}-config"), Answer::Echo, |_| {}),
-        call(Method::POST, &format!("/api/v1/namespaces/{NS}/secrets"), exists(), |_| {}),
-        call(Method::POST, &format!("/api/v1/namespaces/{NS}/pods"), exists(), |_| {}),
-        call(Method::POST, &format!("/api/v1/namespaces/{NS}/pods"), exists(), |_| {}),
+        call(
+            Method::PATCH,
+            &format!("/api/v1/namespaces/{NS}/services/{NAME}"),
+            Answer::Echo,
+            |_| {},
+        ),
+        call(
+            Method::PATCH,
+            &format!("/api/v1/namespaces/{NS}/configmaps/{NAME}-config"),
+            Answer::Echo,
+            |_| {},
+        ),
+        call(
+            Method::POST,
+            &format!("/api/v1/namespaces/{NS}/secrets"),
+            exists(),
+            |_| {},
+        ),
+        call(
+            Method::POST,
+            &format!("/api/v1/namespaces/{NS}/pods"),
+            exists(),
+            |_| {},
+        ),
+        call(
+            Method::POST,
+            &format!("/api/v1/namespaces/{NS}/pods"),
+            exists(),
+            |_| {},
+        ),
         event_call("Created"),
     ];
     let (action, _) = reconcile_expecting(&ctx, handle, job(Some(status)), t(101), calls).await;
@@ -363,7 +422,12 @@ async fn objects_that_already_exist_are_not_an_error() {
 async fn a_failed_rank_restarts_the_whole_gang_once_even_from_a_stale_cache() {
     let pods = vec![
         pod(0, 0, running(), "10.0.0.1"),
-        pod(0, 1, exited(1, "collective all_reduce timed out after 60s"), "10.0.0.2"),
+        pod(
+            0,
+            1,
+            exited(1, "collective all_reduce timed out after 60s"),
+            "10.0.0.2",
+        ),
     ];
     let (ctx, handle, mut pod_cache) = Context::test(pods, Settings::default());
     let dt = job(Some(running_status()));
@@ -424,20 +488,48 @@ async fn a_failed_rank_restarts_the_whole_gang_once_even_from_a_stale_cache() {
             assert_eq!((s.attempt, s.restarts), (1, 1));
             assert!(!s.is_true(condition::RESTARTING));
         }),
-        call(Method::PATCH, &format!("/api/v1/namespaces/{NS}/services/{NAME}"), Answer::Echo, |_| {}),
-        call(Method::PATCH, &format!("/api/v1/namespaces/{NS}/configmaps/{NAME}-config"), Answer::Echo, |_| {}),
-        call(Method::POST, &format!("/api/v1/namespaces/{NS}/secrets"), Answer::Error(409, "AlreadyExists"), |_| {}),
-        call(Method::POST, &format!("/api/v1/namespaces/{NS}/pods"), Answer::Echo, |body| {
-            assert_eq!(body["metadata"]["name"], "mt-1-0");
-            let env = body["spec"]["containers"][0]["env"].as_array().unwrap();
-            let master = env.iter().find(|e| e["name"] == "MASTER_ADDR").unwrap();
-            assert_eq!(master["value"], "mt-1-0.mt.ml.svc");
-            let count = env.iter().find(|e| e["name"] == "TORCHELASTIC_RESTART_COUNT").unwrap();
-            assert_eq!(count["value"], "1");
-        }),
-        call(Method::POST, &format!("/api/v1/namespaces/{NS}/pods"), Answer::Echo, |body| {
-            assert_eq!(body["metadata"]["name"], "mt-1-1");
-        }),
+        call(
+            Method::PATCH,
+            &format!("/api/v1/namespaces/{NS}/services/{NAME}"),
+            Answer::Echo,
+            |_| {},
+        ),
+        call(
+            Method::PATCH,
+            &format!("/api/v1/namespaces/{NS}/configmaps/{NAME}-config"),
+            Answer::Echo,
+            |_| {},
+        ),
+        call(
+            Method::POST,
+            &format!("/api/v1/namespaces/{NS}/secrets"),
+            Answer::Error(409, "AlreadyExists"),
+            |_| {},
+        ),
+        call(
+            Method::POST,
+            &format!("/api/v1/namespaces/{NS}/pods"),
+            Answer::Echo,
+            |body| {
+                assert_eq!(body["metadata"]["name"], "mt-1-0");
+                let env = body["spec"]["containers"][0]["env"].as_array().unwrap();
+                let master = env.iter().find(|e| e["name"] == "MASTER_ADDR").unwrap();
+                assert_eq!(master["value"], "mt-1-0.mt.ml.svc");
+                let count = env
+                    .iter()
+                    .find(|e| e["name"] == "TORCHELASTIC_RESTART_COUNT")
+                    .unwrap();
+                assert_eq!(count["value"], "1");
+            },
+        ),
+        call(
+            Method::POST,
+            &format!("/api/v1/namespaces/{NS}/pods"),
+            Answer::Echo,
+            |body| {
+                assert_eq!(body["metadata"]["name"], "mt-1-1");
+            },
+        ),
         event_call("Created"),
     ];
     let (action, _) = reconcile_expecting(&ctx, handle, dt, t(110), calls).await;
@@ -448,12 +540,22 @@ async fn a_failed_rank_restarts_the_whole_gang_once_even_from_a_stale_cache() {
 async fn a_permanent_exit_code_fails_the_job_with_the_ranks_message() {
     let pods = vec![
         pod(0, 0, running(), "10.0.0.1"),
-        pod(0, 1, exited(3, "data/train.de: no such file or directory"), "10.0.0.2"),
+        pod(
+            0,
+            1,
+            exited(3, "data/train.de: no such file or directory"),
+            "10.0.0.2",
+        ),
     ];
     let (ctx, handle, _) = Context::test(pods, Settings::default());
     let dt = job(Some(running_status()));
     let calls = vec![
-        call(Method::DELETE, &format!("/api/v1/namespaces/{NS}/pods/mt-0-0"), Answer::Deleted, |_| {}),
+        call(
+            Method::DELETE,
+            &format!("/api/v1/namespaces/{NS}/pods/mt-0-0"),
+            Answer::Deleted,
+            |_| {},
+        ),
         status_call(&dt, "101", |s| {
             assert_eq!(s.phase, Phase::Failed);
             assert_eq!(s.restarts, 0);
@@ -517,7 +619,10 @@ async fn progress_is_polled_from_rank_0_and_written_once() {
         trainer_metrics_port: port,
         ..Settings::default()
     };
-    let pods = vec![pod(0, 0, running(), "127.0.0.1"), pod(0, 1, running(), "127.0.0.2")];
+    let pods = vec![
+        pod(0, 0, running(), "127.0.0.1"),
+        pod(0, 1, running(), "127.0.0.2"),
+    ];
     let (ctx, handle, _) = Context::test(pods, settings);
     let dt = job(Some(running_status()));
     let calls = vec![status_call(&dt, "101", |s| {
@@ -544,7 +649,10 @@ async fn an_unchanged_progress_report_causes_no_write() {
         trainer_metrics_port: port,
         ..Settings::default()
     };
-    let pods = vec![pod(0, 0, running(), "127.0.0.1"), pod(0, 1, running(), "127.0.0.2")];
+    let pods = vec![
+        pod(0, 0, running(), "127.0.0.1"),
+        pod(0, 1, running(), "127.0.0.2"),
+    ];
     let (ctx, handle, _) = Context::test(pods, settings);
     let mut status = running_status();
     status.progress = Some(TrainingProgress {

@@ -76,7 +76,12 @@ fn cond(type_: &str, status: bool, since: i64) -> Condition {
     }
 }
 
-fn status(phase: Phase, attempt: i32, restarts: i32, conditions: Vec<Condition>) -> DistributedTrainingStatus {
+fn status(
+    phase: Phase,
+    attempt: i32,
+    restarts: i32,
+    conditions: Vec<Condition>,
+) -> DistributedTrainingStatus {
     DistributedTrainingStatus {
         phase,
         attempt,
@@ -93,7 +98,10 @@ fn running_status(attempt: i32, restarts: i32) -> DistributedTrainingStatus {
         Phase::Running,
         attempt,
         restarts,
-        vec![cond(condition::CREATED, true, 0), cond(condition::RUNNING, true, 10)],
+        vec![
+            cond(condition::CREATED, true, 0),
+            cond(condition::RUNNING, true, 10),
+        ],
     )
 }
 
@@ -200,7 +208,12 @@ fn rows() -> Vec<Row> {
         },
         Row {
             name: "all pods running",
-            status: status(Phase::Starting, 0, 0, vec![cond(condition::CREATED, true, 0)]),
+            status: status(
+                Phase::Starting,
+                0,
+                0,
+                vec![cond(condition::CREATED, true, 0)],
+            ),
             pods: vec![running(0, 0), running(0, 1)],
             phase: Phase::Running,
             events: vec!["Running"],
@@ -229,7 +242,10 @@ fn rows() -> Vec<Row> {
         Row {
             name: "one rank failed permanent: Failed, no restart",
             status: running_status(0, 0),
-            pods: vec![running(0, 0), exited(0, 1, 3, "data/train.en: no such file", 90)],
+            pods: vec![
+                running(0, 0),
+                exited(0, 1, 3, "data/train.en: no such file", 90),
+            ],
             phase: Phase::Failed,
             actions: vec![del(0, 0)],
             events: vec!["RankFailed", "Failed"],
@@ -294,7 +310,10 @@ fn rows() -> Vec<Row> {
                 Phase::Restarting,
                 0,
                 1,
-                vec![cond(condition::CREATED, true, 0), cond(condition::RESTARTING, true, 95)],
+                vec![
+                    cond(condition::CREATED, true, 0),
+                    cond(condition::RESTARTING, true, 95),
+                ],
             ),
             pods: vec![
                 deleting(node_lost(running(0, 1), 0), 30),
@@ -313,7 +332,10 @@ fn rows() -> Vec<Row> {
                 Phase::Restarting,
                 0,
                 1,
-                vec![cond(condition::CREATED, true, 0), cond(condition::RESTARTING, true, 95)],
+                vec![
+                    cond(condition::CREATED, true, 0),
+                    cond(condition::RESTARTING, true, 95),
+                ],
             ),
             pods: vec![deleting(node_lost(running(0, 1), 0), 90)],
             phase: Phase::Restarting,
@@ -367,7 +389,10 @@ fn rows() -> Vec<Row> {
                 Phase::Suspended,
                 0,
                 0,
-                vec![cond(condition::CREATED, true, 0), cond(condition::SUSPENDED, true, 50)],
+                vec![
+                    cond(condition::CREATED, true, 0),
+                    cond(condition::SUSPENDED, true, 50),
+                ],
             ),
             pods: vec![deleting(running(0, 0), 50)],
             phase: Phase::Suspended,
@@ -379,7 +404,10 @@ fn rows() -> Vec<Row> {
                 Phase::Suspended,
                 0,
                 0,
-                vec![cond(condition::CREATED, true, 0), cond(condition::SUSPENDED, true, 50)],
+                vec![
+                    cond(condition::CREATED, true, 0),
+                    cond(condition::SUSPENDED, true, 50),
+                ],
             ),
             phase: Phase::Pending,
             attempt: 1,
@@ -465,7 +493,10 @@ fn rows() -> Vec<Row> {
                 Phase::Restarting,
                 0,
                 1,
-                vec![cond(condition::CREATED, true, 0), cond(condition::RESTARTING, true, 95)],
+                vec![
+                    cond(condition::CREATED, true, 0),
+                    cond(condition::RESTARTING, true, 95),
+                ],
             ),
             pods: vec![deleting(running(0, 0), 95), exited(0, 1, 1, "", 94)],
             phase: Phase::Restarting,
@@ -479,7 +510,10 @@ fn rows() -> Vec<Row> {
                 Phase::Restarting,
                 0,
                 1,
-                vec![cond(condition::CREATED, true, 0), cond(condition::RESTARTING, true, 95)],
+                vec![
+                    cond(condition::CREATED, true, 0),
+                    cond(condition::RESTARTING, true, 95),
+                ],
             ),
             pods: vec![running(0, 0), exited(0, 1, 1, "", 94)],
             phase: Phase::Restarting,
@@ -494,7 +528,10 @@ fn rows() -> Vec<Row> {
                 Phase::Restarting,
                 0,
                 1,
-                vec![cond(condition::CREATED, true, 0), cond(condition::RESTARTING, true, 89)],
+                vec![
+                    cond(condition::CREATED, true, 0),
+                    cond(condition::RESTARTING, true, 89),
+                ],
             ),
             pods: vec![deleting(running(0, 0), 95), exited(0, 1, 1, "", 94)],
             phase: Phase::Pending,
@@ -586,12 +623,19 @@ fn every_decision_is_idempotent_when_replayed_on_its_own_status() {
             replay.name
         );
         assert!(
-            !second.events.iter().any(|e| matches!(e.reason, "Restarting" | "Failed" | "Succeeded" | "Suspended" | "Resumed" | "Running")),
+            !second.events.iter().any(|e| matches!(
+                e.reason,
+                "Restarting" | "Failed" | "Succeeded" | "Suspended" | "Resumed" | "Running"
+            )),
             "{}: replay emitted {:?}",
             replay.name,
             second.events
         );
-        assert_eq!(second.status, first.status, "{}: status not stable", replay.name);
+        assert_eq!(
+            second.status, first.status,
+            "{}: status not stable",
+            replay.name
+        );
     }
 }
 
@@ -599,7 +643,10 @@ fn every_decision_is_idempotent_when_replayed_on_its_own_status() {
 fn permanent_failure_reports_the_ranks_termination_message() {
     let row = Row {
         status: running_status(0, 0),
-        pods: vec![running(0, 0), exited(0, 1, 3, "data/train.en: no such file", 90)],
+        pods: vec![
+            running(0, 0),
+            exited(0, 1, 3, "data/train.en: no such file", 90),
+        ],
         ..Row::default()
     };
     let d = run(&row);
@@ -646,8 +693,16 @@ fn max_restarts_message_carries_the_last_failure() {
     let d = run(&row);
     let failed = d.status.condition(condition::FAILED).unwrap();
     assert_eq!(failed.reason, "MaxRestartsReached");
-    assert!(failed.message.contains("maxRestarts 1 reached"), "{}", failed.message);
-    assert!(failed.message.contains("NCCL timeout"), "{}", failed.message);
+    assert!(
+        failed.message.contains("maxRestarts 1 reached"),
+        "{}",
+        failed.message
+    );
+    assert!(
+        failed.message.contains("NCCL timeout"),
+        "{}",
+        failed.message
+    );
 }
 
 #[test]
@@ -669,7 +724,7 @@ fn progress_is_written_only_when_it_changes() {
     let row = Row {
         status: running_status(0, 0),
         pods: vec![running(0, 0), running(0, 1)],
-        progress: ProgressObservation::Report(report(100, 2.34567)),
+        progress: ProgressObservation::Report(Box::new(report(100, 2.34567))),
         ..Row::default()
     };
     let first = run(&row);
@@ -678,16 +733,13 @@ fn progress_is_written_only_when_it_changes() {
     assert_eq!(p.report.loss, Some(2.346));
     assert_eq!(p.eta.as_deref(), Some("7m"));
     assert_eq!(p.updated_at, Some(Time(t(100))));
-    assert_eq!(
-        p.estimated_completion_time,
-        Some(Time(t(100 + 450)))
-    );
+    assert_eq!(p.estimated_completion_time, Some(Time(t(100 + 450))));
     assert!(first.status.is_true(condition::PROGRESS_AVAILABLE));
 
     // The same report (up to noise below the shown precision) a poll later: no change at all.
     let again = Row {
         status: first.status.clone(),
-        progress: ProgressObservation::Report(report(100, 2.345671)),
+        progress: ProgressObservation::Report(Box::new(report(100, 2.345671))),
         now: 105,
         ..row
     };
@@ -697,7 +749,7 @@ fn progress_is_written_only_when_it_changes() {
 
     // The step advanced: written, with a new update time.
     let advanced = Row {
-        progress: ProgressObservation::Report(report(110, 2.3)),
+        progress: ProgressObservation::Report(Box::new(report(110, 2.3))),
         now: 110,
         ..again
     };
@@ -715,12 +767,13 @@ fn stalled_progress_restarts_the_gang() {
         updated_at: Some(Time(t(50))),
         ..TrainingProgress::default()
     });
-    s.conditions.push(cond(condition::PROGRESS_AVAILABLE, true, 20));
+    s.conditions
+        .push(cond(condition::PROGRESS_AVAILABLE, true, 20));
     let row = Row {
         spec: |s| s.stall_timeout_seconds = 60,
         status: s,
         pods: vec![running(0, 0), running(0, 1)],
-        progress: ProgressObservation::Report(report(100, 2.0)),
+        progress: ProgressObservation::Report(Box::new(report(100, 2.0))),
         now: 111,
         ..Row::default()
     };
@@ -742,7 +795,8 @@ fn stalled_progress_restarts_the_gang() {
 #[test]
 fn stall_detection_is_off_without_a_progress_endpoint() {
     let mut s = running_status(0, 0);
-    s.conditions.push(cond(condition::PROGRESS_AVAILABLE, false, 20));
+    s.conditions
+        .push(cond(condition::PROGRESS_AVAILABLE, false, 20));
     let row = Row {
         spec: |s| s.stall_timeout_seconds = 60,
         status: s,
@@ -775,7 +829,10 @@ fn bring_your_own_image_without_progress_is_reported_once() {
     let reasons: Vec<_> = d.events.iter().map(|e| e.reason).collect();
     assert_eq!(reasons, ["ProgressUnavailable"]);
     let c = d.status.condition(condition::PROGRESS_AVAILABLE).unwrap();
-    assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "NoProgressEndpoint"));
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "NoProgressEndpoint")
+    );
     assert!(d.status.progress.is_none());
 
     let later = Row {
@@ -798,7 +855,10 @@ fn invalid_spec_warns_once_and_waits() {
     assert_eq!(d.actions, vec![]);
     assert_eq!(d.requeue_after, None);
     let c = d.status.condition(condition::CREATED).unwrap();
-    assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "InvalidSpec"));
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "InvalidSpec")
+    );
     let again = Row {
         status: d.status.clone(),
         ..row
@@ -811,13 +871,22 @@ fn replica_counts_follow_the_current_attempt() {
     let row = Row {
         spec: |s| s.replicas = 3,
         status: running_status(1, 1),
-        pods: vec![running(1, 0), running(1, 1), pending(1, 2), exited(0, 0, 1, "", 1)],
+        pods: vec![
+            running(1, 0),
+            running(1, 1),
+            pending(1, 2),
+            exited(0, 0, 1, "", 1),
+        ],
         ..Row::default()
     };
     let d = run(&row);
     assert_eq!(d.status.phase, Phase::Starting);
     assert_eq!(
-        (d.status.replicas, d.status.running_replicas, d.status.succeeded_replicas),
+        (
+            d.status.replicas,
+            d.status.running_replicas,
+            d.status.succeeded_replicas
+        ),
         (3, 2, 0)
     );
 }
@@ -825,11 +894,41 @@ fn replica_counts_follow_the_current_attempt() {
 #[test]
 fn conditions_keep_their_transition_time_while_unchanged() {
     let mut conditions = vec![];
-    set_condition(&mut conditions, "Running", true, "A", "x".into(), t(1), Some(1));
-    set_condition(&mut conditions, "Running", true, "B", "y".into(), t(5), Some(2));
+    set_condition(
+        &mut conditions,
+        "Running",
+        true,
+        "A",
+        "x".into(),
+        t(1),
+        Some(1),
+    );
+    set_condition(
+        &mut conditions,
+        "Running",
+        true,
+        "B",
+        "y".into(),
+        t(5),
+        Some(2),
+    );
     assert_eq!(conditions[0].last_transition_time, Time(t(1)));
-    assert_eq!((conditions[0].reason.as_str(), conditions[0].observed_generation), ("B", Some(2)));
-    set_condition(&mut conditions, "Running", false, "C", String::new(), t(9), Some(2));
+    assert_eq!(
+        (
+            conditions[0].reason.as_str(),
+            conditions[0].observed_generation
+        ),
+        ("B", Some(2))
+    );
+    set_condition(
+        &mut conditions,
+        "Running",
+        false,
+        "C",
+        String::new(),
+        t(9),
+        Some(2),
+    );
     assert_eq!(conditions[0].last_transition_time, Time(t(9)));
     assert_eq!(conditions.len(), 1);
 }
