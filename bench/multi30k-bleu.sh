@@ -12,7 +12,7 @@ data="${MULTI30K:-../shared/data/multi30k}"
 runs="${RUNS:-runs/bench}"
 job="multi30k-$(date +%Y%m%d-%H%M%S)"
 
-cargo build --release -p ferrotrain-trainer
+cargo build -p ferrotrain-trainer
 start=$(date +%s)
 ferrotrain run --config "$config" --checkpoint-dir "$runs" --job "$job"
 end=$(date +%s)

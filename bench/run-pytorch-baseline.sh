@@ -9,7 +9,7 @@ if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c "import torch, token
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q torch==2.11.0 tokenizers
 fi
-cargo build --release -p ferrotrain-trainer
+cargo build -p ferrotrain-trainer
 runs=runs/bench-baseline
 rm -rf "$runs"
 # ferrotrain: 70 steps of the same config (learns and saves the BPE the PyTorch run reuses).

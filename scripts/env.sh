@@ -5,5 +5,5 @@ LIBTORCH="$("$_ferrotrain_root/scripts/setup-libtorch.sh" | tail -n1)"
 export LIBTORCH
 # Under contention libgomp's spinning threads steal the cores other ranks need.
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
-export PATH="$_ferrotrain_root/target/release:$PATH"
+export PATH="$_ferrotrain_root/target/debug:$PATH"
 unset _ferrotrain_root

@@ -6,8 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
 
-echo "==> building ferrotrain (release)"
-cargo build --release -p ferrotrain-trainer
+echo "==> building ferrotrain"
+cargo build -p ferrotrain-trainer
 
 export FERROTRAIN_JOB=quickstart
 export FERROTRAIN_CHECKPOINT_DIR="${FERROTRAIN_CHECKPOINT_DIR:-runs}"

@@ -621,7 +621,10 @@ impl TrainerConfig {
                         "is required for task translation (source and target files)".into(),
                     );
                 }
-                for (name, files) in [("data.train", &self.data.train), ("data.valid", &self.data.valid)] {
+                for (name, files) in [
+                    ("data.train", &self.data.train),
+                    ("data.valid", &self.data.valid),
+                ] {
                     if let Some(f) = files {
                         if f.source.trim().is_empty() {
                             bad(&format!("{name}.source"), "must name a file".into());
@@ -669,7 +672,10 @@ impl TrainerConfig {
             Task::Copy => {
                 let c = &self.copy;
                 if c.symbols < 2 {
-                    bad("copy.symbols", format!("must be at least 2, got {}", c.symbols));
+                    bad(
+                        "copy.symbols",
+                        format!("must be at least 2, got {}", c.symbols),
+                    );
                 }
                 if c.min_length == 0 {
                     bad("copy.minLength", "must be at least 1".into());
@@ -677,7 +683,10 @@ impl TrainerConfig {
                 if c.max_length < c.min_length {
                     bad(
                         "copy.maxLength",
-                        format!("{} is less than copy.minLength {}", c.max_length, c.min_length),
+                        format!(
+                            "{} is less than copy.minLength {}",
+                            c.max_length, c.min_length
+                        ),
                     );
                 }
                 if c.max_length + 2 > self.model.max_positions {
@@ -733,14 +742,20 @@ impl TrainerConfig {
             bad("model.ffnDim", "must be at least 1".into());
         }
         if !(0.0..1.0).contains(&m.dropout) {
-            bad("model.dropout", format!("must be in [0, 1), got {}", m.dropout));
+            bad(
+                "model.dropout",
+                format!("must be in [0, 1), got {}", m.dropout),
+            );
         }
         if self.batch.accumulate == 0 {
             bad("batch.accumulate", "must be at least 1".into());
         }
         let o = &self.optimizer;
         if !(o.lr.is_finite() && o.lr > 0.0) {
-            bad("optimizer.lr", format!("must be a positive number, got {}", o.lr));
+            bad(
+                "optimizer.lr",
+                format!("must be a positive number, got {}", o.lr),
+            );
         }
         for (path, v) in [("optimizer.beta1", o.beta1), ("optimizer.beta2", o.beta2)] {
             if !(0.0..1.0).contains(&v) {
@@ -781,25 +796,35 @@ impl TrainerConfig {
             );
         }
         if self.checkpoint.every_seconds == Some(0) {
-            bad("checkpoint.everySeconds", "must be at least 1 when set".into());
+            bad(
+                "checkpoint.everySeconds",
+                "must be at least 1 when set".into(),
+            );
         }
         let d = &self.distributed;
         if d.bucket_mib == 0 {
             bad("distributed.bucketMib", "must be at least 1".into());
         }
         if d.collective_timeout_seconds == 0 {
-            bad("distributed.collectiveTimeoutSeconds", "must be at least 1".into());
+            bad(
+                "distributed.collectiveTimeoutSeconds",
+                "must be at least 1".into(),
+            );
         }
         if d.rendezvous_timeout_seconds == 0 {
-            bad("distributed.rendezvousTimeoutSeconds", "must be at least 1".into());
+            bad(
+                "distributed.rendezvousTimeoutSeconds",
+                "must be at least 1".into(),
+            );
         }
         errors
     }
 
     /// A stable digest of everything that shapes the model's tensors and vocabulary; a
     /// checkpoint whose digest differs cannot be resumed by this config (exit code 4).
-    /// Training length, data paths, batching, optimizer hyper-parameters, evaluation and
-    /// checkpoint cadence may all change between runs.
+    /// Training length, data paths, optimizer hyper-parameters, evaluation and checkpoint
+    /// cadence may change between runs. (Changing the batching usually moves batch
+    /// boundaries; resuming then fails at the data position, also with exit code 4.)
     pub fn digest(&self) -> String {
         let shaping = serde_json::json!({
             "task": self.task,
