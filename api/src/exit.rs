@@ -14,5 +14,8 @@ pub const INCOMPATIBLE_CHECKPOINT: i32 = 4;
 
 /// True for codes that a restart cannot fix.
 pub fn is_permanent(code: i32) -> bool {
-    matches!(code, INVALID_CONFIG | INVALID_DATA | INCOMPATIBLE_CHECKPOINT)
+    matches!(
+        code,
+        INVALID_CONFIG | INVALID_DATA | INCOMPATIBLE_CHECKPOINT
+    )
 }

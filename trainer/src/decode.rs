@@ -42,8 +42,14 @@ pub fn greedy(model: &Transformer, sources: &[&[u32]], device: Device) -> Vec<Ve
         for t in 0..=limits.iter().copied().max().unwrap_or(0) {
             let next = model.decode_step(&mut state, &prev).argmax(-1, false);
             let at_limit = limit_t.le(t);
-            let next = next.where_self(&at_limit.logical_not(), &Tensor::from(EOS).to_device(device));
-            let next = next.where_self(&finished.logical_not(), &Tensor::from(PAD).to_device(device));
+            let next = next.where_self(
+                &at_limit.logical_not(),
+                &Tensor::from(EOS).to_device(device),
+            );
+            let next = next.where_self(
+                &finished.logical_not(),
+                &Tensor::from(PAD).to_device(device),
+            );
             finished = finished.logical_or(&next.eq(EOS));
             steps.push(next.shallow_clone());
             prev = next;
@@ -69,7 +75,12 @@ fn strip(row: &[i64]) -> Vec<u32> {
 /// Beam search of one batch with `beam` hypotheses per sentence; scores are log-probability
 /// divided by length (fairseq's default length penalty of 1). Returns the best hypothesis
 /// of each sentence, ids without BOS/EOS.
-pub fn beam_search(model: &Transformer, sources: &[&[u32]], beam: usize, device: Device) -> Vec<Vec<u32>> {
+pub fn beam_search(
+    model: &Transformer,
+    sources: &[&[u32]],
+    beam: usize,
+    device: Device,
+) -> Vec<Vec<u32>> {
     if beam <= 1 {
         return greedy(model, sources, device);
     }
@@ -79,11 +90,14 @@ pub fn beam_search(model: &Transformer, sources: &[&[u32]], beam: usize, device:
         let limits = output_limits(model, sources);
         let b = batch as usize;
         let k = beam;
-        let expand = Tensor::arange(batch, (Kind::Int64, device)).repeat_interleave_self_int(k as i64, 0, None);
+        let expand = Tensor::arange(batch, (Kind::Int64, device))
+            .repeat_interleave_self_int(k as i64, 0, None);
         let mut state = model.start_decoding(&src.index_select(0, &expand));
         // Alive beams: tokens so far and cumulative log-probability.
         let mut tokens: Vec<Vec<i64>> = vec![Vec::new(); b * k];
-        let mut scores: Vec<f64> = (0..b * k).map(|i| if i % k == 0 { 0.0 } else { f64::NEG_INFINITY }).collect();
+        let mut scores: Vec<f64> = (0..b * k)
+            .map(|i| if i % k == 0 { 0.0 } else { f64::NEG_INFINITY })
+            .collect();
         let mut prev = vec![BOS; b * k];
         let mut done: Vec<Vec<(f64, Vec<i64>)>> = vec![Vec::new(); b];
         for t in 0..=limits.iter().copied().max().unwrap_or(0) {
@@ -107,10 +121,19 @@ pub fn beam_search(model: &Transformer, sources: &[&[u32]], beam: usize, device:
             let prev_t = Tensor::from_slice(&prev).to_device(device);
             let logp = model.decode_step(&mut state, &prev_t);
             let vocab = logp.size()[1];
-            let total = logp + Tensor::from_slice(&scores).to_device(device).to_kind(Kind::Float).unsqueeze(1);
-            let (top_scores, top_index) = total.view([batch, k as i64 * vocab]).topk(2 * k as i64, -1, true, true);
-            let top_scores: Vec<Vec<f32>> = Vec::try_from(top_scores.to_device(Device::Cpu)).expect("float matrix");
-            let top_index: Vec<Vec<i64>> = Vec::try_from(top_index.to_device(Device::Cpu)).expect("int64 matrix");
+            let total = logp
+                + Tensor::from_slice(&scores)
+                    .to_device(device)
+                    .to_kind(Kind::Float)
+                    .unsqueeze(1);
+            let (top_scores, top_index) =
+                total
+                    .view([batch, k as i64 * vocab])
+                    .topk(2 * k as i64, -1, true, true);
+            let top_scores: Vec<Vec<f32>> =
+                Vec::try_from(top_scores.to_device(Device::Cpu)).expect("float matrix");
+            let top_index: Vec<Vec<i64>> =
+                Vec::try_from(top_index.to_device(Device::Cpu)).expect("int64 matrix");
             let mut reorder = Vec::with_capacity(b * k);
             let mut next_tokens = vec![Vec::new(); b * k];
             let mut next_scores = vec![f64::NEG_INFINITY; b * k];
@@ -162,7 +185,9 @@ pub fn beam_search(model: &Transformer, sources: &[&[u32]], beam: usize, device:
             .map(|(s, mut hyps)| {
                 if hyps.is_empty() {
                     // No hypothesis finished (cannot happen with the last-step rule, but be safe).
-                    let best = (0..k).max_by(|&a, &c| scores[s * k + a].total_cmp(&scores[s * k + c])).unwrap_or(0);
+                    let best = (0..k)
+                        .max_by(|&a, &c| scores[s * k + a].total_cmp(&scores[s * k + c]))
+                        .unwrap_or(0);
                     return strip(&tokens[s * k + best]);
                 }
                 hyps.sort_by(|a, c| c.0.total_cmp(&a.0));
@@ -174,7 +199,13 @@ pub fn beam_search(model: &Transformer, sources: &[&[u32]], beam: usize, device:
 
 /// Translates many sentences: sorts by length, decodes in batches of about
 /// `max_tokens` source tokens, and returns outputs in the input order.
-pub fn translate(model: &Transformer, sources: &[Vec<u32>], beam: usize, max_tokens: usize, device: Device) -> Vec<Vec<u32>> {
+pub fn translate(
+    model: &Transformer,
+    sources: &[Vec<u32>],
+    beam: usize,
+    max_tokens: usize,
+    device: Device,
+) -> Vec<Vec<u32>> {
     let mut order: Vec<usize> = (0..sources.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(sources[i].len()));
     let mut outputs = vec![Vec::new(); sources.len()];
@@ -184,7 +215,10 @@ pub fn translate(model: &Transformer, sources: &[Vec<u32>], beam: usize, max_tok
     while start < order.len() {
         let longest = sources[order[start]].len() + 1;
         let count = (budget / longest).clamp(1, 512).min(order.len() - start);
-        let batch: Vec<&[u32]> = order[start..start + count].iter().map(|&i| sources[i].as_slice()).collect();
+        let batch: Vec<&[u32]> = order[start..start + count]
+            .iter()
+            .map(|&i| sources[i].as_slice())
+            .collect();
         let decoded = beam_search(model, &batch, beam, device);
         for (&i, out) in order[start..start + count].iter().zip(decoded) {
             outputs[i] = out;
@@ -224,8 +258,12 @@ mod tests {
         tin.extend(hyp.iter().map(|&t| i64::from(t)));
         let mut tout: Vec<i64> = hyp.iter().map(|&t| i64::from(t)).collect();
         tout.push(EOS);
-        let logp = m.forward(&s, &Tensor::from_slice(&tin).unsqueeze(0), false).log_softmax(-1, Kind::Float);
-        let picked = logp.squeeze_dim(0).gather(1, &Tensor::from_slice(&tout).unsqueeze(1), false);
+        let logp = m
+            .forward(&s, &Tensor::from_slice(&tin).unsqueeze(0), false)
+            .log_softmax(-1, Kind::Float);
+        let picked = logp
+            .squeeze_dim(0)
+            .gather(1, &Tensor::from_slice(&tout).unsqueeze(1), false);
         picked.sum(Kind::Double).double_value(&[])
     }
 
@@ -248,8 +286,14 @@ mod tests {
         for src in &sources {
             let g = &greedy(&m, &[src.as_slice()], Device::Cpu)[0];
             let b = &beam_search(&m, &[src.as_slice()], 4, Device::Cpu)[0];
-            let (gs, bs) = (score(&m, src, g) / (g.len() + 1) as f64, score(&m, src, b) / (b.len() + 1) as f64);
-            assert!(bs >= gs - 1e-4, "beam {b:?} ({bs}) worse than greedy {g:?} ({gs})");
+            let (gs, bs) = (
+                score(&m, src, g) / (g.len() + 1) as f64,
+                score(&m, src, b) / (b.len() + 1) as f64,
+            );
+            assert!(
+                bs >= gs - 1e-4,
+                "beam {b:?} ({bs}) worse than greedy {g:?} ({gs})"
+            );
         }
         // Batched beam search gives the same result as one sentence at a time.
         let refs: Vec<&[u32]> = sources.iter().map(Vec::as_slice).collect();

@@ -11,7 +11,11 @@ use ferrotrain_trainer::error::{Result, TrainError, write_termination_message};
 use ferrotrain_trainer::{bleu, checkpoint, data, decode, dist, launch, model, train};
 
 #[derive(Parser, Debug)]
-#[command(name = "ferrotrain", version, about = "Distributed transformer training on libtorch")]
+#[command(
+    name = "ferrotrain",
+    version,
+    about = "Distributed transformer training on libtorch"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -87,7 +91,10 @@ fn threads_for(config: &TrainerConfig, local_world_size: usize) -> i32 {
     if let Some(t) = config.threads {
         return t as i32;
     }
-    if let Some(t) = std::env::var("OMP_NUM_THREADS").ok().and_then(|v| v.parse::<i32>().ok()) {
+    if let Some(t) = std::env::var("OMP_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok())
+    {
         return t.max(1);
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -155,7 +162,10 @@ fn resolve_checkpoint(path: &Path) -> Result<(PathBuf, PathBuf)> {
         return Ok((job, path.to_path_buf()));
     }
     if !path.is_dir() {
-        return Err(TrainError::Data(format!("--checkpoint {}: no such directory", path.display())));
+        return Err(TrainError::Data(format!(
+            "--checkpoint {}: no such directory",
+            path.display()
+        )));
     }
     let store = checkpoint::CheckpointStore::new(path, Default::default())?;
     match store.latest()? {
@@ -194,7 +204,10 @@ fn translate(args: TranslateArgs) -> Result<()> {
     let net = model::Transformer::new(&vs.root(), &config.model, vocab.size() as i64);
     train::restore_model(&model::named_parameters(&vs), &loaded.model)?;
     tracing::info!(step = loaded.state.step, dir = %dir.display(), beam = args.beam, "translating");
-    let lines: Vec<String> = std::io::stdin().lock().lines().collect::<std::io::Result<_>>()?;
+    let lines: Vec<String> = std::io::stdin()
+        .lock()
+        .lines()
+        .collect::<std::io::Result<_>>()?;
     let limit = (net.max_positions() - 2).max(1) as usize;
     let sources: Vec<Vec<u32>> = lines
         .iter()
@@ -229,7 +242,10 @@ fn read_text_lines(path: &Path) -> Result<Vec<String>> {
 
 fn score_bleu(reference: &Path) -> Result<()> {
     let refs = read_text_lines(reference)?;
-    let hyps: Vec<String> = std::io::stdin().lock().lines().collect::<std::io::Result<_>>()?;
+    let hyps: Vec<String> = std::io::stdin()
+        .lock()
+        .lines()
+        .collect::<std::io::Result<_>>()?;
     if hyps.len() != refs.len() {
         return Err(TrainError::Data(format!(
             "{} hypotheses on stdin but {} references in {}",

@@ -72,17 +72,35 @@ impl Attention {
         x.transpose(1, 2).contiguous().view([b, l, h * dh])
     }
 
-    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, causal: bool, train: bool) -> Tensor {
+    fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<&Tensor>,
+        causal: bool,
+        train: bool,
+    ) -> Tensor {
         let p = if train { self.dropout } else { 0.0 };
         let y = Tensor::scaled_dot_product_attention(q, k, v, mask, p, causal, None, false);
         Self::merge_heads(&y).apply(&self.out)
     }
 
     /// Self-attention over `x` ([B, L, D]); `mask` is a [B, 1, 1, L] key mask (true = attend).
-    fn self_attention(&self, x: &Tensor, mask: Option<&Tensor>, causal: bool, train: bool) -> Tensor {
+    fn self_attention(
+        &self,
+        x: &Tensor,
+        mask: Option<&Tensor>,
+        causal: bool,
+        train: bool,
+    ) -> Tensor {
         let qkv = x.apply(self.qkv.as_ref().expect("self-attention"));
         let parts = qkv.chunk(3, -1);
-        let (q, k, v) = (self.split_heads(&parts[0]), self.split_heads(&parts[1]), self.split_heads(&parts[2]));
+        let (q, k, v) = (
+            self.split_heads(&parts[0]),
+            self.split_heads(&parts[1]),
+            self.split_heads(&parts[2]),
+        );
         self.attend(&q, &k, &v, mask, causal, train)
     }
 
@@ -108,7 +126,13 @@ impl Attention {
         (self.split_heads(&parts[0]), self.split_heads(&parts[1]))
     }
 
-    fn cross_attention(&self, x: &Tensor, kv: &(Tensor, Tensor), mask: &Tensor, train: bool) -> Tensor {
+    fn cross_attention(
+        &self,
+        x: &Tensor,
+        kv: &(Tensor, Tensor),
+        mask: &Tensor,
+        train: bool,
+    ) -> Tensor {
         let q = self.split_heads(&x.apply(self.q.as_ref().expect("cross-attention")));
         self.attend(&q, &kv.0, &kv.1, Some(mask), false, train)
     }
@@ -131,7 +155,10 @@ impl FeedForward {
     }
 
     fn forward(&self, x: &Tensor, train: bool) -> Tensor {
-        x.apply(&self.up).relu().dropout(self.dropout, train).apply(&self.down)
+        x.apply(&self.up)
+            .relu()
+            .dropout(self.dropout, train)
+            .apply(&self.down)
     }
 }
 
@@ -165,7 +192,10 @@ impl EncoderLayer {
             .attn
             .self_attention(&x.apply(&self.norm1), Some(mask), false, train)
             .dropout(self.dropout, train);
-        &x + self.ffn.forward(&x.apply(&self.norm2), train).dropout(self.dropout, train)
+        &x + self
+            .ffn
+            .forward(&x.apply(&self.norm2), train)
+            .dropout(self.dropout, train)
     }
 }
 
@@ -194,21 +224,39 @@ impl DecoderLayer {
         }
     }
 
-    fn forward(&self, x: &Tensor, memory_kv: &(Tensor, Tensor), src_mask: &Tensor, train: bool) -> Tensor {
+    fn forward(
+        &self,
+        x: &Tensor,
+        memory_kv: &(Tensor, Tensor),
+        src_mask: &Tensor,
+        train: bool,
+    ) -> Tensor {
         let x = x + self
             .self_attn
             .self_attention(&x.apply(&self.norm1), None, true, train)
             .dropout(self.dropout, train);
-        let x = &x + self
-            .cross_attn
-            .cross_attention(&x.apply(&self.norm2), memory_kv, src_mask, train)
-            .dropout(self.dropout, train);
-        &x + self.ffn.forward(&x.apply(&self.norm3), train).dropout(self.dropout, train)
+        let x = &x
+            + self
+                .cross_attn
+                .cross_attention(&x.apply(&self.norm2), memory_kv, src_mask, train)
+                .dropout(self.dropout, train);
+        &x + self
+            .ffn
+            .forward(&x.apply(&self.norm3), train)
+            .dropout(self.dropout, train)
     }
 
     fn step(&self, x: &Tensor, cache: &mut LayerCache, src_mask: &Tensor) -> Tensor {
-        let x = x + self.self_attn.self_attention_step(&x.apply(&self.norm1), &mut cache.self_kv);
-        let x = &x + self.cross_attn.cross_attention(&x.apply(&self.norm2), &cache.memory_kv, src_mask, false);
+        let x = x + self
+            .self_attn
+            .self_attention_step(&x.apply(&self.norm1), &mut cache.self_kv);
+        let x = &x
+            + self.cross_attn.cross_attention(
+                &x.apply(&self.norm2),
+                &cache.memory_kv,
+                src_mask,
+                false,
+            );
         &x + self.ffn.forward(&x.apply(&self.norm3), false)
     }
 }
@@ -391,9 +439,13 @@ impl Transformer {
 /// `label_smoothing` 0 it is the plain negative log-likelihood.
 pub fn loss_sum(logits: &Tensor, tgt_out: &Tensor, label_smoothing: f64) -> Tensor {
     let v = logits.size()[2];
-    logits
-        .view([-1, v])
-        .cross_entropy_loss::<Tensor>(&tgt_out.view([-1]), None, tch::Reduction::Sum, PAD, label_smoothing)
+    logits.view([-1, v]).cross_entropy_loss::<Tensor>(
+        &tgt_out.view([-1]),
+        None,
+        tch::Reduction::Sum,
+        PAD,
+        label_smoothing,
+    )
 }
 
 /// Trainable variables sorted by name: the order every rank agrees on.
@@ -405,7 +457,10 @@ pub fn named_parameters(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
 
 /// Number of scalar parameters.
 pub fn parameter_count(vs: &nn::VarStore) -> u64 {
-    vs.trainable_variables().iter().map(|t| t.numel() as u64).sum()
+    vs.trainable_variables()
+        .iter()
+        .map(|t| t.numel() as u64)
+        .sum()
 }
 
 #[cfg(test)]
@@ -437,14 +492,27 @@ mod tests {
     fn variables_are_named_by_path() {
         let (vs, _) = build(&tiny());
         let names: Vec<String> = named_parameters(&vs).into_iter().map(|(n, _)| n).collect();
-        assert!(names.contains(&"encoder.layers.0.self_attn.qkv.weight".to_string()), "{names:?}");
-        assert!(names.contains(&"decoder.layers.1.cross_attn.kv.bias".to_string()), "{names:?}");
+        assert!(
+            names.contains(&"encoder.layers.0.self_attn.qkv.weight".to_string()),
+            "{names:?}"
+        );
+        assert!(
+            names.contains(&"decoder.layers.1.cross_attn.kv.bias".to_string()),
+            "{names:?}"
+        );
         assert!(names.contains(&"embed.weight".to_string()), "{names:?}");
-        assert!(!names.iter().any(|n| n.starts_with("output")), "tied model has no output layer");
+        assert!(
+            !names.iter().any(|n| n.starts_with("output")),
+            "tied model has no output layer"
+        );
         let mut untied = tiny();
         untied.tie_embeddings = false;
         let (vs, _) = build(&untied);
-        assert!(named_parameters(&vs).iter().any(|(n, _)| n == "output.weight"));
+        assert!(
+            named_parameters(&vs)
+                .iter()
+                .any(|(n, _)| n == "output.weight")
+        );
     }
 
     #[test]
@@ -456,9 +524,15 @@ mod tests {
         let la = m.forward(&src, &a, false);
         let lb = m.forward(&src, &b, false);
         // Positions 0 and 1 see only tokens 0..=1, identical in a and b.
-        let diff = (la.narrow(1, 0, 2) - lb.narrow(1, 0, 2)).abs().max().double_value(&[]);
+        let diff = (la.narrow(1, 0, 2) - lb.narrow(1, 0, 2))
+            .abs()
+            .max()
+            .double_value(&[]);
         assert!(diff < 1e-6, "future tokens leaked: {diff}");
-        let diff_late = (la.narrow(1, 3, 1) - lb.narrow(1, 3, 1)).abs().max().double_value(&[]);
+        let diff_late = (la.narrow(1, 3, 1) - lb.narrow(1, 3, 1))
+            .abs()
+            .max()
+            .double_value(&[]);
         assert!(diff_late > 1e-6);
     }
 
@@ -501,13 +575,22 @@ mod tests {
         let smoothed = loss_sum(&logits, &out, 0.1);
         let nll = loss_sum(&logits, &out, 0.0);
         let nll_padded = loss_sum(&m.forward(&src, &in_padded, false), &out_padded, 0.0);
-        let (smoothed, nll, nll_padded) =
-            (smoothed.double_value(&[]), nll.double_value(&[]), nll_padded.double_value(&[]));
+        let (smoothed, nll, nll_padded) = (
+            smoothed.double_value(&[]),
+            nll.double_value(&[]),
+            nll_padded.double_value(&[]),
+        );
         assert!((nll - nll_padded).abs() < 1e-4, "{nll} vs {nll_padded}");
         // (1 - e) * NLL + e * mean over the vocabulary of -log p, summed over tokens.
         let logp = logits.log_softmax(-1, Kind::Float);
-        let uniform = -logp.mean_dim(-1, false, Kind::Float).sum(Kind::Float).double_value(&[]);
+        let uniform = -logp
+            .mean_dim(-1, false, Kind::Float)
+            .sum(Kind::Float)
+            .double_value(&[]);
         let expected = 0.9 * nll + 0.1 * uniform;
-        assert!((smoothed - expected).abs() < 1e-4, "{smoothed} vs {expected}");
+        assert!(
+            (smoothed - expected).abs() < 1e-4,
+            "{smoothed} vs {expected}"
+        );
     }
 }

@@ -68,7 +68,11 @@ impl AdamW {
         tch::no_grad(|| {
             for s in &mut self.slots {
                 let grad = s.param.grad();
-                let grad = if grad.defined() { grad } else { s.param.zeros_like() };
+                let grad = if grad.defined() {
+                    grad
+                } else {
+                    s.param.zeros_like()
+                };
                 if s.decay && self.weight_decay != 0.0 {
                     let _ = s.param.g_mul_scalar_(1.0 - lr * self.weight_decay);
                 }
@@ -124,7 +128,10 @@ impl AdamW {
         let mut out = Vec::with_capacity(2 * self.slots.len() + 1);
         for s in &self.slots {
             out.push((format!("{}.exp_avg", s.name), s.exp_avg.shallow_clone()));
-            out.push((format!("{}.exp_avg_sq", s.name), s.exp_avg_sq.shallow_clone()));
+            out.push((
+                format!("{}.exp_avg_sq", s.name),
+                s.exp_avg_sq.shallow_clone(),
+            ));
         }
         out.push(("step".to_string(), Tensor::from_slice(&[self.steps as i64])));
         out
@@ -146,11 +153,16 @@ impl AdamW {
                 .find(|(n, _)| n == name)
                 .map(|(_, t)| t)
                 .ok_or_else(|| {
-                    TrainError::IncompatibleCheckpoint(format!("optimizer state has no tensor {name}"))
+                    TrainError::IncompatibleCheckpoint(format!(
+                        "optimizer state has no tensor {name}"
+                    ))
                 })
         };
         for s in &mut self.slots {
-            for (suffix, dst) in [("exp_avg", &mut s.exp_avg), ("exp_avg_sq", &mut s.exp_avg_sq)] {
+            for (suffix, dst) in [
+                ("exp_avg", &mut s.exp_avg),
+                ("exp_avg_sq", &mut s.exp_avg_sq),
+            ] {
                 let name = format!("{}.{suffix}", s.name);
                 let src = find(&name)?;
                 if src.size() != dst.size() {
@@ -211,13 +223,19 @@ mod tests {
         ];
         for (step, want) in cases {
             let got = learning_rate(2e-3, &inv, 10_000, step);
-            assert!((got - want).abs() < 1e-12, "inverseSqrt step {step}: {got} != {want}");
+            assert!(
+                (got - want).abs() < 1e-12,
+                "inverseSqrt step {step}: {got} != {want}"
+            );
         }
         let cos = schedule(ScheduleKind::Cosine, 100, 0.1);
         let cases = [(50, 0.5), (100, 1.0), (550, 0.55), (1000, 0.1), (5000, 0.1)];
         for (step, want) in cases {
             let got = learning_rate(1.0, &cos, 1000, step);
-            assert!((got - want).abs() < 1e-12, "cosine step {step}: {got} != {want}");
+            assert!(
+                (got - want).abs() < 1e-12,
+                "cosine step {step}: {got} != {want}"
+            );
         }
         let constant = schedule(ScheduleKind::Constant, 0, 0.0);
         assert_eq!(learning_rate(0.5, &constant, 10, 1), 0.5);
@@ -241,7 +259,10 @@ mod tests {
         };
         let w = Tensor::from_slice(&[0.5f64, -1.0, 2.0]).set_requires_grad(true);
         let b = Tensor::from_slice(&[0.25f64]).set_requires_grad(true);
-        let params = vec![("layer.weight".to_string(), w.shallow_clone()), ("layer.bias".to_string(), b.shallow_clone())];
+        let params = vec![
+            ("layer.weight".to_string(), w.shallow_clone()),
+            ("layer.bias".to_string(), b.shallow_clone()),
+        ];
         let mut opt = AdamW::new(&params, &config);
         let grads_w = [[0.1f64, -0.2, 0.3], [0.05, 0.1, -0.4], [-0.3, 0.2, 0.1]];
         let grads_b = [0.5f64, -0.25, 0.125];
@@ -257,8 +278,15 @@ mod tests {
         let got_b: Vec<f64> = Vec::try_from(&b.detach()).unwrap();
         let want_w = REFERENCE_W;
         let want_b = REFERENCE_B;
-        for (g, e) in got_w.iter().zip(want_w.iter()).chain(got_b.iter().zip(want_b.iter())) {
-            assert!((g - e).abs() < 1e-12, "got {got_w:?} {got_b:?}, PyTorch {want_w:?} {want_b:?}");
+        for (g, e) in got_w
+            .iter()
+            .zip(want_w.iter())
+            .chain(got_b.iter().zip(want_b.iter()))
+        {
+            assert!(
+                (g - e).abs() < 1e-12,
+                "got {got_w:?} {got_b:?}, PyTorch {want_w:?} {want_b:?}"
+            );
         }
         assert_eq!(opt.steps, 3);
     }
@@ -295,7 +323,10 @@ mod tests {
             assert_eq!(n1, n2);
             assert!(t1.equal(t2), "{n1}");
         }
-        let wrong = vec![("w".to_string(), Tensor::zeros([3], (Kind::Float, tch::Device::Cpu)))];
+        let wrong = vec![(
+            "w".to_string(),
+            Tensor::zeros([3], (Kind::Float, tch::Device::Cpu)),
+        )];
         let mut mismatched = AdamW::new(&wrong, &config);
         assert!(matches!(
             mismatched.load_state(&state),

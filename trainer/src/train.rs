@@ -78,7 +78,10 @@ pub fn preflight_data(config: &TrainerConfig) -> Result<()> {
         return Ok(());
     }
     let mut files = Vec::new();
-    for (field, pair) in [("data.train", &config.data.train), ("data.valid", &config.data.valid)] {
+    for (field, pair) in [
+        ("data.train", &config.data.train),
+        ("data.valid", &config.data.valid),
+    ] {
         if let Some(p) = pair {
             files.push((format!("{field}.source"), p.source.clone()));
             files.push((format!("{field}.target"), p.target.clone()));
@@ -89,7 +92,9 @@ pub fn preflight_data(config: &TrainerConfig) -> Result<()> {
     }
     for (field, file) in files {
         if !Path::new(&file).is_file() {
-            return Err(TrainError::Data(format!("{field}: file {file} does not exist or is not a file")));
+            return Err(TrainError::Data(format!(
+                "{field}: file {file} does not exist or is not a file"
+            )));
         }
     }
     Ok(())
@@ -107,7 +112,11 @@ fn broadcast_u64s(comm: &mut dyn Collective, values: &[u64]) -> Result<Vec<u64>>
     let back: Vec<f32> = Vec::try_from(&t).map_err(TrainError::from)?;
     Ok(back
         .chunks(4)
-        .map(|c| c.iter().enumerate().fold(0u64, |acc, (i, &l)| acc | ((l as u64) << (16 * i))))
+        .map(|c| {
+            c.iter()
+                .enumerate()
+                .fold(0u64, |acc, (i, &l)| acc | ((l as u64) << (16 * i)))
+        })
         .collect())
 }
 
@@ -159,9 +168,15 @@ fn load_corpus(opts: &RunOptions, comm: &mut dyn Collective) -> Result<Corpus> {
 /// Copies checkpointed tensors into the model's variables, by name.
 pub fn restore_model(vars: &[(String, Tensor)], saved: &Named) -> Result<()> {
     for (name, var) in vars {
-        let src = saved.iter().find(|(n, _)| n == name).map(|(_, t)| t).ok_or_else(|| {
-            TrainError::IncompatibleCheckpoint(format!("checkpoint has no tensor {name} that the model needs"))
-        })?;
+        let src = saved
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
+            .ok_or_else(|| {
+                TrainError::IncompatibleCheckpoint(format!(
+                    "checkpoint has no tensor {name} that the model needs"
+                ))
+            })?;
         if src.size() != var.size() {
             return Err(TrainError::IncompatibleCheckpoint(format!(
                 "checkpoint tensor {name} has shape {:?}, the model needs {:?}",
@@ -187,7 +202,10 @@ fn step_seed(seed: u64, step: u64, rank: usize, micro: usize) -> i64 {
 }
 
 fn target_tokens(examples: &[Example], batch: &[usize]) -> i64 {
-    batch.iter().map(|&i| examples[i].tgt.len() as i64 + 1).sum()
+    batch
+        .iter()
+        .map(|&i| examples[i].tgt.len() as i64 + 1)
+        .sum()
 }
 
 fn rfc3339_now() -> String {
@@ -249,9 +267,15 @@ fn evaluate(
     let mut want_bleu = false;
     if config.eval.bleu {
         want_bleu = true;
-        let limit = config.eval.max_sentences.map_or(corpus.valid.len(), |m| m as usize);
+        let limit = config
+            .eval
+            .max_sentences
+            .map_or(corpus.valid.len(), |m| m as usize);
         let chosen: Vec<usize> = mine.iter().copied().filter(|&i| i < limit).collect();
-        let sources: Vec<Vec<u32>> = chosen.iter().map(|&i| corpus.valid[i].src.clone()).collect();
+        let sources: Vec<Vec<u32>> = chosen
+            .iter()
+            .map(|&i| corpus.valid[i].src.clone())
+            .collect();
         let outputs = decode::translate(
             model,
             &sources,
@@ -300,7 +324,13 @@ impl Window {
         let comm: f64 = self.steps.iter().map(|s| s.1).sum();
         let tokens: i64 = self.steps.iter().map(|s| s.2).sum();
         let samples: u64 = self.steps.iter().map(|s| s.3).sum();
-        Some((n / secs, samples as f64 / secs, tokens as f64 / secs, secs / n, comm / secs))
+        Some((
+            n / secs,
+            samples as f64 / secs,
+            tokens as f64 / secs,
+            secs / n,
+            comm / secs,
+        ))
     }
 }
 
@@ -320,7 +350,9 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
 
     let corpus = load_corpus(opts, comm.as_mut())?;
     if corpus.train.is_empty() {
-        return Err(TrainError::Data("the training set is empty after filtering".into()));
+        return Err(TrainError::Data(
+            "the training set is empty after filtering".into(),
+        ));
     }
 
     tch::manual_seed(config.seed as i64);
@@ -334,7 +366,10 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
 
     // Resume: rank 0 reads the newest complete checkpoint and tells the others.
     let mut store = if leader {
-        Some(CheckpointStore::new(&opts.job_dir, config.checkpoint.clone())?)
+        Some(CheckpointStore::new(
+            &opts.job_dir,
+            config.checkpoint.clone(),
+        )?)
     } else {
         None
     };
@@ -353,7 +388,8 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
                     config.digest()
                 )))
             } else {
-                restore_model(&params, &loaded.model).and_then(|_| optimizer.load_state(&loaded.optimizer))
+                restore_model(&params, &loaded.model)
+                    .and_then(|_| optimizer.load_state(&loaded.optimizer))
             };
             match outcome {
                 Ok(()) => {
@@ -368,7 +404,9 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
             }
         }
     }
-    let (mut step, mut samples) = resume_state.as_ref().map_or((0, 0), |s| (s.step, s.samples));
+    let (mut step, mut samples) = resume_state
+        .as_ref()
+        .map_or((0, 0), |s| (s.step, s.samples));
     if world > 1 {
         let header = broadcast_u64s(comm.as_mut(), &[status, step, samples, optimizer.steps])?;
         status = header[0];
@@ -377,7 +415,9 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         optimizer.steps = header[3];
         if status == 4 {
             return Err(incompatible.unwrap_or_else(|| {
-                TrainError::IncompatibleCheckpoint("rank 0 found the checkpoint incompatible with the config".into())
+                TrainError::IncompatibleCheckpoint(
+                    "rank 0 found the checkpoint incompatible with the config".into(),
+                )
             }));
         }
         let sync = grad_sync.as_mut().expect("world > 1");
@@ -414,12 +454,19 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     let mut stream = BatchStream::new(&corpus.train, config.batch.max_tokens as usize, config.seed);
     stream.seek(samples)?;
     let mut log = if leader {
-        Some(OpenOptions::new().create(true).append(true).open(opts.job_dir.join(TRAIN_LOG))?)
+        Some(
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(opts.job_dir.join(TRAIN_LOG))?,
+        )
     } else {
         None
     };
 
-    let mut window = Window { steps: VecDeque::new() };
+    let mut window = Window {
+        steps: VecDeque::new(),
+    };
     let mut recent_loss: VecDeque<f64> = VecDeque::new();
     let mut last_eval: Option<(f64, Option<f64>)> = None;
     let mut best_eval: Option<f64> = None;
@@ -432,7 +479,9 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
 
     while step < config.max_steps && !stop {
         let t0 = Instant::now();
-        let micro: Vec<Vec<usize>> = (0..config.batch.accumulate).map(|_| stream.next_batch()).collect();
+        let micro: Vec<Vec<usize>> = (0..config.batch.accumulate)
+            .map(|_| stream.next_batch())
+            .collect();
         let global_tokens: i64 = micro.iter().map(|b| target_tokens(&corpus.train, b)).sum();
         let step_samples: u64 = micro.iter().map(|b| b.len() as u64).sum();
         let mut step_tokens = 0i64;
@@ -455,12 +504,14 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
             loss_local += smoothed.double_value(&[]);
         }
         let mut comm_seconds = 0.0;
-        let over_budget = total_seconds_budget.is_some_and(|b| started.elapsed().as_secs_f64() >= b);
+        let over_budget =
+            total_seconds_budget.is_some_and(|b| started.elapsed().as_secs_f64() >= b);
         let mut loss = loss_local / global_tokens as f64;
         if let Some(sync) = grad_sync.as_mut() {
             comm_seconds += sync.sync(comm.as_mut())?;
             let c0 = Instant::now();
-            let mut scalars = Tensor::from_slice(&[loss_local as f32, f32::from(u8::from(over_budget))]);
+            let mut scalars =
+                Tensor::from_slice(&[loss_local as f32, f32::from(u8::from(over_budget))]);
             comm.all_reduce_sum(&mut scalars)?;
             comm_seconds += c0.elapsed().as_secs_f64();
             let v: Vec<f32> = Vec::try_from(&scalars).map_err(TrainError::from)?;
@@ -470,7 +521,12 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
             stop = over_budget;
         }
         let grad_norm = optimizer.clip_grad_norm(config.optimizer.clip_norm);
-        let lr = optim::learning_rate(config.optimizer.lr, &config.schedule, config.max_steps, step + 1);
+        let lr = optim::learning_rate(
+            config.optimizer.lr,
+            &config.schedule,
+            config.max_steps,
+            step + 1,
+        );
         optimizer.step(lr);
         step += 1;
         samples += step_samples;
@@ -496,7 +552,8 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         }
 
         let final_step = step >= config.max_steps || stop;
-        let eval_due = (config.eval.every_steps > 0 && step % config.eval.every_steps == 0) || final_step;
+        let eval_due =
+            (config.eval.every_steps > 0 && step % config.eval.every_steps == 0) || final_step;
         if eval_due && last_eval_step != step {
             set_phase(&progress, TrainerPhase::Evaluating);
             let e0 = Instant::now();
@@ -543,8 +600,12 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
                     config_digest: config.digest(),
                     world_size: world as u32,
                     train_loss,
-                    eval_loss: (last_eval_step == step).then(|| last_eval.map(|e| e.0)).flatten(),
-                    eval_bleu: (last_eval_step == step).then(|| last_eval.and_then(|e| e.1)).flatten(),
+                    eval_loss: (last_eval_step == step)
+                        .then(|| last_eval.map(|e| e.0))
+                        .flatten(),
+                    eval_bleu: (last_eval_step == step)
+                        .then(|| last_eval.and_then(|e| e.1))
+                        .flatten(),
                     time: rfc3339_now(),
                 };
                 let blocked = store.save(&params, &optimizer.state(), state)?;
@@ -633,7 +694,9 @@ mod tests {
 
     #[test]
     fn window_rates() {
-        let mut w = Window { steps: VecDeque::new() };
+        let mut w = Window {
+            steps: VecDeque::new(),
+        };
         assert!(w.rates().is_none());
         w.push(0.5, 0.1, 1000, 10);
         w.push(0.5, 0.1, 1000, 10);

@@ -47,8 +47,13 @@ fn stderr(o: &Output) -> String {
 
 /// A parallel corpus the tests can learn: a tiny word-for-word "English -> German".
 fn write_corpus(dir: &Path, pairs: usize) -> (String, String) {
-    let en = ["the", "a", "red", "small", "dog", "cat", "runs", "sleeps", "in", "park", "house", "big"];
-    let de = ["der", "ein", "rote", "kleine", "Hund", "Katze", "läuft", "schläft", "im", "Park", "Haus", "große"];
+    let en = [
+        "the", "a", "red", "small", "dog", "cat", "runs", "sleeps", "in", "park", "house", "big",
+    ];
+    let de = [
+        "der", "ein", "rote", "kleine", "Hund", "Katze", "läuft", "schläft", "im", "Park", "Haus",
+        "große",
+    ];
     let mut src = String::new();
     let mut tgt = String::new();
     let mut x: u64 = 12345;
@@ -57,7 +62,9 @@ fn write_corpus(dir: &Path, pairs: usize) -> (String, String) {
         let mut s = Vec::new();
         let mut t = Vec::new();
         for _ in 0..len {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let w = (x >> 33) as usize % en.len();
             s.push(en[w]);
             t.push(de[w]);
@@ -85,7 +92,11 @@ fn translation_config(train: &(String, String), extra: &str) -> String {
 #[test]
 fn unknown_field_exits_2_naming_the_field() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = write(tmp.path(), "c.yaml", &copy_config(10, 5, "modle: {dModel: 8}\n"));
+    let cfg = write(
+        tmp.path(),
+        "c.yaml",
+        &copy_config(10, 5, "modle: {dModel: 8}\n"),
+    );
     let out = validate(&cfg);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("modle"), "{}", stderr(&out));
@@ -94,7 +105,10 @@ fn unknown_field_exits_2_naming_the_field() {
     let out = run_job(&cfg, &tmp.path().join("ckpt"), &log);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     let message = std::fs::read_to_string(&log).expect("termination message written");
-    assert!(message.contains("modle") && !message.contains('\n'), "{message}");
+    assert!(
+        message.contains("modle") && !message.contains('\n'),
+        "{message}"
+    );
 }
 
 #[test]
@@ -121,7 +135,11 @@ fn vocabulary_too_small_exits_2_naming_the_field() {
     );
     let out = validate(&cfg);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("data.tokenizer.vocabSize"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("data.tokenizer.vocabSize"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -196,21 +214,42 @@ fn translation_job_trains_evaluates_translates_and_scores() {
     // translate reads stdin and writes one line per input line; bleu scores them.
     let sources: Vec<&str> = vec!["the red dog runs in park .", "a small cat sleeps ."];
     let mut cmd = ferrotrain();
-    cmd.arg("translate").arg("--checkpoint").arg(&job).args(["--beam", "2"]);
-    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.arg("translate")
+        .arg("--checkpoint")
+        .arg(&job)
+        .args(["--beam", "2"]);
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = cmd.spawn().unwrap();
-    child.stdin.take().unwrap().write_all(format!("{}\n", sources.join("\n")).as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{}\n", sources.join("\n")).as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let hyps = String::from_utf8(out.stdout).unwrap();
     assert_eq!(hyps.lines().count(), 2, "{hyps}");
 
-    let refs = write(tmp.path(), "refs.de", "der rote Hund läuft im Park .\nein kleine Katze schläft .\n");
+    let refs = write(
+        tmp.path(),
+        "refs.de",
+        "der rote Hund läuft im Park .\nein kleine Katze schläft .\n",
+    );
     let mut cmd = ferrotrain();
     cmd.arg("bleu").arg("--reference").arg(&refs);
-    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = cmd.spawn().unwrap();
-    child.stdin.take().unwrap().write_all(hyps.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(hyps.as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("BLEU = "));

@@ -24,18 +24,25 @@ fn kill_9_then_resume_gives_the_uninterrupted_loss_sequence() {
     };
 
     let mut a = Guard::spawn(run("a"));
-    let status = a.wait_timeout(Duration::from_secs(240)).expect("uninterrupted run finishes");
+    let status = a
+        .wait_timeout(Duration::from_secs(240))
+        .expect("uninterrupted run finishes");
     assert!(status.success(), "uninterrupted run failed: {status}");
 
     let b_dir = ckpt.join("b");
     let mut b = Guard::spawn(run("b"));
     assert!(
-        wait_until(Duration::from_secs(240), || b_dir.join("step-00000040").is_dir()),
+        wait_until(Duration::from_secs(240), || b_dir
+            .join("step-00000040")
+            .is_dir()),
         "no checkpoint at step 40"
     );
     b.kill(); // SIGKILL, mid-training
     let steps_before_kill = losses(&b_dir).last().map(|l| l.0).unwrap_or(0);
-    assert!(steps_before_kill < 80, "the run finished before it could be killed");
+    assert!(
+        steps_before_kill < 80,
+        "the run finished before it could be killed"
+    );
 
     // A crash mid-save leaves a temporary directory, and a step directory without all its
     // files; both have higher steps than the real latest checkpoint and must be ignored.
@@ -44,7 +51,9 @@ fn kill_9_then_resume_gives_the_uninterrupted_loss_sequence() {
     std::fs::write(b_dir.join("step-00000070/model.safetensors"), b"partial").unwrap();
 
     let mut again = Guard::spawn(run("b"));
-    let status = again.wait_timeout(Duration::from_secs(240)).expect("resumed run finishes");
+    let status = again
+        .wait_timeout(Duration::from_secs(240))
+        .expect("resumed run finishes");
     assert!(status.success(), "resumed run failed: {status}");
 
     let uninterrupted = losses(&ckpt.join("a"));
@@ -55,7 +64,11 @@ fn kill_9_then_resume_gives_the_uninterrupted_loss_sequence() {
     // It resumed from a checkpoint (step 1 ran once), and the steps it replayed after the
     // checkpoint gave the same losses as their first run.
     let lines = loss_lines(&b_dir);
-    assert_eq!(lines.iter().filter(|l| l.0 == 1).count(), 1, "restarted from scratch");
+    assert_eq!(
+        lines.iter().filter(|l| l.0 == 1).count(),
+        1,
+        "restarted from scratch"
+    );
     for (step, loss) in &lines {
         let first = resumed.iter().find(|l| l.0 == *step).unwrap().1;
         assert_eq!(*loss, first, "step {step} replayed with a different loss");
