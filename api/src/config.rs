@@ -718,12 +718,12 @@ impl TrainerConfig {
         let m = &self.model;
         if m.d_model == 0 || m.heads == 0 {
             bad("model.dModel", "dModel and heads must be positive".into());
-        } else if m.d_model % m.heads != 0 {
+        } else if !m.d_model.is_multiple_of(m.heads) {
             bad(
                 "model.dModel",
                 format!("{} is not divisible by model.heads {}", m.d_model, m.heads),
             );
-        } else if (m.d_model / m.heads) % 2 != 0 {
+        } else if !(m.d_model / m.heads).is_multiple_of(2) {
             bad(
                 "model.heads",
                 format!(

@@ -376,31 +376,33 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     let mut resume_state: Option<TrainerState> = None;
     let mut status = 0u64; // 0 fresh, 1 resumed, 4 incompatible
     let mut incompatible = None;
-    if let Some(store) = &store {
-        if let Some((dir, _)) = store.latest()? {
-            let loaded = CheckpointStore::load(&dir)?;
-            let outcome = if loaded.state.config_digest != config.digest() {
-                Err(TrainError::IncompatibleCheckpoint(format!(
-                    "checkpoint {} was written by a config with digest {}, this config has {} \
-                     (model shape, task or vocabulary changed); use a new job name or checkpoint directory",
-                    dir.display(),
-                    loaded.state.config_digest,
-                    config.digest()
-                )))
-            } else {
-                restore_model(&params, &loaded.model)
-                    .and_then(|_| optimizer.load_state(&loaded.optimizer))
-            };
-            match outcome {
-                Ok(()) => {
-                    tracing::info!(step = loaded.state.step, dir = %dir.display(), "resuming from checkpoint");
-                    status = 1;
-                    resume_state = Some(loaded.state);
-                }
-                Err(e) => {
-                    status = 4;
-                    incompatible = Some(e);
-                }
+    let latest = match &store {
+        Some(store) => store.latest()?,
+        None => None,
+    };
+    if let Some((dir, _)) = latest {
+        let loaded = CheckpointStore::load(&dir)?;
+        let outcome = if loaded.state.config_digest != config.digest() {
+            Err(TrainError::IncompatibleCheckpoint(format!(
+                "checkpoint {} was written by a config with digest {}, this config has {} \
+                 (model shape, task or vocabulary changed); use a new job name or checkpoint directory",
+                dir.display(),
+                loaded.state.config_digest,
+                config.digest()
+            )))
+        } else {
+            restore_model(&params, &loaded.model)
+                .and_then(|_| optimizer.load_state(&loaded.optimizer))
+        };
+        match outcome {
+            Ok(()) => {
+                tracing::info!(step = loaded.state.step, dir = %dir.display(), "resuming from checkpoint");
+                status = 1;
+                resume_state = Some(loaded.state);
+            }
+            Err(e) => {
+                status = 4;
+                incompatible = Some(e);
             }
         }
     }
