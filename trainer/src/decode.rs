@@ -231,7 +231,7 @@ pub fn translate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferrotrain_api::config::ModelConfig;
+    use ferrotrain_api::config::{ModelConfig, Precision};
     use tch::nn;
 
     fn model() -> Transformer {
@@ -248,7 +248,7 @@ mod tests {
             max_positions: 40,
         };
         // The model holds its own references to the variables.
-        Transformer::new(&vs.root(), &c, 9)
+        Transformer::new(&vs.root(), &c, 9, Precision::Fp32)
     }
 
     /// Scores a full hypothesis with the teacher-forced model: sum of log p(token) incl. EOS.

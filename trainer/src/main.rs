@@ -201,7 +201,12 @@ fn translate(args: TranslateArgs) -> Result<()> {
     }
     let device = train::select_device(config.device, 0)?;
     let vs = tch::nn::VarStore::new(device);
-    let net = model::Transformer::new(&vs.root(), &config.model, vocab.size() as i64);
+    let net = model::Transformer::new(
+        &vs.root(),
+        &config.model,
+        vocab.size() as i64,
+        config.precision,
+    );
     train::restore_model(&model::named_parameters(&vs), &loaded.model)?;
     tracing::info!(step = loaded.state.step, dir = %dir.display(), beam = args.beam, "translating");
     let lines: Vec<String> = std::io::stdin()

@@ -2,10 +2,15 @@
 //! layer norm moved in front of each sub-layer as in most modern implementations), built on
 //! libtorch's fused scaled-dot-product attention.
 //!
+//! With `precision: bf16` every matrix multiply (linear layers, attention, the output
+//! projection) runs in bfloat16 while the weights, the residual stream, layer norms, the loss
+//! and the optimizer stay fp32: what `torch.autocast` does, written out so it is the same on
+//! CPU (AMX/AVX-512 bf16 kernels through oneDNN) and GPU (tensor cores).
+//!
 //! Variables are named by path (`encoder.layers.0.self_attn.qkv.weight`) so checkpoints are
 //! readable, and sorted by name wherever an order matters (gradient buckets, optimizer state).
 
-use ferrotrain_api::config::ModelConfig;
+use ferrotrain_api::config::{ModelConfig, Precision};
 use tch::nn;
 use tch::{Kind, Tensor};
 
@@ -21,6 +26,25 @@ struct Attention {
     out: nn::Linear,
     heads: i64,
     dropout: f64,
+    kind: Kind,
+}
+
+/// The dtype matrix multiplies run in.
+fn compute_kind(precision: Precision) -> Kind {
+    match precision {
+        Precision::Fp32 => Kind::Float,
+        Precision::Bf16 => Kind::BFloat16,
+    }
+}
+
+/// `x W^T + b` in `kind`: input and weights are cast (autograd carries the gradient back to
+/// the fp32 weights) and the result stays in `kind`.
+fn dense(x: &Tensor, layer: &nn::Linear, kind: Kind) -> Tensor {
+    if kind == Kind::Float && x.kind() == Kind::Float {
+        return x.apply(layer);
+    }
+    let bias = layer.bs.as_ref().map(|b| b.to_kind(kind));
+    x.to_kind(kind).linear(&layer.ws.to_kind(kind), bias.as_ref())
 }
 
 /// A linear layer with Xavier-uniform weights (as PyTorch's nn.Transformer) and zero bias.
@@ -38,7 +62,7 @@ fn linear(p: nn::Path, input: i64, output: i64) -> nn::Linear {
 }
 
 impl Attention {
-    fn new_self(p: nn::Path, d: i64, heads: i64, dropout: f64) -> Self {
+    fn new_self(p: nn::Path, d: i64, heads: i64, dropout: f64, kind: Kind) -> Self {
         Attention {
             q: None,
             kv: None,
@@ -46,10 +70,11 @@ impl Attention {
             out: linear(&p / "out", d, d),
             heads,
             dropout,
+            kind,
         }
     }
 
-    fn new_cross(p: nn::Path, d: i64, heads: i64, dropout: f64) -> Self {
+    fn new_cross(p: nn::Path, d: i64, heads: i64, dropout: f64, kind: Kind) -> Self {
         Attention {
             q: Some(linear(&p / "q", d, d)),
             kv: Some(linear(&p / "kv", d, 2 * d)),
@@ -57,7 +82,12 @@ impl Attention {
             out: linear(&p / "out", d, d),
             heads,
             dropout,
+            kind,
         }
+    }
+
+    fn project(&self, x: &Tensor, layer: &Option<nn::Linear>) -> Tensor {
+        dense(x, layer.as_ref().expect("projection"), self.kind)
     }
 
     /// [B, L, D] -> [B, H, L, D/H]
@@ -83,7 +113,7 @@ impl Attention {
     ) -> Tensor {
         let p = if train { self.dropout } else { 0.0 };
         let y = Tensor::scaled_dot_product_attention(q, k, v, mask, p, causal, None, false);
-        Self::merge_heads(&y).apply(&self.out)
+        dense(&Self::merge_heads(&y), &self.out, self.kind)
     }
 
     /// Self-attention over `x` ([B, L, D]); `mask` is a [B, 1, 1, L] key mask (true = attend).
@@ -94,7 +124,7 @@ impl Attention {
         causal: bool,
         train: bool,
     ) -> Tensor {
-        let qkv = x.apply(self.qkv.as_ref().expect("self-attention"));
+        let qkv = self.project(x, &self.qkv);
         let parts = qkv.chunk(3, -1);
         let (q, k, v) = (
             self.split_heads(&parts[0]),
@@ -106,7 +136,7 @@ impl Attention {
 
     /// Self-attention for one new decoder position, appending its key and value to `cache`.
     fn self_attention_step(&self, x: &Tensor, cache: &mut Option<(Tensor, Tensor)>) -> Tensor {
-        let qkv = x.apply(self.qkv.as_ref().expect("self-attention"));
+        let qkv = self.project(x, &self.qkv);
         let parts = qkv.chunk(3, -1);
         let q = self.split_heads(&parts[0]);
         let (mut k, mut v) = (self.split_heads(&parts[1]), self.split_heads(&parts[2]));
@@ -121,7 +151,7 @@ impl Attention {
 
     /// Keys and values of the encoder output for cross-attention: ([B,H,S,Dh], [B,H,S,Dh]).
     fn memory_kv(&self, memory: &Tensor) -> (Tensor, Tensor) {
-        let kv = memory.apply(self.kv.as_ref().expect("cross-attention"));
+        let kv = self.project(memory, &self.kv);
         let parts = kv.chunk(2, -1);
         (self.split_heads(&parts[0]), self.split_heads(&parts[1]))
     }
@@ -133,7 +163,7 @@ impl Attention {
         mask: &Tensor,
         train: bool,
     ) -> Tensor {
-        let q = self.split_heads(&x.apply(self.q.as_ref().expect("cross-attention")));
+        let q = self.split_heads(&self.project(x, &self.q));
         self.attend(&q, &kv.0, &kv.1, Some(mask), false, train)
     }
 }
@@ -143,22 +173,47 @@ struct FeedForward {
     up: nn::Linear,
     down: nn::Linear,
     dropout: f64,
+    kind: Kind,
 }
 
 impl FeedForward {
-    fn new(p: nn::Path, d: i64, ffn: i64, dropout: f64) -> Self {
+    fn new(p: nn::Path, d: i64, ffn: i64, dropout: f64, kind: Kind) -> Self {
         FeedForward {
             up: linear(&p / "up", d, ffn),
             down: linear(&p / "down", ffn, d),
             dropout,
+            kind,
         }
     }
 
     fn forward(&self, x: &Tensor, train: bool) -> Tensor {
-        x.apply(&self.up)
-            .relu()
-            .dropout(self.dropout, train)
-            .apply(&self.down)
+        let hidden = dense(x, &self.up, self.kind).relu().drop(self.dropout, train);
+        dense(&hidden, &self.down, self.kind)
+    }
+}
+
+/// Inverted dropout whose mask comes from 64-bit random integers split into four 16-bit
+/// draws: a quarter of the generator work of `Tensor::dropout`, whose per-element Bernoulli
+/// draw took a quarter of a CPU training step. The drop probability is rounded to a multiple
+/// of 2^-16. Draws come from libtorch's generator, so `tch::manual_seed` makes them
+/// reproducible.
+trait Drop16 {
+    fn drop(&self, p: f64, train: bool) -> Tensor;
+}
+
+impl Drop16 for Tensor {
+    fn drop(&self, p: f64, train: bool) -> Tensor {
+        if !train || p <= 0.0 {
+            return self.shallow_clone();
+        }
+        let n = self.numel() as i64;
+        let draws = Tensor::empty([(n + 3) / 4], (Kind::Int64, self.device()))
+            .random_from_(i64::MIN, None)
+            .view_dtype(Kind::Int16)
+            .narrow(0, 0, n)
+            .view(self.size().as_slice());
+        let threshold = i64::from(i16::MIN) + (p * 65536.0).round() as i64;
+        self * draws.ge(threshold) * (1.0 / (1.0 - p))
     }
 }
 
@@ -176,13 +231,13 @@ struct EncoderLayer {
 }
 
 impl EncoderLayer {
-    fn new(p: nn::Path, c: &ModelConfig) -> Self {
+    fn new(p: nn::Path, c: &ModelConfig, kind: Kind) -> Self {
         let (d, h, drop) = (i64::from(c.d_model), i64::from(c.heads), c.dropout);
         EncoderLayer {
             norm1: layer_norm(&p / "norm1", d),
-            attn: Attention::new_self(&p / "self_attn", d, h, drop),
+            attn: Attention::new_self(&p / "self_attn", d, h, drop, kind),
             norm2: layer_norm(&p / "norm2", d),
-            ffn: FeedForward::new(&p / "ffn", d, i64::from(c.ffn_dim), drop),
+            ffn: FeedForward::new(&p / "ffn", d, i64::from(c.ffn_dim), drop, kind),
             dropout: drop,
         }
     }
@@ -191,11 +246,11 @@ impl EncoderLayer {
         let x = x + self
             .attn
             .self_attention(&x.apply(&self.norm1), Some(mask), false, train)
-            .dropout(self.dropout, train);
+            .drop(self.dropout, train);
         &x + self
             .ffn
             .forward(&x.apply(&self.norm2), train)
-            .dropout(self.dropout, train)
+            .drop(self.dropout, train)
     }
 }
 
@@ -211,15 +266,15 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    fn new(p: nn::Path, c: &ModelConfig) -> Self {
+    fn new(p: nn::Path, c: &ModelConfig, kind: Kind) -> Self {
         let (d, h, drop) = (i64::from(c.d_model), i64::from(c.heads), c.dropout);
         DecoderLayer {
             norm1: layer_norm(&p / "norm1", d),
-            self_attn: Attention::new_self(&p / "self_attn", d, h, drop),
+            self_attn: Attention::new_self(&p / "self_attn", d, h, drop, kind),
             norm2: layer_norm(&p / "norm2", d),
-            cross_attn: Attention::new_cross(&p / "cross_attn", d, h, drop),
+            cross_attn: Attention::new_cross(&p / "cross_attn", d, h, drop, kind),
             norm3: layer_norm(&p / "norm3", d),
-            ffn: FeedForward::new(&p / "ffn", d, i64::from(c.ffn_dim), drop),
+            ffn: FeedForward::new(&p / "ffn", d, i64::from(c.ffn_dim), drop, kind),
             dropout: drop,
         }
     }
@@ -234,16 +289,16 @@ impl DecoderLayer {
         let x = x + self
             .self_attn
             .self_attention(&x.apply(&self.norm1), None, true, train)
-            .dropout(self.dropout, train);
+            .drop(self.dropout, train);
         let x = &x
             + self
                 .cross_attn
                 .cross_attention(&x.apply(&self.norm2), memory_kv, src_mask, train)
-                .dropout(self.dropout, train);
+                .drop(self.dropout, train);
         &x + self
             .ffn
             .forward(&x.apply(&self.norm3), train)
-            .dropout(self.dropout, train)
+            .drop(self.dropout, train)
     }
 
     fn step(&self, x: &Tensor, cache: &mut LayerCache, src_mask: &Tensor) -> Tensor {
@@ -305,6 +360,7 @@ pub struct Transformer {
     decoder_norm: nn::LayerNorm,
     scale: f64,
     dropout: f64,
+    kind: Kind,
 }
 
 /// Sinusoidal position encodings [max_len, d].
@@ -317,9 +373,11 @@ fn sinusoids(max_len: i64, d: i64, device: tch::Device) -> Tensor {
 }
 
 impl Transformer {
-    /// Builds the model's variables under `p` (initialized from libtorch's RNG: seed first).
-    pub fn new(p: &nn::Path, c: &ModelConfig, vocab: i64) -> Self {
+    /// Builds the model's variables under `p` (initialized from libtorch's RNG: seed first);
+    /// `precision` is the dtype of its matrix multiplies (variables are always fp32).
+    pub fn new(p: &nn::Path, c: &ModelConfig, vocab: i64, precision: Precision) -> Self {
         let d = i64::from(c.d_model);
+        let kind = compute_kind(precision);
         let embed_config = nn::EmbeddingConfig {
             ws_init: nn::init::Init::Randn {
                 mean: 0.0,
@@ -343,22 +401,23 @@ impl Transformer {
             output,
             positions: sinusoids(i64::from(c.max_positions), d, p.device()),
             encoder: (0..c.encoder_layers)
-                .map(|i| EncoderLayer::new(p / "encoder" / "layers" / i, c))
+                .map(|i| EncoderLayer::new(p / "encoder" / "layers" / i, c, kind))
                 .collect(),
             encoder_norm: layer_norm(p / "encoder" / "norm", d),
             decoder: (0..c.decoder_layers)
-                .map(|i| DecoderLayer::new(p / "decoder" / "layers" / i, c))
+                .map(|i| DecoderLayer::new(p / "decoder" / "layers" / i, c, kind))
                 .collect(),
             decoder_norm: layer_norm(p / "decoder" / "norm", d),
             scale: (d as f64).sqrt(),
             dropout: c.dropout,
+            kind,
         }
     }
 
     fn embed(&self, table: &nn::Embedding, ids: &Tensor, offset: i64, train: bool) -> Tensor {
         let len = ids.size()[1];
         let pos = self.positions.narrow(0, offset, len);
-        (ids.apply(table) * self.scale + pos).dropout(self.dropout, train)
+        (ids.apply(table) * self.scale + pos).drop(self.dropout, train)
     }
 
     fn tgt_table(&self) -> &nn::Embedding {
@@ -379,15 +438,18 @@ impl Transformer {
         x.apply(&self.encoder_norm)
     }
 
-    /// Output logits [B, T, V] from decoder hidden states.
+    /// Output logits [B, T, V] from decoder hidden states, in the compute dtype.
     fn project(&self, h: &Tensor) -> Tensor {
         match &self.output {
-            Some(out) => h.apply(out),
-            None => h.matmul(&self.src_embed.ws.tr()),
+            Some(out) => dense(h, out, self.kind),
+            None => h
+                .to_kind(self.kind)
+                .matmul(&self.src_embed.ws.to_kind(self.kind).tr()),
         }
     }
 
-    /// Teacher-forced logits [B, T, V] for source [B, S] and decoder input [B, T].
+    /// Teacher-forced logits [B, T, V] for source [B, S] and decoder input [B, T], in the
+    /// compute dtype (`loss_sum` takes them as they are).
     pub fn forward(&self, src: &Tensor, tgt_in: &Tensor, train: bool) -> Tensor {
         let src_mask = Self::source_mask(src);
         let memory = self.encode(src, &src_mask, train);
@@ -437,9 +499,13 @@ impl Transformer {
 
 /// Label-smoothed cross-entropy summed over real target tokens (PAD ignored); with
 /// `label_smoothing` 0 it is the plain negative log-likelihood.
+/// bf16 logits are scored in fp32.
 pub fn loss_sum(logits: &Tensor, tgt_out: &Tensor, label_smoothing: f64) -> Tensor {
     let v = logits.size()[2];
-    logits.view([-1, v]).cross_entropy_loss::<Tensor>(
+    logits
+        .to_kind(Kind::Float)
+        .view([-1, v])
+        .cross_entropy_loss::<Tensor>(
         &tgt_out.view([-1]),
         None,
         tch::Reduction::Sum,
@@ -482,10 +548,43 @@ mod tests {
     }
 
     fn build(c: &ModelConfig) -> (nn::VarStore, Transformer) {
+        build_in(c, Precision::Fp32)
+    }
+
+    fn build_in(c: &ModelConfig, precision: Precision) -> (nn::VarStore, Transformer) {
         tch::manual_seed(0);
         let vs = nn::VarStore::new(Device::Cpu);
-        let m = Transformer::new(&vs.root(), c, 11);
+        let m = Transformer::new(&vs.root(), c, 11, precision);
         (vs, m)
+    }
+
+    #[test]
+    fn bf16_follows_fp32_and_trains_fp32_weights() {
+        let src = Tensor::from_slice(&[5i64, 6, 7, 2, 8, 9, 2, PAD]).view([2, 4]);
+        let tgt_in = Tensor::from_slice(&[1i64, 4, 5, 1, 7, 8]).view([2, 3]);
+        let tgt_out = Tensor::from_slice(&[4i64, 5, 2, 7, 8, 2]).view([2, 3]);
+        let (_, fp32) = build(&tiny());
+        let (vs, bf16) = build_in(&tiny(), Precision::Bf16);
+        let reference = fp32.forward(&src, &tgt_in, false);
+        let logits = bf16.forward(&src, &tgt_in, false);
+        assert_eq!(logits.kind(), Kind::BFloat16);
+        // bf16 keeps 8 mantissa bits: logits agree to about 1% of their spread.
+        let diff = (logits.to_kind(Kind::Float) - &reference)
+            .abs()
+            .max()
+            .double_value(&[]);
+        let spread = reference.abs().max().double_value(&[]);
+        assert!(diff < 0.03 * spread, "{diff} vs spread {spread}");
+        let loss = loss_sum(&logits, &tgt_out, 0.1);
+        assert_eq!(loss.kind(), Kind::Float);
+        loss.backward();
+        for (name, p) in named_parameters(&vs) {
+            assert_eq!(p.kind(), Kind::Float, "{name}");
+            let g = p.grad();
+            assert!(g.defined() && g.kind() == Kind::Float, "{name}");
+            let size = g.abs().sum(Kind::Float).double_value(&[]);
+            assert!(size > 0.0 || name.ends_with(".bias"), "{name} got no gradient");
+        }
     }
 
     #[test]
@@ -513,6 +612,25 @@ mod tests {
                 .iter()
                 .any(|(n, _)| n == "output.weight")
         );
+    }
+
+    #[test]
+    fn dropout_keeps_the_expected_fraction_and_scales_the_rest() {
+        tch::manual_seed(7);
+        let x = Tensor::ones([1000, 257], (Kind::Float, Device::Cpu));
+        let y = x.drop(0.1, true);
+        let kept = y.ne(0.0).to_kind(Kind::Double).mean(Kind::Double).double_value(&[]);
+        // 257,000 draws: the kept fraction is within 5 standard deviations of 0.9.
+        assert!((kept - 0.9).abs() < 5.0 * (0.9f64 * 0.1 / 257_000.0).sqrt(), "{kept}");
+        let nonzero = y.masked_select(&y.ne(0.0));
+        let scale = nonzero.mean(Kind::Double).double_value(&[]);
+        assert!((scale - 1.0 / 0.9).abs() < 1e-6, "{scale}");
+        assert!((x.drop(0.1, false) - &x).abs().max().double_value(&[]) == 0.0);
+        tch::manual_seed(7);
+        let again = x.drop(0.1, true);
+        assert!(again.equal(&y), "same seed, same mask");
+        tch::manual_seed(8);
+        assert!(!x.drop(0.1, true).equal(&y));
     }
 
     #[test]

@@ -357,7 +357,12 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
 
     tch::manual_seed(config.seed as i64);
     let vs = nn::VarStore::new(device);
-    let model = Transformer::new(&vs.root(), &config.model, corpus.vocab.size() as i64);
+    let model = Transformer::new(
+        &vs.root(),
+        &config.model,
+        corpus.vocab.size() as i64,
+        config.precision,
+    );
     let params = model::named_parameters(&vs);
     let mut optimizer = AdamW::new(&params, &config.optimizer);
     let tensors: Vec<Tensor> = params.iter().map(|(_, t)| t.shallow_clone()).collect();
