@@ -248,26 +248,44 @@ pub enum ScheduleKind {
     /// Linear warmup, then lr * sqrt(warmup / step) (the Transformer paper's schedule).
     #[default]
     InverseSqrt,
-    /// Linear warmup, then cosine decay to `minLrRatio * lr` at `maxSteps`.
+    /// Linear warmup, then cosine decay to `minLrRatio * lr` at the end of the horizon.
     Cosine,
+    /// Linear warmup, then linear decay to `minLrRatio * lr` at the end of the horizon.
+    Linear,
     /// Linear warmup, then constant.
     Constant,
+}
+
+/// What cosine and linear decay measure progress by.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum ScheduleHorizon {
+    /// Optimizer steps out of `maxSteps` (deterministic: exact resume).
+    #[default]
+    Steps,
+    /// Training seconds out of `maxSeconds`, counted across restarts: the decay ends when
+    /// the time budget does, however fast the machine is. The lr then depends on wall time,
+    /// so a resumed run is not bitwise the uninterrupted one.
+    Time,
 }
 
 /// Learning-rate schedule.
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ScheduleConfig {
-    /// `inverseSqrt`, `cosine` or `constant`.
+    /// `inverseSqrt`, `cosine`, `linear` or `constant`.
     #[serde(default)]
     pub kind: ScheduleKind,
     /// Steps of linear warmup from 0 to `optimizer.lr`.
     #[serde(default = "defaults::warmup_steps")]
     pub warmup_steps: u64,
-    /// Cosine only: final lr as a fraction of the peak.
+    /// Cosine and linear: final lr as a fraction of the peak.
     #[serde(default)]
     #[schemars(range(min = 0.0, max = 1.0))]
     pub min_lr_ratio: f64,
+    /// Cosine and linear: decay over `steps` (of maxSteps) or `time` (of maxSeconds).
+    #[serde(default)]
+    pub horizon: ScheduleHorizon,
 }
 
 /// Numeric precision of the forward/backward pass.
@@ -782,6 +800,26 @@ impl TrainerConfig {
                 "schedule.minLrRatio",
                 format!("must be in [0, 1], got {}", self.schedule.min_lr_ratio),
             );
+        }
+        if self.schedule.horizon == ScheduleHorizon::Time {
+            if self.max_seconds.is_none() {
+                bad(
+                    "schedule.horizon",
+                    "`time` decays over maxSeconds, which is not set".into(),
+                );
+            }
+            if !matches!(
+                self.schedule.kind,
+                ScheduleKind::Cosine | ScheduleKind::Linear
+            ) {
+                bad(
+                    "schedule.horizon",
+                    format!(
+                        "`time` only applies to kind cosine or linear, not {:?}",
+                        self.schedule.kind
+                    ),
+                );
+            }
         }
         if self.eval.beam_size == 0 {
             bad("eval.beamSize", "must be at least 1 (1 = greedy)".into());

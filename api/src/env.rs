@@ -37,6 +37,18 @@ pub const FERROTRAIN_RDZV_TOKEN: &str = "FERROTRAIN_RDZV_TOKEN";
 /// Port of rank 0's HTTP server (/metrics, /progress, /healthz).
 pub const FERROTRAIN_METRICS_PORT: &str = "FERROTRAIN_METRICS_PORT";
 
+/// `ferrotrain launch`'s settings (each also a flag; see docs/distributed.md).
+/// Single node: how many times the launcher restarts the group after a retryable failure.
+pub const FERROTRAIN_MAX_RESTARTS: &str = "FERROTRAIN_MAX_RESTARTS";
+/// Seconds before the launcher's first restart (doubling with each restart).
+pub const FERROTRAIN_RESTART_BACKOFF_SECONDS: &str = "FERROTRAIN_RESTART_BACKOFF_SECONDS";
+/// Longest wait between the launcher's restarts.
+pub const FERROTRAIN_RESTART_BACKOFF_MAX_SECONDS: &str = "FERROTRAIN_RESTART_BACKOFF_MAX_SECONDS";
+/// Seconds ranks get between the launcher's SIGTERM and SIGKILL.
+pub const FERROTRAIN_STOP_GRACE_SECONDS: &str = "FERROTRAIN_STOP_GRACE_SECONDS";
+/// The program each local rank runs (tests and wrappers; default: ferrotrain itself).
+pub const FERROTRAIN_RANK_PROGRAM: &str = "FERROTRAIN_RANK_PROGRAM";
+
 /// Where a container writes its one-line failure reason (Kubernetes' default path).
 pub const TERMINATION_LOG: &str = "/dev/termination-log";
 /// Overrides TERMINATION_LOG (tests, local runs).

@@ -60,6 +60,10 @@ pub struct TrainerState {
     pub eval_bleu: Option<f64>,
     /// RFC 3339 time the save started.
     pub time: String,
+    /// Wall-clock seconds of training so far, over every run of the job: `maxSeconds` and a
+    /// time-horizon schedule count from here after a resume. 0 in older checkpoints.
+    #[serde(default)]
+    pub train_seconds: f64,
 }
 
 /// Named tensors (variable path -> tensor).
@@ -762,6 +766,7 @@ mod tests {
             eval_loss,
             eval_bleu: eval_loss.map(|l| 40.0 - l),
             time: "2026-01-02T03:04:05Z".into(),
+            train_seconds: step as f64 * 0.5,
         }
     }
 

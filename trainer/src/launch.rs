@@ -10,12 +10,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use ferrotrain_api::{env, exit};
 
 use crate::dist::auth::random_token;
+use crate::signals;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct LaunchArgs {
@@ -38,51 +38,32 @@ pub struct LaunchArgs {
     #[arg(long, env = env::MASTER_PORT, default_value_t = crate::dist::DEFAULT_MASTER_PORT)]
     pub master_port: u16,
     /// Single node: how many times the group is restarted after a retryable failure.
-    #[arg(long, env = "FERROTRAIN_MAX_RESTARTS", default_value_t = 3)]
+    #[arg(long, env = env::FERROTRAIN_MAX_RESTARTS, default_value_t = 3)]
     pub max_restarts: u32,
     /// Wait before the first restart; doubles with each restart.
     #[arg(
         long,
-        env = "FERROTRAIN_RESTART_BACKOFF_SECONDS",
+        env = env::FERROTRAIN_RESTART_BACKOFF_SECONDS,
         default_value_t = 1.0
     )]
     pub restart_backoff_seconds: f64,
     /// Longest wait between restarts.
     #[arg(
         long,
-        env = "FERROTRAIN_RESTART_BACKOFF_MAX_SECONDS",
+        env = env::FERROTRAIN_RESTART_BACKOFF_MAX_SECONDS,
         default_value_t = 30.0
     )]
     pub restart_backoff_max_seconds: f64,
-    /// How long stopped ranks get between SIGTERM and SIGKILL.
-    #[arg(long, env = "FERROTRAIN_STOP_GRACE_SECONDS", default_value_t = 10.0)]
+    /// How long ranks get between SIGTERM and SIGKILL: a signalled rank saves a checkpoint
+    /// first. Keep it below the pod's terminationGracePeriodSeconds (default 30).
+    #[arg(long, env = env::FERROTRAIN_STOP_GRACE_SECONDS, default_value_t = 25.0)]
     pub stop_grace_seconds: f64,
     /// The program each rank runs (default: this executable). For tests and wrappers.
-    #[arg(long, env = "FERROTRAIN_RANK_PROGRAM", hide = true)]
+    #[arg(long, env = env::FERROTRAIN_RANK_PROGRAM, hide = true)]
     pub rank_program: Option<PathBuf>,
     /// Extra arguments passed to every rank after `run --config <path>`.
     #[arg(last = true)]
     pub rank_args: Vec<String>,
-}
-
-/// The last SIGTERM or SIGINT received (0 = none).
-static SIGNAL: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn on_signal(signal: i32) {
-    SIGNAL.store(signal, Ordering::SeqCst);
-}
-
-fn install_signal_handlers() {
-    for signal in [libc::SIGTERM, libc::SIGINT] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_signal as *const () as usize;
-            libc::sigemptyset(&mut action.sa_mask);
-            action.sa_flags = libc::SA_RESTART;
-            libc::sigaction(signal, &action, std::ptr::null_mut());
-        }
-    }
 }
 
 /// How a group of local ranks ended.
@@ -118,20 +99,8 @@ fn describe_exit(status: ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(c), _) => format!("exited with code {c}"),
-        (None, Some(s)) => format!("was killed by signal {s} ({})", signal_name(s)),
+        (None, Some(s)) => format!("was killed by signal {s} ({})", signals::name(s)),
         (None, None) => "ended".into(),
-    }
-}
-
-fn signal_name(s: i32) -> &'static str {
-    match s {
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGINT => "SIGINT",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGBUS => "SIGBUS",
-        _ => "signal",
     }
 }
 
@@ -151,9 +120,10 @@ impl Group {
         }
     }
 
-    /// SIGTERM (and SIGCONT, so a stopped rank handles it), then SIGKILL after the grace.
-    fn stop(&mut self) {
-        self.signal_all(libc::SIGTERM);
+    /// `signal` (and SIGCONT, so a stopped rank handles it), then SIGKILL after the grace.
+    /// One signal only: a rank that gets a second one exits without saving.
+    fn stop(&mut self, signal: i32) {
+        self.signal_all(signal);
         self.signal_all(libc::SIGCONT);
         let deadline = Instant::now() + self.grace;
         loop {
@@ -181,11 +151,10 @@ impl Group {
     fn supervise(&mut self) -> GroupOutcome {
         let mut done = vec![false; self.children.len()];
         loop {
-            let signal = SIGNAL.swap(0, Ordering::SeqCst);
+            let signal = signals::take();
             if signal != 0 {
                 tracing::warn!("launch: received signal {signal}; stopping the ranks");
-                self.signal_all(signal);
-                self.stop();
+                self.stop(signal);
                 return GroupOutcome::Signalled(signal);
             }
             let mut failures = Vec::new();
@@ -212,7 +181,7 @@ impl Group {
                 } else {
                     format!("rank {rank} {}: {message}", describe_exit(status))
                 };
-                self.stop();
+                self.stop(libc::SIGTERM);
                 return GroupOutcome::Failed(RankFailure {
                     rank,
                     code: exit_code(status),
@@ -315,7 +284,7 @@ fn free_port() -> std::io::Result<u16> {
 fn sleep_unless_signalled(d: Duration) -> Option<i32> {
     let deadline = Instant::now() + d;
     while Instant::now() < deadline {
-        let s = SIGNAL.load(Ordering::SeqCst);
+        let s = signals::received();
         if s != 0 {
             return Some(s);
         }
@@ -383,7 +352,7 @@ pub fn run(args: LaunchArgs) -> i32 {
             &format!("cannot create {}: {e}", logs.display()),
         );
     }
-    install_signal_handlers();
+    signals::install(signals::Mode::Remember);
     let code = supervise_attempts(&args, &program, &token, base_attempt, omp_threads, &logs);
     let _ = std::fs::remove_dir_all(&logs);
     code

@@ -3,7 +3,7 @@
 //! Modules by concept: `data` (corpus, tokenizer, batches), `model`, `optim` (AdamW and
 //! schedules), `decode` (greedy and beam search), `bleu`, `checkpoint`, `metrics` (HTTP),
 //! `dist` (rendezvous and collectives), `train` (the training loop), `launch` (the local
-//! process supervisor).
+//! process supervisor), `signals` (SIGTERM/SIGINT handling for both).
 
 pub mod bleu;
 pub mod checkpoint;
@@ -15,4 +15,5 @@ pub mod launch;
 pub mod metrics;
 pub mod model;
 pub mod optim;
+pub mod signals;
 pub mod train;

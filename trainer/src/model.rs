@@ -438,7 +438,7 @@ impl Transformer {
         x.apply(&self.encoder_norm)
     }
 
-    /// Output logits [B, T, V] from decoder hidden states, in the compute dtype.
+    /// Output logits [..., V] from decoder hidden states [..., D], in the compute dtype.
     fn project(&self, h: &Tensor) -> Tensor {
         match &self.output {
             Some(out) => dense(h, out, self.kind),
@@ -451,6 +451,31 @@ impl Transformer {
     /// Teacher-forced logits [B, T, V] for source [B, S] and decoder input [B, T], in the
     /// compute dtype (`loss_sum` takes them as they are).
     pub fn forward(&self, src: &Tensor, tgt_in: &Tensor, train: bool) -> Tensor {
+        self.project(&self.decoder_states(src, tgt_in, train))
+    }
+
+    /// Logits [N, V] at the N real (non-PAD) positions of `tgt_out` [B, T], with those N
+    /// targets. Training uses this: it skips projecting padding onto the vocabulary, the
+    /// largest matrix multiply of the step.
+    pub fn forward_real(
+        &self,
+        src: &Tensor,
+        tgt_in: &Tensor,
+        tgt_out: &Tensor,
+        train: bool,
+    ) -> (Tensor, Tensor) {
+        let h = self.decoder_states(src, tgt_in, train);
+        let d = h.size()[2];
+        let real = tgt_out.ne(PAD).reshape([-1]).nonzero().squeeze_dim(1);
+        let h = h.reshape([-1, d]).index_select(0, &real);
+        (
+            self.project(&h),
+            tgt_out.reshape([-1]).index_select(0, &real),
+        )
+    }
+
+    /// Teacher-forced decoder output [B, T, D] (after the final layer norm).
+    fn decoder_states(&self, src: &Tensor, tgt_in: &Tensor, train: bool) -> Tensor {
         let src_mask = Self::source_mask(src);
         let memory = self.encode(src, &src_mask, train);
         let mut x = self.embed(self.tgt_table(), tgt_in, 0, train);
@@ -458,7 +483,7 @@ impl Transformer {
             let kv = layer.cross_attn.memory_kv(&memory);
             x = layer.forward(&x, &kv, &src_mask, train);
         }
-        self.project(&x.apply(&self.decoder_norm))
+        x.apply(&self.decoder_norm)
     }
 
     /// Encodes `src` and prepares incremental decoding.
@@ -499,9 +524,9 @@ impl Transformer {
 
 /// Label-smoothed cross-entropy summed over real target tokens (PAD ignored); with
 /// `label_smoothing` 0 it is the plain negative log-likelihood.
-/// bf16 logits are scored in fp32.
+/// bf16 logits are scored in fp32. Logits [..., V], targets [...].
 pub fn loss_sum(logits: &Tensor, tgt_out: &Tensor, label_smoothing: f64) -> Tensor {
-    let v = logits.size()[2];
+    let v = *logits.size().last().expect("logits [..., V]");
     logits
         .to_kind(Kind::Float)
         .view([-1, v])
@@ -693,12 +718,19 @@ mod tests {
         let smoothed = loss_sum(&logits, &out, 0.1);
         let nll = loss_sum(&logits, &out, 0.0);
         let nll_padded = loss_sum(&m.forward(&src, &in_padded, false), &out_padded, 0.0);
+        let (real_logits, real_targets) = m.forward_real(&src, &in_padded, &out_padded, false);
+        assert_eq!(real_logits.size(), [3, 11], "only the 3 real positions are projected");
+        let real_smoothed = loss_sum(&real_logits, &real_targets, 0.1).double_value(&[]);
         let (smoothed, nll, nll_padded) = (
             smoothed.double_value(&[]),
             nll.double_value(&[]),
             nll_padded.double_value(&[]),
         );
         assert!((nll - nll_padded).abs() < 1e-4, "{nll} vs {nll_padded}");
+        assert!(
+            (smoothed - real_smoothed).abs() < 1e-4,
+            "{smoothed} vs {real_smoothed}"
+        );
         // (1 - e) * NLL + e * mean over the vocabulary of -log p, summed over tokens.
         let logp = logits.log_softmax(-1, Kind::Float);
         let uniform = -logp

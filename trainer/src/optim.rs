@@ -4,7 +4,7 @@
 //! The update is PyTorch's `torch.optim.AdamW` (decoupled weight decay, bias-corrected
 //! moments); a test compares one trajectory with numbers PyTorch printed.
 
-use ferrotrain_api::config::{OptimizerConfig, ScheduleConfig, ScheduleKind};
+use ferrotrain_api::config::{OptimizerConfig, ScheduleConfig, ScheduleHorizon, ScheduleKind};
 use tch::{Kind, Tensor};
 
 use crate::error::{Result, TrainError};
@@ -181,20 +181,49 @@ impl AdamW {
 }
 
 /// Learning rate at optimizer step `step` (1-based: the first update uses step 1).
-pub fn learning_rate(peak: f64, s: &ScheduleConfig, max_steps: u64, step: u64) -> f64 {
+/// `time_used` is the fraction of `maxSeconds` spent so far; only `horizon: time` reads it.
+///
+/// With `horizon: steps` the decay starts after warmup and ends at `max_steps`. With
+/// `horizon: time` it runs over the whole budget and multiplies the warmup ramp:
+/// `peak * min(1, step / warmup) * decay(time_used)`, so the two never jump.
+pub fn learning_rate(
+    peak: f64,
+    s: &ScheduleConfig,
+    max_steps: u64,
+    step: u64,
+    time_used: f64,
+) -> f64 {
     let step = step.max(1) as f64;
     let warmup = s.warmup_steps as f64;
+    let floor = s.min_lr_ratio * peak;
+    // Decay from peak to floor as `progress` goes from 0 to 1.
+    let decay = |progress: f64| {
+        let p = progress.clamp(0.0, 1.0);
+        match s.kind {
+            ScheduleKind::Cosine => {
+                floor + (peak - floor) * 0.5 * (1.0 + (std::f64::consts::PI * p).cos())
+            }
+            _ => floor + (peak - floor) * (1.0 - p),
+        }
+    };
+    let decays = matches!(s.kind, ScheduleKind::Cosine | ScheduleKind::Linear);
+    if decays && s.horizon == ScheduleHorizon::Time {
+        let ramp = if warmup > 0.0 {
+            (step / warmup).min(1.0)
+        } else {
+            1.0
+        };
+        return ramp * decay(time_used);
+    }
     if step <= warmup {
         return peak * step / warmup;
     }
     match s.kind {
         ScheduleKind::Constant => peak,
         ScheduleKind::InverseSqrt => peak * (warmup.max(1.0) / step).sqrt(),
-        ScheduleKind::Cosine => {
+        ScheduleKind::Cosine | ScheduleKind::Linear => {
             let span = (max_steps as f64 - warmup).max(1.0);
-            let progress = ((step - warmup) / span).min(1.0);
-            let floor = s.min_lr_ratio * peak;
-            floor + (peak - floor) * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos())
+            decay((step - warmup) / span)
         }
     }
 }
@@ -208,6 +237,7 @@ mod tests {
             kind,
             warmup_steps: warmup,
             min_lr_ratio: min,
+            horizon: ScheduleHorizon::Steps,
         }
     }
 
@@ -222,7 +252,7 @@ mod tests {
             (4800, 5e-4),
         ];
         for (step, want) in cases {
-            let got = learning_rate(2e-3, &inv, 10_000, step);
+            let got = learning_rate(2e-3, &inv, 10_000, step, 0.0);
             assert!(
                 (got - want).abs() < 1e-12,
                 "inverseSqrt step {step}: {got} != {want}"
@@ -231,18 +261,53 @@ mod tests {
         let cos = schedule(ScheduleKind::Cosine, 100, 0.1);
         let cases = [(50, 0.5), (100, 1.0), (550, 0.55), (1000, 0.1), (5000, 0.1)];
         for (step, want) in cases {
-            let got = learning_rate(1.0, &cos, 1000, step);
+            let got = learning_rate(1.0, &cos, 1000, step, 0.0);
             assert!(
                 (got - want).abs() < 1e-12,
                 "cosine step {step}: {got} != {want}"
             );
         }
         let constant = schedule(ScheduleKind::Constant, 0, 0.0);
-        assert_eq!(learning_rate(0.5, &constant, 10, 1), 0.5);
-        assert_eq!(learning_rate(0.5, &constant, 10, 1_000_000), 0.5);
+        assert_eq!(learning_rate(0.5, &constant, 10, 1, 0.0), 0.5);
+        assert_eq!(learning_rate(0.5, &constant, 10, 1_000_000, 0.0), 0.5);
         let no_warmup = schedule(ScheduleKind::InverseSqrt, 0, 0.0);
-        assert_eq!(learning_rate(0.5, &no_warmup, 10, 1), 0.5);
-        assert_eq!(learning_rate(0.5, &no_warmup, 10, 4), 0.25);
+        assert_eq!(learning_rate(0.5, &no_warmup, 10, 1, 0.0), 0.5);
+        assert_eq!(learning_rate(0.5, &no_warmup, 10, 4, 0.0), 0.25);
+        // Linear over steps: warmup 100, then 1.0 -> 0.2 between steps 100 and 1100.
+        let linear = schedule(ScheduleKind::Linear, 100, 0.2);
+        let cases = [(50, 0.5), (100, 1.0), (600, 0.6), (1100, 0.2), (5000, 0.2)];
+        for (step, want) in cases {
+            let got = learning_rate(1.0, &linear, 1100, step, 0.99);
+            assert!(
+                (got - want).abs() < 1e-12,
+                "linear step {step}: {got} != {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn time_horizon_decays_with_the_budget_not_the_step() {
+        let mut linear = schedule(ScheduleKind::Linear, 100, 0.0);
+        linear.horizon = ScheduleHorizon::Time;
+        // (step, fraction of maxSeconds used, lr); maxSteps (1000) plays no part.
+        let cases = [
+            (50, 0.01, 0.5 * 0.99),
+            (100, 0.05, 0.95),
+            (5000, 0.5, 0.5),
+            (900, 0.75, 0.25),
+            (20_000, 1.0, 0.0),
+            (20_001, 1.3, 0.0),
+        ];
+        for (step, used, want) in cases {
+            let got = learning_rate(1.0, &linear, 1000, step, used);
+            assert!(
+                (got - want).abs() < 1e-12,
+                "linear/time step {step} used {used}: {got} != {want}"
+            );
+        }
+        let mut cos = schedule(ScheduleKind::Cosine, 0, 0.1);
+        cos.horizon = ScheduleHorizon::Time;
+        assert!((learning_rate(1.0, &cos, 10, 7, 0.5) - 0.55).abs() < 1e-12);
     }
 
     /// Three AdamW steps on fixed gradients, against torch.optim.AdamW 2.11.0 (CPU, float64):

@@ -12,7 +12,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use ferrotrain_api::config::{DeviceKind, Task};
+use ferrotrain_api::config::{DeviceKind, Precision, Task};
 use ferrotrain_api::{CheckpointInfo, TrainerConfig, TrainerPhase};
 use tch::{Device, Tensor, nn};
 
@@ -25,6 +25,7 @@ use crate::error::{Result, TrainError};
 use crate::metrics::{MetricsServer, SharedProgress};
 use crate::model::{self, Transformer};
 use crate::optim::{self, AdamW};
+use crate::signals;
 
 /// File (under the job's checkpoint directory) with one JSON line per optimizer step.
 pub const TRAIN_LOG: &str = "train-log.jsonl";
@@ -53,6 +54,8 @@ pub struct Summary {
     pub eval_bleu: Option<f64>,
     pub last_checkpoint: Option<CheckpointInfo>,
     pub seconds: f64,
+    /// Set when SIGTERM/SIGINT stopped the run early (after saving a checkpoint).
+    pub interrupted_by: Option<i32>,
 }
 
 /// Picks the device for this rank.
@@ -334,6 +337,17 @@ impl Window {
     }
 }
 
+/// Whether /proc/cpuinfo's `flags` name bf16 matrix units (AMX-BF16 or AVX512-BF16). Empty
+/// text (not Linux) counts as yes: nothing to warn about.
+fn cpu_has_bf16_units(cpuinfo: &str) -> bool {
+    let flags: Vec<&str> = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("flags"))
+        .flat_map(|l| l.split_whitespace())
+        .collect();
+    cpuinfo.is_empty() || flags.iter().any(|f| matches!(*f, "amx_bf16" | "avx512_bf16"))
+}
+
 /// Trains until `maxSteps` (or `maxSeconds`), resuming from the job's latest checkpoint.
 pub fn run(opts: &RunOptions) -> Result<Summary> {
     let started = Instant::now();
@@ -343,6 +357,15 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     let mut comm = dist::init(&opts.rank, &config.distributed, device)?;
     let (rank, world) = (comm.rank(), comm.world_size());
     let leader = rank == 0;
+    if leader && config.precision == Precision::Bf16 && device == Device::Cpu {
+        let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        if !cpu_has_bf16_units(&flags) {
+            tracing::warn!(
+                "precision: bf16 on a CPU without AMX or AVX512-BF16: bf16 is emulated and \
+                 probably slower than fp32 here"
+            );
+        }
+    }
     if leader {
         std::fs::create_dir_all(&opts.job_dir)?;
         std::fs::write(opts.job_dir.join(CONFIG_FILE), config.to_yaml())?;
@@ -414,6 +437,9 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     let (mut step, mut samples) = resume_state
         .as_ref()
         .map_or((0, 0), |s| (s.step, s.samples));
+    // Training seconds of the job's earlier runs (rank 0 knows; the others learn rank 0's
+    // clock every step).
+    let earlier_seconds = resume_state.as_ref().map_or(0.0, |s| s.train_seconds);
     if world > 1 {
         let header = broadcast_u64s(comm.as_mut(), &[status, step, samples, optimizer.steps])?;
         status = header[0];
@@ -481,9 +507,14 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     let mut last_save_step = step;
     let mut last_save_time = Instant::now();
     let mut stop = false;
+    let mut interrupted_by = None;
+    let mut last_eval_seconds = 0.0;
     let total_seconds_budget = config.max_seconds.map(|s| s as f64);
     let mut train_loss = None;
 
+    // From here a SIGTERM (pod deletion, node drain) or SIGINT stops every rank at the same
+    // step and saves a checkpoint instead of losing the work since the last one.
+    signals::arm();
     while step < config.max_steps && !stop {
         let t0 = Instant::now();
         let micro: Vec<Vec<usize>> = (0..config.batch.accumulate)
@@ -505,34 +536,45 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
             }
             let tb = data::to_tensors(&corpus.train, &mine, device);
             tch::manual_seed(step_seed(config.seed, step, rank, i));
-            let logits = model.forward(&tb.src, &tb.tgt_in, true);
-            let smoothed = model::loss_sum(&logits, &tb.tgt_out, config.label_smoothing);
+            let (logits, targets) = model.forward_real(&tb.src, &tb.tgt_in, &tb.tgt_out, true);
+            let smoothed = model::loss_sum(&logits, &targets, config.label_smoothing);
             (&smoothed / global_tokens as f64).backward();
             loss_local += smoothed.double_value(&[]);
         }
         let mut comm_seconds = 0.0;
-        let over_budget =
-            total_seconds_budget.is_some_and(|b| started.elapsed().as_secs_f64() >= b);
+        let signal = signals::received();
         let mut loss = loss_local / global_tokens as f64;
+        let mut train_seconds = earlier_seconds + started.elapsed().as_secs_f64();
         if let Some(sync) = grad_sync.as_mut() {
             comm_seconds += sync.sync(comm.as_mut())?;
             let c0 = Instant::now();
-            let mut scalars =
-                Tensor::from_slice(&[loss_local as f32, f32::from(u8::from(over_budget))]);
+            // Sums: the loss, rank 0's clock (the others add 0), how many ranks were signalled.
+            // f32 like every collective (the clock to a few ms over weeks).
+            let clock = if leader { train_seconds } else { 0.0 };
+            let flag = f32::from(u8::from(signal != 0));
+            let mut scalars = Tensor::from_slice(&[loss_local as f32, clock as f32, flag]);
             comm.all_reduce_sum(&mut scalars)?;
             comm_seconds += c0.elapsed().as_secs_f64();
             let v: Vec<f32> = Vec::try_from(&scalars).map_err(TrainError::from)?;
             loss = f64::from(v[0]) / global_tokens as f64;
-            stop = v[1] > 0.0;
+            train_seconds = f64::from(v[1]);
+            if v[2] > 0.0 {
+                // Some rank was signalled: all stop here, and exit the way it would.
+                interrupted_by = Some(if signal != 0 { signal } else { libc::SIGTERM });
+            }
         } else {
-            stop = over_budget;
+            interrupted_by = (signal != 0).then_some(signal);
         }
+        let over_budget = total_seconds_budget.is_some_and(|b| train_seconds >= b);
+        stop = over_budget || interrupted_by.is_some();
         let grad_norm = optimizer.clip_grad_norm(config.optimizer.clip_norm);
+        let time_used = total_seconds_budget.map_or(0.0, |b| train_seconds / b);
         let lr = optim::learning_rate(
             config.optimizer.lr,
             &config.schedule,
             config.max_steps,
             step + 1,
+            time_used,
         );
         optimizer.step(lr);
         step += 1;
@@ -559,13 +601,16 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         }
 
         let final_step = step >= config.max_steps || stop;
-        let eval_due =
-            (config.eval.every_steps > 0 && step % config.eval.every_steps == 0) || final_step;
+        // A signalled rank has seconds before SIGKILL: checkpoint, do not evaluate.
+        let eval_due = ((config.eval.every_steps > 0 && step % config.eval.every_steps == 0)
+            || final_step)
+            && interrupted_by.is_none();
         if eval_due && last_eval_step != step {
             set_phase(&progress, TrainerPhase::Evaluating);
             let e0 = Instant::now();
             let (eval_loss, eval_bleu) = evaluate(&model, &corpus, config, comm.as_mut(), device)?;
             last_eval_step = step;
+            last_eval_seconds = e0.elapsed().as_secs_f64();
             if let Some(l) = eval_loss {
                 best_eval = Some(best_eval.map_or(l, |b: f64| b.min(l)));
                 last_eval = Some((l, eval_bleu));
@@ -598,7 +643,10 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
                 .checkpoint
                 .every_seconds
                 .is_some_and(|s| last_save_time.elapsed().as_secs() >= s);
-            if (by_steps || by_time || final_step) && last_save_step != step {
+            // Every evaluated step is saved when the best checkpoints are kept, so "best by
+            // eval loss" always has the evaluated weights to keep.
+            let evaluated = last_eval_step == step && config.checkpoint.keep_best > 0;
+            if (by_steps || by_time || evaluated || final_step) && last_save_step != step {
                 let state = TrainerState {
                     step,
                     samples,
@@ -614,6 +662,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
                         .then(|| last_eval.and_then(|e| e.1))
                         .flatten(),
                     time: rfc3339_now(),
+                    train_seconds,
                 };
                 let blocked = store.save(&params, &optimizer.state(), state)?;
                 tracing::debug!(step, blocked, "checkpoint started");
@@ -635,9 +684,17 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
             p.tokens_per_second = Some(tps);
             p.step_time_seconds = Some(step_time);
             p.comm_fraction = (world > 1).then_some(comm_fraction.clamp(0.0, 1.0));
-            let mut eta = (config.max_steps - step) as f64 / sps;
+            let remaining = config.max_steps - step;
+            let mut eta = remaining as f64 / sps;
+            let every = config.eval.every_steps;
+            if every > 0 {
+                // Evaluations still to come pause training: every `every` steps and at the end.
+                let periodic = config.max_steps / every - step / every;
+                let evals = periodic + u64::from(!config.max_steps.is_multiple_of(every));
+                eta += evals as f64 * last_eval_seconds;
+            }
             if let Some(budget) = total_seconds_budget {
-                eta = eta.min((budget - started.elapsed().as_secs_f64()).max(0.0));
+                eta = eta.min((budget - train_seconds).max(0.0));
             }
             p.eta_seconds = Some(eta);
         }
@@ -664,9 +721,11 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     };
     {
         let mut p = progress.lock().expect("progress lock");
-        p.phase = TrainerPhase::Finished;
+        if interrupted_by.is_none() {
+            p.phase = TrainerPhase::Finished;
+            p.eta_seconds = Some(0.0);
+        }
         p.last_checkpoint = last_checkpoint.clone();
-        p.eta_seconds = Some(0.0);
     }
     comm.barrier()?;
     Ok(Summary {
@@ -677,6 +736,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         eval_bleu: last_eval.and_then(|e| e.1),
         last_checkpoint,
         seconds: started.elapsed().as_secs_f64(),
+        interrupted_by,
     })
 }
 
@@ -687,6 +747,17 @@ fn set_phase(progress: &SharedProgress, phase: TrainerPhase) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bf16_units_are_read_from_cpuinfo_flags() {
+        let sapphire = "processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile\n";
+        let zen4 = "flags\t\t: fpu avx2 avx512f avx512_bf16\n";
+        let skylake = "model name\t: Xeon avx512_bf16\nflags\t\t: fpu avx2 avx512f\n";
+        assert!(cpu_has_bf16_units(sapphire));
+        assert!(cpu_has_bf16_units(zen4));
+        assert!(!cpu_has_bf16_units(skylake), "only the flags line counts");
+        assert!(cpu_has_bf16_units(""));
+    }
 
     #[test]
     fn step_seeds_differ_by_step_rank_and_micro_batch() {

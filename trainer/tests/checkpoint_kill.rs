@@ -63,6 +63,7 @@ fn state(step: u64) -> TrainerState {
         eval_loss: None,
         eval_bleu: None,
         time: "2026-01-01T00:00:00Z".into(),
+        train_seconds: 0.0,
     }
 }
 

@@ -45,6 +45,16 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// Asserts the process exited with `code` and its error names `needle` (a field or file).
+fn assert_fails(out: &Output, code: i32, needle: &str) {
+    assert_eq!(out.status.code(), Some(code), "{}", stderr(out));
+    assert!(
+        stderr(out).contains(needle),
+        "the error does not name {needle}: {}",
+        stderr(out)
+    );
+}
+
 /// A parallel corpus the tests can learn: a tiny word-for-word "English -> German".
 fn write_corpus(dir: &Path, pairs: usize) -> (String, String) {
     let en = [
@@ -98,8 +108,7 @@ fn unknown_field_exits_2_naming_the_field() {
         &copy_config(10, 5, "modle: {dModel: 8}\n"),
     );
     let out = validate(&cfg);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("modle"), "{}", stderr(&out));
+    assert_fails(&out, 2, "modle");
     // `run` fails the same way and leaves the reason in the termination log.
     let log = tmp.path().join("termination-log");
     let out = run_job(&cfg, &tmp.path().join("ckpt"), &log);
@@ -120,8 +129,7 @@ fn negative_learning_rate_exits_2_naming_the_field() {
         &copy_config(10, 5, "").replace("optimizer: {lr: 0.003}", "optimizer: {lr: -0.1}"),
     );
     let out = validate(&cfg);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("optimizer.lr"), "{}", stderr(&out));
+    assert_fails(&out, 2, "optimizer.lr");
 }
 
 #[test]
@@ -134,12 +142,7 @@ fn vocabulary_too_small_exits_2_naming_the_field() {
         &translation_config(&corpus, "").replace("vocabSize: 100", "vocabSize: 20"),
     );
     let out = validate(&cfg);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("data.tokenizer.vocabSize"),
-        "{}",
-        stderr(&out)
-    );
+    assert_fails(&out, 2, "data.tokenizer.vocabSize");
 }
 
 #[test]
@@ -151,11 +154,9 @@ fn missing_data_file_exits_3_naming_the_file() {
     );
     let cfg = write(tmp.path(), "c.yaml", &translation_config(&corpus, ""));
     let out = validate(&cfg);
-    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    assert!(stderr(&out).contains("nope.en"), "{}", stderr(&out));
+    assert_fails(&out, 3, "nope.en");
     let out = run_job(&cfg, &tmp.path().join("ckpt"), &tmp.path().join("log"));
-    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    assert!(stderr(&out).contains("nope.en"), "{}", stderr(&out));
+    assert_fails(&out, 3, "nope.en");
 }
 
 #[test]
@@ -167,8 +168,7 @@ fn empty_corpus_exits_3_naming_the_file() {
     let corpus = (s.display().to_string(), t.display().to_string());
     let cfg = write(tmp.path(), "c.yaml", &translation_config(&corpus, ""));
     let out = run_job(&cfg, &tmp.path().join("ckpt"), &tmp.path().join("log"));
-    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    assert!(stderr(&out).contains("empty.en"), "{}", stderr(&out));
+    assert_fails(&out, 3, "empty.en");
 }
 
 #[test]
@@ -182,8 +182,7 @@ fn incompatible_checkpoint_exits_4() {
     let wider = copy_config(12, 3, "").replace("dModel: 32", "dModel: 64");
     let cfg = write(tmp.path(), "job.yaml", &wider);
     let out = run_job(&cfg, &ckpt, &tmp.path().join("log"));
-    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
-    assert!(stderr(&out).contains("digest"), "{}", stderr(&out));
+    assert_fails(&out, 4, "digest");
 }
 
 #[test]
@@ -253,4 +252,34 @@ fn translation_job_trains_evaluates_translates_and_scores() {
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("BLEU = "));
+}
+
+#[test]
+fn evaluated_steps_are_saved_so_keep_best_keeps_evaluated_weights() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = tmp.path().join("ckpt");
+    // Evaluations at 7, 14 and 21; periodic checkpoints never (every 100 steps).
+    let config = copy_config(21, 100, "")
+        .replace(
+            "eval: {everySteps: 0, maxSentences: 20}",
+            "eval: {everySteps: 7, maxSentences: 8, beamSize: 1}",
+        )
+        .replace("keepLatest: 2}", "keepLatest: 1, keepBest: 1}");
+    let cfg = write(tmp.path(), "job.yaml", &config);
+    let out = run_job(&cfg, &ckpt, &tmp.path().join("log"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    for step in ["step-00000007", "step-00000014", "step-00000021"] {
+        assert!(stderr(&out).contains(step), "{step} was not saved");
+    }
+    let kept: Vec<serde_json::Value> = std::fs::read_dir(ckpt.join("job"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("step-"))
+        .map(|p| serde_json::from_str(&std::fs::read_to_string(p.join("trainer.json")).unwrap()))
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(!kept.is_empty() && kept.len() <= 2, "{kept:?}");
+    for state in &kept {
+        assert!(state["evalLoss"].is_f64(), "kept without an eval loss: {state}");
+    }
 }

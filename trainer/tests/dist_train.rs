@@ -2,10 +2,13 @@
 //! config (same global batches and seed, no dropout) log the same loss curve, up to float
 //! summation order.
 
-use std::os::unix::process::CommandExt;
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use common::ProcessGroup;
 
 const STEPS: u64 = 30;
 /// Largest tolerated |loss(n ranks) - loss(1 rank)| at any step. The gradients are the same
@@ -55,6 +58,7 @@ logEverySteps: 1000
 fn losses(dir: &Path, ranks: usize) -> Vec<f64> {
     let runs = dir.join(format!("runs-{ranks}"));
     let config = dir.join("job.yaml");
+    let log = dir.join(format!("stderr-{ranks}.log"));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferrotrain"));
     if ranks == 1 {
         cmd.arg("run").arg("--config").arg(&config);
@@ -71,32 +75,10 @@ fn losses(dir: &Path, ranks: usize) -> Vec<f64> {
         .env_remove("WORLD_SIZE")
         .env_remove("FERROTRAIN_METRICS_PORT")
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    let child = cmd.spawn().unwrap();
-    let pid = child.id() as i32;
-    // Kill the whole group if the run outlives its budget.
-    let watchdog = std::thread::spawn(move || {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(100));
-            // SAFETY: signal 0 checks whether the group still exists.
-            if unsafe { libc::kill(-pid, 0) } != 0 {
-                return;
-            }
-        }
-        // SAFETY: the process group created for this run.
-        unsafe {
-            libc::kill(-pid, libc::SIGKILL);
-        }
-    });
-    let out = child.wait_with_output().unwrap();
-    let _ = watchdog.join();
-    assert!(
-        out.status.success(),
-        "{ranks} rank(s) failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut run = ProcessGroup::spawn(cmd, Some(log));
+    let status = run.wait(Duration::from_secs(120));
+    assert!(status.success(), "{ranks} rank(s) failed: {}", run.log());
     let log = std::fs::read_to_string(runs.join("job").join("train-log.jsonl")).unwrap();
     let losses: Vec<f64> = log
         .lines()

@@ -2,10 +2,13 @@
 //! stopped with SIGSTOP mid-run makes the group restart and resume from the latest
 //! checkpoint, losing at most one checkpoint interval; a permanent failure is not restarted.
 
-use std::os::unix::process::CommandExt;
+mod common;
+
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use common::ProcessGroup;
 
 const CHECKPOINT_EVERY: u64 = 20;
 const MAX_STEPS: u64 = 240;
@@ -52,46 +55,7 @@ logEverySteps: 1000
     )
 }
 
-/// The launcher and everything in its process group die with the test.
-struct Launcher {
-    child: Child,
-    stderr: PathBuf,
-}
-
-impl Launcher {
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    fn wait(&mut self, within: Duration) -> ExitStatus {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "launch did not finish within {within:?}; its log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-}
-
-impl Drop for Launcher {
-    fn drop(&mut self) {
-        // SAFETY: the process group we created for this launcher.
-        unsafe {
-            libc::kill(-self.pid(), libc::SIGKILL);
-        }
-        let _ = self.child.wait();
-    }
-}
+type Launcher = ProcessGroup;
 
 struct Job {
     dir: tempfile::TempDir,
@@ -124,12 +88,8 @@ impl Job {
             .env_remove("FERROTRAIN_ATTEMPT")
             .env_remove("FERROTRAIN_METRICS_PORT")
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&stderr).unwrap())
-            .process_group(0);
-        Launcher {
-            child: cmd.spawn().unwrap(),
-            stderr,
-        }
+            .stderr(std::fs::File::create(&stderr).unwrap());
+        ProcessGroup::spawn(cmd, Some(stderr))
     }
 
     fn job_dir(&self) -> PathBuf {

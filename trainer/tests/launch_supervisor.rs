@@ -2,41 +2,15 @@
 //! gets, restarts with backoff, permanent codes, multi-node behaviour, SIGTERM/SIGKILL of
 //! the survivors and signal forwarding. Fast: no libtorch in the ranks.
 
-use std::os::unix::process::CommandExt;
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// Kills the launcher's whole process group (it and its ranks) when the test ends.
-struct Launcher {
-    child: Child,
-}
+use common::ProcessGroup;
 
-impl Launcher {
-    fn wait(&mut self, within: Duration) -> ExitStatus {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "launch did not finish within {within:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Launcher {
-    fn drop(&mut self) {
-        // SAFETY: signalling the process group we created for this launcher.
-        unsafe {
-            libc::kill(-(self.child.id() as i32), libc::SIGKILL);
-        }
-        let _ = self.child.wait();
-    }
-}
+type Launcher = ProcessGroup;
 
 struct Fixture {
     dir: tempfile::TempDir,
@@ -93,7 +67,6 @@ impl Fixture {
         ] {
             cmd.env_remove(var);
         }
-        cmd.process_group(0);
         cmd
     }
 
@@ -105,9 +78,7 @@ impl Fixture {
             cmd.args(["--stop-grace-seconds", "5"]);
         }
         cmd.args(extra);
-        Launcher {
-            child: cmd.spawn().unwrap(),
-        }
+        ProcessGroup::spawn(cmd, None)
     }
 
     fn exists(&self, name: &str) -> bool {
@@ -259,9 +230,7 @@ esac"#,
         .args(["--master-addr", "node-0.example", "--master-port", "29999"])
         .env("FERROTRAIN_RDZV_TOKEN", "operator-token")
         .env("FERROTRAIN_ATTEMPT", "4");
-    let mut l = Launcher {
-        child: cmd.spawn().unwrap(),
-    };
+    let mut l = ProcessGroup::spawn(cmd, None);
     let status = l.wait(Duration::from_secs(20));
     assert_eq!(status.code(), Some(1));
     let line = f.read("start-2-4");
@@ -297,10 +266,7 @@ fn multi_node_needs_a_shared_token() {
         "--master-port",
         "29999",
     ]);
-    let status = Launcher {
-        child: cmd.spawn().unwrap(),
-    }
-    .wait(Duration::from_secs(20));
+    let status = ProcessGroup::spawn(cmd, None).wait(Duration::from_secs(20));
     assert_eq!(status.code(), Some(2));
     assert!(!f.exists("start-0-0"));
     assert!(
@@ -346,10 +312,7 @@ fn sigterm_to_the_launcher_stops_every_rank() {
         assert!(Instant::now() < deadline, "ranks did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
-    // SAFETY: signalling the launcher we started.
-    unsafe {
-        libc::kill(l.child.id() as i32, libc::SIGTERM);
-    }
+    l.signal(libc::SIGTERM);
     let status = l.wait(Duration::from_secs(10));
     assert_eq!(status.code(), Some(128 + libc::SIGTERM));
     assert!(!alive(&f.path("pid-0-0")));

@@ -75,3 +75,70 @@ fn kill_9_then_resume_gives_the_uninterrupted_loss_sequence() {
     }
     assert!(lines.len() > resumed.len() || steps_before_kill.is_multiple_of(20));
 }
+
+#[test]
+fn sigterm_saves_a_checkpoint_at_the_current_step_then_exits_143() {
+    let tmp = tempfile::tempdir().unwrap();
+    // No periodic checkpoints: the only one can come from the SIGTERM.
+    let config = write(
+        tmp.path(),
+        "copy.yaml",
+        &copy_config(1_000_000, 0, "maxSeconds: 600\n"),
+    );
+    let ckpt = tmp.path().join("ckpt");
+    let job_dir = ckpt.join("job");
+    let termination_log = tmp.path().join("termination-log");
+    let run = || {
+        let mut cmd = ferrotrain();
+        cmd.arg("run")
+            .arg("--config")
+            .arg(&config)
+            .arg("--checkpoint-dir")
+            .arg(&ckpt)
+            .args(["--job", "job"])
+            .env("FERROTRAIN_TERMINATION_LOG", &termination_log);
+        cmd
+    };
+
+    let mut first = Guard::spawn(run());
+    assert!(
+        wait_until(Duration::from_secs(120), || losses(&job_dir).len() >= 30),
+        "no 30 training steps within 120 s"
+    );
+    // SAFETY: signalling the child we started and still own.
+    unsafe { libc::kill(first.id() as i32, libc::SIGTERM) };
+    let status = first
+        .wait_timeout(Duration::from_secs(60))
+        .expect("a SIGTERMed run exits within 60 s");
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status}");
+
+    let last_step = losses(&job_dir).last().unwrap().0;
+    let saved = format!("step-{last_step:08}");
+    assert!(
+        job_dir.join(&saved).join("trainer.json").is_file(),
+        "no complete checkpoint at the step it stopped ({last_step})"
+    );
+    let message = std::fs::read_to_string(&termination_log).unwrap();
+    assert!(
+        message.contains("SIGTERM") && message.contains(&format!("step {last_step}")),
+        "{message}"
+    );
+
+    // Started again, it continues from that step instead of from scratch.
+    let mut again = Guard::spawn(run());
+    assert!(
+        wait_until(Duration::from_secs(120), || loss_lines(&job_dir)
+            .iter()
+            .any(|l| l.0 == last_step + 1)),
+        "the second run never logged step {}",
+        last_step + 1
+    );
+    again.kill();
+    let lines = loss_lines(&job_dir);
+    assert_eq!(lines.iter().filter(|l| l.0 == 1).count(), 1, "restarted from scratch");
+    assert_eq!(
+        lines.iter().filter(|l| l.0 == last_step).count(),
+        1,
+        "step {last_step} was trained again"
+    );
+}

@@ -2,6 +2,7 @@
 //! drops (also when the test panics), and every wait is bounded.
 #![allow(dead_code)]
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -59,6 +60,73 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// A process started as the leader of a process group of its own (a launcher and its
+/// ranks): the whole group is SIGKILLed and reaped when this drops, also when the test
+/// panics.
+pub struct ProcessGroup {
+    child: Child,
+    log: Option<PathBuf>,
+}
+
+impl ProcessGroup {
+    /// Spawns `cmd` in a new process group; `log` is the file its stderr goes to, quoted
+    /// when a wait times out.
+    pub fn spawn(mut cmd: Command, log: Option<PathBuf>) -> ProcessGroup {
+        cmd.stdin(Stdio::null()).process_group(0);
+        ProcessGroup {
+            child: cmd.spawn().expect("spawn"),
+            log,
+        }
+    }
+
+    /// The leader's pid (and so the group id).
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Waits for the leader to exit; panics, quoting the log, after `within`.
+    pub fn wait(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the process did not finish within {within:?}; its log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The stderr log so far ("" without one).
+    pub fn log(&self) -> String {
+        self.log
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default()
+    }
+
+    /// Sends `signal` to the leader only.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: signalling the process we started; it is reaped only in drop.
+        unsafe {
+            libc::kill(self.pid(), signal);
+        }
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        // SAFETY: the process group created for this process.
+        unsafe {
+            libc::kill(-self.pid(), libc::SIGKILL);
+        }
+        let _ = self.child.wait();
     }
 }
 
