@@ -79,6 +79,8 @@ def main():
     ap.add_argument("--warmup-steps", type=int, default=10, help="untimed steps first")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=2000)
+    ap.add_argument("--bf16", action="store_true",
+                    help="torch.autocast(cpu, bfloat16) around forward and loss")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(1)
@@ -103,15 +105,16 @@ def main():
         ntgt = int(tout.ne(PAD).sum())
         for g in opt.param_groups:
             g["lr"] = 2e-3 * min(step / 300, math.sqrt(300 / step))
-        logits = model(src, tin)
-        loss = loss_fn(logits.view(-1, logits.size(-1)), tout.view(-1)) / ntgt
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            logits = model(src, tin)
+            loss = loss_fn(logits.view(-1, logits.size(-1)).float(), tout.view(-1)) / ntgt
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         tokens += sum(len(pairs[i][0]) + len(pairs[i][1]) + 2 for i in b)
     secs = time.perf_counter() - start
-    print(f"pytorch {torch.__version__} threads={args.threads}: {args.steps} steps in {secs:.1f}s = "
+    print(f"pytorch {torch.__version__} threads={args.threads} bf16={args.bf16}: {args.steps} steps in {secs:.1f}s = "
           f"{args.steps / secs:.2f} steps/s, {tokens / secs:.0f} tokens/s (source+target, with BOS/EOS), loss {loss.item():.3f}")
 
 

@@ -12,8 +12,17 @@ fi
 cargo build -p ferrotrain-trainer
 runs=runs/bench-baseline
 rm -rf "$runs"
-# ferrotrain: 70 steps of the same config (learns and saves the BPE the PyTorch run reuses).
-sed -e 's/^maxSteps: .*/maxSteps: 70/' -e 's/^maxSeconds: .*//' -e 's/^logEverySteps: .*/logEverySteps: 70/' \
-    -e 's/everySteps: 1000/everySteps: 0/' -e 's/bleu: true/bleu: false/' examples/multi30k.yaml > "$runs.yaml"
-ferrotrain run --config "$runs.yaml" --checkpoint-dir "$runs" --job ferrotrain 2>&1 | grep "step 70/"
-"$venv/bin/python" bench/pytorch_transformer.py --tokenizer "$runs/ferrotrain/tokenizer.json" "$@"
+# ferrotrain: 70 steps of the Multi30k recipe in fp32 and in bf16 (the first run learns and
+# saves the BPE that every other run reuses).
+for precision in fp32 bf16; do
+  sed -e 's/^maxSteps: .*/maxSteps: 70/' -e 's/^maxSeconds: .*//' -e 's/^logEverySteps: .*/logEverySteps: 70/' \
+      -e 's/horizon: time/horizon: steps/' -e "s/^precision: .*/precision: $precision/" \
+      -e 's/everySteps: 1000/everySteps: 0/' -e 's/bleu: true/bleu: false/' examples/multi30k.yaml > "$runs-$precision.yaml"
+  [[ -f "$runs/fp32/tokenizer.json" ]] && mkdir -p "$runs/$precision" && cp "$runs/fp32/tokenizer.json" "$runs/$precision/"
+  echo -n "ferrotrain precision=$precision: "
+  ferrotrain run --config "$runs-$precision.yaml" --checkpoint-dir "$runs" --job "$precision" 2>&1 \
+    | grep "step 70/" | sed 's/.*step 70/step 70/'
+done
+for flag in "" --bf16; do
+  "$venv/bin/python" bench/pytorch_transformer.py --tokenizer "$runs/fp32/tokenizer.json" $flag "$@"
+done

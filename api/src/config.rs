@@ -812,12 +812,13 @@ impl TrainerConfig {
                 self.schedule.kind,
                 ScheduleKind::Cosine | ScheduleKind::Linear
             ) {
+                let kind = serde_json::to_value(self.schedule.kind)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default();
                 bad(
                     "schedule.horizon",
-                    format!(
-                        "`time` only applies to kind cosine or linear, not {:?}",
-                        self.schedule.kind
-                    ),
+                    format!("`time` only applies to kind cosine or linear, not {kind}"),
                 );
             }
         }
@@ -931,6 +932,30 @@ mod tests {
         assert!(paths.contains(&"model.dModel"), "{paths:?}");
         assert!(paths.contains(&"data.tokenizer.vocabSize"), "{paths:?}");
         assert!(paths.contains(&"data.train"), "{paths:?}");
+    }
+
+    #[test]
+    fn a_time_horizon_needs_max_seconds_and_a_decaying_schedule() {
+        let errors_of = |text: &str| match TrainerConfig::from_yaml(text, "t") {
+            Err(ConfigError::Invalid { errors, .. }) => errors,
+            other => panic!("expected invalid, got {other:?}"),
+        };
+        let no_budget =
+            errors_of("task: copy\nmaxSteps: 10\nschedule: {kind: linear, horizon: time}\n");
+        assert_eq!(no_budget.len(), 1, "{no_budget:?}");
+        assert_eq!(no_budget[0].path, "schedule.horizon");
+        assert!(no_budget[0].reason.contains("maxSeconds"), "{no_budget:?}");
+        let inverse = errors_of(
+            "task: copy\nmaxSteps: 10\nmaxSeconds: 60\nschedule: {kind: inverseSqrt, horizon: time}\n",
+        );
+        assert_eq!(inverse[0].path, "schedule.horizon");
+        assert!(
+            inverse[0].reason.ends_with("not inverseSqrt"),
+            "{inverse:?}"
+        );
+        let ok =
+            "task: copy\nmaxSteps: 10\nmaxSeconds: 60\nschedule: {kind: cosine, horizon: time}\n";
+        assert!(TrainerConfig::from_yaml(ok, "t").is_ok());
     }
 
     #[test]

@@ -44,7 +44,8 @@ fn dense(x: &Tensor, layer: &nn::Linear, kind: Kind) -> Tensor {
         return x.apply(layer);
     }
     let bias = layer.bs.as_ref().map(|b| b.to_kind(kind));
-    x.to_kind(kind).linear(&layer.ws.to_kind(kind), bias.as_ref())
+    x.to_kind(kind)
+        .linear(&layer.ws.to_kind(kind), bias.as_ref())
 }
 
 /// A linear layer with Xavier-uniform weights (as PyTorch's nn.Transformer) and zero bias.
@@ -187,7 +188,9 @@ impl FeedForward {
     }
 
     fn forward(&self, x: &Tensor, train: bool) -> Tensor {
-        let hidden = dense(x, &self.up, self.kind).relu().drop(self.dropout, train);
+        let hidden = dense(x, &self.up, self.kind)
+            .relu()
+            .drop(self.dropout, train);
         dense(&hidden, &self.down, self.kind)
     }
 }
@@ -531,12 +534,12 @@ pub fn loss_sum(logits: &Tensor, tgt_out: &Tensor, label_smoothing: f64) -> Tens
         .to_kind(Kind::Float)
         .view([-1, v])
         .cross_entropy_loss::<Tensor>(
-        &tgt_out.view([-1]),
-        None,
-        tch::Reduction::Sum,
-        PAD,
-        label_smoothing,
-    )
+            &tgt_out.view([-1]),
+            None,
+            tch::Reduction::Sum,
+            PAD,
+            label_smoothing,
+        )
 }
 
 /// Trainable variables sorted by name: the order every rank agrees on.
@@ -608,7 +611,10 @@ mod tests {
             let g = p.grad();
             assert!(g.defined() && g.kind() == Kind::Float, "{name}");
             let size = g.abs().sum(Kind::Float).double_value(&[]);
-            assert!(size > 0.0 || name.ends_with(".bias"), "{name} got no gradient");
+            assert!(
+                size > 0.0 || name.ends_with(".bias"),
+                "{name} got no gradient"
+            );
         }
     }
 
@@ -644,9 +650,16 @@ mod tests {
         tch::manual_seed(7);
         let x = Tensor::ones([1000, 257], (Kind::Float, Device::Cpu));
         let y = x.drop(0.1, true);
-        let kept = y.ne(0.0).to_kind(Kind::Double).mean(Kind::Double).double_value(&[]);
+        let kept = y
+            .ne(0.0)
+            .to_kind(Kind::Double)
+            .mean(Kind::Double)
+            .double_value(&[]);
         // 257,000 draws: the kept fraction is within 5 standard deviations of 0.9.
-        assert!((kept - 0.9).abs() < 5.0 * (0.9f64 * 0.1 / 257_000.0).sqrt(), "{kept}");
+        assert!(
+            (kept - 0.9).abs() < 5.0 * (0.9f64 * 0.1 / 257_000.0).sqrt(),
+            "{kept}"
+        );
         let nonzero = y.masked_select(&y.ne(0.0));
         let scale = nonzero.mean(Kind::Double).double_value(&[]);
         assert!((scale - 1.0 / 0.9).abs() < 1e-6, "{scale}");
@@ -719,7 +732,11 @@ mod tests {
         let nll = loss_sum(&logits, &out, 0.0);
         let nll_padded = loss_sum(&m.forward(&src, &in_padded, false), &out_padded, 0.0);
         let (real_logits, real_targets) = m.forward_real(&src, &in_padded, &out_padded, false);
-        assert_eq!(real_logits.size(), [3, 11], "only the 3 real positions are projected");
+        assert_eq!(
+            real_logits.size(),
+            [3, 11],
+            "only the 3 real positions are projected"
+        );
         let real_smoothed = loss_sum(&real_logits, &real_targets, 0.1).double_value(&[]);
         let (smoothed, nll, nll_padded) = (
             smoothed.double_value(&[]),

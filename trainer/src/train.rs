@@ -345,7 +345,10 @@ fn cpu_has_bf16_units(cpuinfo: &str) -> bool {
         .filter(|l| l.starts_with("flags"))
         .flat_map(|l| l.split_whitespace())
         .collect();
-    cpuinfo.is_empty() || flags.iter().any(|f| matches!(*f, "amx_bf16" | "avx512_bf16"))
+    cpuinfo.is_empty()
+        || flags
+            .iter()
+            .any(|f| matches!(*f, "amx_bf16" | "avx512_bf16"))
 }
 
 /// Trains until `maxSteps` (or `maxSeconds`), resuming from the job's latest checkpoint.
@@ -515,6 +518,9 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     // From here a SIGTERM (pod deletion, node drain) or SIGINT stops every rank at the same
     // step and saves a checkpoint instead of losing the work since the last one.
     signals::arm();
+    // maxSeconds and a time-horizon schedule count training, not start-up (data, vocabulary,
+    // rendezvous), which differs between machines and restarts.
+    let loop_started = Instant::now();
     while step < config.max_steps && !stop {
         let t0 = Instant::now();
         let micro: Vec<Vec<usize>> = (0..config.batch.accumulate)
@@ -544,7 +550,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         let mut comm_seconds = 0.0;
         let signal = signals::received();
         let mut loss = loss_local / global_tokens as f64;
-        let mut train_seconds = earlier_seconds + started.elapsed().as_secs_f64();
+        let mut train_seconds = earlier_seconds + loop_started.elapsed().as_secs_f64();
         if let Some(sync) = grad_sync.as_mut() {
             comm_seconds += sync.sync(comm.as_mut())?;
             let c0 = Instant::now();
@@ -686,11 +692,12 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
             p.comm_fraction = (world > 1).then_some(comm_fraction.clamp(0.0, 1.0));
             let remaining = config.max_steps - step;
             let mut eta = remaining as f64 / sps;
+            // Evaluations still to come pause training: every `every` steps and at the end.
             let every = config.eval.every_steps;
-            if every > 0 {
-                // Evaluations still to come pause training: every `every` steps and at the end.
-                let periodic = config.max_steps / every - step / every;
-                let evals = periodic + u64::from(!config.max_steps.is_multiple_of(every));
+            if let (Some(total), Some(done)) =
+                (config.max_steps.checked_div(every), step.checked_div(every))
+            {
+                let evals = total - done + u64::from(!config.max_steps.is_multiple_of(every));
                 eta += evals as f64 * last_eval_seconds;
             }
             if let Some(budget) = total_seconds_budget {

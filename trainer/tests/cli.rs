@@ -274,12 +274,20 @@ fn evaluated_steps_are_saved_so_keep_best_keeps_evaluated_weights() {
     let kept: Vec<serde_json::Value> = std::fs::read_dir(ckpt.join("job"))
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("step-"))
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("step-")
+        })
         .map(|p| serde_json::from_str(&std::fs::read_to_string(p.join("trainer.json")).unwrap()))
         .collect::<Result<_, _>>()
         .unwrap();
     assert!(!kept.is_empty() && kept.len() <= 2, "{kept:?}");
     for state in &kept {
-        assert!(state["evalLoss"].is_f64(), "kept without an eval loss: {state}");
+        assert!(
+            state["evalLoss"].is_f64(),
+            "kept without an eval loss: {state}"
+        );
     }
 }

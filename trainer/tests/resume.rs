@@ -135,7 +135,11 @@ fn sigterm_saves_a_checkpoint_at_the_current_step_then_exits_143() {
     );
     again.kill();
     let lines = loss_lines(&job_dir);
-    assert_eq!(lines.iter().filter(|l| l.0 == 1).count(), 1, "restarted from scratch");
+    assert_eq!(
+        lines.iter().filter(|l| l.0 == 1).count(),
+        1,
+        "restarted from scratch"
+    );
     assert_eq!(
         lines.iter().filter(|l| l.0 == last_step).count(),
         1,

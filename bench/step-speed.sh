@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Seconds per step and tokens/s at a given point of a run: copies the newest checkpoint of a
+# job (with its tokenizer and config), trains N more steps with evaluation and checkpoints
+# off, and prints the average of all but the first 5. Every run of the same checkpoint sees
+# the same batches, so two binaries or settings compare fairly; interleave them, because
+# a shared machine's speed drifts.
+#
+#   bench/step-speed.sh JOB_DIR [STEPS] [BINARY]      (default 60 steps, target/debug/ferrotrain)
+#   e.g. bench/step-speed.sh runs/bench/multi30k-20261122-041007
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/env.sh
+job="${1:?usage: bench/step-speed.sh JOB_DIR [STEPS] [BINARY]}"
+steps="${2:-60}"
+binary="${3:-target/debug/ferrotrain}"
+last=$(ls -d "$job"/step-* | sort | tail -n1)
+from=$((10#$(basename "$last" | cut -d- -f2)))
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/job"
+cp -r "$last" "$work/job/"
+cp "$job/tokenizer.json" "$work/job/" 2>/dev/null || true
+sed -e "s/^maxSteps: .*/maxSteps: $((from + steps))/" -e 's/^maxSeconds: .*//' \
+    -e 's/^  horizon: time/  horizon: steps/' -e 's/^  everySteps: .*/  everySteps: 0/' \
+    -e 's/^  bleu: true/  bleu: false/' "$job/config.yaml" > "$work/job.yaml"
+"$binary" run --config "$work/job.yaml" --checkpoint-dir "$work" --job job > "$work/log" 2>&1 \
+  || { cat "$work/log"; exit 1; }
+python3 - "$work/job/train-log.jsonl" "$from" <<'PY'
+import json, sys
+path, start = sys.argv[1], int(sys.argv[2])
+rows = [json.loads(l) for l in open(path)]
+rows = [r for r in rows if "loss" in r and r.get("step", 0) > start + 5]
+secs = sum(r["seconds"] for r in rows)
+toks = sum(r["tokens"] for r in rows)
+print(f"from step {start}: {len(rows)} steps, {secs / len(rows):.3f} s/step, {toks / secs:.0f} tokens/s")
+PY
