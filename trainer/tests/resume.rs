@@ -3,25 +3,30 @@
 
 mod common;
 
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use common::*;
+
+/// `ferrotrain run` of `config` as job `job` under `ckpt`.
+fn run_job(config: &Path, ckpt: &Path, job: &str) -> Command {
+    let mut cmd = ferrotrain();
+    cmd.arg("run")
+        .arg("--config")
+        .arg(config)
+        .arg("--checkpoint-dir")
+        .arg(ckpt)
+        .args(["--job", job]);
+    cmd
+}
 
 #[test]
 fn kill_9_then_resume_gives_the_uninterrupted_loss_sequence() {
     let tmp = tempfile::tempdir().unwrap();
     let config = write(tmp.path(), "copy.yaml", &copy_config(80, 20, ""));
     let ckpt = tmp.path().join("ckpt");
-    let run = |job: &str| {
-        let mut cmd = ferrotrain();
-        cmd.arg("run")
-            .arg("--config")
-            .arg(&config)
-            .arg("--checkpoint-dir")
-            .arg(&ckpt)
-            .args(["--job", job]);
-        cmd
-    };
+    let run = |job: &str| run_job(&config, &ckpt, job);
 
     let mut a = Guard::spawn(run("a"));
     let status = a
@@ -89,14 +94,8 @@ fn sigterm_saves_a_checkpoint_at_the_current_step_then_exits_143() {
     let job_dir = ckpt.join("job");
     let termination_log = tmp.path().join("termination-log");
     let run = || {
-        let mut cmd = ferrotrain();
-        cmd.arg("run")
-            .arg("--config")
-            .arg(&config)
-            .arg("--checkpoint-dir")
-            .arg(&ckpt)
-            .args(["--job", "job"])
-            .env("FERROTRAIN_TERMINATION_LOG", &termination_log);
+        let mut cmd = run_job(&config, &ckpt, "job");
+        cmd.env("FERROTRAIN_TERMINATION_LOG", &termination_log);
         cmd
     };
 
