@@ -31,13 +31,8 @@ fn validate(config: &Path) -> Output {
 }
 
 fn run_job(config: &Path, ckpt: &Path, termination_log: &Path) -> Output {
-    let mut cmd = ferrotrain();
-    cmd.arg("run")
-        .arg("--config")
-        .arg(config)
-        .arg("--checkpoint-dir")
-        .arg(ckpt)
-        .env("FERROTRAIN_TERMINATION_LOG", termination_log);
+    let mut cmd = run_command(config, ckpt);
+    cmd.env("FERROTRAIN_TERMINATION_LOG", termination_log);
     output_of(cmd)
 }
 

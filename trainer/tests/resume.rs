@@ -11,13 +11,8 @@ use common::*;
 
 /// `ferrotrain run` of `config` as job `job` under `ckpt`.
 fn run_job(config: &Path, ckpt: &Path, job: &str) -> Command {
-    let mut cmd = ferrotrain();
-    cmd.arg("run")
-        .arg("--config")
-        .arg(config)
-        .arg("--checkpoint-dir")
-        .arg(ckpt)
-        .args(["--job", job]);
+    let mut cmd = run_command(config, ckpt);
+    cmd.args(["--job", job]);
     cmd
 }
 

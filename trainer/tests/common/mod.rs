@@ -23,6 +23,17 @@ pub fn ferrotrain() -> Command {
     cmd
 }
 
+/// `ferrotrain run --config <config> --checkpoint-dir <ckpt>`.
+pub fn run_command(config: &Path, ckpt: &Path) -> Command {
+    let mut cmd = ferrotrain();
+    cmd.arg("run")
+        .arg("--config")
+        .arg(config)
+        .arg("--checkpoint-dir")
+        .arg(ckpt);
+    cmd
+}
+
 /// A child process that is killed (SIGKILL) and reaped when dropped.
 pub struct Guard(pub Option<Child>);
 
