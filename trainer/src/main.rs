@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use ferrotrain_api::config::Precision;
 use ferrotrain_api::{TrainerConfig, env, exit};
 use ferrotrain_trainer::error::{Result, TrainError, write_termination_message};
 use ferrotrain_trainer::{bleu, checkpoint, data, decode, dist, launch, model, signals, train};
@@ -72,6 +73,21 @@ struct TranslateArgs {
     /// Intra-op threads (default: all cores).
     #[arg(long)]
     threads: Option<i32>,
+    /// Translate with the average of the weights of this many checkpoints: the chosen one
+    /// and the complete checkpoints before it in its job directory (as many as there are).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    average: u32,
+    /// Precision of the matrix multiplies while decoding (default: the training config's).
+    #[arg(long, value_parser = parse_precision)]
+    precision: Option<Precision>,
+}
+
+fn parse_precision(s: &str) -> std::result::Result<Precision, String> {
+    match s {
+        "fp32" => Ok(Precision::Fp32),
+        "bf16" => Ok(Precision::Bf16),
+        _ => Err(format!("expected fp32 or bf16, got {s:?}")),
+    }
 }
 
 fn init_logging(rank: usize) {
@@ -244,24 +260,17 @@ fn translate(args: TranslateArgs) -> Result<()> {
         // The copy task's symbols are not saved: they follow from the config.
         data::load_corpus(&config, &vocab_path)?.vocab
     };
-    let loaded = checkpoint::CheckpointStore::load(&dir)?;
-    if loaded.state.config_digest != config.digest() {
-        return Err(TrainError::IncompatibleCheckpoint(format!(
-            "{} does not belong to the config in {}",
-            dir.display(),
-            job_dir.display()
-        )));
-    }
+    let (weights, steps) = averaged_weights(&job_dir, &dir, args.average as usize, &config)?;
     let device = train::select_device(config.device, 0)?;
     let vs = tch::nn::VarStore::new(device);
     let net = model::Transformer::new(
         &vs.root(),
         &config.model,
         vocab.size() as i64,
-        config.precision,
+        args.precision.unwrap_or(config.precision),
     );
-    train::restore_model(&model::named_parameters(&vs), &loaded.model)?;
-    tracing::info!(step = loaded.state.step, dir = %dir.display(), beam = args.beam, "translating");
+    train::restore_model(&model::named_parameters(&vs), &weights)?;
+    tracing::info!(?steps, dir = %dir.display(), beam = args.beam, "translating");
     let lines: Vec<String> = std::io::stdin()
         .lock()
         .lines()
@@ -279,6 +288,67 @@ fn translate(args: TranslateArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     for ids in outputs {
         writeln!(out, "{}", vocab.decode(&ids))?;
+    }
+    Ok(())
+}
+
+/// The model weights of checkpoint `dir`, or with `count` > 1 their average with the
+/// complete checkpoints before it in `job_dir` (fewer if the job has fewer). Returns the
+/// steps averaged, oldest first.
+fn averaged_weights(
+    job_dir: &Path,
+    dir: &Path,
+    count: usize,
+    config: &TrainerConfig,
+) -> Result<(checkpoint::Named, Vec<u64>)> {
+    let newest = checkpoint::CheckpointStore::load(dir)?;
+    check_digest(&newest, job_dir, config)?;
+    let mut dirs = Vec::new();
+    if count > 1 {
+        let store = checkpoint::CheckpointStore::new(job_dir, Default::default())?;
+        dirs = store
+            .complete()?
+            .into_iter()
+            .filter(|(_, state)| state.step < newest.state.step)
+            .map(|(d, _)| d)
+            .collect();
+        dirs.drain(..dirs.len().saturating_sub(count - 1));
+    }
+    let mut sum = newest.model;
+    let mut steps = vec![newest.state.step];
+    for d in &dirs {
+        let loaded = checkpoint::CheckpointStore::load(d)?;
+        check_digest(&loaded, job_dir, config)?;
+        for ((name, acc), (other, t)) in sum.iter_mut().zip(&loaded.model) {
+            if name != other || acc.size() != t.size() {
+                return Err(TrainError::IncompatibleCheckpoint(format!(
+                    "{} and {} hold different tensors ({name} vs {other})",
+                    dir.display(),
+                    d.display()
+                )));
+            }
+            *acc += t;
+        }
+        steps.push(loaded.state.step);
+    }
+    if steps.len() > 1 {
+        let n = steps.len() as f64;
+        for (_, acc) in sum.iter_mut() {
+            *acc /= n;
+        }
+    }
+    steps.sort_unstable();
+    Ok((sum, steps))
+}
+
+/// A checkpoint must come from the job's own config (same model, same vocabulary).
+fn check_digest(loaded: &checkpoint::Loaded, job_dir: &Path, config: &TrainerConfig) -> Result<()> {
+    if loaded.state.config_digest != config.digest() {
+        return Err(TrainError::IncompatibleCheckpoint(format!(
+            "{} does not belong to the config in {}",
+            loaded.dir.display(),
+            job_dir.display()
+        )));
     }
     Ok(())
 }

@@ -542,10 +542,13 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
             }
             let tb = data::to_tensors(&corpus.train, &mine, device);
             tch::manual_seed(step_seed(config.seed, step, rank, i));
-            let (logits, targets) = model.forward_real(&tb.src, &tb.tgt_in, &tb.tgt_out, true);
-            let smoothed = model::loss_sum(&logits, &targets, config.label_smoothing);
-            (&smoothed / global_tokens as f64).backward();
-            loss_local += smoothed.double_value(&[]);
+            loss_local += model.train_loss_backward(
+                &tb.src,
+                &tb.tgt_in,
+                &tb.tgt_out,
+                config.label_smoothing,
+                1.0 / global_tokens as f64,
+            );
         }
         let mut comm_seconds = 0.0;
         let signal = signals::received();
