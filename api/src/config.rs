@@ -183,10 +183,22 @@ pub struct ModelConfig {
     #[serde(default = "defaults::ffn_dim")]
     #[schemars(range(min = 1, max = 131072))]
     pub ffn_dim: u32,
-    /// Dropout on embeddings, attention weights and residual branches.
+    /// Dropout on embeddings and residual branches, and (unless set below) on attention
+    /// weights and feed-forward activations.
     #[serde(default = "defaults::dropout")]
     #[schemars(range(min = 0.0, max = 0.99))]
     pub dropout: f64,
+    /// Dropout on attention weights; unset = `dropout` (PyTorch's nn.Transformer). The
+    /// original Transformer (Vaswani et al., 2017) and fairseq use 0, which also lets
+    /// attention run as one fused kernel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 0.99))]
+    pub attention_dropout: Option<f64>,
+    /// Dropout on the feed-forward hidden activations (after ReLU); unset = `dropout`
+    /// (nn.Transformer). The original Transformer and fairseq use 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 0.99))]
+    pub activation_dropout: Option<f64>,
     /// Share one matrix between source embedding, target embedding and output projection.
     #[serde(default = "defaults::yes")]
     pub tie_embeddings: bool,
@@ -759,11 +771,16 @@ impl TrainerConfig {
         if m.ffn_dim == 0 {
             bad("model.ffnDim", "must be at least 1".into());
         }
-        if !(0.0..1.0).contains(&m.dropout) {
-            bad(
-                "model.dropout",
-                format!("must be in [0, 1), got {}", m.dropout),
-            );
+        for (field, value) in [
+            ("model.dropout", Some(m.dropout)),
+            ("model.attentionDropout", m.attention_dropout),
+            ("model.activationDropout", m.activation_dropout),
+        ] {
+            if let Some(v) = value
+                && !(0.0..1.0).contains(&v)
+            {
+                bad(field, format!("must be in [0, 1), got {v}"));
+            }
         }
         if self.batch.accumulate == 0 {
             bad("batch.accumulate", "must be at least 1".into());
@@ -932,6 +949,33 @@ mod tests {
         assert!(paths.contains(&"model.dModel"), "{paths:?}");
         assert!(paths.contains(&"data.tokenizer.vocabSize"), "{paths:?}");
         assert!(paths.contains(&"data.train"), "{paths:?}");
+    }
+
+    #[test]
+    fn sublayer_dropouts_default_to_dropout_and_are_range_checked() {
+        let base = "task: copy\nmaxSteps: 10\nmodel:\n  dropout: 0.2\n";
+        let c = TrainerConfig::from_yaml(base, "t").expect("valid");
+        assert_eq!(
+            (c.model.attention_dropout, c.model.activation_dropout),
+            (None, None)
+        );
+        let set = format!("{base}  attentionDropout: 0.0\n  activationDropout: 0.05\n");
+        let c = TrainerConfig::from_yaml(&set, "t").expect("valid");
+        assert_eq!(c.model.attention_dropout, Some(0.0));
+        assert_eq!(c.model.activation_dropout, Some(0.05));
+        let bad = format!("{base}  attentionDropout: 1.0\n  activationDropout: -0.1\n");
+        let Err(ConfigError::Invalid { errors, .. }) = TrainerConfig::from_yaml(&bad, "t") else {
+            panic!("expected invalid");
+        };
+        let paths: Vec<_> = errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, ["model.attentionDropout", "model.activationDropout"]);
+        // Unset fields leave the digest of existing checkpoints unchanged.
+        let plain = TrainerConfig::from_yaml(base, "t").expect("valid");
+        assert!(
+            !serde_json::to_string(&plain.model)
+                .unwrap()
+                .contains("Dropout")
+        );
     }
 
     #[test]

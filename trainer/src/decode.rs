@@ -244,6 +244,8 @@ mod tests {
             decoder_layers: 2,
             ffn_dim: 32,
             dropout: 0.0,
+            attention_dropout: None,
+            activation_dropout: None,
             tie_embeddings: true,
             max_positions: 40,
         };

@@ -1,7 +1,7 @@
 //! `ferrotrain`: train (`run`, one rank; `launch`, a local gang), check a config
 //! (`validate`), translate with a checkpoint (`translate`) and score translations (`bleu`).
 
-use std::io::{BufRead, Write};
+use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -97,6 +97,8 @@ fn init_logging(rank: usize) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: not in pod logs, files or pipes.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .try_init();
 }
@@ -314,31 +316,18 @@ fn averaged_weights(
             .collect();
         dirs.drain(..dirs.len().saturating_sub(count - 1));
     }
-    let mut sum = newest.model;
     let mut steps = vec![newest.state.step];
+    let mut models = vec![newest.model];
     for d in &dirs {
         let loaded = checkpoint::CheckpointStore::load(d)?;
         check_digest(&loaded, job_dir, config)?;
-        for ((name, acc), (other, t)) in sum.iter_mut().zip(&loaded.model) {
-            if name != other || acc.size() != t.size() {
-                return Err(TrainError::IncompatibleCheckpoint(format!(
-                    "{} and {} hold different tensors ({name} vs {other})",
-                    dir.display(),
-                    d.display()
-                )));
-            }
-            *acc += t;
-        }
         steps.push(loaded.state.step);
+        models.push(loaded.model);
     }
-    if steps.len() > 1 {
-        let n = steps.len() as f64;
-        for (_, acc) in sum.iter_mut() {
-            *acc /= n;
-        }
-    }
+    let weights =
+        checkpoint::average_weights(models).map_err(TrainError::IncompatibleCheckpoint)?;
     steps.sort_unstable();
-    Ok((sum, steps))
+    Ok((weights, steps))
 }
 
 /// A checkpoint must come from the job's own config (same model, same vocabulary).

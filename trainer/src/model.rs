@@ -224,6 +224,14 @@ fn layer_norm(p: nn::Path, d: i64) -> nn::LayerNorm {
     nn::layer_norm(p, vec![d], Default::default())
 }
 
+/// Dropout on attention weights and on feed-forward activations (both default to `dropout`).
+fn sublayer_dropouts(c: &ModelConfig) -> (f64, f64) {
+    (
+        c.attention_dropout.unwrap_or(c.dropout),
+        c.activation_dropout.unwrap_or(c.dropout),
+    )
+}
+
 #[derive(Debug)]
 struct EncoderLayer {
     norm1: nn::LayerNorm,
@@ -236,11 +244,12 @@ struct EncoderLayer {
 impl EncoderLayer {
     fn new(p: nn::Path, c: &ModelConfig, kind: Kind) -> Self {
         let (d, h, drop) = (i64::from(c.d_model), i64::from(c.heads), c.dropout);
+        let (attn_drop, act_drop) = sublayer_dropouts(c);
         EncoderLayer {
             norm1: layer_norm(&p / "norm1", d),
-            attn: Attention::new_self(&p / "self_attn", d, h, drop, kind),
+            attn: Attention::new_self(&p / "self_attn", d, h, attn_drop, kind),
             norm2: layer_norm(&p / "norm2", d),
-            ffn: FeedForward::new(&p / "ffn", d, i64::from(c.ffn_dim), drop, kind),
+            ffn: FeedForward::new(&p / "ffn", d, i64::from(c.ffn_dim), act_drop, kind),
             dropout: drop,
         }
     }
@@ -271,13 +280,14 @@ struct DecoderLayer {
 impl DecoderLayer {
     fn new(p: nn::Path, c: &ModelConfig, kind: Kind) -> Self {
         let (d, h, drop) = (i64::from(c.d_model), i64::from(c.heads), c.dropout);
+        let (attn_drop, act_drop) = sublayer_dropouts(c);
         DecoderLayer {
             norm1: layer_norm(&p / "norm1", d),
-            self_attn: Attention::new_self(&p / "self_attn", d, h, drop, kind),
+            self_attn: Attention::new_self(&p / "self_attn", d, h, attn_drop, kind),
             norm2: layer_norm(&p / "norm2", d),
-            cross_attn: Attention::new_cross(&p / "cross_attn", d, h, drop, kind),
+            cross_attn: Attention::new_cross(&p / "cross_attn", d, h, attn_drop, kind),
             norm3: layer_norm(&p / "norm3", d),
-            ffn: FeedForward::new(&p / "ffn", d, i64::from(c.ffn_dim), drop, kind),
+            ffn: FeedForward::new(&p / "ffn", d, i64::from(c.ffn_dim), act_drop, kind),
             dropout: drop,
         }
     }
@@ -681,6 +691,8 @@ mod tests {
             decoder_layers: 2,
             ffn_dim: 32,
             dropout: 0.0,
+            attention_dropout: None,
+            activation_dropout: None,
             tie_embeddings: true,
             max_positions: 32,
         }
@@ -827,6 +839,41 @@ mod tests {
             let step = m.decode_step(&mut state, &tgt.select(1, t));
             let diff = (step - full.select(1, t)).abs().max().double_value(&[]);
             assert!(diff < 1e-4, "position {t}: {diff}");
+        }
+    }
+
+    #[test]
+    fn incremental_decoding_matches_over_long_outputs_in_both_precisions() {
+        // Greedy and beam search decode up to 1.5x the source length + 10 positions, in
+        // the training precision: the key/value cache must follow the full pass that far.
+        let config = ModelConfig {
+            d_model: 32,
+            heads: 4,
+            encoder_layers: 3,
+            decoder_layers: 3,
+            ffn_dim: 64,
+            max_positions: 64,
+            ..tiny()
+        };
+        let len = 40;
+        tch::manual_seed(3);
+        let src = Tensor::randint_low(3, 11, [2, 12], (Kind::Int64, Device::Cpu));
+        let _ = src.narrow(1, 9, 3).get(1).fill_(PAD); // the second source is shorter
+        let tgt = Tensor::randint_low(3, 11, [2, len], (Kind::Int64, Device::Cpu));
+        for (precision, tolerance) in [(Precision::Fp32, 1e-4), (Precision::Bf16, 0.15)] {
+            let (_, m) = build_in(&config, precision);
+            let full = m.forward(&src, &tgt, false).log_softmax(-1, Kind::Float);
+            let mut state = m.start_decoding(&src);
+            let mut worst = 0.0f64;
+            for t in 0..len {
+                let step = m.decode_step(&mut state, &tgt.select(1, t));
+                let diff = (step - full.select(1, t)).abs().max().double_value(&[]);
+                worst = worst.max(diff);
+            }
+            assert!(
+                worst < tolerance,
+                "{precision:?}: log-probs differ by {worst}"
+            );
         }
     }
 

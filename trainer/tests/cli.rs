@@ -206,26 +206,26 @@ fn translation_job_trains_evaluates_translates_and_scores() {
     assert_eq!(bleu.len(), 2, "evaluations at steps 60 and 120");
 
     // translate reads stdin and writes one line per input line; bleu scores them.
-    let sources: Vec<&str> = vec!["the red dog runs in park .", "a small cat sleeps ."];
-    let mut cmd = ferrotrain();
-    cmd.arg("translate")
-        .arg("--checkpoint")
-        .arg(&job)
-        .args(["--beam", "2"]);
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(format!("{}\n", sources.join("\n")).as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let sources = "the red dog runs in park .\na small cat sleeps .\n";
+    let out = translate(&job, &["--beam", "2"], sources);
     assert!(out.status.success(), "{}", stderr(&out));
     let hyps = String::from_utf8(out.stdout).unwrap();
     assert_eq!(hyps.lines().count(), 2, "{hyps}");
+
+    // The mean of the two saved checkpoints, decoded greedily in bf16.
+    let out = translate(
+        &job,
+        &["--beam", "1", "--average", "2", "--precision", "bf16"],
+        sources,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("steps=[60, 120]"), "{}", stderr(&out));
+    assert_eq!(String::from_utf8(out.stdout).unwrap().lines().count(), 2);
+    for bad in [["--average", "0"], ["--precision", "fp16"]] {
+        let out = translate(&job, &bad, sources);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(bad[0]), "{}", stderr(&out));
+    }
 
     let refs = write(
         tmp.path(),
@@ -285,4 +285,21 @@ fn evaluated_steps_are_saved_so_keep_best_keeps_evaluated_weights() {
             "kept without an eval loss: {state}"
         );
     }
+}
+
+/// `ferrotrain translate --checkpoint JOB ARGS` with `input` on stdin.
+fn translate(job: &Path, args: &[&str], input: &str) -> Output {
+    let mut cmd = ferrotrain();
+    cmd.arg("translate").arg("--checkpoint").arg(job).args(args);
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
 }
