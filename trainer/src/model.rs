@@ -484,12 +484,20 @@ impl Transformer {
         label_smoothing: f64,
         grad_scale: f64,
     ) -> f64 {
-        let h = self.decoder_states(src, tgt_in, true);
-        let d = h.size()[2];
-        // Only real positions: about 14% of a Multi30k batch is padding.
-        let real = tgt_out.ne(PAD).reshape([-1]).nonzero().squeeze_dim(1);
-        let h = h.reshape([-1, d]).index_select(0, &real);
-        let targets = tgt_out.reshape([-1]).index_select(0, &real);
+        let (h, targets) = real_positions(&self.decoder_states(src, tgt_in, true), tgt_out);
+        self.projection_loss_backward(&h, &targets, label_smoothing, grad_scale, LOSS_CHUNK_ROWS)
+    }
+
+    /// The output projection and loss of `train_loss_backward` for decoder states `h`
+    /// [N, D] (attached to the autograd graph) and their targets [N], `rows` at a time.
+    fn projection_loss_backward(
+        &self,
+        h: &Tensor,
+        targets: &Tensor,
+        label_smoothing: f64,
+        grad_scale: f64,
+        rows: i64,
+    ) -> f64 {
         let (weight, bias) = match &self.output {
             Some(out) => (&out.ws, out.bs.as_ref()),
             None => (&self.src_embed.ws, None),
@@ -499,15 +507,15 @@ impl Transformer {
                 &h.detach(),
                 weight,
                 bias,
-                &targets,
+                targets,
                 label_smoothing,
                 self.kind,
-                LOSS_CHUNK_ROWS,
+                rows,
             )
         });
         // A scalar whose gradient is exactly the hand-computed one: d/dh (h . dh) = dh.
         let mut surrogate =
-            (&h * &fused.d_h).sum(Kind::Float) + (weight * &fused.d_weight).sum(Kind::Float);
+            (h * &fused.d_h).sum(Kind::Float) + (weight * &fused.d_weight).sum(Kind::Float);
         if let Some(b) = bias {
             surrogate += (b * &fused.d_bias).sum(Kind::Float);
         }
@@ -578,6 +586,18 @@ pub fn loss_sum(logits: &Tensor, tgt_out: &Tensor, label_smoothing: f64) -> Tens
             PAD,
             label_smoothing,
         )
+}
+
+/// Decoder states [N, D] and targets [N] at the N real (non-PAD) positions of `tgt_out`
+/// [B, T], from states [B, T, D]: about 14% of a length-bucketed batch is padding, which
+/// the loss ignores anyway, so it is never projected onto the vocabulary.
+fn real_positions(h: &Tensor, tgt_out: &Tensor) -> (Tensor, Tensor) {
+    let d = *h.size().last().expect("[B, T, D]");
+    let real = tgt_out.ne(PAD).reshape([-1]).nonzero().squeeze_dim(1);
+    (
+        h.reshape([-1, d]).index_select(0, &real),
+        tgt_out.reshape([-1]).index_select(0, &real),
+    )
 }
 
 /// Rows of logits `fused_projection_loss` holds at a time: 256 x 8k vocabulary = 8 MB in
@@ -928,28 +948,14 @@ mod tests {
         for (_, p) in &params {
             let _ = p.grad().zero_();
         }
-        let h = m.decoder_states(&src, &tgt_in, false);
-        let real = tgt_out.ne(PAD).reshape([-1]).nonzero().squeeze_dim(1);
-        let h = h.reshape([-1, c.d_model as i64]).index_select(0, &real);
-        let targets = tgt_out.reshape([-1]).index_select(0, &real);
-        let (w, b) = match &m.output {
-            Some(out) => (&out.ws, out.bs.as_ref()),
-            None => (&m.src_embed.ws, None),
-        };
-        let fused =
-            tch::no_grad(|| fused_projection_loss(&h.detach(), w, b, &targets, 0.1, m.kind, rows));
-        let mut surrogate =
-            (&h * &fused.d_h).sum(Kind::Float) + (w * &fused.d_weight).sum(Kind::Float);
-        if let Some(b) = b {
-            surrogate += (b * &fused.d_bias).sum(Kind::Float);
-        }
-        (surrogate * 0.5).backward();
+        let (h, targets) = real_positions(&m.decoder_states(&src, &tgt_in, false), &tgt_out);
+        let loss = m.projection_loss_backward(&h, &targets, 0.1, 0.5, rows);
         let grads = params
             .into_iter()
             .zip(expected)
             .map(|((name, p), e)| (name, p.grad().copy(), e))
             .collect();
-        (fused.loss, reference.double_value(&[]), grads)
+        (loss, reference.double_value(&[]), grads)
     }
 
     #[test]
