@@ -234,17 +234,7 @@ fn translation_job_trains_evaluates_translates_and_scores() {
     );
     let mut cmd = ferrotrain();
     cmd.arg("bleu").arg("--reference").arg(&refs);
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(hyps.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = with_stdin(cmd, &hyps);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("BLEU = "));
 }
@@ -291,6 +281,11 @@ fn evaluated_steps_are_saved_so_keep_best_keeps_evaluated_weights() {
 fn translate(job: &Path, args: &[&str], input: &str) -> Output {
     let mut cmd = ferrotrain();
     cmd.arg("translate").arg("--checkpoint").arg(job).args(args);
+    with_stdin(cmd, input)
+}
+
+/// Runs `cmd` with `input` on its stdin; captures stdout and stderr.
+fn with_stdin(mut cmd: std::process::Command, input: &str) -> Output {
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
