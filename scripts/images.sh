@@ -1,0 +1,295 @@
+#!/usr/bin/env bash
+# Builds the container images: ferrotrain/trainer, ferrotrain/operator and (with --cuda)
+# ferrotrain/trainer-cuda, all with one tag. See docs/images.md.
+#
+#   scripts/images.sh [--tag TAG] [--mode local|source] [--cuda] [--only LIST]
+#                     [--profile dev|release] [--no-cargo]
+#
+#   --tag TAG       image tag (env TAG; default dev)
+#   --mode local    binaries built on this machine with cargo, copied into a Debian base made
+#                   here with debootstrap from this machine's apt mirror: needs a Rust
+#                   toolchain, debootstrap and root, but no image registry (what CI uses)
+#   --mode source   everything compiled inside `docker build` from the Dockerfiles'
+#                   multi-stage form (rust and debian images from Docker Hub): a laptop, a
+#                   release pipeline
+#                   (env FERROTRAIN_IMAGE_MODE; default: local where debootstrap can run, else
+#                   source)
+#   --cuda          also build ferrotrain/trainer-cuda (the CUDA libtorch from torch's
+#                   nvidia-* wheels: about 3.5 GB to download, a 4 GB image)
+#   --only LIST     comma-separated subset of trainer,operator,trainer-cuda
+#   --profile P     cargo profile of the binaries (env FERROTRAIN_IMAGE_PROFILE; default dev in
+#                   local mode, the tests' build; release in source mode)
+#   --no-cargo      local mode: take the binaries already in target/ as they are
+#
+# Versions live in docker/versions.env (images) and scripts/setup-libtorch.sh (PyTorch).
+# Prints each image's size and build time at the end; the last line is `images: <refs>`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+# shellcheck source=/dev/null
+. docker/versions.env
+
+TAG="${TAG:-dev}"
+MODE="${FERROTRAIN_IMAGE_MODE:-auto}"
+PROFILE="${FERROTRAIN_IMAGE_PROFILE:-}"
+ONLY="trainer,operator"
+CUDA=0
+CARGO=1
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --tag) TAG="$2"; shift 2 ;;
+    --tag=*) TAG="${1#*=}"; shift ;;
+    --mode) MODE="$2"; shift 2 ;;
+    --mode=*) MODE="${1#*=}"; shift ;;
+    --cuda) CUDA=1; shift ;;
+    --only) ONLY="$2"; shift 2 ;;
+    --only=*) ONLY="${1#*=}"; shift ;;
+    --profile) PROFILE="$2"; shift 2 ;;
+    --profile=*) PROFILE="${1#*=}"; shift ;;
+    --release) PROFILE=release; shift ;;
+    --no-cargo) CARGO=0; shift ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    *) echo "images.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+[[ $CUDA == 1 && ",$ONLY," != *,trainer-cuda,* ]] && ONLY="$ONLY,trainer-cuda"
+IFS=, read -r -a IMAGES <<<"$ONLY"
+for image in "${IMAGES[@]}"; do
+  case "$image" in trainer|operator|trainer-cuda) ;; *)
+    echo "images.sh: unknown image $image (trainer, operator, trainer-cuda)" >&2; exit 2 ;;
+  esac
+done
+if [[ ! "$TAG" =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$ ]]; then
+  echo "images.sh: invalid tag '$TAG'" >&2; exit 2
+fi
+
+log() { printf 'images.sh: %s\n' "$*" >&2; }
+die() { log "$*"; exit 1; }
+
+if [[ "$MODE" == auto ]]; then
+  if [[ $(id -u) == 0 ]] && command -v debootstrap >/dev/null && command -v cargo >/dev/null; then
+    MODE=local
+  else
+    MODE=source
+  fi
+fi
+case "$MODE" in local|source) ;; *) die "--mode must be local or source, not $MODE" ;; esac
+[[ -n "$PROFILE" ]] || { [[ $MODE == local ]] && PROFILE=dev || PROFILE=release; }
+profile_dir() { [[ "$1" == dev ]] && echo debug || echo "$1"; }
+
+command -v docker >/dev/null || die "docker is required"
+docker info >/dev/null 2>&1 || die "no Docker engine answers (start dockerd, or see docs/images.md)"
+
+# The Dockerfiles need BuildKit (it also skips the stages a build does not use, so the local
+# mode never pulls the Rust image). Docker >= 23 has it through buildx; Debian's docker.io
+# (20.10) client has it built in behind DOCKER_BUILDKIT=1.
+BUILD=()
+if docker buildx version >/dev/null 2>&1; then
+  BUILD=(docker buildx build --load)
+else
+  while read -r client; do
+    version=$("$client" version --format '{{.Client.Version}}' 2>/dev/null || true)
+    if [[ "$version" =~ ^([0-9]+)\. ]] && (( BASH_REMATCH[1] < 23 )); then
+      BUILD=(env DOCKER_BUILDKIT=1 "$client" build)
+      break
+    fi
+  done < <(type -ap docker)
+fi
+[[ ${#BUILD[@]} -gt 0 ]] || die "BuildKit is needed: install docker-buildx (or Debian's docker.io, whose client has it built in)"
+log "mode $MODE, profile $PROFILE, tag $TAG, builder: ${BUILD[*]}"
+
+REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+if [[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null || true)" ]]; then
+  REVISION="$REVISION-dirty"
+fi
+# The commit's time, not the build's: the same commit gives the same labels.
+CREATED=$(git log -1 --format=%cI 2>/dev/null || date -u +%Y-%m-%dT%H:%M:%SZ)
+COMMON_ARGS=(--progress=plain
+  --build-arg "RUST_IMAGE=$RUST_IMAGE"
+  --build-arg "VERSION=$TAG" --build-arg "REVISION=$REVISION" --build-arg "CREATED=$CREATED")
+
+# --- local mode: a Debian base made here --------------------------------------------------
+# The mirror comes from this machine's apt configuration (one-line or deb822 sources), or
+# from FERROTRAIN_DEBIAN_MIRROR; nothing in the repository names a mirror.
+debian_mirror() {
+  if [[ -n "${FERROTRAIN_DEBIAN_MIRROR:-}" ]]; then echo "$FERROTRAIN_DEBIAN_MIRROR"; return; fi
+  python3 - "$DEBIAN_SUITE" <<'PY'
+import glob, sys
+suite = sys.argv[1]
+entries = []  # (uri, suites)
+for path in ["/etc/apt/sources.list"] + sorted(glob.glob("/etc/apt/sources.list.d/*.list")):
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        continue
+    for line in lines:
+        words = line.split("#", 1)[0].split()
+        if len(words) < 3 or words[0] != "deb":
+            continue
+        words = words[1:]
+        if words[0].startswith("["):
+            while not words[0].endswith("]"):
+                words.pop(0)
+            words.pop(0)
+        entries.append((words[0], [words[1]]))
+for path in sorted(glob.glob("/etc/apt/sources.list.d/*.sources")):
+    try:
+        text = open(path).read()
+    except OSError:
+        continue
+    for para in text.split("\n\n"):
+        fields = {}
+        for line in para.splitlines():
+            if line.startswith("#") or ":" not in line or line[0].isspace():
+                continue
+            key, value = line.split(":", 1)
+            fields[key.strip().lower()] = value.split()
+        if "deb" in fields.get("types", []) and fields.get("enabled", ["yes"])[0] != "no":
+            for uri in fields.get("uris", []):
+                entries.append((uri, fields.get("suites", [])))
+for uri, suites in entries:
+    if suite in suites:
+        print(uri); sys.exit(0)
+for uri, suites in entries:  # a Debian host of another release: its main archive serves ours
+    if uri.rstrip("/").endswith("/debian"):
+        print(uri); sys.exit(0)
+sys.exit(1)
+PY
+}
+
+LOCAL_BASE="ferrotrain-local/debian:$DEBIAN_SUITE-minbase"
+ROOTFS=
+trap '[[ -z "$ROOTFS" ]] || rm -rf "$ROOTFS" "$ROOTFS.log"' EXIT
+ensure_local_base() {
+  if docker image inspect "$LOCAL_BASE" >/dev/null 2>&1 && [[ "${FERROTRAIN_REBUILD_BASE:-0}" != 1 ]]; then
+    log "base image $LOCAL_BASE exists (FERROTRAIN_REBUILD_BASE=1 remakes it)"
+    return
+  fi
+  command -v debootstrap >/dev/null || die "local mode needs debootstrap (apt-get install debootstrap), or use --mode source"
+  [[ $(id -u) == 0 ]] || die "debootstrap needs root; run as root or use --mode source"
+  local mirror rootfs started
+  mirror=$(debian_mirror) || die "no Debian mirror in /etc/apt/sources*; set FERROTRAIN_DEBIAN_MIRROR"
+  rootfs=$(mktemp -d /tmp/ferrotrain-rootfs.XXXXXX)
+  ROOTFS="$rootfs"
+  started=$SECONDS
+  log "debootstrap $DEBIAN_SUITE (minbase + ca-certificates) from $mirror"
+  debootstrap --variant=minbase --include=ca-certificates "$DEBIAN_SUITE" "$rootfs" "$mirror" \
+    >"$rootfs.log" 2>&1 || { tail -n 30 "$rootfs.log" >&2; rm -f "$rootfs.log"; die "debootstrap failed"; }
+  rm -f "$rootfs.log"
+  # What debian:*-slim leaves out too: docs, man pages, locales, package caches.
+  rm -rf "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/info/* \
+    "$rootfs"/usr/share/locale/* "$rootfs"/var/cache/apt/* "$rootfs"/var/lib/apt/lists/* \
+    "$rootfs"/var/log/*.log "$rootfs"/var/log/apt/* "$rootfs"/tmp/* 2>/dev/null || true
+  tar --numeric-owner -C "$rootfs" -c . | docker import \
+    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'CMD ["bash"]' \
+    --message "debootstrap --variant=minbase $DEBIAN_SUITE" - "$LOCAL_BASE" >/dev/null
+  rm -rf "$rootfs"
+  ROOTFS=
+  log "base image $LOCAL_BASE made in $((SECONDS - started)) s"
+}
+
+# Strips debug info (the symbol table stays, for backtraces) while copying into the context.
+stage_binary() {
+  local src="$1" dest="$2"
+  [[ -x "$src" ]] || die "$src is missing (build it, or drop --no-cargo)"
+  mkdir -p "$(dirname "$dest")"
+  objcopy --strip-debug "$src" "$dest"
+}
+
+# Lays out libtorch's libraries in the context: hard links when the cache is on the same file
+# system (instant), copies otherwise.
+stage_libtorch() {
+  local libtorch="$1" dest="$2"
+  mkdir -p "$dest"
+  cp -al "$libtorch/lib/." "$dest/" 2>/dev/null || cp -a "$libtorch/lib/." "$dest/"
+}
+
+cargo_build() {
+  [[ $CARGO == 1 ]] || return 0
+  log "cargo build --profile $PROFILE $*"
+  cargo build --profile "$PROFILE" "$@" >&2
+}
+
+declare -A BUILD_SECONDS=()
+build_image() {
+  local image="$1"; shift
+  local started=$SECONDS
+  log "building ferrotrain/$image:$TAG"
+  "${BUILD[@]}" "${COMMON_ARGS[@]}" -t "ferrotrain/$image:$TAG" "$@" >&2
+  BUILD_SECONDS[$image]=$((SECONDS - started))
+}
+
+build_local() {
+  local image="$1" ctx="$ROOT/target/images/$1" libtorch bin
+  rm -rf "$ctx"
+  mkdir -p "$ctx/prebuilt/bin"
+  case "$image" in
+    trainer)
+      libtorch=$(scripts/setup-libtorch.sh | tail -n1)
+      LIBTORCH="$libtorch" cargo_build -p ferrotrain-trainer
+      bin="target/$(profile_dir "$PROFILE")/ferrotrain"
+      stage_binary "$bin" "$ctx/prebuilt/bin/ferrotrain"
+      stage_libtorch "$libtorch" "$ctx/prebuilt/lib"
+      build_image trainer -f docker/trainer.Dockerfile --build-arg BINARIES=prebuilt \
+        --build-arg "BASE_IMAGE=$LOCAL_BASE" --build-arg LIBTORCH_VARIANT=cpu "$ctx"
+      ;;
+    trainer-cuda)
+      libtorch=$(scripts/setup-libtorch.sh --cuda | tail -n1)
+      # A target directory of its own: pointing the shared one at another LIBTORCH would
+      # rebuild torch-sys and everything above it for every other build.
+      local target="${FERROTRAIN_CUDA_TARGET_DIR:-$ROOT/target/cuda}"
+      LIBTORCH="$libtorch" CARGO_TARGET_DIR="$target" cargo_build -p ferrotrain-trainer --features cuda
+      bin="$target/$(profile_dir "$PROFILE")/ferrotrain"
+      readelf -d "$bin" | grep -q 'NEEDED.*\[libtorch_cuda\.so\]' \
+        || die "$bin does not link libtorch_cuda.so (trainer/build.rs links it with the cuda feature)"
+      stage_binary "$bin" "$ctx/prebuilt/bin/ferrotrain"
+      stage_libtorch "$libtorch" "$ctx/prebuilt/lib"
+      build_image trainer-cuda -f docker/trainer.Dockerfile --build-arg BINARIES=prebuilt \
+        --build-arg "BASE_IMAGE=$LOCAL_BASE" --build-arg LIBTORCH_VARIANT=cuda "$ctx"
+      ;;
+    operator)
+      cargo_build -p ferrotrain-operator
+      stage_binary "target/$(profile_dir "$PROFILE")/ferrotrain-operator" "$ctx/prebuilt/bin/ferrotrain-operator"
+      build_image operator -f docker/operator.Dockerfile --build-arg BINARIES=prebuilt \
+        --build-arg "BASE_IMAGE=$LOCAL_BASE" "$ctx"
+      ;;
+  esac
+}
+
+build_source() {
+  local image="$1"
+  local args=(--build-arg BINARIES=source --build-arg "BASE_IMAGE=$BASE_IMAGE"
+              --build-arg "CARGO_PROFILE=$PROFILE")
+  case "$image" in
+    trainer) build_image trainer -f docker/trainer.Dockerfile "${args[@]}" \
+               --build-arg LIBTORCH_VARIANT=cpu --build-arg CARGO_FEATURES= . ;;
+    trainer-cuda) build_image trainer-cuda -f docker/trainer.Dockerfile "${args[@]}" \
+               --build-arg LIBTORCH_VARIANT=cuda --build-arg CARGO_FEATURES=cuda . ;;
+    operator) build_image operator -f docker/operator.Dockerfile "${args[@]}" . ;;
+  esac
+}
+
+started=$SECONDS
+if [[ $MODE == local ]]; then
+  command -v objcopy >/dev/null || die "local mode needs objcopy (binutils)"
+  ensure_local_base
+  # The trainer's libtorch and cargo's environment (the same as the tests').
+  # shellcheck source=/dev/null
+  . scripts/env.sh
+fi
+for image in "${IMAGES[@]}"; do
+  "build_$MODE" "$image"
+done
+
+printf '\n%-36s %10s %8s\n' IMAGE SIZE BUILD >&2
+refs=()
+for image in "${IMAGES[@]}"; do
+  ref="ferrotrain/$image:$TAG"
+  bytes=$(docker image inspect -f '{{.Size}}' "$ref")
+  printf '%-36s %7d MB %6d s\n' "$ref" $((bytes / 1000000)) "${BUILD_SECONDS[$image]}" >&2
+  refs+=("$ref")
+done
+log "done in $((SECONDS - started)) s"
+echo "images: ${refs[*]}"
