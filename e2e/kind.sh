@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates a kind cluster, builds and loads the operator and trainer images, installs the Helm
-# chart, and runs the end-to-end tests (e2e/tests/e2e.rs) against it.
+# chart, and runs the end-to-end tests (e2e/tests/*.rs, package ferrotrain-e2e) against it.
 #   e2e/kind.sh            # create (or reuse) the cluster, test, keep the cluster
 #   KEEP=0 e2e/kind.sh     # delete the cluster afterwards
 # Needs docker and kind on PATH; helm and kubectl come from scripts/setup-helm.sh.
@@ -54,7 +54,7 @@ echo "==> installing the chart"
 echo "==> end-to-end tests"
 status=0
 FERROTRAIN_E2E_IMAGE="ferrotrain/trainer:$TAG" \
-  cargo test -p ferrotrain-operator --test e2e -- --ignored --test-threads 2 || status=$?
+  cargo test -p ferrotrain-e2e -- --ignored --test-threads 2 || status=$?
 if [[ $status != 0 ]]; then
   echo "==> operator logs (tests failed)"
   "$KUBECTL" -n "$NAMESPACE" logs deployment/ferrotrain --tail=300 || true

@@ -1,10 +1,15 @@
 //! ferrotrain's contracts between the operator, the launcher and the trainer ranks.
+//!
+//! The `DistributedTraining` custom resource ([`crd`]) is behind the `crd` feature: the
+//! operator and the end-to-end tests enable it, the trainer does not, so it builds no
+//! Kubernetes types.
 
 pub mod config;
+#[cfg(feature = "crd")]
+pub mod crd;
 pub mod env;
 pub mod exit;
 pub mod progress;
 
 pub use config::{ConfigError, FieldError, ParallelFiles, Task, TrainerConfig};
 pub use progress::{CheckpointInfo, Progress, TrainerPhase};
-pub mod crd;

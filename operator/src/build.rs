@@ -229,6 +229,15 @@ fn checkpoint_mount_path(spec: &DistributedTrainingSpec) -> String {
         .unwrap_or_else(|| "/checkpoints".into())
 }
 
+/// Whether the pod of `node_rank` mounts spec.checkpoint's volume. The ferrotrain trainer
+/// reads and writes checkpoints on global rank 0 alone, which runs in the node-rank-0 pod (it
+/// broadcasts the weights, the optimizer state and the vocabulary to the other ranks), so the
+/// other pods need no access and a ReadWriteOnce claim works. A custom `command` may read
+/// checkpoints on every rank (PyTorch DDP scripts commonly do), so there every pod mounts it.
+pub fn mounts_checkpoint_volume(spec: &DistributedTrainingSpec, node_rank: i32) -> bool {
+    node_rank == 0 || spec.command.is_some()
+}
+
 fn pvc(claim: &str, read_only: bool) -> PersistentVolumeClaimVolumeSource {
     PersistentVolumeClaimVolumeSource {
         claim_name: claim.to_string(),
@@ -302,13 +311,19 @@ pub fn pod(
     }
 
     // Checkpoints: a claim, a named user volume, or (no resume across restarts) an emptyDir.
+    // A pod that does not write checkpoints gets the emptyDir at the same path.
     let checkpoint = spec.checkpoint.clone().unwrap_or_default();
     let checkpoint_path = checkpoint_mount_path(spec);
-    match (&checkpoint.claim_name, &checkpoint.volume_name) {
+    let (claim, user_volume, unused_user_volume) = if mounts_checkpoint_volume(spec, node_rank) {
+        (checkpoint.claim_name, checkpoint.volume_name, None)
+    } else {
+        (None, None, checkpoint.volume_name)
+    };
+    match (claim, user_volume) {
         (Some(claim), _) => {
             volumes.push(Volume {
                 name: "checkpoints".into(),
-                persistent_volume_claim: Some(pvc(claim, false)),
+                persistent_volume_claim: Some(pvc(&claim, false)),
                 ..Volume::default()
             });
             mounts.push(VolumeMount {
@@ -318,7 +333,7 @@ pub fn pod(
             });
         }
         (None, Some(volume)) => mounts.push(VolumeMount {
-            name: volume.clone(),
+            name: volume,
             mount_path: checkpoint_path,
             ..VolumeMount::default()
         }),
@@ -361,8 +376,14 @@ pub fn pod(
             working_dir = Some(data.mount_path.clone());
         }
     }
-    volumes.extend(template.volumes.iter().cloned());
     mounts.extend(template.volume_mounts.iter().cloned());
+    // A pod keeps every user volume something mounts: the checkpoint volume of a pod that
+    // does not write checkpoints goes, unless data or an extra mount uses it too (a pod
+    // referencing a ReadWriteOnce claim could only be scheduled on the claim's node).
+    volumes.extend(template.volumes.iter().cloned().filter(|v| {
+        unused_user_volume.as_deref() != Some(v.name.as_str())
+            || mounts.iter().any(|m| m.name == v.name)
+    }));
 
     let contract = contract_env(owner, spec, attempt, node_rank, s);
     let mut env = contract.clone();

@@ -110,6 +110,23 @@ fn find<'a>(docs: &'a [Value], kind: &str, name_suffix: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {kind} *{name_suffix} rendered"))
 }
 
+fn chart_app_version() -> String {
+    let chart: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(repo_root().join("charts/ferrotrain/Chart.yaml")).unwrap(),
+    )
+    .unwrap();
+    chart["appVersion"].as_str().unwrap().to_string()
+}
+
+/// The value of the container's environment variable `name`.
+fn env_value(container: &Value, name: &str) -> Option<Value> {
+    container["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)
+        .map(|e| e["value"].clone())
+}
+
 #[test]
 fn chart_lints() {
     let helm = helm_or_skip!();
@@ -146,7 +163,16 @@ fn chart_renders_crd_rbac_and_a_deployment_setting_every_flag() {
     assert_eq!(deployment["metadata"]["namespace"], "ops");
     let container = &deployment["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(container["args"], serde_json::json!(["run"]));
-    assert_eq!(container["image"], "ghcr.io/ferrotrain/operator:0.1.0");
+    // The images scripts/images.sh builds, tagged with the chart's appVersion.
+    let app_version = chart_app_version();
+    assert_eq!(
+        container["image"],
+        format!("ferrotrain/operator:{app_version}")
+    );
+    assert_eq!(
+        env_value(container, "FERROTRAIN_OPERATOR_TRAINER_IMAGE"),
+        Some(format!("ferrotrain/trainer:{app_version}").into())
+    );
     let env: Vec<&str> = container["env"]
         .as_array()
         .unwrap()
@@ -255,4 +281,71 @@ fn watching_one_namespace_renders_a_role_there() {
         get("FERROTRAIN_OPERATOR_LEADER_ELECTION"),
         Some("false".into())
     );
+}
+
+/// The README's install command: images built by scripts/images.sh and loaded into kind.
+#[test]
+fn image_tags_select_the_locally_built_operator_and_trainer_images() {
+    let helm = helm_or_skip!();
+    let rendered = run(
+        &helm,
+        &[
+            "template",
+            "ft",
+            "charts/ferrotrain",
+            "--set",
+            "image.tag=dev",
+            "--set",
+            "trainerImage.tag=dev",
+        ],
+    );
+    let docs = documents(&rendered);
+    let deployment = find(&docs, "Deployment", "ft-ferrotrain");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["image"], "ferrotrain/operator:dev");
+    assert_eq!(container["imagePullPolicy"], "IfNotPresent");
+    assert_eq!(
+        env_value(container, "FERROTRAIN_OPERATOR_TRAINER_IMAGE"),
+        Some("ferrotrain/trainer:dev".into())
+    );
+}
+
+/// NOTES.txt tells a user to apply an example and describe its job: both must exist.
+#[test]
+fn notes_name_an_example_file_and_the_job_it_creates() {
+    let notes =
+        std::fs::read_to_string(repo_root().join("charts/ferrotrain/templates/NOTES.txt")).unwrap();
+    let applied: Vec<&str> = notes
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("kubectl apply -f "))
+        .collect();
+    assert!(!applied.is_empty(), "NOTES.txt applies no example");
+    let mut jobs = Vec::new();
+    for file in &applied {
+        let text = std::fs::read_to_string(repo_root().join(file))
+            .unwrap_or_else(|e| panic!("NOTES.txt names {file}: {e}"));
+        let documents: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+        jobs.extend(
+            documents
+                .iter()
+                .filter(|d| d["kind"] == "DistributedTraining")
+                .filter_map(|d| d["metadata"]["name"].as_str().map(String::from)),
+        );
+    }
+    let named: Vec<&str> = notes
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            l.strip_prefix("kubectl describe dt ")
+                .or_else(|| l.strip_prefix("kubectl get dt "))
+        })
+        .map(|rest| rest.split_whitespace().next().unwrap_or(""))
+        .collect();
+    assert!(!named.is_empty(), "NOTES.txt names no job");
+    for name in named {
+        assert!(
+            jobs.iter().any(|j| j == name),
+            "NOTES.txt names job {name:?}; {applied:?} create {jobs:?}"
+        );
+    }
 }

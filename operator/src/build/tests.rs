@@ -213,8 +213,150 @@ fn volumes_and_mounts() {
     assert_eq!(c.working_dir.as_deref(), Some("/data"));
 }
 
+/// (volume name, what backs it) of every volume of the pod, and (volume, path) of every mount.
+fn volumes_of(pod: &Pod) -> (Vec<(String, &'static str)>, Vec<(String, String)>) {
+    let spec = pod.spec.as_ref().unwrap();
+    let volumes = spec
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| {
+            let source = if let Some(c) = &v.persistent_volume_claim {
+                if c.claim_name == "ckpt" {
+                    "claim ckpt"
+                } else {
+                    "another claim"
+                }
+            } else if v.empty_dir.is_some() {
+                "emptyDir"
+            } else if v.nfs.is_some() {
+                "nfs"
+            } else {
+                "other"
+            };
+            (v.name.clone(), source)
+        })
+        .collect();
+    let mounts = spec.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| (m.name.clone(), m.mount_path.clone()))
+        .collect();
+    (volumes, mounts)
+}
+
+/// What backs the checkpoint path of the pod: (volume name, source).
+fn checkpoint_mount(pod: &Pod, path: &str) -> (String, &'static str) {
+    let (volumes, mounts) = volumes_of(pod);
+    let (name, _) = mounts
+        .iter()
+        .find(|(_, p)| p == path)
+        .unwrap_or_else(|| panic!("nothing mounted at {path}"));
+    let source = volumes
+        .iter()
+        .find(|(v, _)| v == name)
+        .map(|(_, s)| *s)
+        .unwrap_or_else(|| panic!("mount {name} has no volume"));
+    (name.clone(), source)
+}
+
 #[test]
-fn named_user_volumes_and_no_checkpoint_volume() {
+fn only_the_node_rank_0_pod_mounts_the_checkpoint_volume_so_read_write_once_works() {
+    let trainer = serde_json::json!({"task": "copy", "maxSteps": 10});
+    let nfs = serde_json::json!([{"name": "nfs", "nfs": {"server": "10.0.0.1", "path": "/x"}}]);
+    // (what, spec, node rank, expected (volume, source) at the checkpoint path, the pod's
+    // volumes that are not the operator's own shm/tmp/trainer-config)
+    type Row = (
+        &'static str,
+        serde_json::Value,
+        i32,
+        (&'static str, &'static str),
+        Vec<(&'static str, &'static str)>,
+    );
+    let rows: Vec<Row> = vec![
+        (
+            "claim, node rank 0: the claim",
+            serde_json::json!({"replicas": 2, "trainer": trainer, "checkpoint": {"claimName": "ckpt"}}),
+            0,
+            ("checkpoints", "claim ckpt"),
+            vec![("checkpoints", "claim ckpt")],
+        ),
+        (
+            "claim, node rank 1: an emptyDir, the claim is not in the pod at all",
+            serde_json::json!({"replicas": 2, "trainer": trainer, "checkpoint": {"claimName": "ckpt"}}),
+            1,
+            ("checkpoints", "emptyDir"),
+            vec![("checkpoints", "emptyDir")],
+        ),
+        (
+            "claim, node rank 0 with 4 ranks per pod: the claim (global rank 0 is local rank 0 there)",
+            serde_json::json!({"replicas": 2, "procsPerReplica": 4, "trainer": trainer, "checkpoint": {"claimName": "ckpt"}}),
+            0,
+            ("checkpoints", "claim ckpt"),
+            vec![("checkpoints", "claim ckpt")],
+        ),
+        (
+            "user volume, node rank 0: the user volume",
+            serde_json::json!({"replicas": 2, "trainer": trainer, "checkpoint": {"volumeName": "nfs"}, "podTemplate": {"volumes": nfs}}),
+            0,
+            ("nfs", "nfs"),
+            vec![("nfs", "nfs")],
+        ),
+        (
+            "user volume, node rank 1: an emptyDir, and the unused user volume is left out",
+            serde_json::json!({"replicas": 2, "trainer": trainer, "checkpoint": {"volumeName": "nfs"}, "podTemplate": {"volumes": nfs}}),
+            1,
+            ("checkpoints", "emptyDir"),
+            vec![("checkpoints", "emptyDir")],
+        ),
+        (
+            "user volume that also holds the data, node rank 1: an emptyDir, the volume stays for the data",
+            serde_json::json!({"replicas": 2, "trainer": trainer, "checkpoint": {"volumeName": "nfs"}, "data": {"volumeName": "nfs"}, "podTemplate": {"volumes": nfs}}),
+            1,
+            ("checkpoints", "emptyDir"),
+            vec![("checkpoints", "emptyDir"), ("nfs", "nfs")],
+        ),
+        (
+            "custom command, node rank 1: the claim (the program may read checkpoints on every rank)",
+            serde_json::json!({"replicas": 2, "command": ["torchrun", "train.py"], "checkpoint": {"claimName": "ckpt"}}),
+            1,
+            ("checkpoints", "claim ckpt"),
+            vec![("checkpoints", "claim ckpt")],
+        ),
+        (
+            "no checkpoint volume, node rank 0: an emptyDir (no resume across restarts)",
+            serde_json::json!({"replicas": 2, "trainer": trainer}),
+            0,
+            ("checkpoints", "emptyDir"),
+            vec![("checkpoints", "emptyDir")],
+        ),
+    ];
+    for (what, spec, node_rank, at_path, volumes) in rows {
+        let dt = job(spec);
+        let owner = Owner::of(&dt).unwrap();
+        let pod = pod(&owner, &dt.spec, 0, node_rank, &settings());
+        let (name, source) = checkpoint_mount(&pod, "/checkpoints");
+        assert_eq!((name.as_str(), source), at_path, "{what}");
+        let (all, _) = volumes_of(&pod);
+        let own = ["shm", "tmp", "trainer-config"];
+        let user: Vec<(&str, &str)> = all
+            .iter()
+            .filter(|(n, _)| !own.contains(&n.as_str()))
+            .map(|(n, s)| (n.as_str(), *s))
+            .collect();
+        assert_eq!(user, volumes, "{what}");
+        // Every pod gets the same FERROTRAIN_CHECKPOINT_DIR, mounted or not.
+        let env = env_of(&pod);
+        assert!(
+            env.contains(&("FERROTRAIN_CHECKPOINT_DIR".into(), "/checkpoints".into())),
+            "{what}"
+        );
+    }
+}
+
+#[test]
+fn checkpoint_and_data_share_a_named_user_volume_at_their_own_paths() {
     let dt = job(serde_json::json!({
         "replicas": 1,
         "trainer": {"task": "copy", "maxSteps": 10},
@@ -236,14 +378,27 @@ fn named_user_volumes_and_no_checkpoint_volume() {
         .collect();
     assert!(mounts.contains(&("nfs".into(), "/ckpt".into(), None)));
     assert!(mounts.contains(&("nfs".into(), "/corpus".into(), None)));
+}
 
-    // No checkpoint volume at all: an emptyDir (no resume across restarts).
-    let bare = job(serde_json::json!({"replicas": 1, "trainer": {"task": "copy", "maxSteps": 10}}));
-    let owner = Owner::of(&bare).unwrap();
-    let pod = super::pod(&owner, &bare.spec, 0, 0, &settings());
-    let v = pod.spec.unwrap().volumes.unwrap();
-    let ckpt = v.iter().find(|v| v.name == "checkpoints").unwrap();
-    assert!(ckpt.empty_dir.is_some());
+#[test]
+fn a_checkpoint_mount_path_applies_to_every_pod() {
+    let dt = job(serde_json::json!({
+        "replicas": 3,
+        "trainer": {"task": "copy", "maxSteps": 10},
+        "checkpoint": {"claimName": "ckpt", "mountPath": "/ckpt"}
+    }));
+    let owner = Owner::of(&dt).unwrap();
+    let sources: Vec<(String, &str)> = (0..3)
+        .map(|rank| checkpoint_mount(&pod(&owner, &dt.spec, 2, rank, &settings()), "/ckpt"))
+        .collect();
+    assert_eq!(
+        sources,
+        [
+            ("checkpoints".to_string(), "claim ckpt"),
+            ("checkpoints".to_string(), "emptyDir"),
+            ("checkpoints".to_string(), "emptyDir"),
+        ]
+    );
 }
 
 #[test]

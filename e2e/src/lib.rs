@@ -1,0 +1,380 @@
+//! Helpers shared by the end-to-end tests in tests/: a namespace per test that is deleted
+//! however the test ends, bounded waits that say what they last saw, and the jobs the tests
+//! run (the real trainer on the synthetic copy task, small enough for a laptop's kind cluster).
+//!
+//! Environment:
+//! - `KUBECONFIG`: the cluster, with the operator installed (e2e/kind.sh sets both up).
+//! - `FERROTRAIN_E2E_IMAGE`: the trainer image; unset, jobs use the operator's default
+//!   (`--trainer-image`, the chart's `trainerImage`).
+//! - `FERROTRAIN_E2E_KEEP=1`: keep each test's namespace for a post-mortem.
+
+use std::future::Future;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ferrotrain_api::Progress;
+use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingStatus, Phase};
+use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolumeClaim, Pod};
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
+use serde_json::{Value, json};
+
+/// Bound of a wait for the operator (pods created, phases, restarts).
+pub const WAIT: Duration = Duration::from_secs(300);
+/// Bound of a wait for training (image pull on a cold node, start-up, hundreds of steps).
+pub const TRAIN_WAIT: Duration = Duration::from_secs(600);
+/// `spec.checkpoint.everySteps` of the test jobs: the most steps a resume may lose.
+pub const CHECKPOINT_EVERY: u64 = 50;
+
+/// A namespace of its own for one test; dropping it deletes the namespace (and everything in
+/// it), also when the test panicked, after printing what the namespace held.
+pub struct TestNamespace {
+    pub client: Client,
+    pub name: String,
+}
+
+impl TestNamespace {
+    /// Creates `ft-e2e-<prefix>-<random>`.
+    pub async fn create(prefix: &str) -> TestNamespace {
+        let client = Client::try_default()
+            .await
+            .expect("no cluster: set KUBECONFIG (e2e/kind.sh creates one)");
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let name = format!("ft-e2e-{prefix}-{nanos:x}");
+        let namespace: Namespace = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"ferrotrain.dev/e2e": "true"}}
+        }))
+        .unwrap();
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .expect("creating the test namespace");
+        TestNamespace { client, name }
+    }
+
+    /// The jobs of this namespace.
+    pub fn jobs(&self) -> Api<DistributedTraining> {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// The pods of this namespace.
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// Creates a job from its spec (see [`copy_job`]).
+    pub async fn create_job(&self, name: &str, spec: Value) -> DistributedTraining {
+        let dt = distributed_training(name, &self.name, spec);
+        self.jobs()
+            .create(&PostParams::default(), &dt)
+            .await
+            .unwrap_or_else(|e| panic!("creating job {name}: {e}"))
+    }
+
+    /// Creates a ReadWriteOnce claim of 1Gi in the default storage class (kind's local-path
+    /// provisioner binds it when the first pod using it is scheduled).
+    pub async fn create_checkpoint_claim(&self, name: &str) {
+        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}}
+            }
+        }))
+        .unwrap();
+        Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), &self.name)
+            .create(&PostParams::default(), &claim)
+            .await
+            .unwrap_or_else(|e| panic!("creating claim {name}: {e}"));
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let failed = std::thread::panicking();
+        let keep = std::env::var("FERROTRAIN_E2E_KEEP").is_ok_and(|v| v == "1");
+        // The test's runtime may be unwinding (and a current-thread runtime is blocked here):
+        // talk to the cluster from a thread with a runtime and a client of its own.
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for the namespace cleanup");
+            runtime.block_on(async move {
+                let Ok(client) = Client::try_default().await else {
+                    return;
+                };
+                if failed {
+                    let dump = tokio::time::timeout(
+                        Duration::from_secs(30),
+                        describe_namespace(&client, &name),
+                    )
+                    .await
+                    .unwrap_or_else(|_| "(timed out reading the namespace)".into());
+                    eprintln!("==== namespace {name} when the test failed ====\n{dump}");
+                }
+                if keep {
+                    eprintln!("FERROTRAIN_E2E_KEEP=1: namespace {name} kept");
+                    return;
+                }
+                let namespaces: Api<Namespace> = Api::all(client);
+                let deleted = tokio::time::timeout(
+                    Duration::from_secs(30),
+                    namespaces.delete(&name, &DeleteParams::background()),
+                )
+                .await;
+                if !matches!(deleted, Ok(Ok(_))) {
+                    eprintln!("could not delete namespace {name}: {deleted:?}");
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+/// Job statuses, pods, events and the tail of each trainer's log: what a failed test leaves
+/// to look at.
+async fn describe_namespace(client: &Client, ns: &str) -> String {
+    let mut out = String::new();
+    let jobs: Api<DistributedTraining> = Api::namespaced(client.clone(), ns);
+    if let Ok(list) = jobs.list(&ListParams::default()).await {
+        for dt in list {
+            let status = serde_json::to_string_pretty(&dt.status).unwrap_or_default();
+            out += &format!(
+                "--- job {}\n{status}\n",
+                dt.metadata.name.unwrap_or_default()
+            );
+        }
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    if let Ok(list) = pods.list(&ListParams::default()).await {
+        for pod in list {
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            let phase = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.clone())
+                .unwrap_or_default();
+            out += &format!("--- pod {name} ({phase})\n");
+            let params = LogParams {
+                tail_lines: Some(20),
+                ..LogParams::default()
+            };
+            if let Ok(log) = pods.logs(&name, &params).await {
+                out += &log;
+            }
+        }
+    }
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    if let Ok(list) = events.list(&ListParams::default()).await {
+        out += "--- events\n";
+        for e in list {
+            out += &format!(
+                "{} {} {}: {}\n",
+                e.type_.unwrap_or_default(),
+                e.involved_object.name.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.message.unwrap_or_default()
+            );
+        }
+    }
+    out
+}
+
+/// Polls `check` every second until it returns Some, or panics after `limit` naming `what`
+/// and the last observation.
+pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = (Option<T>, String)>,
+{
+    let started = Instant::now();
+    loop {
+        let (found, seen) = check().await;
+        if let Some(v) = found {
+            return v;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}; last seen: {seen}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Waits until the job's status satisfies `done`; returns that status.
+pub async fn wait_status(
+    jobs: &Api<DistributedTraining>,
+    name: &str,
+    what: &str,
+    limit: Duration,
+    done: impl Fn(&DistributedTrainingStatus) -> bool,
+) -> DistributedTrainingStatus {
+    wait_for(&format!("{name}: {what}"), limit, || async {
+        match jobs.get_opt(name).await {
+            Ok(Some(dt)) => {
+                let seen = serde_json::to_string(&dt.status).unwrap_or_default();
+                (dt.status.filter(|s| done(s)), seen)
+            }
+            Ok(None) => (None, "the job does not exist".into()),
+            Err(e) => (None, e.to_string()),
+        }
+    })
+    .await
+}
+
+/// Waits until the job is in `phase`.
+pub async fn wait_phase(
+    jobs: &Api<DistributedTraining>,
+    name: &str,
+    phase: Phase,
+    limit: Duration,
+) -> DistributedTrainingStatus {
+    wait_status(jobs, name, &format!("phase {phase}"), limit, |s| {
+        s.phase == phase
+    })
+    .await
+}
+
+/// The job's pods, sorted by name.
+pub async fn pods_of(pods: &Api<Pod>, job: &str) -> Vec<Pod> {
+    let mut list = pods
+        .list(&ListParams::default().labels(&format!("ferrotrain.dev/job={job}")))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    list.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    list
+}
+
+/// The names of the job's pods, sorted.
+pub async fn pod_names(pods: &Api<Pod>, job: &str) -> Vec<String> {
+    pods_of(pods, job)
+        .await
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect()
+}
+
+/// What backs the pod's volume mounted at `path`: `claim <name>`, `emptyDir` or `other`.
+pub fn volume_at(pod: &Pod, path: &str) -> String {
+    let spec = pod.spec.as_ref().expect("a pod has a spec");
+    let Some(mount) = spec.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.mount_path == path)
+    else {
+        return "nothing".into();
+    };
+    let volume = spec.volumes.iter().flatten().find(|v| v.name == mount.name);
+    match volume {
+        Some(v) if v.persistent_volume_claim.is_some() => format!(
+            "claim {}",
+            v.persistent_volume_claim.as_ref().unwrap().claim_name
+        ),
+        Some(v) if v.empty_dir.is_some() => "emptyDir".into(),
+        _ => "other".into(),
+    }
+}
+
+/// Rank 0's own /progress, read through the API server's pod proxy: fresher than the status,
+/// which the operator refreshes every few seconds.
+pub async fn rank0_progress(client: &Client, ns: &str, pod: &str) -> Result<Progress, String> {
+    let port = Api::<Pod>::namespaced(client.clone(), ns)
+        .get(pod)
+        .await
+        .map_err(|e| e.to_string())?
+        .spec
+        .and_then(|s| {
+            s.containers[0].env.iter().flatten().find_map(|e| {
+                (e.name == ferrotrain_api::env::FERROTRAIN_METRICS_PORT)
+                    .then(|| e.value.clone())
+                    .flatten()
+            })
+        })
+        .unwrap_or_else(|| "9090".into());
+    let request = http::Request::get(format!(
+        "/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/progress"
+    ))
+    .body(Vec::new())
+    .map_err(|e| e.to_string())?;
+    let text = client
+        .request_text(request)
+        .await
+        .map_err(|e| e.to_string())?;
+    serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))
+}
+
+/// The trainer image of the test jobs, when $FERROTRAIN_E2E_IMAGE names one.
+pub fn trainer_image() -> Option<String> {
+    std::env::var("FERROTRAIN_E2E_IMAGE")
+        .ok()
+        .filter(|s| !s.is_empty())
+}
+
+/// A DistributedTraining object.
+pub fn distributed_training(name: &str, ns: &str, spec: Value) -> DistributedTraining {
+    serde_json::from_value(json!({
+        "apiVersion": "ferrotrain.dev/v1alpha1",
+        "kind": "DistributedTraining",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec,
+    }))
+    .unwrap_or_else(|e| panic!("not a valid DistributedTraining spec: {e}"))
+}
+
+/// The spec of a copy-task job on `replicas` CPU pods of one rank each: a model small enough
+/// to take a few steps a second on half a core, checkpoints every [`CHECKPOINT_EVERY`] steps
+/// to `claim` (when given), quick restarts.
+pub fn copy_job(replicas: i32, max_steps: u64, claim: Option<&str>) -> Value {
+    let mut spec = json!({
+        "replicas": replicas,
+        "procsPerReplica": 1,
+        "imagePullPolicy": "IfNotPresent",
+        "resources": {
+            "requests": {"cpu": "500m", "memory": "1Gi"},
+            "limits": {"memory": "1Gi"}
+        },
+        "trainer": {
+            "task": "copy",
+            "seed": 1,
+            "maxSteps": max_steps,
+            "threads": 1,
+            "copy": {"symbols": 10, "minLength": 3, "maxLength": 8, "trainSamples": 5000, "validSamples": 50},
+            "model": {
+                "dModel": 32, "heads": 2, "encoderLayers": 1, "decoderLayers": 1,
+                "ffnDim": 64, "dropout": 0.0, "maxPositions": 16
+            },
+            "batch": {"maxTokens": 256},
+            "optimizer": {"lr": 0.003},
+            "schedule": {"kind": "inverseSqrt", "warmupSteps": 50},
+            "labelSmoothing": 0.0,
+            "eval": {"everySteps": 100, "bleu": false},
+            "distributed": {"collectiveTimeoutSeconds": 30, "rendezvousTimeoutSeconds": 180},
+            "logEverySteps": 50
+        },
+        "checkpoint": {"everySteps": CHECKPOINT_EVERY, "keepLatest": 2},
+        "restartPolicy": {"maxRestarts": 3, "backoffSeconds": 1, "maxBackoffSeconds": 5},
+        "podTemplate": {"terminationGracePeriodSeconds": 5},
+        "stallTimeoutSeconds": 300
+    });
+    if let Some(claim) = claim {
+        spec["checkpoint"]["claimName"] = json!(claim);
+    }
+    if let Some(image) = trainer_image() {
+        spec["image"] = json!(image);
+    }
+    spec
+}
+
+/// The value at a printer column's JSONPath (`.status.progress.step`) of the object.
+pub fn at_json_path<'a>(object: &'a Value, path: &str) -> Option<&'a Value> {
+    path.trim_start_matches('.')
+        .split('.')
+        .try_fold(object, |v, key| v.get(key))
+        .filter(|v| !v.is_null())
+}
