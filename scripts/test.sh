@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, generated-file drift, Helm chart, every Rust test
-# (unit, cross-process, mocked Kubernetes API). Installs what it needs (libtorch, helm) into
-# ~/.cache/ferrotrain on first use. CI runs exactly this (.ci/run).
+# (unit, cross-process, mocked Kubernetes API), then the container images built and run
+# (scripts/test-images.sh). Installs what it needs (libtorch, helm; docker.io and debootstrap
+# as root on Debian) on first use. CI runs exactly this (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
@@ -25,4 +26,18 @@ if [[ -x scripts/setup-helm.sh ]]; then
 fi
 
 step "tests (cargo nextest)"
-cargo nextest run --workspace --no-fail-fast --profile ci
+tests_status=0
+cargo nextest run --workspace --no-fail-fast --profile ci || tests_status=$?
+
+# The real images, built from the binaries the tests just built, and tested with real
+# containers (docs/images.md). They run even when a Rust test failed, so CI shows both.
+step "container images (scripts/test-images.sh)"
+images_started=$SECONDS
+images_status=0
+FERROTRAIN_IMAGE_CARGO=0 scripts/test-images.sh || images_status=$?
+echo "container images: $((SECONDS - images_started)) s (exit $images_status)"
+
+if [[ $tests_status != 0 || $images_status != 0 ]]; then
+  echo "FAILED: cargo nextest exit $tests_status, image tests exit $images_status" >&2
+  exit 1
+fi
