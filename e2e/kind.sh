@@ -8,7 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CLUSTER="${CLUSTER:-ferrotrain-e2e}"
-TAG="${TAG:-e2e}"
+# A new tag for every run: with pullPolicy Never a reused tag would test the images an earlier
+# run loaded into the nodes.
+TAG="${TAG:-e2e-$(git rev-parse --short HEAD 2>/dev/null || echo nogit)-$(date +%Y%m%d%H%M%S)-$RANDOM}"
 KEEP="${KEEP:-1}"
 NAMESPACE="${NAMESPACE:-ferrotrain-system}"
 
@@ -36,9 +38,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "==> building images"
-docker build -f docker/operator.Dockerfile -t "ferrotrain/operator:$TAG" .
-docker build -f docker/trainer.Dockerfile -t "ferrotrain/trainer:$TAG" .
+echo "==> building images (tag $TAG; docs/images.md)"
+scripts/images.sh --tag "$TAG" --only trainer,operator
 kind load docker-image --name "$CLUSTER" "ferrotrain/operator:$TAG" "ferrotrain/trainer:$TAG"
 
 echo "==> installing the chart"
