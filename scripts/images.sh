@@ -21,7 +21,9 @@
 #                   local mode, the tests' build; release in source mode)
 #   --no-cargo      local mode: take the binaries already in target/ as they are
 #
-# Versions live in docker/versions.env (images) and scripts/setup-libtorch.sh (PyTorch).
+# Versions live in docker/versions.env (images) and scripts/setup-libtorch.sh (PyTorch);
+# FERROTRAIN_RUST_IMAGE / FERROTRAIN_BASE_IMAGE replace the source mode's base images (e.g.
+# with copies in your own registry).
 # Prints each image's size and build time at the end; the last line is `images: <refs>`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +31,9 @@ ROOT=$PWD
 
 # shellcheck source=/dev/null
 . docker/versions.env
+# A mirror of the base images (a release pipeline's own registry) replaces them here.
+RUST_IMAGE="${FERROTRAIN_RUST_IMAGE:-$RUST_IMAGE}"
+BASE_IMAGE="${FERROTRAIN_BASE_IMAGE:-$BASE_IMAGE}"
 
 TAG="${TAG:-dev}"
 MODE="${FERROTRAIN_IMAGE_MODE:-auto}"
@@ -49,7 +54,7 @@ while [[ $# -gt 0 ]]; do
     --profile=*) PROFILE="${1#*=}"; shift ;;
     --release) PROFILE=release; shift ;;
     --no-cargo) CARGO=0; shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "images.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done

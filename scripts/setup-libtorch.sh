@@ -15,7 +15,7 @@
 # The CPU layout lives in $CACHE/libtorch-<version>, the GPU one in
 # $CACHE/libtorch-<version>-cuda, so the two never mix. $FERROTRAIN_CACHE overrides the cache
 # root (default ~/.cache/ferrotrain). The torch version is pinned here and only here
-# (docker/versions.env reads it from this file).
+# (docker/versions.env refers here).
 set -euo pipefail
 
 TORCH_VERSION=2.11.0
@@ -31,7 +31,7 @@ for arg in "$@"; do
     --cpu) VARIANT=cpu ;;
     --print-version) echo "$TORCH_VERSION"; exit 0 ;;
     --plan) PLAN=1 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "setup-libtorch: unknown argument $arg (--cpu, --cuda, --plan, --print-version)" >&2; exit 2 ;;
   esac
 done
