@@ -71,7 +71,7 @@ torch_whl=$(ls "$wheels"/torch-"$TORCH_VERSION"-*.whl | head -n1)
 
 stage="$work/libtorch"
 mkdir -p "$stage/lib"
-echo "setup-libtorch: unpacking $(basename "$torch_whl") ($VARIANT)" >&2
+echo "setup-libtorch: $([[ $PLAN == 1 ]] && echo reading || echo unpacking) $(basename "$torch_whl") ($VARIANT)" >&2
 # CPU: the libraries a CPU build links. CUDA: every library of the wheel except the Python
 # bindings (libtorch_python needs libpython; nothing of ours loads it).
 python3 - "$torch_whl" "$stage" "$VARIANT" "$PLAN" <<'PY'
