@@ -156,6 +156,16 @@ pub struct DistributedTrainingSpec {
     #[serde(default = "defaults::stall_timeout_seconds")]
     #[schemars(range(min = 0))]
     pub stall_timeout_seconds: i64,
+
+    /// Seconds each pod of an attempt may take from its creation to a running trainer
+    /// (scheduling, image pull, volume attach). A pod still not running then ends the attempt
+    /// with its own reason: a gang restart when a restart can help (Unschedulable, a volume
+    /// that does not attach), phase Failed when it cannot (the image cannot be pulled, a
+    /// missing ConfigMap or Secret). 0 waits forever; the reason is shown in the Running
+    /// condition either way.
+    #[serde(default = "defaults::startup_timeout_seconds")]
+    #[schemars(range(min = 0))]
+    pub startup_timeout_seconds: i64,
 }
 
 /// Container image pull policy.
@@ -412,7 +422,9 @@ impl std::fmt::Display for Phase {
 pub mod condition {
     /// The current attempt's pods were all created.
     pub const CREATED: &str = "Created";
-    /// Every pod of the current attempt runs.
+    /// Every pod of the current attempt runs. While it is False during start-up, its reason
+    /// is the reason a pod waits (Unschedulable, ImagePullBackOff, CreateContainerConfigError,
+    /// ...) and its message the scheduler's or kubelet's own words.
     pub const RUNNING: &str = "Running";
     /// A gang restart is in progress.
     pub const RESTARTING: &str = "Restarting";
@@ -424,7 +436,8 @@ pub mod condition {
     pub const FAILED: &str = "Failed";
     /// spec.suspend holds the job.
     pub const SUSPENDED: &str = "Suspended";
-    /// Rank 0 serves /progress (False for images without the endpoint).
+    /// Rank 0 serves /progress: Unknown while polls fail within the operator's grace period,
+    /// False after it (or for images without the endpoint).
     pub const PROGRESS_AVAILABLE: &str = "ProgressAvailable";
 }
 
@@ -444,13 +457,23 @@ pub struct FailureInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
     /// Machine-readable cause: ExitCode, PermanentExitCode, PodDeleted, PodFailed, NodeLost,
-    /// Stalled, DeadlineExceeded.
+    /// Disrupted (eviction, preemption, drain, node shutdown), Stalled, DeadlineExceeded,
+    /// InvalidSpec, or why a pod did not start: Unschedulable, ImagePullBackOff,
+    /// InvalidImageName, CreateContainerConfigError, ContainerCreating, StartupTimeout.
     pub reason: String,
     /// Human-readable detail: the rank's termination message when it wrote one.
     #[serde(default)]
     pub message: String,
     /// When the operator saw it.
     pub time: Time,
+    /// Other pods of the attempt that failed after this one (usually because this one's
+    /// failure broke their collective).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub secondary_failures: i32,
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
 }
 
 /// Training progress as reported by rank 0's /progress, with the operator's derived values.
@@ -490,8 +513,13 @@ pub struct DistributedTrainingStatus {
     #[serde(default)]
     pub attempt: i32,
     /// Gang restarts after failures so far (bounded by restartPolicy.maxRestarts).
+    /// Disruptions (eviction, preemption, drain) restart the gang without counting here.
     #[serde(default)]
     pub restarts: i32,
+    /// Every gang restart by its cause (lastFailure.reason: ExitCode, NodeLost, Disrupted,
+    /// Unschedulable, ...), including the disruptions that restarts does not count.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub restarts_by_cause: BTreeMap<String, i32>,
     /// The most recent failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<FailureInfo>,
@@ -510,7 +538,9 @@ pub struct DistributedTrainingStatus {
     /// Pods of the current attempt that exited 0.
     #[serde(default)]
     pub succeeded_replicas: i32,
-    /// Training progress of the current attempt (absent for images without /progress).
+    /// Training progress (absent for images without /progress). Rates and ETA belong to the
+    /// attempt that reported them: they are cleared when it ends (restart, suspend, failure)
+    /// and return with the next attempt's first report; step, losses and lastCheckpoint stay.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<TrainingProgress>,
 }
@@ -683,6 +713,9 @@ pub fn custom_resource_definition_yaml() -> String {
 mod defaults {
     pub fn stall_timeout_seconds() -> i64 {
         1800
+    }
+    pub fn startup_timeout_seconds() -> i64 {
+        600
     }
     pub fn checkpoint_mount_path() -> String {
         "/checkpoints".to_string()

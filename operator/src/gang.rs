@@ -66,6 +66,108 @@ pub struct PodView {
     pub node_lost_since: Option<Timestamp>,
     /// When the trainer container started running.
     pub running_since: Option<Timestamp>,
+    /// When the pod was created (the start-up clock of `spec.startupTimeoutSeconds`).
+    pub created: Option<Timestamp>,
+    /// Why the pod does not run yet, when the scheduler or the kubelet said (Pending only).
+    pub waiting: Option<Waiting>,
+    /// Set when the pod is being disrupted or was: the DisruptionTarget condition, or a pod
+    /// failed as Evicted, Preempting or Terminated (node shutdown).
+    pub disruption: Option<Disruption>,
+}
+
+/// Why a pod does not run yet, in the scheduler's or the kubelet's own words.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Waiting {
+    pub cause: WaitCause,
+    /// The pod's own reason: PodScheduled's (Unschedulable, SchedulingGated) or the trainer
+    /// container's waiting reason (ErrImagePull, CreateContainerConfigError, ...).
+    pub reason: String,
+    /// The scheduler's or kubelet's message (for ContainerCreating, the likely cause).
+    pub message: String,
+}
+
+/// What kind of wait it is: decides when it is shown and whether a restart can end it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum WaitCause {
+    /// InvalidImageName: no retry parses the name.
+    InvalidImageName,
+    /// ErrImagePull, ImagePullBackOff, ErrImageNeverPull, RegistryUnavailable, ...
+    ImagePull,
+    /// CreateContainerConfigError: a missing ConfigMap, Secret or key.
+    ContainerConfig,
+    /// PodScheduled is False (Unschedulable, SchedulingGated, SchedulerError).
+    Unschedulable,
+    /// Other kubelet reasons: CreateContainerError, RunContainerError, PreStartHookError, ...
+    ContainerError,
+    /// ContainerCreating or PodInitializing: volumes attach, the image is pulled, the sandbox
+    /// is made. Normal for a while; a problem only past the start-up timeout.
+    Creating,
+}
+
+impl WaitCause {
+    pub const ALL: [WaitCause; 6] = [
+        WaitCause::InvalidImageName,
+        WaitCause::ImagePull,
+        WaitCause::ContainerConfig,
+        WaitCause::Unschedulable,
+        WaitCause::ContainerError,
+        WaitCause::Creating,
+    ];
+
+    /// The condition and event reason.
+    pub fn reason(self) -> &'static str {
+        match self {
+            WaitCause::InvalidImageName => "InvalidImageName",
+            WaitCause::ImagePull => "ImagePullBackOff",
+            WaitCause::ContainerConfig => "CreateContainerConfigError",
+            WaitCause::Unschedulable => "Unschedulable",
+            WaitCause::ContainerError => "ContainerError",
+            WaitCause::Creating => "ContainerCreating",
+        }
+    }
+
+    /// Shown (Running condition, Warning event) as soon as it is seen; ContainerCreating
+    /// only when the start-up timeout ends the attempt.
+    pub fn is_problem(self) -> bool {
+        self != WaitCause::Creating
+    }
+
+    /// A new attempt may start where this one could not: new pods are scheduled afresh
+    /// (and a partly scheduled gang frees what it holds, as Kueue's waitForPodsReady does),
+    /// and a volume held by a lost node is released in time. An image that cannot be pulled
+    /// or a missing ConfigMap or Secret stays missing.
+    pub fn restart_can_help(self) -> bool {
+        matches!(
+            self,
+            WaitCause::Unschedulable | WaitCause::ContainerError | WaitCause::Creating
+        )
+    }
+
+    /// Container waiting reasons as the kubelet writes them (pkg/kubelet/images/types.go,
+    /// pkg/kubelet/kuberuntime/kuberuntime_container.go, pkg/kubelet/kubelet_pods.go).
+    pub fn of_container_reason(reason: &str) -> WaitCause {
+        match reason {
+            "InvalidImageName" => WaitCause::InvalidImageName,
+            "ErrImagePull"
+            | "ImagePullBackOff"
+            | "ErrImageNeverPull"
+            | "RegistryUnavailable"
+            | "ImageInspectError"
+            | "SignatureValidationFailed" => WaitCause::ImagePull,
+            "CreateContainerConfigError" => WaitCause::ContainerConfig,
+            "ContainerCreating" | "PodInitializing" | "" => WaitCause::Creating,
+            _ => WaitCause::ContainerError,
+        }
+    }
+}
+
+/// Why a pod is being taken away: nothing the training did (the pod's DisruptionTarget
+/// reason: PreemptionByScheduler, EvictionByEvictionAPI, DeletionByTaintManager,
+/// TerminationByKubelet; or its failed phase's reason: Evicted, Preempting, Terminated).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Disruption {
+    pub reason: String,
+    pub message: String,
 }
 
 /// What polling rank 0's /progress gave.
@@ -159,7 +261,16 @@ pub struct Decision {
 struct Failure {
     info: FailureInfo,
     permanent: bool,
-    finished_at: Option<Timestamp>,
+    /// Eviction, preemption, drain, node shutdown: restarts without spending maxRestarts.
+    disruption: bool,
+    /// When it happened (exit, deletion, node loss, pod creation for a pod that never
+    /// started); None for a pod that vanished (it went first: nothing else deletes a pod).
+    at: Option<Timestamp>,
+    /// Killed from outside (signal, OOM, eviction, lost node) rather than exiting on its own
+    /// error: at the same second, the likelier root cause.
+    killed: bool,
+    /// Not a failure on its own, only a candidate cause of another (see [`root_cause`]).
+    suspect: bool,
 }
 
 impl Failure {
@@ -174,12 +285,52 @@ impl Failure {
             Some(code) => format!("{who} exited with code {code}"),
             None => format!("{who}: {}", i.reason),
         };
-        if i.message.is_empty() {
+        let what = if i.message.is_empty() {
             what
         } else {
             format!("{what}: {}", i.message)
+        };
+        match i.secondary_failures {
+            0 => what,
+            1 => format!("{what} (1 other pod failed after it)"),
+            n => format!("{what} ({n} other pods failed after it)"),
         }
     }
+}
+
+/// `FailureInfo.reason` and Failed condition reason of a spec no pod can be made from.
+pub const INVALID_SPEC: &str = "InvalidSpec";
+
+/// `FailureInfo.reason` of a disruption (it restarts without spending maxRestarts).
+pub const DISRUPTED: &str = "Disrupted";
+
+/// The current attempt's ranks, sorted by what they do.
+#[derive(Default)]
+struct Census<'o> {
+    rank0: Option<&'o PodView>,
+    running: i32,
+    succeeded: i32,
+    /// Failures that end the attempt.
+    failures: Vec<Failure>,
+    /// Candidate causes of those failures that end nothing on their own.
+    suspects: Vec<Failure>,
+    /// Pods not running yet.
+    waiting: Vec<&'o PodView>,
+}
+
+/// Marks a failure as a disruption: nothing the training did, so no restart is spent.
+fn disrupted(f: &mut Failure, d: &Disruption) {
+    f.disruption = true;
+    f.killed = true;
+    f.info.reason = DISRUPTED.into();
+    f.info.message = match d.message.as_str() {
+        "" => d.reason.clone(),
+        m => format!("{}: {}", d.reason, first_line(m)),
+    };
+}
+
+fn signed(d: Duration) -> SignedDuration {
+    SignedDuration::try_from(d).unwrap_or(SignedDuration::ZERO)
 }
 
 /// Restart backoff before attempt `restarts + 1`: backoff * 2^(restarts-1), capped.
@@ -231,6 +382,14 @@ impl<'a, 'o> Decider<'a, 'o> {
         }
 
         match self.status.phase {
+            Phase::Failed if self.invalid_spec_changed() => {
+                self.reopen();
+                if o.spec.suspend {
+                    self.suspend();
+                } else {
+                    self.active();
+                }
+            }
             Phase::Succeeded | Phase::Failed => self.finished(),
             _ if o.spec.suspend => self.suspend(),
             Phase::Suspended => {
@@ -273,7 +432,13 @@ impl<'a, 'o> Decider<'a, 'o> {
     }
 
     fn set_condition(&mut self, type_: &str, status: bool, reason: &str, message: String) {
-        set_condition(
+        let status = if status { "True" } else { "False" };
+        self.set_condition_to(type_, status, reason, message);
+    }
+
+    /// `status`: True, False or Unknown.
+    fn set_condition_to(&mut self, type_: &str, status: &str, reason: &str, message: String) {
+        set_condition_to(
             &mut self.status.conditions,
             type_,
             status,
@@ -315,7 +480,35 @@ impl<'a, 'o> Decider<'a, 'o> {
         }
     }
 
+    /// Failed for an invalid spec, and the spec changed since: a job that never got to run
+    /// deserves its fixed spec a try (any other failure is final, as a Job's is).
+    fn invalid_spec_changed(&self) -> bool {
+        self.o.status.condition(condition::FAILED).is_some_and(|c| {
+            c.status == "True"
+                && c.reason == INVALID_SPEC
+                && c.observed_generation != self.o.generation
+        })
+    }
+
+    /// Back to Pending after an invalid spec was changed; a new attempt if pods of the
+    /// failed one still exist (they were made from the old spec).
+    fn reopen(&mut self) {
+        if self.current_pods().next().is_some() {
+            self.status.attempt += 1;
+        }
+        self.status.phase = Phase::Pending;
+        self.status.completion_time = None;
+        let generation = self.o.generation.unwrap_or_default();
+        self.set_condition(
+            condition::FAILED,
+            false,
+            "SpecChanged",
+            format!("generation {generation} of the spec is tried"),
+        );
+    }
+
     fn suspend(&mut self) {
+        self.end_attempt_progress();
         if self.status.phase != Phase::Suspended {
             let from = self.status.phase;
             self.status.phase = Phase::Suspended;
@@ -394,20 +587,9 @@ impl<'a, 'o> Decider<'a, 'o> {
             self.requeue_at(at);
             return false;
         }
-        let failure = Failure {
-            info: FailureInfo {
-                attempt: self.status.attempt,
-                node_rank: None,
-                pod: None,
-                exit_code: None,
-                reason: "DeadlineExceeded".into(),
-                message: format!("activeDeadlineSeconds {deadline} passed"),
-                time: Time(self.now()),
-            },
-            permanent: true,
-            finished_at: None,
-        };
-        self.fail(failure, "DeadlineExceeded");
+        let message = format!("activeDeadlineSeconds {deadline} passed");
+        let failure = self.job_failure("DeadlineExceeded", message);
+        self.fail(failure, "DeadlineExceeded", "Failed");
         true
     }
 
@@ -420,9 +602,7 @@ impl<'a, 'o> Decider<'a, 'o> {
             .filter(|c| c.status == "True")
             .map(|c| c.last_transition_time.0)
             .unwrap_or(self.now());
-        let at = since
-            + SignedDuration::try_from(backoff(self.o.spec, self.status.restarts))
-                .unwrap_or(SignedDuration::ZERO);
+        let at = since + signed(self.restart_backoff());
         if self.now() < at {
             self.requeue_at(at);
             return false;
@@ -457,14 +637,8 @@ impl<'a, 'o> Decider<'a, 'o> {
         }
         if !self.o.spec_problems.is_empty() {
             let message = self.o.spec_problems.join("; ");
-            let already = self
-                .status
-                .condition(condition::CREATED)
-                .is_some_and(|c| c.reason == "InvalidSpec" && c.message == message);
-            if !already {
-                self.event(true, "InvalidSpec", format!("no pods created: {message}"));
-            }
-            self.set_condition(condition::CREATED, false, "InvalidSpec", message);
+            let failure = self.job_failure(INVALID_SPEC, format!("no pods created: {message}"));
+            self.fail(failure, INVALID_SPEC, "InvalidSpec");
             return false;
         }
         if self.status.start_time.is_none() {
@@ -472,6 +646,11 @@ impl<'a, 'o> Decider<'a, 'o> {
         }
         let attempt = self.status.attempt;
         if missing.len() as i32 == replicas {
+            // A new attempt: what the Running condition said of the last one is history (a
+            // fresh job has none, and its first status stays as small as before).
+            if self.status.condition(condition::RUNNING).is_some() {
+                self.pods_starting();
+            }
             let spec = self.o.spec;
             self.event(
                 false,
@@ -493,159 +672,267 @@ impl<'a, 'o> Decider<'a, 'o> {
 
     /// Starting or Running: look at every rank of the current attempt.
     fn evaluate(&mut self) {
+        let census = self.census();
+        if let Some(failure) = root_cause(census.failures, census.suspects) {
+            self.end_attempt(failure);
+            return;
+        }
         let replicas = self.o.spec.replicas.max(1);
-        let now = self.now();
-        let by_rank: BTreeMap<i32, &PodView> = self
+        if census.succeeded == replicas {
+            self.succeed();
+        } else if census.running + census.succeeded == replicas {
+            self.all_running();
+            self.track_progress(census.rank0);
+            self.requeue_in(self.o.timing.progress_interval);
+        } else {
+            self.starting(&census.waiting);
+        }
+    }
+
+    /// Sorts the current attempt's ranks into running, succeeded, failed and waiting.
+    fn census(&mut self) -> Census<'o> {
+        let replicas = self.o.spec.replicas.max(1);
+        let by_rank: BTreeMap<i32, &'o PodView> = self
             .current_pods()
             .filter(|p| p.node_rank < replicas)
             .map(|p| (p.node_rank, p))
             .collect();
-        let mut failures = Vec::new();
-        let mut running = 0;
-        let mut succeeded = 0;
-        let attempt = self.status.attempt;
+        let mut census = Census {
+            rank0: by_rank.get(&0).copied(),
+            ..Census::default()
+        };
         for rank in 0..replicas {
-            let Some(pod) = by_rank.get(&rank) else {
-                failures.push(self.failure(
-                    rank,
-                    None,
-                    "PodDeleted",
-                    "pod was deleted".into(),
-                    None,
-                ));
+            let Some(&pod) = by_rank.get(&rank) else {
+                let mut f = self.failure(rank, None, "PodDeleted", "pod was deleted".into());
+                f.killed = true;
+                census.failures.push(f);
                 continue;
             };
             match &pod.state {
-                PodState::Succeeded => {
-                    succeeded += 1;
-                    continue;
-                }
-                PodState::Failed(t) => {
-                    let mut f = self.failure(
-                        rank,
-                        Some(&pod.name),
-                        if t.exit_code.is_some() {
-                            "ExitCode"
-                        } else {
-                            "PodFailed"
-                        },
-                        first_line(if t.message.is_empty() {
-                            &t.reason
-                        } else {
-                            &t.message
-                        }),
-                        t.exit_code,
-                    );
-                    f.finished_at = t.finished_at;
-                    if let Some(code) = t.exit_code
-                        && self
-                            .o
-                            .spec
-                            .restart_policy
-                            .permanent_exit_codes
-                            .contains(&code)
-                    {
-                        f.permanent = true;
-                        f.info.reason = "PermanentExitCode".into();
-                    }
-                    failures.push(f);
-                    continue;
-                }
-                PodState::Running => running += 1,
-                PodState::Pending => {}
-            }
-            if pod.deleting_since.is_some() {
-                failures.push(self.failure(
-                    rank,
-                    Some(&pod.name),
-                    "PodDeleted",
-                    "pod is being deleted (evicted, preempted or drained)".into(),
-                    None,
-                ));
-            } else if let Some(since) = pod.node_lost_since {
-                let at = since
-                    + SignedDuration::try_from(self.o.timing.node_lost_grace)
-                        .unwrap_or(SignedDuration::ZERO);
-                if now >= at {
-                    failures.push(self.failure(
-                        rank,
-                        Some(&pod.name),
-                        "NodeLost",
-                        "the pod's node is NotReady or gone".into(),
-                        None,
-                    ));
-                } else {
-                    self.requeue_at(at);
-                }
+                PodState::Succeeded => census.succeeded += 1,
+                PodState::Failed(t) => census.failures.push(self.exited(pod, t)),
+                PodState::Running | PodState::Pending => self.check_alive(pod, &mut census),
             }
         }
+        census
+    }
 
-        if let Some(failure) = pick_failure(failures) {
-            if failure.permanent {
-                self.event(true, "RankFailed", failure.describe());
-                self.fail(failure, "PermanentFailure");
-            } else {
-                self.restart_or_fail(failure);
-            }
-            return;
-        }
-
-        if succeeded == replicas {
-            self.status.phase = Phase::Succeeded;
-            self.status.completion_time = Some(Time(now));
-            self.clear_running("Succeeded");
-            let step = self
-                .status
-                .progress
-                .as_ref()
-                .map(|p| format!(" at step {}", p.report.step))
-                .unwrap_or_default();
-            self.set_condition(
-                condition::SUCCEEDED,
-                true,
-                "AllRanksSucceeded",
-                format!("all {replicas} pods of attempt {attempt} exited 0{step}"),
-            );
-            self.event(
-                false,
-                "Succeeded",
-                format!("training finished: all {replicas} pods exited 0{step}"),
-            );
-            self.finished();
-            return;
-        }
-
-        if running + succeeded == replicas {
-            if self.status.phase != Phase::Running {
-                self.status.phase = Phase::Running;
-                self.set_condition(
-                    condition::RUNNING,
-                    true,
-                    "AllRanksRunning",
-                    format!("all {replicas} pods of attempt {attempt} run"),
-                );
-                self.event(
-                    false,
-                    "Running",
-                    format!("attempt {attempt}: all {replicas} pods run"),
-                );
-            }
-            self.track_progress(by_rank.get(&0).copied());
-            self.requeue_in(self.o.timing.progress_interval);
+    /// A pod whose trainer exited non-zero or that failed without it exiting.
+    fn exited(&self, pod: &PodView, t: &Termination) -> Failure {
+        let reason = if t.exit_code.is_some() {
+            "ExitCode"
         } else {
-            self.status.phase = Phase::Starting;
-            self.requeue_in(Duration::from_secs(30));
+            "PodFailed"
+        };
+        let message = first_line(if t.message.is_empty() {
+            &t.reason
+        } else {
+            &t.message
+        });
+        let mut f = self.failure(pod.node_rank, Some(&pod.name), reason, message);
+        f.info.exit_code = t.exit_code;
+        f.at = t.finished_at;
+        f.killed = t.exit_code.is_none_or(|c| c >= 128) || t.reason == "OOMKilled";
+        let permanent_codes = &self.o.spec.restart_policy.permanent_exit_codes;
+        if let Some(code) = t.exit_code
+            && permanent_codes.contains(&code)
+        {
+            f.permanent = true;
+            f.info.reason = "PermanentExitCode".into();
+        } else if let Some(d) = &pod.disruption {
+            disrupted(&mut f, d);
+        }
+        f
+    }
+
+    /// A pod that runs or waits: deleted, on a lost node, or not starting in time?
+    fn check_alive(&mut self, pod: &'o PodView, census: &mut Census<'o>) {
+        let rank = pod.node_rank;
+        if pod.state == PodState::Running {
+            census.running += 1;
+        }
+        if let Some(since) = pod.deleting_since {
+            let message = "pod is being deleted".to_string();
+            let mut f = self.failure(rank, Some(&pod.name), "PodDeleted", message);
+            (f.at, f.killed) = (Some(since), true);
+            if let Some(d) = &pod.disruption {
+                disrupted(&mut f, d);
+            }
+            census.failures.push(f);
+        } else if let Some(since) = pod.node_lost_since {
+            let message = "the pod's node is NotReady or gone".to_string();
+            let mut f = self.failure(rank, Some(&pod.name), "NodeLost", message);
+            (f.at, f.killed) = (Some(since), true);
+            let at = since + signed(self.o.timing.node_lost_grace);
+            if self.now() >= at {
+                census.failures.push(f);
+            } else {
+                self.requeue_at(at);
+                f.suspect = true;
+                census.suspects.push(f);
+            }
+        } else if pod.state == PodState::Pending {
+            census.waiting.push(pod);
+            self.check_startup(pod, census);
         }
     }
 
-    fn failure(
-        &self,
-        rank: i32,
-        pod: Option<&str>,
-        reason: &str,
-        message: String,
-        exit_code: Option<i32>,
-    ) -> Failure {
+    /// A pod not running yet: past `startupTimeoutSeconds` (or with an image name no retry
+    /// parses) it ends the attempt with its own reason; before that, a pod that says why it
+    /// waits is a suspect should another rank fail meanwhile.
+    fn check_startup(&mut self, pod: &PodView, census: &mut Census<'o>) {
+        let cause = pod.waiting.as_ref().map(|w| w.cause);
+        let reason = cause.map_or("StartupTimeout", WaitCause::reason);
+        let said = pod
+            .waiting
+            .as_ref()
+            .map(|w| match w.message.as_str() {
+                "" => w.reason.clone(),
+                m => format!("{}: {}", w.reason, first_line(m)),
+            })
+            .unwrap_or_else(|| "no reason given by the scheduler or the kubelet".into());
+        let timeout = self.o.spec.startup_timeout_seconds;
+        let deadline = pod
+            .created
+            .filter(|_| timeout > 0)
+            .map(|c| c + SignedDuration::from_secs(timeout));
+        let mut f = self.failure(pod.node_rank, Some(&pod.name), reason, said.clone());
+        f.at = pod.created;
+        f.killed = true;
+        f.permanent = cause.is_some_and(|c| !c.restart_can_help());
+        if cause == Some(WaitCause::InvalidImageName) {
+            census.failures.push(f);
+        } else if deadline.is_some_and(|at| self.now() >= at) {
+            f.info.message = format!("not running {timeout}s after its creation: {said}");
+            census.failures.push(f);
+        } else {
+            if let Some(at) = deadline {
+                self.requeue_at(at);
+            }
+            if cause.is_some_and(WaitCause::is_problem) {
+                f.permanent = false;
+                f.suspect = true;
+                census.suspects.push(f);
+            }
+        }
+    }
+
+    /// The attempt is over: a permanent failure fails the job, anything else restarts it.
+    fn end_attempt(&mut self, failure: Failure) {
+        if failure.permanent {
+            self.event(true, "RankFailed", failure.describe());
+            let reason = match failure.info.reason.as_str() {
+                "PermanentExitCode" => "PermanentFailure".to_string(),
+                other => other.to_string(),
+            };
+            self.fail(failure, &reason, "Failed");
+        } else {
+            self.restart_or_fail(failure);
+        }
+    }
+
+    fn succeed(&mut self) {
+        let (replicas, attempt) = (self.o.spec.replicas.max(1), self.status.attempt);
+        self.status.phase = Phase::Succeeded;
+        self.status.completion_time = Some(Time(self.now()));
+        self.clear_running("Succeeded");
+        let step = self
+            .status
+            .progress
+            .as_ref()
+            .map(|p| format!(" at step {}", p.report.step))
+            .unwrap_or_default();
+        self.set_condition(
+            condition::SUCCEEDED,
+            true,
+            "AllRanksSucceeded",
+            format!("all {replicas} pods of attempt {attempt} exited 0{step}"),
+        );
+        self.event(
+            false,
+            "Succeeded",
+            format!("training finished: all {replicas} pods exited 0{step}"),
+        );
+        self.finished();
+    }
+
+    fn all_running(&mut self) {
+        if self.status.phase == Phase::Running {
+            return;
+        }
+        let (replicas, attempt) = (self.o.spec.replicas.max(1), self.status.attempt);
+        self.status.phase = Phase::Running;
+        self.set_condition(
+            condition::RUNNING,
+            true,
+            "AllRanksRunning",
+            format!("all {replicas} pods of attempt {attempt} run"),
+        );
+        self.event(
+            false,
+            "Running",
+            format!("attempt {attempt}: all {replicas} pods run"),
+        );
+    }
+
+    /// Some pods do not run yet. The phase stays Starting; a pod that says why it waits
+    /// (Unschedulable, ErrImagePull, ...) is named in the Running condition, and a Warning
+    /// event carries its reason once per attempt and reason (each attempt's launch resets the
+    /// condition to PodsStarting).
+    fn starting(&mut self, waiting: &[&PodView]) {
+        self.status.phase = Phase::Starting;
+        self.requeue_in(Duration::from_secs(30));
+        let mut problems: Vec<(&PodView, &Waiting)> = waiting
+            .iter()
+            .filter_map(|p| p.waiting.as_ref().map(|w| (*p, w)))
+            .filter(|(_, w)| w.cause.is_problem())
+            .collect();
+        problems.sort_by_key(|(p, w)| (w.cause, p.node_rank));
+        let Some(&(pod, w)) = problems.first() else {
+            let shows_problem = self.status.condition(condition::RUNNING).is_some_and(|c| {
+                c.status == "False" && WaitCause::ALL.iter().any(|w| w.reason() == c.reason)
+            });
+            if shows_problem {
+                self.pods_starting();
+            }
+            return;
+        };
+        let reason = w.cause.reason();
+        let mut message = format!(
+            "pod {} (rank {}) waits: {}",
+            pod.name, pod.node_rank, w.reason
+        );
+        if !w.message.is_empty() {
+            message = format!("{message}: {}", first_line(&w.message));
+        }
+        match problems.len() - 1 {
+            0 => {}
+            1 => message.push_str(" (and 1 more pod waits)"),
+            n => message.push_str(&format!(" (and {n} more pods wait)")),
+        }
+        let known = self
+            .status
+            .condition(condition::RUNNING)
+            .is_some_and(|c| c.status == "False" && c.reason == reason);
+        if !known {
+            self.event(true, reason, message.clone());
+        }
+        self.set_condition(condition::RUNNING, false, reason, message);
+    }
+
+    /// Running=False/PodsStarting: the attempt's pods are on their way, nothing is wrong.
+    fn pods_starting(&mut self) {
+        let (replicas, attempt) = (self.o.spec.replicas.max(1), self.status.attempt);
+        self.set_condition(
+            condition::RUNNING,
+            false,
+            "PodsStarting",
+            format!("attempt {attempt}: waiting for its {replicas} pods to run"),
+        );
+    }
+
+    /// A failure of rank `rank` of the current attempt; `pod` defaults to the rank's name.
+    fn failure(&self, rank: i32, pod: Option<&str>, reason: &str, message: String) -> Failure {
         Failure {
             info: FailureInfo {
                 attempt: self.status.attempt,
@@ -653,55 +940,111 @@ impl<'a, 'o> Decider<'a, 'o> {
                 pod: Some(pod.map(str::to_string).unwrap_or_else(|| {
                     crate::labels::pod_name(self.o.job, self.status.attempt, rank)
                 })),
-                exit_code,
+                exit_code: None,
                 reason: reason.into(),
                 message,
                 time: Time(self.now()),
+                secondary_failures: 0,
             },
             permanent: false,
-            finished_at: None,
+            disruption: false,
+            at: None,
+            killed: false,
+            suspect: false,
         }
     }
 
+    /// A failure of the job as a whole (no pod to blame).
+    fn job_failure(&self, reason: &str, message: String) -> Failure {
+        let mut f = self.failure(0, None, reason, message);
+        (f.info.node_rank, f.info.pod) = (None, None);
+        f
+    }
+
+    /// A gang restart, counted against maxRestarts unless a disruption caused it.
     fn restart_or_fail(&mut self, failure: Failure) {
         let max = self.o.spec.restart_policy.max_restarts.max(0);
-        self.event(true, "RankFailed", failure.describe());
-        if self.status.restarts >= max {
-            let mut failure = failure;
-            failure.info.message = format!(
-                "maxRestarts {max} reached; last failure: {}",
-                failure.describe()
-            );
-            self.fail(failure, "MaxRestartsReached");
-            return;
-        }
-        self.status.restarts += 1;
-        self.status.phase = Phase::Restarting;
-        let wait = backoff(self.o.spec, self.status.restarts);
         let describe = failure.describe();
-        self.set_condition(
-            condition::RESTARTING,
-            true,
-            &failure.info.reason,
-            describe.clone(),
-        );
-        self.clear_running(&failure.info.reason);
-        self.status.last_failure = Some(failure.info);
-        self.stop_current_pods();
         self.event(
             true,
-            "Restarting",
-            format!(
-                "gang restart {}/{max}: attempt {} starts in {}s from the latest checkpoint",
-                self.status.restarts,
-                self.status.attempt + 1,
-                wait.as_secs()
-            ),
+            if failure.disruption {
+                "Disrupted"
+            } else {
+                "RankFailed"
+            },
+            describe.clone(),
         );
+        if !failure.disruption && self.status.restarts >= max {
+            let mut failure = failure;
+            failure.info.message = format!("maxRestarts {max} reached; last failure: {describe}");
+            self.fail(failure, "MaxRestartsReached", "Failed");
+            return;
+        }
+        if !failure.disruption {
+            self.status.restarts += 1;
+        }
+        let cause = failure.info.reason.clone();
+        *self
+            .status
+            .restarts_by_cause
+            .entry(cause.clone())
+            .or_default() += 1;
+        self.status.phase = Phase::Restarting;
+        self.set_condition(condition::RESTARTING, true, &cause, describe);
+        self.clear_running(&cause);
+        self.end_attempt_progress();
+        self.status.last_failure = Some(failure.info);
+        self.stop_current_pods();
+        let wait = self.restart_backoff();
+        let next = self.status.attempt + 1;
+        let note = if failure.disruption {
+            format!(
+                "gang restart after a disruption (not counted against maxRestarts {max}): attempt {next} starts in {}s from the latest checkpoint",
+                wait.as_secs()
+            )
+        } else {
+            format!(
+                "gang restart {}/{max}: attempt {next} starts in {}s from the latest checkpoint",
+                self.status.restarts,
+                wait.as_secs()
+            )
+        };
+        self.event(true, "Restarting", note);
         self.requeue_in(wait);
     }
 
-    fn fail(&mut self, failure: Failure, reason: &str) {
+    /// The wait before the next attempt: the doubling backoff after failures, the initial
+    /// one after a disruption (nothing went wrong that waiting longer would help).
+    fn restart_backoff(&self) -> Duration {
+        let disrupted = self
+            .status
+            .last_failure
+            .as_ref()
+            .is_some_and(|f| f.attempt == self.status.attempt && f.reason == DISRUPTED);
+        let restarts = if disrupted { 1 } else { self.status.restarts };
+        backoff(self.o.spec, restarts)
+    }
+
+    /// Rates and ETA describe the attempt that reported them; once it ended they are no
+    /// longer current (step, losses and the last checkpoint stay true).
+    fn end_attempt_progress(&mut self) {
+        if let Some(p) = self.status.progress.as_mut() {
+            let r = &mut p.report;
+            r.steps_per_second = None;
+            r.samples_per_second = None;
+            r.tokens_per_second = None;
+            r.step_time_seconds = None;
+            r.comm_fraction = None;
+            r.eta_seconds = None;
+            p.eta = None;
+            p.estimated_completion_time = None;
+        }
+    }
+
+    /// Phase Failed with `reason` (the Failed condition's) and a Warning event `event`.
+    fn fail(&mut self, failure: Failure, reason: &str, event: &'static str) {
+        // Whatever the attempt was waiting for, nothing is now (finished() sets the ttl's).
+        self.requeue = None;
         let message = failure.describe();
         self.status.phase = Phase::Failed;
         self.status.completion_time = Some(Time(self.now()));
@@ -710,83 +1053,113 @@ impl<'a, 'o> Decider<'a, 'o> {
             self.set_condition(condition::RESTARTING, false, reason, String::new());
         }
         self.set_condition(condition::FAILED, true, reason, message.clone());
+        self.end_attempt_progress();
         self.status.last_failure = Some(failure.info);
-        self.event(true, "Failed", message);
+        self.event(true, event, message);
         self.finished();
     }
 
     /// Copies rank 0's report into the status when a user-visible value changed, maintains
     /// ProgressAvailable, and restarts a stalled gang.
     fn track_progress(&mut self, rank0: Option<&PodView>) {
-        let now = self.now();
-        let o = self.o;
-        match &o.progress {
-            ProgressObservation::Report(report) => {
-                let rounded = progress::rounded(report);
-                let changed = self
-                    .status
-                    .progress
-                    .as_ref()
-                    .is_none_or(|p| p.report != rounded);
-                if changed {
-                    let eta = progress::eta_seconds(&rounded);
-                    self.status.progress = Some(TrainingProgress {
-                        eta: eta.map(progress::human_duration),
-                        estimated_completion_time: eta
-                            .map(|s| Time(now + SignedDuration::from_secs(s.round() as i64))),
-                        updated_at: Some(Time(now)),
-                        report: rounded,
-                    });
-                    if self.status.is_true(condition::STALLED) {
-                        self.set_condition(
-                            condition::STALLED,
-                            false,
-                            "ProgressResumed",
-                            String::new(),
-                        );
-                    }
-                }
-                if !self.status.is_true(condition::PROGRESS_AVAILABLE) {
-                    if self
-                        .status
-                        .condition(condition::PROGRESS_AVAILABLE)
-                        .is_some()
-                    {
-                        self.event(false, "ProgressAvailable", "rank 0 serves /progress".into());
-                    }
-                    self.set_condition(
-                        condition::PROGRESS_AVAILABLE,
-                        true,
-                        "Reported",
-                        "rank 0 serves /progress".into(),
-                    );
-                }
-            }
-            ProgressObservation::Unavailable(why) => {
-                let known = self
-                    .status
-                    .condition(condition::PROGRESS_AVAILABLE)
-                    .is_some();
-                let running_since = rank0.and_then(|p| p.running_since).unwrap_or(now);
-                let grace_end = running_since
-                    + SignedDuration::try_from(self.o.timing.progress_grace)
-                        .unwrap_or(SignedDuration::ZERO);
-                if !known && now >= grace_end {
-                    let message = format!(
-                        "rank 0 does not serve /progress ({why}); status.progress stays empty and stall detection is off"
-                    );
-                    self.event(false, "ProgressUnavailable", message.clone());
-                    self.set_condition(
-                        condition::PROGRESS_AVAILABLE,
-                        false,
-                        "NoProgressEndpoint",
-                        message,
-                    );
-                }
-            }
+        match &self.o.progress {
+            ProgressObservation::Report(report) => self.progress_report(report),
+            ProgressObservation::Unavailable(why) => self.progress_unavailable(why, rank0),
             ProgressObservation::NotPolled => {}
         }
         self.detect_stall();
+    }
+
+    fn progress_report(&mut self, report: &Progress) {
+        let now = self.now();
+        let rounded = progress::rounded(report);
+        let changed = self
+            .status
+            .progress
+            .as_ref()
+            .is_none_or(|p| p.report != rounded);
+        if changed {
+            let eta = progress::eta_seconds(&rounded);
+            self.status.progress = Some(TrainingProgress {
+                eta: eta.map(progress::human_duration),
+                estimated_completion_time: eta
+                    .map(|s| Time(now + SignedDuration::from_secs(s.round() as i64))),
+                updated_at: Some(Time(now)),
+                report: rounded,
+            });
+            if self.status.is_true(condition::STALLED) {
+                self.set_condition(condition::STALLED, false, "ProgressResumed", String::new());
+            }
+        }
+        let was = self
+            .status
+            .condition(condition::PROGRESS_AVAILABLE)
+            .map(|c| c.status.clone());
+        if was.as_deref() != Some("True") {
+            // After a blip (Unknown) nothing is news; after False it is.
+            if was.as_deref() == Some("False") {
+                self.event(false, "ProgressAvailable", "rank 0 serves /progress".into());
+            }
+            self.set_condition(
+                condition::PROGRESS_AVAILABLE,
+                true,
+                "Reported",
+                "rank 0 serves /progress".into(),
+            );
+        }
+    }
+
+    /// A poll failed. Never answered: False once rank 0 ran for the grace (an image without
+    /// the endpoint). Answered before: Unknown at the first failed poll, False when polls
+    /// kept failing for the grace, and the rates and ETA go (they are no longer current).
+    /// Stall detection only runs while it is True, so failing polls never restart a gang.
+    fn progress_unavailable(&mut self, why: &str, rank0: Option<&PodView>) {
+        let now = self.now();
+        let grace = self.o.timing.progress_grace;
+        let Some(c) = self.status.condition(condition::PROGRESS_AVAILABLE) else {
+            let running_since = rank0.and_then(|p| p.running_since).unwrap_or(now);
+            let at = running_since + signed(grace);
+            if now < at {
+                self.requeue_at(at);
+                return;
+            }
+            let message = format!(
+                "rank 0 does not serve /progress ({why}); status.progress stays empty and stall detection is off"
+            );
+            self.event(false, "ProgressUnavailable", message.clone());
+            let c = condition::PROGRESS_AVAILABLE;
+            self.set_condition(c, false, "NoProgressEndpoint", message);
+            return;
+        };
+        match c.status.as_str() {
+            "True" => {
+                let message = format!("polling rank 0's /progress failed: {}", first_line(why));
+                self.set_condition_to(
+                    condition::PROGRESS_AVAILABLE,
+                    "Unknown",
+                    "PollFailed",
+                    message,
+                );
+                self.requeue_in(grace);
+            }
+            "Unknown" => {
+                let at = c.last_transition_time.0 + signed(grace);
+                if now < at {
+                    self.requeue_at(at);
+                    return;
+                }
+                let message = format!(
+                    "rank 0's /progress has not answered for {}s ({}); rates and ETA are cleared and stall detection is paused until it answers",
+                    grace.as_secs(),
+                    first_line(why)
+                );
+                self.event(true, "ProgressUnavailable", message.clone());
+                let c = condition::PROGRESS_AVAILABLE;
+                self.set_condition(c, false, "PollsFailing", message);
+                self.end_attempt_progress();
+            }
+            _ => {}
+        }
     }
 
     fn detect_stall(&mut self) {
@@ -817,19 +1190,7 @@ impl<'a, 'o> Decider<'a, 'o> {
         let message = format!("no progress for {timeout}s (step {step})");
         self.set_condition(condition::STALLED, true, "NoProgress", message.clone());
         self.event(true, "Stalled", message.clone());
-        let failure = Failure {
-            info: FailureInfo {
-                attempt: self.status.attempt,
-                node_rank: None,
-                pod: None,
-                exit_code: None,
-                reason: "Stalled".into(),
-                message,
-                time: Time(self.now()),
-            },
-            permanent: false,
-            finished_at: None,
-        };
+        let failure = self.job_failure("Stalled", message);
         self.restart_or_fail(failure);
     }
 
@@ -896,24 +1257,29 @@ impl<'a, 'o> Decider<'a, 'o> {
     }
 }
 
-/// Permanent failures win (no restart can fix them); otherwise the rank that failed first is
-/// the cause and the others are collateral (their peer died).
-fn pick_failure(mut failures: Vec<Failure>) -> Option<Failure> {
-    failures.sort_by(|a, b| {
+/// The root cause of an attempt's end, with the other failures counted. Permanent failures
+/// win (no restart can fix them); otherwise the earliest is the cause and the rest collateral
+/// (their peer died), a kill before an error at the same second (exit times have second
+/// resolution: the rank that was SIGKILLed and the rank whose all-reduce then broke often share
+/// one). `suspects` (a node lost within its grace, a pod that cannot start) end nothing on
+/// their own, but when something else failed they are candidates for its cause.
+fn root_cause(failures: Vec<Failure>, suspects: Vec<Failure>) -> Option<Failure> {
+    if failures.is_empty() {
+        return None;
+    }
+    let failed = failures.len() as i32;
+    let mut candidates: Vec<Failure> = failures.into_iter().chain(suspects).collect();
+    candidates.sort_by(|a, b| {
         b.permanent
             .cmp(&a.permanent)
-            .then_with(|| {
-                // Failures with an exit time first, earliest first.
-                match (a.finished_at, b.finished_at) {
-                    (Some(x), Some(y)) => x.cmp(&y),
-                    (Some(_), None) => std::cmp::Ordering::Less,
-                    (None, Some(_)) => std::cmp::Ordering::Greater,
-                    (None, None) => std::cmp::Ordering::Equal,
-                }
-            })
+            // None (vanished) sorts first.
+            .then_with(|| a.at.cmp(&b.at))
+            .then_with(|| b.killed.cmp(&a.killed))
             .then_with(|| a.info.node_rank.cmp(&b.info.node_rank))
     });
-    failures.into_iter().next()
+    let mut root = candidates.into_iter().next()?;
+    root.info.secondary_failures = if root.suspect { failed } else { failed - 1 };
+    Some(root)
 }
 
 /// Deletes first, then the rest (launches need the status written in between; the
@@ -951,7 +1317,22 @@ pub fn set_condition(
     now: Timestamp,
     generation: Option<i64>,
 ) {
-    let status = if status { "True" } else { "False" }.to_string();
+    let status = if status { "True" } else { "False" };
+    set_condition_to(conditions, type_, status, reason, message, now, generation);
+}
+
+/// Sets a condition to True, False or Unknown, keeping its lastTransitionTime unless its
+/// status changes.
+pub fn set_condition_to(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: String,
+    now: Timestamp,
+    generation: Option<i64>,
+) {
+    let status = status.to_string();
     let reason = if reason.is_empty() { "Unknown" } else { reason }.to_string();
     if let Some(c) = conditions.iter_mut().find(|c| c.type_ == type_) {
         if c.status != status {

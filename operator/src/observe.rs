@@ -6,7 +6,7 @@ use ferrotrain_api::crd::DistributedTrainingSpec;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::gang::{PodState, PodView, Termination};
+use crate::gang::{Disruption, PodState, PodView, Termination, WaitCause, Waiting};
 use crate::labels;
 
 /// The pod as the state machine sees it; None for a pod without the operator's labels.
@@ -66,6 +66,9 @@ pub fn pod_view(pod: &Pod, node: Option<&Node>) -> Option<PodView> {
         (Some(_), None) => Some(Timestamp::UNIX_EPOCH),
     };
 
+    let waiting = (pod_state == PodState::Pending)
+        .then(|| waiting(pod))
+        .flatten();
     Some(PodView {
         name: meta.name.clone()?,
         attempt,
@@ -74,7 +77,99 @@ pub fn pod_view(pod: &Pod, node: Option<&Node>) -> Option<PodView> {
         deleting_since: meta.deletion_timestamp.as_ref().map(|t| t.0),
         node_lost_since,
         running_since,
+        created: meta.creation_timestamp.as_ref().map(|t| t.0),
+        waiting,
+        disruption: disruption(pod),
     })
+}
+
+/// Why a pending pod waits: the scheduler's PodScheduled=False first (an unscheduled pod has
+/// no container status worth reading), then the trainer container's waiting reason.
+fn waiting(pod: &Pod) -> Option<Waiting> {
+    let status = pod.status.as_ref()?;
+    let unscheduled = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False");
+    if let Some(c) = unscheduled {
+        return Some(Waiting {
+            cause: WaitCause::Unschedulable,
+            reason: c.reason.clone().unwrap_or_else(|| "Unschedulable".into()),
+            message: c.message.clone().unwrap_or_default(),
+        });
+    }
+    let waiting = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .find(|c| c.name == labels::TRAINER_CONTAINER)
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.waiting.as_ref())?;
+    let reason = waiting.reason.clone().unwrap_or_default();
+    let cause = WaitCause::of_container_reason(&reason);
+    let mut message = waiting.message.clone().unwrap_or_default();
+    if cause == WaitCause::Creating {
+        // Multi-Attach and mount failures show only in the pod's Events, never in its status.
+        let claims = claim_names(pod);
+        if !claims.is_empty() {
+            message = format!(
+                "likely cause: a volume not attached or mounted (claims {}); the pod's events say (FailedAttachVolume, FailedMount, Multi-Attach)",
+                claims.join(", ")
+            );
+        }
+    }
+    Some(Waiting {
+        cause,
+        reason: if reason.is_empty() {
+            "ContainerCreating".into()
+        } else {
+            reason
+        },
+        message,
+    })
+}
+
+fn claim_names(pod: &Pod) -> Vec<String> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .filter_map(|v| v.persistent_volume_claim.as_ref())
+        .map(|c| c.claim_name.clone())
+        .collect()
+}
+
+/// Pod phase Failed reasons of disruptions: the kubelet's eviction (pkg/kubelet/eviction),
+/// critical-pod preemption (pkg/kubelet/preemption) and graceful node shutdown
+/// (pkg/kubelet/nodeshutdown: "Terminated", and "NodeShutdown" for a pod refused meanwhile).
+const DISRUPTED_POD_REASONS: [&str; 4] = ["Evicted", "Preempting", "Terminated", "NodeShutdown"];
+
+/// The pod is being or was taken away: DisruptionTarget=True (set by the scheduler's
+/// preemption, the eviction API, the taint manager and the kubelet before they delete or stop
+/// the pod), else a failed phase with a disruption's reason.
+fn disruption(pod: &Pod) -> Option<Disruption> {
+    let status = pod.status.as_ref()?;
+    let target = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "DisruptionTarget" && c.status == "True");
+    if let Some(c) = target {
+        return Some(Disruption {
+            reason: c
+                .reason
+                .clone()
+                .unwrap_or_else(|| "DisruptionTarget".into()),
+            message: c.message.clone().unwrap_or_default(),
+        });
+    }
+    let reason = status.reason.as_deref()?;
+    (status.phase.as_deref() == Some("Failed") && DISRUPTED_POD_REASONS.contains(&reason)).then(
+        || Disruption {
+            reason: reason.to_string(),
+            message: status.message.clone().unwrap_or_default(),
+        },
+    )
 }
 
 /// When the node's Ready condition stopped being True (None while it is Ready).

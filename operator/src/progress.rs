@@ -6,10 +6,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferrotrain_api::Progress;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+
+/// The largest /progress answer read. A report is a few KiB; any image may serve the port, and
+/// an unbounded read of an endless body would take the operator's memory with it.
+pub const MAX_REPORT_BYTES: usize = 64 * 1024;
 
 /// Why a poll gave no report.
 #[derive(Debug, thiserror::Error)]
@@ -34,8 +38,10 @@ pub enum PollError {
     Body {
         url: String,
         #[source]
-        source: hyper::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
+    #[error("GET {url}: the answer is larger than {limit} bytes")]
+    TooLarge { url: String, limit: usize },
     #[error("GET {url}: not a progress report: {source}")]
     Decode {
         url: String,
@@ -96,13 +102,30 @@ impl ProgressClient {
                     status: status.as_u16(),
                 });
             }
-            let body = response
-                .into_body()
+            let too_large = || PollError::TooLarge {
+                url: url.clone(),
+                limit: MAX_REPORT_BYTES,
+            };
+            let announced = response
+                .headers()
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            if announced.is_some_and(|n| n > MAX_REPORT_BYTES as u64) {
+                return Err(too_large());
+            }
+            let body = Limited::new(response.into_body(), MAX_REPORT_BYTES)
                 .collect()
                 .await
-                .map_err(|source| PollError::Body {
-                    url: url.clone(),
-                    source,
+                .map_err(|source| {
+                    if source.is::<http_body_util::LengthLimitError>() {
+                        too_large()
+                    } else {
+                        PollError::Body {
+                            url: url.clone(),
+                            source,
+                        }
+                    }
                 })?
                 .to_bytes();
             serde_json::from_slice::<Progress>(&body).map_err(|source| PollError::Decode {
@@ -299,6 +322,56 @@ mod tests {
         // Nothing listens any more (the listener was dropped with the task).
         let err = client.fetch("127.0.0.1", port).await.unwrap_err();
         assert!(matches!(err, PollError::Request { .. }), "{err}");
+    }
+
+    /// Answers one connection with `head` and then `body_len` bytes of `{`-padding, in chunks,
+    /// until the client hangs up.
+    async fn serve_huge(head: String, body_len: usize) -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let _ = socket.read(&mut buf).await;
+            let _ = socket.write_all(head.as_bytes()).await;
+            let chunk = vec![b' '; 64 * 1024];
+            let mut sent = 0;
+            while sent < body_len {
+                if socket.write_all(&chunk).await.is_err() {
+                    return;
+                }
+                sent += chunk.len();
+            }
+        });
+        port
+    }
+
+    #[tokio::test]
+    async fn fetch_refuses_a_body_over_the_size_limit() {
+        let client = ProgressClient::new(Duration::from_secs(5));
+        // Announced: refused before reading a byte of it.
+        let len = 1 << 30;
+        let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\nconnection: close\r\n\r\n");
+        let port = serve_huge(head, len).await;
+        let err = client.fetch("127.0.0.1", port).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PollError::TooLarge {
+                    limit: MAX_REPORT_BYTES,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("larger than 65536 bytes"), "{err}");
+
+        // Not announced (chunked / read to close): cut off at the limit.
+        let head = "HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n".to_string();
+        let port = serve_huge(head, 16 << 20).await;
+        let err = client.fetch("127.0.0.1", port).await.unwrap_err();
+        assert!(matches!(err, PollError::TooLarge { .. }), "{err}");
     }
 
     #[tokio::test]

@@ -27,6 +27,9 @@ fn pod(attempt: i32, rank: i32, state: PodState) -> PodView {
         state,
         deleting_since: None,
         node_lost_since: None,
+        created: Some(t(0)),
+        waiting: None,
+        disruption: None,
     }
 }
 
@@ -54,6 +57,42 @@ fn exited(attempt: i32, rank: i32, code: i32, message: &str, at: i64) -> PodView
         },
     )
 }
+
+/// A pending pod that says why it waits.
+fn stuck(attempt: i32, rank: i32, reason: &str, message: &str) -> PodView {
+    let mut p = pending(attempt, rank);
+    let cause = if reason == "Unschedulable" {
+        WaitCause::Unschedulable
+    } else {
+        WaitCause::of_container_reason(reason)
+    };
+    p.waiting = Some(Waiting {
+        cause,
+        reason: reason.into(),
+        message: message.into(),
+    });
+    p
+}
+
+fn disrupted(mut p: PodView, reason: &str) -> PodView {
+    p.disruption = Some(Disruption {
+        reason: reason.into(),
+        message: String::new(),
+    });
+    p
+}
+
+fn starting_status(attempt: i32, restarts: i32) -> DistributedTrainingStatus {
+    status(
+        Phase::Starting,
+        attempt,
+        restarts,
+        vec![cond(condition::CREATED, true, 0)],
+    )
+}
+
+const PULL: &str = "Back-off pulling image \"registry.example/ferrotrain:nope\"";
+const NO_FIT: &str = "0/2 nodes are available: 1 Insufficient cpu, 1 node(s) had untolerated taint(s). preemption: 0/2 nodes are available: 2 No preemption victims found for incoming pod.";
 
 fn deleting(mut p: PodView, since: i64) -> PodView {
     p.deleting_since = Some(t(since));
@@ -124,6 +163,7 @@ struct Row {
     progress: ProgressObservation,
     problems: Vec<String>,
     now: i64,
+    generation: i64,
     // expectations
     phase: Phase,
     attempt: i32,
@@ -143,6 +183,7 @@ impl Default for Row {
             progress: ProgressObservation::NotPolled,
             problems: Vec::new(),
             now: 100,
+            generation: 1,
             phase: Phase::Pending,
             attempt: 0,
             restarts: 0,
@@ -160,7 +201,7 @@ fn run(row: &Row) -> Decision {
     decide(&Observed {
         now: t(row.now),
         job: JOB,
-        generation: Some(1),
+        generation: Some(row.generation),
         spec: &s,
         status: &row.status,
         pods: &row.pods,
@@ -568,12 +609,228 @@ fn rows() -> Vec<Row> {
             ..Row::default()
         },
         Row {
-            name: "invalid trainer config: no pods, warning",
+            name: "invalid trainer config: Failed, no pods, one warning",
             problems: vec!["spec.trainer.data.train: is required for task translation".into()],
+            phase: Phase::Failed,
             events: vec!["InvalidSpec"],
             ..Row::default()
         },
+        Row {
+            name: "invalid spec fixed in a new generation: launches",
+            status: invalid_spec_failed(0),
+            generation: 2,
+            actions: vec![launch(0, &[0, 1])],
+            events: vec!["Created"],
+            requeue: Some(30),
+            ..Row::default()
+        },
+        Row {
+            name: "invalid spec changed but still invalid: Failed again, one warning",
+            status: invalid_spec_failed(0),
+            generation: 2,
+            problems: vec!["spec.trainer.model.dModel: 250 is not divisible by 4".into()],
+            phase: Phase::Failed,
+            events: vec!["InvalidSpec"],
+            ..Row::default()
+        },
+        Row {
+            name: "invalid spec, same generation: stays Failed quietly",
+            status: invalid_spec_failed(0),
+            problems: vec!["spec.trainer.data.train: is required for task translation".into()],
+            phase: Phase::Failed,
+            ..Row::default()
+        },
+        Row {
+            name: "unschedulable pod: Starting, shown once",
+            status: starting_status(0, 0),
+            pods: vec![running(0, 0), stuck(0, 1, "Unschedulable", NO_FIT)],
+            phase: Phase::Starting,
+            events: vec!["Unschedulable"],
+            requeue: Some(30),
+            ..Row::default()
+        },
+        Row {
+            name: "unschedulable past the startup timeout: gang restart",
+            status: starting_status(0, 0),
+            pods: vec![running(0, 0), stuck(0, 1, "Unschedulable", NO_FIT)],
+            now: 700,
+            phase: Phase::Restarting,
+            restarts: 1,
+            actions: vec![del(0, 0), del(0, 1)],
+            events: vec!["RankFailed", "Restarting"],
+            requeue: Some(10),
+            ..Row::default()
+        },
+        Row {
+            name: "image pull back-off within the startup timeout: Starting, shown once",
+            status: starting_status(0, 0),
+            pods: vec![running(0, 0), stuck(0, 1, "ImagePullBackOff", PULL)],
+            phase: Phase::Starting,
+            events: vec!["ImagePullBackOff"],
+            requeue: Some(30),
+            ..Row::default()
+        },
+        Row {
+            name: "image pull error past the startup timeout: Failed, no restart",
+            status: starting_status(0, 0),
+            pods: vec![running(0, 0), stuck(0, 1, "ErrImagePull", "not found")],
+            now: 600,
+            phase: Phase::Failed,
+            actions: vec![del(0, 0), del(0, 1)],
+            events: vec!["RankFailed", "Failed"],
+            ..Row::default()
+        },
+        Row {
+            name: "invalid image name: Failed at once",
+            status: starting_status(0, 0),
+            pods: vec![
+                stuck(0, 0, "InvalidImageName", "couldn't parse image name"),
+                pending(0, 1),
+            ],
+            now: 5,
+            phase: Phase::Failed,
+            actions: vec![del(0, 0), del(0, 1)],
+            events: vec!["RankFailed", "Failed"],
+            ..Row::default()
+        },
+        Row {
+            name: "missing ConfigMap key past the startup timeout: Failed",
+            status: starting_status(0, 0),
+            pods: vec![
+                running(0, 0),
+                stuck(
+                    0,
+                    1,
+                    "CreateContainerConfigError",
+                    "configmap \"x\" not found",
+                ),
+            ],
+            now: 601,
+            phase: Phase::Failed,
+            actions: vec![del(0, 0), del(0, 1)],
+            events: vec!["RankFailed", "Failed"],
+            ..Row::default()
+        },
+        Row {
+            name: "ContainerCreating within the startup timeout: normal, quiet",
+            status: starting_status(0, 0),
+            pods: vec![running(0, 0), stuck(0, 1, "ContainerCreating", "")],
+            now: 300,
+            phase: Phase::Starting,
+            requeue: Some(30),
+            ..Row::default()
+        },
+        Row {
+            name: "ContainerCreating past the startup timeout: gang restart",
+            status: starting_status(0, 0),
+            pods: vec![running(0, 0), stuck(0, 1, "ContainerCreating", "")],
+            now: 650,
+            phase: Phase::Restarting,
+            restarts: 1,
+            actions: vec![del(0, 0), del(0, 1)],
+            events: vec!["RankFailed", "Restarting"],
+            requeue: Some(10),
+            ..Row::default()
+        },
+        Row {
+            name: "pending without a word past the startup timeout: gang restart",
+            status: starting_status(0, 0),
+            pods: vec![running(0, 0), pending(0, 1)],
+            now: 650,
+            phase: Phase::Restarting,
+            restarts: 1,
+            actions: vec![del(0, 0), del(0, 1)],
+            events: vec!["RankFailed", "Restarting"],
+            requeue: Some(10),
+            ..Row::default()
+        },
+        Row {
+            name: "startup timeout 0 waits for ever (and still shows why)",
+            spec: |s| s.startup_timeout_seconds = 0,
+            status: starting_status(0, 0),
+            pods: vec![running(0, 0), stuck(0, 1, "ImagePullBackOff", PULL)],
+            now: 100_000,
+            phase: Phase::Starting,
+            events: vec!["ImagePullBackOff"],
+            requeue: Some(30),
+            ..Row::default()
+        },
+        Row {
+            name: "startup timeout ahead: requeue at it",
+            status: starting_status(0, 0),
+            pods: vec![running(0, 0), pending(0, 1)],
+            now: 590,
+            phase: Phase::Starting,
+            requeue: Some(10),
+            ..Row::default()
+        },
+        Row {
+            name: "evicted pod: gang restart that spends no restart",
+            status: running_status(0, 0),
+            pods: vec![
+                running(0, 0),
+                disrupted(
+                    pod(
+                        0,
+                        1,
+                        PodState::Failed(Termination {
+                            exit_code: None,
+                            reason: "Evicted".into(),
+                            message: "The node was low on resource: memory.".into(),
+                            finished_at: None,
+                        }),
+                    ),
+                    "Evicted",
+                ),
+            ],
+            phase: Phase::Restarting,
+            actions: vec![del(0, 0)],
+            events: vec!["Disrupted", "Restarting"],
+            requeue: Some(10),
+            ..Row::default()
+        },
+        Row {
+            name: "preempted while running (DisruptionTarget, deleting): no restart spent",
+            status: running_status(0, 0),
+            pods: vec![
+                running(0, 0),
+                disrupted(deleting(running(0, 1), 95), "PreemptionByScheduler"),
+            ],
+            phase: Phase::Restarting,
+            actions: vec![del(0, 0)],
+            events: vec!["Disrupted", "Restarting"],
+            requeue: Some(10),
+            ..Row::default()
+        },
+        Row {
+            name: "drained at maxRestarts: still a restart, not a failure",
+            spec: |s| s.restart_policy.max_restarts = 2,
+            status: running_status(2, 2),
+            pods: vec![
+                running(2, 0),
+                disrupted(deleting(running(2, 1), 95), "EvictionByEvictionAPI"),
+            ],
+            phase: Phase::Restarting,
+            attempt: 2,
+            restarts: 2,
+            actions: vec![del(2, 0)],
+            events: vec!["Disrupted", "Restarting"],
+            requeue: Some(10),
+            ..Row::default()
+        },
     ]
+}
+
+/// Failed at generation 1 for an invalid spec, at attempt `attempt`.
+fn invalid_spec_failed(attempt: i32) -> DistributedTrainingStatus {
+    let mut failed = cond(condition::FAILED, true, 50);
+    failed.reason = INVALID_SPEC.into();
+    failed.message = "InvalidSpec: no pods created: spec.trainer.data.train: required".into();
+    DistributedTrainingStatus {
+        completion_time: Some(Time(t(50))),
+        start_time: None,
+        ..status(Phase::Failed, attempt, 0, vec![failed])
+    }
 }
 
 #[test]
@@ -846,7 +1103,7 @@ fn bring_your_own_image_without_progress_is_reported_once() {
 }
 
 #[test]
-fn invalid_spec_warns_once_and_waits() {
+fn invalid_spec_fails_with_the_reason_and_one_warning() {
     let row = Row {
         problems: vec!["spec.trainer.model.dModel: 250 is not divisible by model.heads 4".into()],
         ..Row::default()
@@ -854,16 +1111,509 @@ fn invalid_spec_warns_once_and_waits() {
     let d = run(&row);
     assert_eq!(d.actions, vec![]);
     assert_eq!(d.requeue_after, None);
-    let c = d.status.condition(condition::CREATED).unwrap();
+    assert_eq!(d.status.phase, Phase::Failed);
+    let c = d.status.condition(condition::FAILED).unwrap();
     assert_eq!(
         (c.status.as_str(), c.reason.as_str()),
-        ("False", "InvalidSpec")
+        ("True", "InvalidSpec")
+    );
+    assert_eq!(
+        c.message,
+        "InvalidSpec: no pods created: spec.trainer.model.dModel: 250 is not divisible by model.heads 4"
+    );
+    assert_eq!(d.events.len(), 1);
+    assert!(d.events[0].warning);
+    assert_eq!(d.events[0].reason, "InvalidSpec");
+    assert_eq!(
+        d.status.last_failure.as_ref().unwrap().reason,
+        "InvalidSpec"
     );
     let again = Row {
         status: d.status.clone(),
         ..row
     };
-    assert!(run(&again).events.is_empty());
+    let d2 = run(&again);
+    assert!(d2.events.is_empty());
+    assert_eq!(d2.status, d.status);
+}
+
+#[test]
+fn a_fixed_spec_starts_the_job_that_failed_for_an_invalid_one() {
+    let failed = run(&Row {
+        problems: vec!["spec.trainer.data.train: is required".into()],
+        ..Row::default()
+    });
+    let fixed = run(&Row {
+        status: failed.status.clone(),
+        generation: 2,
+        now: 200,
+        ..Row::default()
+    });
+    assert_eq!(fixed.status.phase, Phase::Pending);
+    assert_eq!(fixed.actions, vec![launch(0, &[0, 1])]);
+    assert_eq!(fixed.status.completion_time, None);
+    let c = fixed.status.condition(condition::FAILED).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "SpecChanged")
+    );
+    // Pods of the failed attempt still around (made from the old spec): a fresh attempt.
+    let mut leftover = failed.status.clone();
+    leftover.attempt = 3;
+    let d = run(&Row {
+        status: leftover,
+        pods: vec![deleting(pending(3, 0), 90)],
+        generation: 2,
+        ..Row::default()
+    });
+    assert_eq!(d.status.attempt, 4);
+    assert_eq!(d.actions, vec![launch(4, &[0, 1])]);
+}
+
+/// What `kubectl describe dt` shows for an image that cannot be pulled: while it waits, and
+/// when the start-up timeout ends the attempt.
+#[test]
+fn an_unpullable_image_is_shown_then_fails_the_job_at_the_startup_timeout() {
+    let row = Row {
+        status: starting_status(0, 0),
+        pods: vec![running(0, 0), stuck(0, 1, "ImagePullBackOff", PULL)],
+        now: 40,
+        ..Row::default()
+    };
+    let d = run(&row);
+    assert_eq!(d.status.phase, Phase::Starting);
+    let c = d.status.condition(condition::RUNNING).unwrap();
+    let shown = format!("Running {} {}: {}", c.status, c.reason, c.message);
+    assert_eq!(
+        shown,
+        "Running False ImagePullBackOff: pod mt-0-1 (rank 1) waits: ImagePullBackOff: Back-off pulling image \"registry.example/ferrotrain:nope\""
+    );
+    assert_eq!(
+        d.events,
+        vec![EventNote {
+            warning: true,
+            reason: "ImagePullBackOff",
+            note: c.message.clone(),
+        }]
+    );
+    // The kubelet alternates ErrImagePull and ImagePullBackOff: one reason, one event.
+    let flip = Row {
+        status: d.status.clone(),
+        pods: vec![
+            running(0, 0),
+            stuck(0, 1, "ErrImagePull", "manifest unknown"),
+        ],
+        now: 70,
+        ..row
+    };
+    let d2 = run(&flip);
+    assert!(d2.events.is_empty(), "{:?}", d2.events);
+
+    let late = Row {
+        status: d2.status.clone(),
+        now: 600,
+        ..flip
+    };
+    let d3 = run(&late);
+    assert_eq!(d3.status.phase, Phase::Failed);
+    let f = d3.status.condition(condition::FAILED).unwrap();
+    let shown = format!("Failed {} {}: {}", f.status, f.reason, f.message);
+    assert_eq!(
+        shown,
+        "Failed True ImagePullBackOff: rank 1 (pod mt-0-1): ImagePullBackOff: not running 600s after its creation: ErrImagePull: manifest unknown"
+    );
+    let reasons: Vec<_> = d3.events.iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, ["RankFailed", "Failed"]);
+    assert_eq!(d3.status.restarts, 0);
+}
+
+/// What `kubectl describe dt` shows for a gang that cannot be scheduled.
+#[test]
+fn an_unschedulable_gang_shows_the_schedulers_message_and_restarts_at_the_startup_timeout() {
+    let row = Row {
+        status: starting_status(0, 0),
+        pods: vec![running(0, 0), stuck(0, 1, "Unschedulable", NO_FIT)],
+        now: 40,
+        ..Row::default()
+    };
+    let d = run(&row);
+    let c = d.status.condition(condition::RUNNING).unwrap();
+    let shown = format!("Running {} {}: {}", c.status, c.reason, c.message);
+    assert_eq!(
+        shown,
+        format!("Running False Unschedulable: pod mt-0-1 (rank 1) waits: Unschedulable: {NO_FIT}")
+    );
+    assert_eq!(d.events.len(), 1);
+    assert_eq!(
+        (d.events[0].warning, d.events[0].reason),
+        (true, "Unschedulable")
+    );
+    assert_eq!(d.events[0].note, c.message);
+    // Every reconcile after: no new event, no change.
+    let again = run(&Row {
+        status: d.status.clone(),
+        pods: row.pods.clone(),
+        now: 70,
+        ..Row::default()
+    });
+    assert!(again.events.is_empty());
+    assert_eq!(again.status, d.status);
+
+    let late = run(&Row {
+        status: d.status.clone(),
+        now: 600,
+        ..row
+    });
+    assert_eq!(late.status.phase, Phase::Restarting);
+    let r = late.status.condition(condition::RESTARTING).unwrap();
+    assert_eq!(r.reason, "Unschedulable");
+    assert_eq!(
+        r.message,
+        format!(
+            "rank 1 (pod mt-0-1): Unschedulable: not running 600s after its creation: Unschedulable: {NO_FIT}"
+        )
+    );
+    assert_eq!(late.status.restarts_by_cause.get("Unschedulable"), Some(&1));
+}
+
+#[test]
+fn each_attempt_reports_its_stuck_pod_once() {
+    // Attempt 0 timed out unschedulable; after the backoff attempt 1 launches.
+    let mut s = status(
+        Phase::Restarting,
+        0,
+        1,
+        vec![
+            cond(condition::CREATED, true, 0),
+            cond(condition::RESTARTING, true, 600),
+        ],
+    );
+    s.conditions.push(Condition {
+        reason: "Unschedulable".into(),
+        ..cond(condition::RUNNING, false, 600)
+    });
+    let relaunch = run(&Row {
+        status: s,
+        now: 610,
+        ..Row::default()
+    });
+    assert_eq!(relaunch.status.attempt, 1);
+    let c = relaunch.status.condition(condition::RUNNING).unwrap();
+    assert_eq!(c.reason, "PodsStarting");
+    // Its pods are unschedulable too: said again, once.
+    let mut s = relaunch.status.clone();
+    s.phase = Phase::Starting;
+    let pods: Vec<PodView> = [pending(1, 0), stuck(1, 1, "Unschedulable", NO_FIT)]
+        .into_iter()
+        .map(|p| PodView {
+            created: Some(t(610)),
+            ..p
+        })
+        .collect();
+    let row = Row {
+        status: s,
+        pods: pods.clone(),
+        now: 620,
+        attempt: 1,
+        ..Row::default()
+    };
+    let d = run(&row);
+    let reasons: Vec<_> = d.events.iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, ["Unschedulable"]);
+    assert!(
+        d.events[0].note.contains("pod mt-1-1"),
+        "{}",
+        d.events[0].note
+    );
+    let d2 = run(&Row {
+        status: d.status.clone(),
+        now: 650,
+        ..row
+    });
+    assert!(d2.events.is_empty());
+    // Scheduled at last: the condition stops blaming it.
+    let d3 = run(&Row {
+        status: d.status.clone(),
+        pods: pods
+            .iter()
+            .map(|p| PodView {
+                waiting: None,
+                ..p.clone()
+            })
+            .collect(),
+        now: 660,
+        attempt: 1,
+        ..Row::default()
+    });
+    let c = d3.status.condition(condition::RUNNING).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "PodsStarting")
+    );
+}
+
+#[test]
+fn the_worst_of_several_stuck_pods_is_shown_and_the_others_counted() {
+    let row = Row {
+        spec: |s| s.replicas = 3,
+        status: starting_status(0, 0),
+        pods: vec![
+            stuck(0, 0, "Unschedulable", NO_FIT),
+            stuck(
+                0,
+                1,
+                "CreateContainerConfigError",
+                "secret \"hf-token\" not found",
+            ),
+            stuck(0, 2, "Unschedulable", NO_FIT),
+        ],
+        ..Row::default()
+    };
+    let d = run(&row);
+    let c = d.status.condition(condition::RUNNING).unwrap();
+    assert_eq!(c.reason, "CreateContainerConfigError");
+    assert_eq!(
+        c.message,
+        "pod mt-0-1 (rank 1) waits: CreateContainerConfigError: secret \"hf-token\" not found (and 2 more pods wait)"
+    );
+}
+
+#[test]
+fn the_killed_rank_is_blamed_over_a_peer_error_of_the_same_second() {
+    let row = Row {
+        spec: |s| s.replicas = 4,
+        status: running_status(0, 0),
+        pods: vec![
+            exited(
+                0,
+                0,
+                1,
+                "rank 3 closed the connection during all-reduce",
+                90,
+            ),
+            exited(
+                0,
+                1,
+                1,
+                "rank 3 closed the connection during all-reduce",
+                91,
+            ),
+            running(0, 2),
+            exited(0, 3, 137, "", 90),
+        ],
+        ..Row::default()
+    };
+    let d = run(&row);
+    let f = d.status.last_failure.clone().unwrap();
+    assert_eq!((f.node_rank, f.exit_code), (Some(3), Some(137)));
+    assert_eq!(f.secondary_failures, 2);
+    let r = d.status.condition(condition::RESTARTING).unwrap();
+    assert_eq!(
+        r.message,
+        "rank 3 (pod mt-0-3) exited with code 137: Error (2 other pods failed after it)"
+    );
+}
+
+#[test]
+fn a_rank_on_a_lost_node_is_blamed_for_its_peers_failure_within_the_grace() {
+    // The node went NotReady at 85; rank 0 noticed its peer gone at 90, before the 60 s
+    // grace made the loss a failure of its own.
+    let row = Row {
+        status: running_status(0, 0),
+        pods: vec![
+            exited(0, 0, 1, "rank 1 closed the connection", 90),
+            node_lost(running(0, 1), 85),
+        ],
+        ..Row::default()
+    };
+    let d = run(&row);
+    let f = d.status.last_failure.clone().unwrap();
+    assert_eq!((f.node_rank, f.reason.as_str()), (Some(1), "NodeLost"));
+    assert_eq!(f.secondary_failures, 1);
+    assert_eq!(d.status.restarts, 1);
+}
+
+#[test]
+fn a_pod_that_never_started_is_blamed_for_the_rendezvous_timeout_of_its_peer() {
+    let row = Row {
+        status: starting_status(0, 0),
+        pods: vec![
+            exited(0, 0, 1, "rendezvous: rank 1 did not join within 300s", 300),
+            stuck(0, 1, "Unschedulable", NO_FIT),
+        ],
+        now: 310,
+        ..Row::default()
+    };
+    let d = run(&row);
+    assert_eq!(d.status.phase, Phase::Restarting);
+    let f = d.status.last_failure.clone().unwrap();
+    assert_eq!((f.node_rank, f.reason.as_str()), (Some(1), "Unschedulable"));
+    assert_eq!(f.secondary_failures, 1);
+}
+
+#[test]
+fn disruptions_spend_no_restart_and_are_counted_by_cause() {
+    let mut s = running_status(1, 1);
+    s.restarts_by_cause.insert("ExitCode".into(), 1);
+    let row = Row {
+        status: s,
+        pods: vec![
+            exited(1, 0, 143, "terminated", 90),
+            disrupted(deleting(running(1, 1), 89), "EvictionByEvictionAPI"),
+        ],
+        ..Row::default()
+    };
+    let d = run(&row);
+    assert_eq!(d.status.phase, Phase::Restarting);
+    assert_eq!(d.status.restarts, 1);
+    let by_cause: Vec<_> = d.status.restarts_by_cause.iter().collect();
+    assert_eq!(
+        by_cause,
+        [
+            (&"Disrupted".to_string(), &1),
+            (&"ExitCode".to_string(), &1)
+        ]
+    );
+    let f = d.status.last_failure.clone().unwrap();
+    assert_eq!((f.node_rank, f.reason.as_str()), (Some(1), "Disrupted"));
+    assert_eq!(f.message, "EvictionByEvictionAPI");
+    let restarting = d.events.iter().find(|e| e.reason == "Restarting").unwrap();
+    assert!(
+        restarting.note.contains("not counted against maxRestarts"),
+        "{}",
+        restarting.note
+    );
+    // The initial backoff, not the one doubled by the earlier failure.
+    assert_eq!(d.requeue_after, Some(Duration::from_secs(10)));
+}
+
+#[test]
+fn a_restart_clears_the_old_attempts_rate_and_eta_but_keeps_its_step() {
+    let mut s = running_status(0, 0);
+    s.progress = Some(TrainingProgress {
+        report: progress::rounded(&report(100, 2.0)),
+        eta: Some("7m".into()),
+        estimated_completion_time: Some(Time(t(550))),
+        updated_at: Some(Time(t(90))),
+    });
+    let row = Row {
+        status: s,
+        pods: vec![running(0, 0), exited(0, 1, 137, "", 95)],
+        ..Row::default()
+    };
+    let d = run(&row);
+    let p = d.status.progress.clone().unwrap();
+    assert_eq!(p.report.step, 100);
+    assert_eq!(p.report.loss, Some(2.0));
+    assert_eq!(p.report.steps_per_second, None);
+    assert_eq!((p.eta, p.estimated_completion_time), (None, None));
+    // The new attempt's first report brings them back.
+    let mut s = d.status.clone();
+    s.phase = Phase::Running;
+    s.attempt = 1;
+    let d2 = run(&Row {
+        status: s,
+        pods: vec![running(1, 0), running(1, 1)],
+        progress: ProgressObservation::Report(Box::new(report(100, 2.0))),
+        now: 200,
+        attempt: 1,
+        ..Row::default()
+    });
+    let p = d2.status.progress.unwrap();
+    assert_eq!(p.report.steps_per_second, Some(2.0));
+    assert_eq!(p.eta.as_deref(), Some("7m"));
+}
+
+fn reporting_status() -> DistributedTrainingStatus {
+    let mut s = running_status(0, 0);
+    s.progress = Some(TrainingProgress {
+        report: progress::rounded(&report(100, 2.0)),
+        eta: Some("7m".into()),
+        estimated_completion_time: Some(Time(t(550))),
+        updated_at: Some(Time(t(50))),
+    });
+    s.conditions
+        .push(cond(condition::PROGRESS_AVAILABLE, true, 20));
+    s
+}
+
+#[test]
+fn failed_polls_turn_progress_available_unknown_then_false_after_the_grace() {
+    let row = Row {
+        status: reporting_status(),
+        pods: vec![running(0, 0), running(0, 1)],
+        progress: ProgressObservation::Unavailable(
+            "GET http://10.0.0.7:9090/progress: no answer within 2s".into(),
+        ),
+        ..Row::default()
+    };
+    let d = run(&row);
+    let c = d.status.condition(condition::PROGRESS_AVAILABLE).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("Unknown", "PollFailed")
+    );
+    assert!(d.events.is_empty());
+    assert_eq!(
+        d.status.progress, row.status.progress,
+        "a blip clears nothing"
+    );
+
+    let late = run(&Row {
+        status: d.status.clone(),
+        now: 220,
+        ..row
+    });
+    let c = late
+        .status
+        .condition(condition::PROGRESS_AVAILABLE)
+        .unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "PollsFailing")
+    );
+    assert!(c.message.contains("no answer within 2s"), "{}", c.message);
+    let reasons: Vec<_> = late.events.iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, ["ProgressUnavailable"]);
+    let p = late.status.progress.clone().unwrap();
+    assert_eq!(
+        (p.report.step, p.report.steps_per_second, p.eta),
+        (100, None, None)
+    );
+
+    // It answers again: True, and one event says so.
+    let back = run(&Row {
+        status: late.status.clone(),
+        pods: vec![running(0, 0), running(0, 1)],
+        progress: ProgressObservation::Report(Box::new(report(150, 1.9))),
+        now: 230,
+        ..Row::default()
+    });
+    let c = back
+        .status
+        .condition(condition::PROGRESS_AVAILABLE)
+        .unwrap();
+    assert_eq!(c.status, "True");
+    let reasons: Vec<_> = back.events.iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, ["ProgressAvailable"]);
+}
+
+#[test]
+fn failing_polls_never_restart_a_healthy_gang_as_stalled() {
+    let mut status = reporting_status();
+    for now in [100, 1000, 5000, 10_000] {
+        let d = run(&Row {
+            spec: |s| s.stall_timeout_seconds = 60,
+            status: status.clone(),
+            pods: vec![running(0, 0), running(0, 1)],
+            progress: ProgressObservation::Unavailable("connection refused".into()),
+            now,
+            ..Row::default()
+        });
+        assert_eq!(d.status.phase, Phase::Running, "at {now}");
+        assert!(d.actions.is_empty(), "at {now}: {:?}", d.actions);
+        status = d.status;
+    }
 }
 
 #[test]
