@@ -241,8 +241,9 @@ pub fn spec_problems(spec: &DistributedTrainingSpec) -> Vec<String> {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{
-        ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus,
-        NodeCondition, NodeStatus, PodSpec, PodStatus,
+        ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
+        ContainerStatus, NodeCondition, NodeStatus, PersistentVolumeClaimVolumeSource,
+        PodCondition, PodSpec, PodStatus, Volume,
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
@@ -371,5 +372,114 @@ mod tests {
         let mut p = pod(None, "Running", None);
         p.metadata.labels = None;
         assert!(pod_view(&p, None).is_none());
+    }
+
+    fn waiting_pod(reason: &str, message: &str) -> Pod {
+        let state = ContainerState {
+            waiting: Some(ContainerStateWaiting {
+                reason: Some(reason.into()),
+                message: Some(message.into()),
+            }),
+            ..ContainerState::default()
+        };
+        pod(Some(state), "Pending", Some("n1"))
+    }
+
+    #[test]
+    fn kubelet_waiting_reasons_are_read_from_the_trainer_container() {
+        let cases = [
+            ("ErrImagePull", WaitCause::ImagePull),
+            ("ImagePullBackOff", WaitCause::ImagePull),
+            ("ErrImageNeverPull", WaitCause::ImagePull),
+            ("InvalidImageName", WaitCause::InvalidImageName),
+            ("CreateContainerConfigError", WaitCause::ContainerConfig),
+            ("CreateContainerError", WaitCause::ContainerError),
+            ("ContainerCreating", WaitCause::Creating),
+        ];
+        for (reason, cause) in cases {
+            let p = waiting_pod(reason, "the kubelet's words");
+            let w = pod_view(&p, None).unwrap().waiting.unwrap();
+            assert_eq!((w.cause, w.reason.as_str()), (cause, reason));
+            if cause != WaitCause::Creating {
+                assert_eq!(w.message, "the kubelet's words");
+            }
+        }
+        let image = [WaitCause::ImagePull, WaitCause::InvalidImageName];
+        assert!(image.iter().all(|c| !c.restart_can_help()));
+        assert!(!WaitCause::ContainerConfig.restart_can_help());
+        assert!(WaitCause::Unschedulable.restart_can_help());
+    }
+
+    #[test]
+    fn an_unscheduled_pod_waits_with_the_schedulers_message() {
+        let mut p = pod(None, "Pending", None);
+        p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some("Unschedulable".into()),
+            message: Some("0/2 nodes are available: 1 Insufficient cpu.".into()),
+            ..PodCondition::default()
+        }]);
+        let w = pod_view(&p, None).unwrap().waiting.unwrap();
+        assert_eq!(w.cause, WaitCause::Unschedulable);
+        assert_eq!(w.reason, "Unschedulable");
+        assert_eq!(w.message, "0/2 nodes are available: 1 Insufficient cpu.");
+    }
+
+    #[test]
+    fn container_creating_with_a_claim_names_the_volume_as_the_likely_cause() {
+        let mut p = waiting_pod("ContainerCreating", "");
+        p.spec.as_mut().unwrap().volumes = Some(vec![Volume {
+            name: "checkpoints".into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: "ckpt".into(),
+                ..PersistentVolumeClaimVolumeSource::default()
+            }),
+            ..Volume::default()
+        }]);
+        let w = pod_view(&p, None).unwrap().waiting.unwrap();
+        assert_eq!(w.cause, WaitCause::Creating);
+        assert!(
+            w.message
+                .starts_with("likely cause: a volume not attached or mounted (claims ckpt)"),
+            "{}",
+            w.message
+        );
+        // Running pods wait for nothing.
+        let running = ContainerState {
+            running: Some(ContainerStateRunning::default()),
+            ..ContainerState::default()
+        };
+        let v = pod_view(&pod(Some(running), "Running", Some("n1")), None).unwrap();
+        assert_eq!(v.waiting, None);
+    }
+
+    #[test]
+    fn disruption_target_and_disrupted_failed_phases_are_disruptions() {
+        let mut p = pod(None, "Running", Some("n1"));
+        p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+            type_: "DisruptionTarget".into(),
+            status: "True".into(),
+            reason: Some("PreemptionByScheduler".into()),
+            message: Some(
+                "default-scheduler: preempting to accommodate a higher priority pod".into(),
+            ),
+            ..PodCondition::default()
+        }]);
+        let d = pod_view(&p, None).unwrap().disruption.unwrap();
+        assert_eq!(d.reason, "PreemptionByScheduler");
+        // The disruption controller resets a disruption that never went ahead to False.
+        p.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
+        assert_eq!(pod_view(&p, None).unwrap().disruption, None);
+
+        for reason in ["Evicted", "Preempting", "Terminated"] {
+            let mut p = pod(None, "Failed", Some("n1"));
+            p.status.as_mut().unwrap().reason = Some(reason.into());
+            let d = pod_view(&p, None).unwrap().disruption.unwrap();
+            assert_eq!(d.reason, reason);
+        }
+        let mut p = pod(None, "Failed", Some("n1"));
+        p.status.as_mut().unwrap().reason = Some("DeadlineExceeded".into());
+        assert_eq!(pod_view(&p, None).unwrap().disruption, None);
     }
 }
