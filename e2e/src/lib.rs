@@ -327,9 +327,10 @@ pub fn distributed_training(name: &str, ns: &str, spec: Value) -> DistributedTra
     .unwrap_or_else(|e| panic!("not a valid DistributedTraining spec: {e}"))
 }
 
-/// The spec of a copy-task job on `replicas` CPU pods of one rank each: a model small enough
-/// to take a few steps a second on half a core, checkpoints every [`CHECKPOINT_EVERY`] steps
-/// to `claim` (when given), quick restarts.
+/// The spec of a copy-task job on `replicas` CPU pods of one rank each, with the model and
+/// batches of examples/copy-dt.yaml (25-60 steps/s with one thread per rank on this project's
+/// 2-core machine), checkpoints every [`CHECKPOINT_EVERY`] steps to `claim` (when given) and
+/// quick restarts.
 pub fn copy_job(replicas: i32, max_steps: u64, claim: Option<&str>) -> Value {
     let mut spec = json!({
         "replicas": replicas,
@@ -344,16 +345,16 @@ pub fn copy_job(replicas: i32, max_steps: u64, claim: Option<&str>) -> Value {
             "seed": 1,
             "maxSteps": max_steps,
             "threads": 1,
-            "copy": {"symbols": 10, "minLength": 3, "maxLength": 8, "trainSamples": 5000, "validSamples": 50},
+            "copy": {"symbols": 20, "minLength": 3, "maxLength": 12, "trainSamples": 20000, "validSamples": 200},
             "model": {
-                "dModel": 32, "heads": 2, "encoderLayers": 1, "decoderLayers": 1,
-                "ffnDim": 64, "dropout": 0.0, "maxPositions": 16
+                "dModel": 64, "heads": 4, "encoderLayers": 2, "decoderLayers": 2,
+                "ffnDim": 128, "dropout": 0.0, "maxPositions": 32
             },
-            "batch": {"maxTokens": 256},
+            "batch": {"maxTokens": 1024},
             "optimizer": {"lr": 0.003},
-            "schedule": {"kind": "inverseSqrt", "warmupSteps": 50},
+            "schedule": {"kind": "inverseSqrt", "warmupSteps": 100},
             "labelSmoothing": 0.0,
-            "eval": {"everySteps": 100, "bleu": false},
+            "eval": {"everySteps": 500, "bleu": false},
             "distributed": {"collectiveTimeoutSeconds": 30, "rendezvousTimeoutSeconds": 180},
             "logEverySteps": 50
         },
@@ -371,10 +372,76 @@ pub fn copy_job(replicas: i32, max_steps: u64, claim: Option<&str>) -> Value {
     spec
 }
 
+/// A copy job the schema and the operator accept but the trainer refuses at start with exit
+/// code 2 (invalid config): `device: cuda` on CPU pods.
+pub fn config_error_job() -> Value {
+    let mut spec = copy_job(2, 100, None);
+    spec["trainer"]["device"] = json!("cuda");
+    spec
+}
+
+/// A translation job whose training files do not exist: the trainer exits 3 (invalid data)
+/// before the rendezvous, naming `data.train.source`.
+pub fn missing_data_job() -> Value {
+    let mut spec = copy_job(2, 100, None);
+    spec["trainer"]["task"] = json!("translation");
+    spec["trainer"]["data"] = json!({
+        "train": {"source": "missing/train.en", "target": "missing/train.de"},
+        // Sentences must fit the model's 32 positions.
+        "maxSentenceTokens": 30
+    });
+    spec
+}
+
 /// The value at a printer column's JSONPath (`.status.progress.step`) of the object.
 pub fn at_json_path<'a>(object: &'a Value, path: &str) -> Option<&'a Value> {
     path.trim_start_matches('.')
         .split('.')
         .try_fold(object, |v, key| v.get(key))
         .filter(|v| !v.is_null())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The jobs the tests run get past the schema's types and the trainer's own validation
+    /// (which the operator applies before creating pods): the config-error tests must fail
+    /// in the trainer, not earlier.
+    #[test]
+    fn the_test_jobs_pass_the_trainers_validation() {
+        let plain = copy_job(2, 2000, Some("claim"));
+        for spec in [plain, config_error_job(), missing_data_job()] {
+            let dt = distributed_training("job", "ns", spec.clone());
+            let config = dt
+                .spec
+                .effective_trainer_config()
+                .expect("a trainer config");
+            assert_eq!(config.validate(), Vec::new(), "{spec}");
+            assert_eq!(config.checkpoint.every_steps, CHECKPOINT_EVERY);
+        }
+    }
+
+    #[test]
+    fn printer_column_paths_resolve_only_when_set() {
+        let object =
+            json!({"status": {"phase": "Running", "restarts": 0, "progress": {"step": 5}}});
+        assert_eq!(
+            at_json_path(&object, ".status.phase"),
+            Some(&json!("Running"))
+        );
+        assert_eq!(at_json_path(&object, ".status.restarts"), Some(&json!(0)));
+        assert_eq!(
+            at_json_path(&object, ".status.progress.step"),
+            Some(&json!(5))
+        );
+        assert_eq!(at_json_path(&object, ".status.progress.loss"), None);
+        assert_eq!(
+            at_json_path(
+                &json!({"status": {"progress": {"loss": null}}}),
+                ".status.progress.loss"
+            ),
+            None
+        );
+    }
 }

@@ -4,11 +4,10 @@
 
 use ferrotrain_api::crd::{Phase, custom_resource_definition};
 use ferrotrain_e2e::{
-    CHECKPOINT_EVERY, TRAIN_WAIT, TestNamespace, WAIT, at_json_path, copy_job, pods_of,
-    rank0_progress, volume_at, wait_for, wait_phase, wait_status,
+    CHECKPOINT_EVERY, TRAIN_WAIT, TestNamespace, WAIT, at_json_path, config_error_job, copy_job,
+    missing_data_job, pods_of, rank0_progress, volume_at, wait_for, wait_phase, wait_status,
 };
 use kube::api::DeleteParams;
-use serde_json::json;
 
 #[tokio::test]
 #[ignore = "needs a cluster with the operator and the trainer image (e2e/kind.sh)"]
@@ -16,7 +15,8 @@ async fn the_copy_job_runs_with_progress_in_the_printer_columns_then_succeeds() 
     let ns = TestNamespace::create("copy").await;
     let jobs = ns.jobs();
     ns.create_checkpoint_claim("copy-checkpoints").await;
-    let max_steps = 400;
+    // A minute or so: long enough for several progress polls while it runs.
+    let max_steps = 2000;
     ns.create_job("copy", copy_job(2, max_steps, Some("copy-checkpoints")))
         .await;
 
@@ -176,9 +176,7 @@ async fn a_config_error_fails_the_job_with_the_trainers_message_and_no_restart()
     let jobs = ns.jobs();
     // The schema and the operator's checks accept `device: cuda` on a CPU pod; the trainer
     // refuses it at start (exit 2, invalid config).
-    let mut spec = copy_job(2, 100, None);
-    spec["trainer"]["device"] = json!("cuda");
-    ns.create_job("config", spec).await;
+    ns.create_job("config", config_error_job()).await;
 
     let failed = wait_phase(&jobs, "config", Phase::Failed, WAIT).await;
     assert_eq!(failed.restarts, 0, "a permanent failure is not retried");
@@ -204,11 +202,7 @@ async fn a_config_error_fails_the_job_with_the_trainers_message_and_no_restart()
 async fn missing_training_data_fails_the_job_with_exit_code_3_and_no_restart() {
     let ns = TestNamespace::create("data").await;
     let jobs = ns.jobs();
-    let mut spec = copy_job(2, 100, None);
-    spec["trainer"]["task"] = json!("translation");
-    spec["trainer"]["data"] =
-        json!({"train": {"source": "missing/train.en", "target": "missing/train.de"}});
-    ns.create_job("data", spec).await;
+    ns.create_job("data", missing_data_job()).await;
 
     let failed = wait_phase(&jobs, "data", Phase::Failed, WAIT).await;
     assert_eq!(failed.restarts, 0, "a permanent failure is not retried");
