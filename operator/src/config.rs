@@ -32,6 +32,9 @@ pub enum LogFormat {
     Json,
 }
 
+/// The trainer image `scripts/images.sh` builds for this version (the chart passes its own).
+pub const DEFAULT_TRAINER_IMAGE: &str = concat!("ferrotrain/trainer:", env!("CARGO_PKG_VERSION"));
+
 /// Flags of `ferrotrain-operator run`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct Args {
@@ -43,7 +46,7 @@ pub struct Args {
     #[arg(
         long,
         env = "FERROTRAIN_OPERATOR_TRAINER_IMAGE",
-        default_value = "ghcr.io/ferrotrain/trainer:latest"
+        default_value = DEFAULT_TRAINER_IMAGE
     )]
     pub trainer_image: String,
 
@@ -166,7 +169,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            trainer_image: "ghcr.io/ferrotrain/trainer:latest".into(),
+            trainer_image: DEFAULT_TRAINER_IMAGE.into(),
             master_port: 29500,
             trainer_metrics_port: 9090,
             progress_interval: Duration::from_secs(5),

@@ -28,6 +28,7 @@ use crate::labels;
 use crate::metrics::{ErrorLabels, Metrics, ReasonLabels, ReconcileResult, ResultLabels};
 use crate::observe;
 use crate::progress::ProgressClient;
+use crate::readiness::Readiness;
 
 /// Why a reconcile failed (it is retried with backoff).
 #[derive(Debug, thiserror::Error)]
@@ -568,14 +569,17 @@ fn jobs_on_node(pods: &Store<Pod>, node: &Node) -> Vec<ObjectRef<DistributedTrai
     jobs
 }
 
+/// The names the watches go by in logs and `/readyz`.
+const WATCHES: [&str; 3] = ["distributedtrainings", "pods", "nodes"];
+
 /// Runs the controller until `shutdown` completes. `jobs` receives the jobs cache (for the
-/// metrics endpoint) and `ready` turns true once every cache is synced.
+/// metrics endpoint); `readiness` follows the watches (synced, failing).
 pub async fn run(
     client: Client,
     settings: Settings,
     namespace: Option<String>,
     metrics: Arc<Metrics>,
-    ready: Arc<AtomicBool>,
+    readiness: Arc<Readiness>,
     jobs: Arc<std::sync::OnceLock<Store<DistributedTraining>>>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
@@ -587,51 +591,44 @@ pub async fn run(
         None => (Api::all(client.clone()), Api::all(client.clone())),
     };
     let nodes_api: Api<Node> = Api::all(client.clone());
+    readiness.track(&WATCHES);
+    let [dt_watch, pod_watch, node_watch] = WATCHES;
 
     let (dt_store, dt_writer) = reflector::store();
+    let health = readiness.clone();
     // Our own status writes do not bump the generation: they never trigger a reconcile.
     let dt_stream = watcher(dts, watcher::Config::default())
         .default_backoff()
         .reflect(dt_writer)
+        .inspect(move |item| health.observe(dt_watch, item))
         .applied_objects()
         .predicate_filter(predicates::generation, Default::default());
 
     let (pod_store, pod_writer) = reflector::store();
     let pod_selector = format!("{}={}", labels::MANAGED_BY, labels::MANAGER);
+    let health = readiness.clone();
     let pod_stream = watcher(pods_api, watcher::Config::default().labels(&pod_selector))
         .default_backoff()
         .reflect(pod_writer)
+        .inspect(move |item| health.observe(pod_watch, item))
         .touched_objects();
 
     let (node_store, node_writer) = reflector::store();
+    let health = readiness.clone();
     let node_stream = watcher(nodes_api, watcher::Config::default())
         .default_backoff()
         .reflect(node_writer)
+        .inspect(move |item| health.observe(node_watch, item))
         .touched_objects();
 
     let _ = jobs.set(dt_store.clone());
-    let caches_ready = Arc::new(AtomicBool::new(false));
-    {
-        let (dt_store, pod_store, node_store) =
-            (dt_store.clone(), pod_store.clone(), node_store.clone());
-        let (caches_ready, ready) = (caches_ready.clone(), ready.clone());
-        tokio::spawn(async move {
-            let _ = dt_store.wait_until_ready().await;
-            let _ = pod_store.wait_until_ready().await;
-            let _ = node_store.wait_until_ready().await;
-            caches_ready.store(true, Ordering::Relaxed);
-            ready.store(true, Ordering::Relaxed);
-            info!("caches synced");
-        });
-    }
-
     let ctx = Arc::new(Context::new(
         client,
         settings,
         metrics,
         pod_store.clone(),
         node_store,
-        caches_ready,
+        readiness.synced_flag(),
     ));
     let mapper_pods = pod_store;
     Controller::for_stream(dt_stream, dt_store)
@@ -642,8 +639,12 @@ pub async fn run(
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             match result {
-                Ok((object, _)) => debug!(job = %object.name, "reconciled"),
-                Err(e) => debug!(error = %e, "reconcile error"),
+                Ok((object, _)) => {
+                    debug!(job = %object.name, namespace = ?object.namespace, "reconciled")
+                }
+                // error_policy has logged it, with the job.
+                Err(controller::Error::ReconcilerFailed(..)) => {}
+                Err(e) => warn!(error = %e, "controller error"),
             }
         })
         .await;

@@ -6,14 +6,17 @@
 //! Everything the operator knows lives in the object's status and its pods' labels, so a
 //! restarted operator converges without duplicate pods or lost restarts.
 
+pub mod app;
 pub mod build;
 pub mod config;
 pub mod controller;
 pub mod gang;
 pub mod labels;
+pub mod lease;
 pub mod metrics;
 pub mod observe;
 pub mod progress;
+pub mod readiness;
 pub mod server;
 
 pub use ferrotrain_api::crd::{

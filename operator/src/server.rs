@@ -1,7 +1,6 @@
 //! The operator's HTTP endpoints: `/metrics` (Prometheus text), `/healthz` (the process
-//! serves), `/readyz` (the caches are synced: this replica could lead).
+//! serves), `/readyz` (every watch is synced and none keeps failing; a follower is ready).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use axum::Router;
@@ -13,12 +12,14 @@ use ferrotrain_api::crd::DistributedTraining;
 use kube::runtime::reflector::Store;
 
 use crate::metrics::Metrics;
+use crate::readiness::Readiness;
 
 /// What the endpoints read.
 #[derive(Clone)]
 pub struct ServerState {
     pub metrics: Arc<Metrics>,
-    pub ready: Arc<AtomicBool>,
+    /// Whether this replica's watches are synced and healthy (a follower is ready).
+    pub readiness: Arc<Readiness>,
     /// The jobs cache, for the jobs-by-phase gauge (unset until this replica leads).
     pub jobs: Arc<OnceLock<Store<DistributedTraining>>>,
 }
@@ -50,10 +51,12 @@ async fn metrics(State(state): State<ServerState>) -> impl IntoResponse {
 }
 
 async fn readyz(State(state): State<ServerState>) -> impl IntoResponse {
-    if state.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced\n")
+    match state.readiness.check() {
+        Ok(()) => (StatusCode::OK, "ready\n".to_string()),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        ),
     }
 }
 
@@ -92,10 +95,10 @@ mod tests {
     async fn health_readiness_and_metrics() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let ready = Arc::new(AtomicBool::new(false));
+        let readiness = Arc::new(Readiness::default());
         let state = ServerState {
             metrics: Arc::new(Metrics::new()),
-            ready: ready.clone(),
+            readiness: readiness.clone(),
             jobs: Arc::default(),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -104,8 +107,9 @@ mod tests {
         }));
         let checks = async {
             assert!(get(port, "/healthz").await.starts_with("HTTP/1.1 200"));
-            assert!(get(port, "/readyz").await.starts_with("HTTP/1.1 503"));
-            ready.store(true, Ordering::Relaxed);
+            let unready = get(port, "/readyz").await;
+            assert!(unready.starts_with("HTTP/1.1 503"), "{unready}");
+            readiness.follow();
             assert!(get(port, "/readyz").await.starts_with("HTTP/1.1 200"));
             let metrics = get(port, "/metrics").await;
             assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
