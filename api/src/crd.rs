@@ -240,8 +240,10 @@ pub struct PodTemplateOverrides {
     /// Unset: bounded by the pod's memory limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shm_size: Option<Quantity>,
-    /// Seconds a deleted pod gets to exit (the trainer saves nothing on SIGTERM, so short is
-    /// fine). Default 30.
+    /// Seconds a deleted pod gets to exit. On SIGTERM the trainer's ranks stop at the same
+    /// step and rank 0 saves a checkpoint of it before exiting, so allow the time a save takes
+    /// (a SIGKILL before it completes is safe: the previous checkpoint stays the resume point).
+    /// Default 30.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 3600))]
     pub termination_grace_period_seconds: Option<i64>,
@@ -627,7 +629,13 @@ pub fn custom_resource_definition()
             let mut value = serde_json::to_value(&*schema).expect("schema serializes");
             kubernetes_integer_formats(&mut value);
             trim_volume_descriptions(&mut value);
+            readable_descriptions(&mut value);
             *schema = serde_json::from_value(value).expect("schema deserializes");
+        }
+        for column in version.additional_printer_columns.iter_mut().flatten() {
+            if let Some(d) = &mut column.description {
+                *d = unwrap_lines(d);
+            }
         }
     }
     crd
@@ -672,25 +680,57 @@ fn trim_volume_descriptions(schema: &mut serde_json::Value) {
 }
 
 /// Kubernetes knows the integer formats int32 and int64 only (it warns "unrecognized format
-/// uint32"); the Rust unsigned types become int64 with their bounds as minimum and maximum.
+/// uint32"), and the API server refuses an integer schema whose minimum or maximum is not an
+/// integer of its format ("Maximum boundary value must be of type integer with format int64",
+/// kube-openapi's `IsValueValidAgainstRange`), checked on every default and every object.
+/// Bounds are f64 in the CRD types, so `i64::MAX` becomes 2^63, which is no int64.
+///
+/// So: unsigned Rust types become int64 with minimum 0 and the type's maximum where an f64
+/// holds it exactly (u8 to u32); u64 gets no maximum (an int64 field cannot exceed int64
+/// anyway). Every integer bound is then made an integer of its format: a fractional bound is
+/// rounded inwards (the same integers pass), a bound outside the format's range is left out
+/// (it constrains nothing).
 fn kubernetes_integer_formats(schema: &mut serde_json::Value) {
     use serde_json::Value;
     match schema {
         Value::Object(map) => {
-            let bound = match map.get("format").and_then(Value::as_str) {
-                Some("uint8") => Some(u64::from(u8::MAX)),
-                Some("uint16") => Some(u64::from(u16::MAX)),
-                Some("uint32") => Some(u64::from(u32::MAX)),
-                Some("uint64" | "uint") => Some(i64::MAX as u64),
+            let unsigned_max = match map.get("format").and_then(Value::as_str) {
+                Some("uint8") => Some(Some(u64::from(u8::MAX))),
+                Some("uint16") => Some(Some(u64::from(u16::MAX))),
+                Some("uint32") => Some(Some(u64::from(u32::MAX))),
+                Some("uint64" | "uint") => Some(None),
                 _ => None,
             };
-            if let Some(max) = bound {
+            if let Some(type_max) = unsigned_max {
                 map.insert("format".into(), "int64".into());
                 let min = map.get("minimum").and_then(Value::as_f64).unwrap_or(0.0);
-                map.insert("minimum".into(), Value::from(min.max(0.0) as u64));
-                let current = map.get("maximum").and_then(Value::as_f64);
-                if current.is_none_or(|m| m > max as f64) {
-                    map.insert("maximum".into(), Value::from(max));
+                map.insert("minimum".into(), Value::from(min.max(0.0)));
+                if let Some(type_max) = type_max {
+                    let max = map.get("maximum").and_then(Value::as_f64);
+                    if max.is_none_or(|m| m > type_max as f64) {
+                        map.insert("maximum".into(), Value::from(type_max as f64));
+                    }
+                }
+            }
+            if map.get("type").and_then(Value::as_str) == Some("integer") {
+                let (lowest, highest) = match map.get("format").and_then(Value::as_str) {
+                    Some("int32") => (f64::from(i32::MIN), f64::from(i32::MAX)),
+                    // 2^63 is the first f64 past i64::MAX; -2^63 is i64::MIN exactly.
+                    _ => (i64::MIN as f64, 9_223_372_036_854_774_784.0),
+                };
+                for (key, round) in [
+                    ("minimum", f64::ceil as fn(f64) -> f64),
+                    ("maximum", f64::floor),
+                ] {
+                    let Some(bound) = map.get(key).and_then(Value::as_f64) else {
+                        continue;
+                    };
+                    let bound = round(bound);
+                    if bound.is_finite() && (lowest..=highest).contains(&bound) {
+                        map.insert(key.into(), Value::from(bound as i64));
+                    } else {
+                        map.remove(key);
+                    }
                 }
             }
             for v in map.values_mut() {
@@ -700,6 +740,73 @@ fn kubernetes_integer_formats(schema: &mut serde_json::Value) {
         Value::Array(items) => items.iter_mut().for_each(kubernetes_integer_formats),
         _ => {}
     }
+}
+
+/// `kubectl explain` prints a description as it is, so the line breaks of wrapped doc
+/// comments would show as ragged lines. Every description becomes one line per paragraph;
+/// paragraphs that are laid out on purpose (lists, indented lines, as in the embedded
+/// Kubernetes descriptions) keep their line breaks.
+fn readable_descriptions(schema: &mut serde_json::Value) {
+    use serde_json::Value;
+    match schema {
+        Value::Object(map) => {
+            for (key, v) in map.iter_mut() {
+                match (key.as_str(), v) {
+                    ("description", Value::String(d)) => *d = unwrap_lines(d),
+                    // Values, not schemas: a default or enum may hold a "description" key.
+                    ("default" | "enum" | "example" | "x-kubernetes-validations", _) => {}
+                    (_, v) => readable_descriptions(v),
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(readable_descriptions),
+        _ => {}
+    }
+}
+
+/// Joins the wrapped lines of each paragraph of `text` with a space.
+fn unwrap_lines(text: &str) -> String {
+    // An indented line or a list item: "- x", "* x", "1. x", "2) x", "c) x".
+    fn laid_out(line: &str) -> bool {
+        let marker = |line: &str| {
+            let digits = line.chars().take_while(char::is_ascii_digit).count();
+            let (label, rest) = line.split_at(digits);
+            let numbered =
+                (1..=2).contains(&digits) && (rest.starts_with(". ") || rest.starts_with(") "));
+            let lettered = label.is_empty()
+                && line.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+                && line[1..].starts_with(") ");
+            numbered || lettered
+        };
+        line.starts_with(char::is_whitespace)
+            || line.starts_with("- ")
+            || line.starts_with("* ")
+            || marker(line)
+    }
+    let mut paragraphs = Vec::new();
+    let mut lines: Vec<&str> = Vec::new();
+    let mut flush = |lines: &mut Vec<&str>| {
+        if lines.is_empty() {
+            return;
+        }
+        let indented = lines.iter().any(|l| l.starts_with(char::is_whitespace));
+        let paragraph = if indented || lines.iter().skip(1).any(|l| laid_out(l)) {
+            lines.join("\n")
+        } else {
+            lines.iter().map(|l| l.trim()).collect::<Vec<_>>().join(" ")
+        };
+        paragraphs.push(paragraph);
+        lines.clear();
+    };
+    for line in text.lines() {
+        if line.trim().is_empty() {
+            flush(&mut lines);
+        } else {
+            lines.push(line.trim_end());
+        }
+    }
+    flush(&mut lines);
+    paragraphs.join("\n\n")
 }
 
 /// The CRD as YAML, exactly as committed under crds/ and the Helm chart.
@@ -741,5 +848,49 @@ mod defaults {
             crate::exit::INVALID_DATA,
             crate::exit::INCOMPATIBLE_CHECKPOINT,
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn wrapped_lines_join_and_laid_out_paragraphs_stay() {
+        assert_eq!(
+            unwrap_lines("Save every this many steps; 0 = only\nat the end.\n\nSecond\n paragraph"),
+            "Save every this many steps; 0 = only at the end.\n\nSecond\n paragraph"
+        );
+        let list = "Valid options are:\n  Localhost - a profile.\n  Unconfined - none.";
+        assert_eq!(unwrap_lines(list), list);
+        let items = "Use this if: a) one,\nb) two\n- three";
+        assert_eq!(unwrap_lines(items), items);
+        assert_eq!(
+            unwrap_lines("uid\n65532, seccomp. No\nlist"),
+            "uid 65532, seccomp. No list"
+        );
+        let note = "<quantity> ::= <number><suffix>\n\n\t(Note that <suffix> may be empty.)";
+        assert_eq!(unwrap_lines(note), note);
+    }
+
+    #[test]
+    fn integer_bounds_are_integers_of_their_format() {
+        let mut schema = json!({"properties": {
+            "u64": {"type": "integer", "format": "uint64", "minimum": 1.0},
+            "u32": {"type": "integer", "format": "uint32"},
+            "i64": {"type": "integer", "format": "int64", "maximum": 9.223372036854776e18, "minimum": -0.5},
+            "i32": {"type": "integer", "format": "int32", "maximum": 4294967295.0, "minimum": 1.0},
+        }});
+        kubernetes_integer_formats(&mut schema);
+        assert_eq!(
+            schema["properties"],
+            json!({
+                "u64": {"type": "integer", "format": "int64", "minimum": 1},
+                "u32": {"type": "integer", "format": "int64", "minimum": 0, "maximum": 4294967295u64},
+                "i64": {"type": "integer", "format": "int64", "minimum": 0},
+                "i32": {"type": "integer", "format": "int32", "minimum": 1},
+            })
+        );
     }
 }
