@@ -301,6 +301,43 @@ impl Failure {
 /// `FailureInfo.reason` and Failed condition reason of a spec no pod can be made from.
 pub const INVALID_SPEC: &str = "InvalidSpec";
 
+/// Created condition and `FailureInfo.reason` when the API refuses the attempt's pods.
+pub const POD_CREATE_REFUSED: &str = "PodCreateRefused";
+
+/// The API refused to create a pod of the attempt (a ResourceQuota, a LimitRange, an admission
+/// webhook): for the controller to call when a Launch fails with such an error, and to write
+/// the status and publish the event it returns. Condition Created turns False with the API's
+/// message; the event is returned once per message (not on every retry of the launch). The
+/// decision after it retries the launch and, past `spec.startupTimeoutSeconds`, fails the job.
+pub fn launch_refused(
+    status: &DistributedTrainingStatus,
+    error: &str,
+    now: Timestamp,
+    generation: Option<i64>,
+) -> (DistributedTrainingStatus, Option<EventNote>) {
+    let mut status = status.clone();
+    let message = format!("attempt {}: {}", status.attempt, first_line(error));
+    let known = status.condition(condition::CREATED).is_some_and(|c| {
+        c.status == "False" && c.reason == POD_CREATE_REFUSED && c.message == message
+    });
+    let c = condition::CREATED;
+    set_condition(
+        &mut status.conditions,
+        c,
+        false,
+        POD_CREATE_REFUSED,
+        message.clone(),
+        now,
+        generation,
+    );
+    let event = (!known).then_some(EventNote {
+        warning: true,
+        reason: POD_CREATE_REFUSED,
+        note: message,
+    });
+    (status, event)
+}
+
 /// `FailureInfo.reason` of a disruption (it restarts without spending maxRestarts).
 pub const DISRUPTED: &str = "Disrupted";
 
@@ -619,6 +656,32 @@ impl<'a, 'o> Decider<'a, 'o> {
         true
     }
 
+    /// The API has refused the attempt's pods (see [`launch_refused`]) for the start-up
+    /// timeout: the job Fails with the API's message (the next attempt's pods would be refused
+    /// alike). Within it, the launch is retried.
+    fn create_refused_too_long(&mut self) -> bool {
+        let timeout = self.o.spec.startup_timeout_seconds;
+        let Some(c) = self
+            .status
+            .condition(condition::CREATED)
+            .filter(|c| c.status == "False" && c.reason == POD_CREATE_REFUSED)
+        else {
+            return false;
+        };
+        if timeout <= 0 {
+            return false;
+        }
+        let at = c.last_transition_time.0 + SignedDuration::from_secs(timeout);
+        if self.now() < at {
+            self.requeue_at(at);
+            return false;
+        }
+        let message = format!("pods not created within {timeout}s: {}", c.message);
+        let failure = self.job_failure(POD_CREATE_REFUSED, message);
+        self.fail(failure, POD_CREATE_REFUSED, "Failed");
+        true
+    }
+
     /// In Pending: creates the attempt's missing pods. True when all exist (moves to Starting).
     fn launch(&mut self) -> bool {
         let replicas = self.o.spec.replicas.max(1);
@@ -639,6 +702,9 @@ impl<'a, 'o> Decider<'a, 'o> {
             let message = self.o.spec_problems.join("; ");
             let failure = self.job_failure(INVALID_SPEC, format!("no pods created: {message}"));
             self.fail(failure, INVALID_SPEC, "InvalidSpec");
+            return false;
+        }
+        if self.create_refused_too_long() {
             return false;
         }
         if self.status.start_time.is_none() {

@@ -1682,3 +1682,45 @@ fn conditions_keep_their_transition_time_while_unchanged() {
     assert_eq!(conditions[0].last_transition_time, Time(t(9)));
     assert_eq!(conditions.len(), 1);
 }
+
+#[test]
+fn a_refused_pod_create_is_shown_once_then_fails_the_job_at_the_startup_timeout() {
+    let quota = "pods \"mt-0-1\" is forbidden: exceeded quota: compute, requested: cpu=8, used: cpu=60, limited: cpu=64";
+    let launching = status(Phase::Pending, 0, 0, vec![]);
+    let (s, event) = launch_refused(&launching, quota, t(10), Some(1));
+    let event = event.unwrap();
+    assert!(event.warning);
+    assert_eq!(event.reason, "PodCreateRefused");
+    assert_eq!(event.note, format!("attempt 0: {quota}"));
+    let c = s.condition(condition::CREATED).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "PodCreateRefused")
+    );
+    // The same refusal on the next retry: no second event.
+    let (s2, again) = launch_refused(&s, quota, t(40), Some(1));
+    assert!(again.is_none());
+    assert_eq!(s2, s);
+
+    // Within the start-up timeout the launch is retried.
+    let row = Row {
+        status: s.clone(),
+        pods: vec![pending(0, 0)],
+        now: 300,
+        ..Row::default()
+    };
+    let d = run(&row);
+    assert_eq!(d.status.phase, Phase::Pending);
+    assert_eq!(d.actions, vec![launch(0, &[1])]);
+    // Past it: Failed with the API's words.
+    let d = run(&Row { now: 610, ..row });
+    assert_eq!(d.status.phase, Phase::Failed);
+    let f = d.status.condition(condition::FAILED).unwrap();
+    assert_eq!(f.reason, "PodCreateRefused");
+    assert!(
+        f.message.contains("exceeded quota: compute"),
+        "{}",
+        f.message
+    );
+    assert_eq!(d.actions, vec![del(0, 0)]);
+}
