@@ -380,10 +380,16 @@ pub fn pod(
     // A pod keeps every user volume something mounts: the checkpoint volume of a pod that
     // does not write checkpoints goes, unless data or an extra mount uses it too (a pod
     // referencing a ReadWriteOnce claim could only be scheduled on the claim's node).
-    volumes.extend(template.volumes.iter().cloned().filter(|v| {
-        unused_user_volume.as_deref() != Some(v.name.as_str())
-            || mounts.iter().any(|m| m.name == v.name)
-    }));
+    volumes.extend(
+        template
+            .volumes
+            .iter()
+            .filter(|v| {
+                unused_user_volume.as_deref() != Some(v.name.as_str())
+                    || mounts.iter().any(|m| m.name == v.name)
+            })
+            .cloned(),
+    );
 
     let contract = contract_env(owner, spec, attempt, node_rank, s);
     let mut env = contract.clone();

@@ -213,8 +213,13 @@ fn volumes_and_mounts() {
     assert_eq!(c.working_dir.as_deref(), Some("/data"));
 }
 
-/// (volume name, what backs it) of every volume of the pod, and (volume, path) of every mount.
-fn volumes_of(pod: &Pod) -> (Vec<(String, &'static str)>, Vec<(String, String)>) {
+/// A volume's name and what backs it (`claim ckpt`, `emptyDir`, `nfs`, ...).
+type Backing = (String, &'static str);
+/// A mount's volume name and path.
+type Mount = (String, String);
+
+/// Every volume of the pod with what backs it, and every mount of its trainer container.
+fn volumes_of(pod: &Pod) -> (Vec<Backing>, Vec<Mount>) {
     let spec = pod.spec.as_ref().unwrap();
     let volumes = spec
         .volumes
@@ -246,8 +251,8 @@ fn volumes_of(pod: &Pod) -> (Vec<(String, &'static str)>, Vec<(String, String)>)
     (volumes, mounts)
 }
 
-/// What backs the checkpoint path of the pod: (volume name, source).
-fn checkpoint_mount(pod: &Pod, path: &str) -> (String, &'static str) {
+/// What backs `path` in the pod.
+fn checkpoint_mount(pod: &Pod, path: &str) -> Backing {
     let (volumes, mounts) = volumes_of(pod);
     let (name, _) = mounts
         .iter()
