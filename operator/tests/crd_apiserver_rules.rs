@@ -1601,8 +1601,11 @@ fn compile_cel_rules(s: &Value, path: &Path, errs: &mut Errors) {
 // ---------------------------------------------------------------------------------------
 // Not a CRD-creation rule, but the same kube-openapi numberValidator runs on every object:
 // an integer field whose bound is no integer of its format fails every object that sets
-// the field ("Maximum boundary value must be of type integer (default format) in
-// spec.trainer.checkpoint.everySeconds"), even where it has no default.
+// the field ("Maximum boundary value must be of type integer with format int64 in
+// spec.trainer.checkpoint.everySeconds"; "(default format)" where the validator was built
+// with StripUnsupportedFormatsPostProcess, which drops int32/int64: the int64 range then
+// applies, so this check, which keeps the format, is the stricter one), even where the field
+// has no default.
 
 fn integer_bounds_for_objects(s: &Value, name: &str, errs: &mut Errors) {
     if s["type"] == "integer" {
