@@ -7,6 +7,9 @@
 //! admission, no field ownership, no garbage collection and no kubelet. Tests play the kubelet
 //! with [`FakeApiServer::update`] and the user with the kube client.
 
+// The error side of the handlers is the HTTP response itself: simplest for a test server.
+#![allow(clippy::result_large_err)]
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -80,9 +83,9 @@ struct Target {
 
 fn parse_target(path: &str) -> Option<Target> {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let (prefix_len, rest) = match parts.first()? {
-        &"api" => (2, &parts[2.min(parts.len())..]),
-        &"apis" => (3, &parts[3.min(parts.len())..]),
+    let (prefix_len, rest) = match *parts.first()? {
+        "api" => (2, &parts[2.min(parts.len())..]),
+        "apis" => (3, &parts[3.min(parts.len())..]),
         _ => return None,
     };
     let prefix = parts.get(..prefix_len)?.join("/");
