@@ -33,11 +33,17 @@ RUN --mount=type=cache,target=/var/cache/ferrotrain/wheels \
  && dir="$(FERROTRAIN_LIBTORCH_VARIANT="$LIBTORCH_VARIANT" scripts/setup-libtorch.sh | tail -n1)" \
  && mv "$dir" /opt/libtorch
 COPY . .
+# One target directory per variant: torch-sys decides at build time whether to link the CUDA
+# libraries, so the CPU and CUDA builds must not share its artifacts.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    LIBTORCH=/opt/libtorch cargo build --locked --profile "$CARGO_PROFILE" -p ferrotrain-trainer \
+    export LIBTORCH=/opt/libtorch CARGO_TARGET_DIR="/src/target/$LIBTORCH_VARIANT" \
+ && cargo build --locked --profile "$CARGO_PROFILE" -p ferrotrain-trainer \
       ${CARGO_FEATURES:+--features "$CARGO_FEATURES"} \
- && out="target/$([ "$CARGO_PROFILE" = dev ] && echo debug || echo "$CARGO_PROFILE")" \
+ && out="$CARGO_TARGET_DIR/$([ "$CARGO_PROFILE" = dev ] && echo debug || echo "$CARGO_PROFILE")" \
+ && if [ "$LIBTORCH_VARIANT" = cuda ] && ! readelf -d "$out/ferrotrain" | grep -q 'NEEDED.*\[libtorch_cuda\.so\]'; then \
+      echo "ferrotrain does not link libtorch_cuda.so: it would train on the CPU" >&2; exit 1; \
+    fi \
  && mkdir -p /out \
  && objcopy --strip-debug "$out/ferrotrain" /out/ferrotrain
 
