@@ -122,7 +122,7 @@ pub struct DistributedTrainingSpec {
 
     /// Where checkpoints are written and how often; the policy fields override
     /// trainer.checkpoint. Without a volume checkpoints go to a pod-local emptyDir and a gang
-    /// restart starts from scratch.
+    /// restart starts from scratch. Only the node-rank-0 pod mounts the volume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointSpec>,
 
@@ -259,12 +259,15 @@ pub struct PodTemplateOverrides {
     }
 ]))]
 pub struct CheckpointSpec {
-    /// A PersistentVolumeClaim to write checkpoints to. Multi-node jobs need a claim every
-    /// node can mount (ReadWriteMany), because rank 0 may run on another node after a restart.
+    /// A PersistentVolumeClaim to write checkpoints to. Only the node-rank-0 pod mounts it (rank 0
+    /// alone reads and writes checkpoints; the other pods get an emptyDir at mountPath), so a
+    /// ReadWriteOnce claim works. With a custom command every pod mounts it (use ReadWriteMany
+    /// for more than one node).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub claim_name: Option<String>,
     /// Or: the name of a volume in podTemplate.volumes (any volume source: nfs, csi, ...).
+    /// Mounted like claimName: by the node-rank-0 pod only, unless command is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63))]
     pub volume_name: Option<String>,

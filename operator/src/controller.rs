@@ -55,10 +55,24 @@ impl Error {
     /// Short label for the errors metric.
     pub fn kind(&self) -> String {
         match self {
-            Error::Api { verb, kind, .. } => format!("{verb}_{kind}").to_lowercase(),
+            Error::Api { verb, kind, .. } => {
+                format!("{verb}_{kind}").to_lowercase().replace(' ', "_")
+            }
             Error::Build(_) => "build".into(),
             Error::Event { .. } => "event".into(),
         }
+    }
+}
+
+impl Error {
+    /// A pod create the API refused for a reason a retry alone does not fix: a ResourceQuota
+    /// or RBAC (403), a LimitRange or validation (422), an admission webhook's denial (400).
+    pub fn is_refused_create(&self) -> bool {
+        matches!(
+            self,
+            Error::Api { verb: "create", kind: "Pod", source: kube::Error::Api(s), .. }
+                if matches!(s.code, 400 | 403 | 422)
+        )
     }
 }
 
@@ -295,38 +309,13 @@ pub async fn reconcile_at(
         write_status(ctx, &dt, &owner, decision.status.clone()).await?;
         record_status_metrics(ctx, &dt, &status, &decision.status, now);
     }
-    for action in &decision.actions {
-        if let gang::Action::Launch {
-            attempt,
-            node_ranks,
-        } = action
-        {
-            launch(ctx, &dt, &owner, *attempt, node_ranks).await?;
-        }
+    let mut events = decision.events.clone();
+    let mut requeue = decision.requeue_after;
+    if let Some(note) = launch_all(ctx, &dt, &owner, &decision, now).await? {
+        events.extend(note);
+        requeue = Some(REFUSED_RETRY);
     }
-    let reference = dt.object_ref(&());
-    for note in &decision.events {
-        let event = Event {
-            type_: if note.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: note.reason.into(),
-            note: Some(note.note.chars().take(1000).collect()),
-            // The recorder folds repeats of (reason, action) into a series that keeps the
-            // first note; keying by attempt keeps each attempt's failure message.
-            action: format!("Attempt{}", decision.status.attempt),
-            secondary: None,
-        };
-        ctx.recorder
-            .publish(&event, &reference)
-            .await
-            .map_err(|source| Error::Event {
-                reason: note.reason,
-                source,
-            })?;
-    }
+    publish_events(ctx, &dt, decision.status.attempt, &events).await?;
     if decision.actions.contains(&gang::Action::DeleteJob) {
         let api: Api<DistributedTraining> = Api::namespaced(ctx.client.clone(), &owner.namespace);
         let mut params = DeleteParams::background();
@@ -342,10 +331,85 @@ pub async fn reconcile_at(
         return Ok(Action::await_change());
     }
 
-    Ok(decision
-        .requeue_after
+    Ok(requeue
         .map(Action::requeue)
         .unwrap_or_else(Action::await_change))
+}
+
+/// How soon a launch the API refused (quota, LimitRange, webhook) is tried again.
+const REFUSED_RETRY: Duration = Duration::from_secs(30);
+
+/// Runs the decision's launches. When the API refuses a pod (quota, LimitRange, admission
+/// webhook), the job says so in its status (Created=False) instead of only in the log: returns
+/// `Some(event)` (None inside when this refusal was already reported) and the caller retries
+/// later; the state machine fails the job past its startup timeout.
+async fn launch_all(
+    ctx: &Context,
+    dt: &DistributedTraining,
+    owner: &Owner,
+    decision: &gang::Decision,
+    now: Timestamp,
+) -> Result<Option<Option<gang::EventNote>>> {
+    for action in &decision.actions {
+        let gang::Action::Launch {
+            attempt,
+            node_ranks,
+        } = action
+        else {
+            continue;
+        };
+        match launch(ctx, dt, owner, *attempt, node_ranks).await {
+            Ok(()) => {}
+            Err(error) if error.is_refused_create() => {
+                warn!(job = %owner.name, namespace = %owner.namespace, %error, "the API refused a pod of the gang");
+                let (refused, note) = gang::launch_refused(
+                    &decision.status,
+                    &error.to_string(),
+                    now,
+                    dt.metadata.generation,
+                );
+                if refused != decision.status {
+                    write_status(ctx, dt, owner, refused).await?;
+                }
+                return Ok(Some(note));
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(None)
+}
+
+/// Publishes the decision's events on the job.
+async fn publish_events(
+    ctx: &Context,
+    dt: &DistributedTraining,
+    attempt: i32,
+    notes: &[gang::EventNote],
+) -> Result<()> {
+    let reference = dt.object_ref(&());
+    for note in notes {
+        let event = Event {
+            type_: if note.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: note.reason.into(),
+            note: Some(note.note.chars().take(1000).collect()),
+            // The recorder folds repeats of (reason, action) into a series that keeps the
+            // first note; keying by attempt keeps each attempt's failure message.
+            action: format!("Attempt{attempt}"),
+            secondary: None,
+        };
+        ctx.recorder
+            .publish(&event, &reference)
+            .await
+            .map_err(|source| Error::Event {
+                reason: note.reason,
+                source,
+            })?;
+    }
+    Ok(())
 }
 
 /// The job's pods: labelled with its name and controlled by this very object (a re-created
@@ -460,16 +524,17 @@ fn record_status_metrics(
     after: &DistributedTrainingStatus,
     now: Timestamp,
 ) {
-    if after.restarts > before.restarts {
-        let reason = after
-            .last_failure
-            .as_ref()
-            .map(|f| f.reason.clone())
-            .unwrap_or_default();
-        ctx.metrics
-            .restarts
-            .get_or_create(&ReasonLabels { reason })
-            .inc();
+    // Every gang restart, disruptions included (they do not count against maxRestarts).
+    for (cause, count) in &after.restarts_by_cause {
+        let earlier = before.restarts_by_cause.get(cause).copied().unwrap_or(0);
+        if *count > earlier {
+            ctx.metrics
+                .restarts
+                .get_or_create(&ReasonLabels {
+                    reason: cause.clone(),
+                })
+                .inc_by((*count - earlier) as u64);
+        }
     }
     let stepped =
         |s: &DistributedTrainingStatus| s.progress.as_ref().is_some_and(|p| p.report.step > 0);

@@ -458,3 +458,37 @@ async fn a_follower_takes_over_when_the_leader_stops_and_releases_the_lease() {
     assert_eq!(creates, 4, "two pods per attempt, none twice");
     follower.terminate().await.expect("a clean stop");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_create_the_api_refuses_shows_on_the_job_and_is_retried() {
+    let fake = FakeApiServer::start().await;
+    ready_node(&fake, "node-a");
+    fake.fail(Method::POST, "/namespaces/ml/pods", 403, None);
+    let op = Operator::start(&fake, &["--leader-election", "false"]).await;
+    wait_ready(&op).await;
+    submit_job(&fake).await;
+    let created = wait_for("Created=False/PodCreateRefused", WAIT, || async {
+        let status = job_status(&fake);
+        let conditions = status["conditions"].as_array()?.clone();
+        conditions
+            .into_iter()
+            .find(|c| c["type"] == "Created" && c["reason"] == "PodCreateRefused")
+    })
+    .await;
+    assert_eq!(created["status"], "False", "{created}");
+    let message = created["message"].as_str().unwrap();
+    assert!(
+        message.contains("injected 403"),
+        "the API's own words: {message}"
+    );
+    let warned = fake.requests().iter().any(|r| {
+        r.method == "POST" && r.path.ends_with("/events") && r.body["reason"] == "PodCreateRefused"
+    });
+    assert!(warned, "a Warning event names the refusal");
+    let (_, metrics) = op.get("/metrics").await;
+    assert!(
+        !metrics.contains("reconcile_errors_total{error=\"create_pod\"} 1"),
+        "a refusal is a job condition, not a reconcile error: {metrics}"
+    );
+    op.terminate().await.expect("a clean stop");
+}
