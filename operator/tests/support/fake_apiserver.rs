@@ -123,6 +123,7 @@ fn kind_of(collection: &str) -> (String, String) {
         "secrets" => "Secret",
         "events" => "Event",
         "leases" => "Lease",
+        "persistentvolumeclaims" => "PersistentVolumeClaim",
         "distributedtrainings" => "DistributedTraining",
         other => panic!("fake API server: unknown resource {other}"),
     };
