@@ -17,7 +17,7 @@ use ferrotrain_api::crd::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use crate::progress;
+use crate::report;
 
 /// What the trainer container of a pod is doing.
 #[derive(Clone, Debug, PartialEq)]
@@ -1138,16 +1138,16 @@ impl<'a, 'o> Decider<'a, 'o> {
 
     fn progress_report(&mut self, report: &Progress) {
         let now = self.now();
-        let rounded = progress::rounded(report);
+        let rounded = report::rounded(report);
         let changed = self
             .status
             .progress
             .as_ref()
             .is_none_or(|p| p.report != rounded);
         if changed {
-            let eta = progress::eta_seconds(&rounded);
+            let eta = report::eta_seconds(&rounded);
             self.status.progress = Some(TrainingProgress {
-                eta: eta.map(progress::human_duration),
+                eta: eta.map(report::human_duration),
                 estimated_completion_time: eta
                     .map(|s| Time(now + SignedDuration::from_secs(s.round() as i64))),
                 updated_at: Some(Time(now)),

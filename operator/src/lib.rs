@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod observe;
 pub mod progress;
 pub mod readiness;
+pub mod report;
 pub mod server;
 
 pub use ferrotrain_api::crd::{

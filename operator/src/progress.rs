@@ -1,6 +1,5 @@
-//! Rank 0's progress report: polling `/progress` over HTTP, and shaping the report for the
-//! status (rates rounded so that noise in the last digits is not a "change" worth a write, ETA
-//! for humans).
+//! Polling rank 0's `/progress` over HTTP (bounded reads, a timeout). Shaping the report for
+//! the status is pure and lives in [`crate::report`].
 
 use std::time::Duration;
 
@@ -143,136 +142,9 @@ impl ProgressClient {
     }
 }
 
-/// Rounds to `digits` significant digits (NaN and infinities become absent).
-pub fn significant(value: f64, digits: i32) -> Option<f64> {
-    if !value.is_finite() {
-        return None;
-    }
-    if value == 0.0 {
-        return Some(0.0);
-    }
-    let magnitude = value.abs().log10().floor() as i32;
-    let scale = 10f64.powi(digits - 1 - magnitude);
-    Some((value * scale).round() / scale)
-}
-
-/// The report as the status shows it: rates and times to 3 significant digits, losses to 4,
-/// BLEU to 2 decimals, ETA to whole seconds. Two reports that differ only beyond that are the
-/// same to a user, so they cause no status write.
-pub fn rounded(report: &Progress) -> Progress {
-    let sig = |v: Option<f64>, d: i32| v.and_then(|v| significant(v, d));
-    let mut p = report.clone();
-    p.steps_per_second = sig(p.steps_per_second, 3);
-    p.samples_per_second = sig(p.samples_per_second, 3);
-    p.tokens_per_second = sig(p.tokens_per_second, 3);
-    p.step_time_seconds = sig(p.step_time_seconds, 3);
-    p.comm_fraction = p
-        .comm_fraction
-        .filter(|v| v.is_finite())
-        .map(|v| (v.clamp(0.0, 1.0) * 1000.0).round() / 1000.0);
-    p.loss = sig(p.loss, 4);
-    p.eval_loss = sig(p.eval_loss, 4);
-    p.best_eval_loss = sig(p.best_eval_loss, 4);
-    p.eval_bleu = p
-        .eval_bleu
-        .filter(|v| v.is_finite())
-        .map(|v| (v * 100.0).round() / 100.0);
-    p.learning_rate = sig(p.learning_rate, 3);
-    p.eta_seconds = p
-        .eta_seconds
-        .filter(|v| v.is_finite() && *v >= 0.0)
-        .map(f64::round);
-    if let Some(c) = p.last_checkpoint.as_mut() {
-        c.blocking_seconds = c.blocking_seconds.and_then(|v| significant(v, 3));
-    }
-    p
-}
-
-/// Seconds to totalSteps: the trainer's own estimate, else (total - step) / rate.
-pub fn eta_seconds(p: &Progress) -> Option<f64> {
-    if p.total_steps > 0 && p.step >= p.total_steps {
-        return Some(0.0);
-    }
-    if let Some(eta) = p.eta_seconds.filter(|v| v.is_finite() && *v >= 0.0) {
-        return Some(eta);
-    }
-    let rate = p.steps_per_second.filter(|r| r.is_finite() && *r > 0.0)?;
-    if p.total_steps == 0 {
-        return None;
-    }
-    Some(((p.total_steps - p.step) as f64 / rate).round())
-}
-
-/// `45s`, `12m`, `3h05m`, `2d04h`: coarse enough that it changes only when the ETA does.
-pub fn human_duration(seconds: f64) -> String {
-    let s = seconds.max(0.0).round() as u64;
-    match s {
-        0..60 => format!("{s}s"),
-        60..3600 => format!("{}m", s / 60),
-        3600..86400 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
-        _ => format!("{}d{:02}h", s / 86400, (s % 86400) / 3600),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn significant_digits() {
-        assert_eq!(significant(1.23456, 3), Some(1.23));
-        assert_eq!(significant(0.000123456, 3), Some(0.000123));
-        assert_eq!(significant(12345.6, 3), Some(12300.0));
-        assert_eq!(significant(0.0, 3), Some(0.0));
-        assert_eq!(significant(f64::NAN, 3), None);
-        assert_eq!(significant(-5.4321, 2), Some(-5.4));
-    }
-
-    #[test]
-    fn rounding_hides_noise_but_not_changes() {
-        let a = Progress {
-            step: 10,
-            steps_per_second: Some(4.00012),
-            loss: Some(2.345678),
-            ..Progress::default()
-        };
-        let mut b = a.clone();
-        b.steps_per_second = Some(4.00049);
-        b.loss = Some(2.345702);
-        assert_eq!(rounded(&a), rounded(&b));
-        b.loss = Some(2.3467);
-        assert_ne!(rounded(&a), rounded(&b));
-    }
-
-    #[test]
-    fn eta_prefers_the_trainers_estimate_then_the_rate() {
-        let mut p = Progress {
-            step: 100,
-            total_steps: 1100,
-            steps_per_second: Some(2.0),
-            ..Progress::default()
-        };
-        assert_eq!(eta_seconds(&p), Some(500.0));
-        p.eta_seconds = Some(420.0);
-        assert_eq!(eta_seconds(&p), Some(420.0));
-        p.step = 1100;
-        assert_eq!(eta_seconds(&p), Some(0.0));
-        let unknown = Progress {
-            step: 1,
-            total_steps: 10,
-            ..Progress::default()
-        };
-        assert_eq!(eta_seconds(&unknown), None);
-    }
-
-    #[test]
-    fn human_durations() {
-        assert_eq!(human_duration(0.0), "0s");
-        assert_eq!(human_duration(59.4), "59s");
-        assert_eq!(human_duration(61.0), "1m");
-        assert_eq!(human_duration(3600.0 + 5.0 * 60.0), "1h05m");
-        assert_eq!(human_duration(2.0 * 86400.0 + 4.0 * 3600.0 + 59.0), "2d04h");
-    }
 
     #[test]
     fn url_brackets_ipv6() {

@@ -608,6 +608,7 @@ fn report(step: u64) -> Progress {
         loss: Some(3.217654),
         learning_rate: Some(0.00123456),
         world_size: 2,
+        eta_seconds: Some((1000 - step.min(1000)) as f64 / 4.00321),
         ..Progress::default()
     }
 }
@@ -656,7 +657,7 @@ async fn an_unchanged_progress_report_causes_no_write() {
     let (ctx, handle, _) = Context::test(pods, settings);
     let mut status = running_status();
     status.progress = Some(TrainingProgress {
-        report: crate::progress::rounded(&report(120)),
+        report: crate::report::rounded(&report(120)),
         eta: Some("3m".into()),
         estimated_completion_time: Some(Time(t(320))),
         updated_at: Some(Time(t(100))),

@@ -150,6 +150,8 @@ fn report(step: u64, loss: f64) -> Progress {
         total_steps: 1000,
         steps_per_second: Some(2.0),
         loss: Some(loss),
+        // The trainer owns the ETA (the operator does not estimate it from the rate).
+        eta_seconds: Some((1000 - step.min(1000)) as f64 / 2.0),
         ..Progress::default()
     }
 }
@@ -1020,7 +1022,7 @@ fn progress_is_written_only_when_it_changes() {
 fn stalled_progress_restarts_the_gang() {
     let mut s = running_status(0, 0);
     s.progress = Some(TrainingProgress {
-        report: progress::rounded(&report(100, 2.0)),
+        report: report::rounded(&report(100, 2.0)),
         updated_at: Some(Time(t(50))),
         ..TrainingProgress::default()
     });
@@ -1491,7 +1493,7 @@ fn disruptions_spend_no_restart_and_are_counted_by_cause() {
 fn a_restart_clears_the_old_attempts_rate_and_eta_but_keeps_its_step() {
     let mut s = running_status(0, 0);
     s.progress = Some(TrainingProgress {
-        report: progress::rounded(&report(100, 2.0)),
+        report: report::rounded(&report(100, 2.0)),
         eta: Some("7m".into()),
         estimated_completion_time: Some(Time(t(550))),
         updated_at: Some(Time(t(90))),
@@ -1527,7 +1529,7 @@ fn a_restart_clears_the_old_attempts_rate_and_eta_but_keeps_its_step() {
 fn reporting_status() -> DistributedTrainingStatus {
     let mut s = running_status(0, 0);
     s.progress = Some(TrainingProgress {
-        report: progress::rounded(&report(100, 2.0)),
+        report: report::rounded(&report(100, 2.0)),
         eta: Some("7m".into()),
         estimated_completion_time: Some(Time(t(550))),
         updated_at: Some(Time(t(50))),
