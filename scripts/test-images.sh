@@ -176,7 +176,7 @@ check_operator() {
     --security-opt no-new-privileges "$OPERATOR" crd > "$WORK/crd.yaml" \
     || fail "$OPERATOR crd failed"
   cmp -s "$WORK/crd.yaml" crds/distributedtrainings.yaml \
-    || { diff -u crds/distributedtrainings.yaml "$WORK/crd.yaml" | head -n 20 >&2; fail "$OPERATOR crd differs from crds/distributedtrainings.yaml"; }
+    || { diff -u crds/distributedtrainings.yaml "$WORK/crd.yaml" | sed -n 1,40p >&2 || true; fail "$OPERATOR crd differs from crds/distributedtrainings.yaml"; }
   if docker run --rm --network none --entrypoint /bin/sh "$OPERATOR" -c true >/dev/null 2>&1; then
     fail "$OPERATOR has a shell"
   fi
@@ -312,7 +312,7 @@ run_two_containers() {
   local last; last=$(latest_checkpoint_step copy)
   [[ $last == "$steps" && -f "$WORK/checkpoints/copy/step-$(printf %08d "$steps")/model.safetensors" ]] \
     || fail "no checkpoint of step $steps on the volume (latest: $last)"
-  local final; final=$(docker logs "$a" 2>&1 | grep -oE "step $steps/$steps loss [0-9.]+" | tail -n1)
+  local final; final=$(docker logs "$a" 2>&1 | grep -oE "step $steps/$steps loss [0-9.]+" | tail -n1 || true)
   [[ -n "$final" ]] || { docker logs --tail 20 "$a" >&2 2>&1; fail "rank 0 never logged step $steps/$steps"; }
   TRAIN_LINE="$steps steps in $((SECONDS - t0)) s on 2 containers ($final), checkpoint step-$(printf %08d "$steps") on the volume"
   say "trained: $TRAIN_LINE"
@@ -350,7 +350,7 @@ run_two_containers() {
 fail_peer() {
   local job="$1" a="$2" b="$3" how="$4" code detect reason ck before limit
   ck=$(latest_checkpoint_step "$job")
-  before=$(docker logs "$a" 2>&1 | grep -oE 'step [0-9]+/' | tail -n1 | grep -oE '[0-9]+')
+  before=$(docker logs "$a" 2>&1 | grep -oE 'step [0-9]+/' | tail -n1 | grep -oE '[0-9]+' || true)
   if [[ $how == kill ]]; then
     docker kill --signal KILL "$b" >/dev/null
     limit=5
@@ -391,7 +391,7 @@ resume_attempt() {
   a=$(start_rank "$job" "$attempt" 0); b=$(start_rank "$job" "$attempt" 1)
   wait_for 120 bash -c "docker logs '$a' 2>&1 | grep -q 'resuming from checkpoint'" \
     || { docker logs --tail 30 "$a" >&2 2>&1; fail "attempt $attempt did not resume from a checkpoint"; }
-  RESUMED_STEP=$(docker logs "$a" 2>&1 | grep 'resuming from checkpoint' | grep -oE 'step=[0-9]+' | head -n1 | cut -d= -f2)
+  RESUMED_STEP=$(docker logs "$a" 2>&1 | grep 'resuming from checkpoint' | grep -oE 'step=[0-9]+' | sed -n 1p | cut -d= -f2 || true)
   (( ${RESUMED_STEP:-0} > 0 && RESUMED_STEP == ck )) \
     || fail "attempt $attempt resumed from step '${RESUMED_STEP}', not the latest checkpoint $ck"
   if [[ $end == to-the-end ]]; then
@@ -403,7 +403,7 @@ resume_attempt() {
   else
     wait_for 120 bash -c "docker logs '$a' 2>&1 | grep -oE 'step [0-9]+/$steps' | awk -F'[ /]' '\$2 > $RESUMED_STEP' | grep -q ." \
       || { docker logs --tail 30 "$a" >&2 2>&1; fail "attempt $attempt did not train past step $RESUMED_STEP"; }
-    after=$(docker logs "$a" 2>&1 | grep -oE "step [0-9]+/$steps" | tail -n1)
+    after=$(docker logs "$a" 2>&1 | grep -oE "step [0-9]+/$steps" | tail -n1 || true)
     RESUMED_LINE="resumed from step $RESUMED_STEP (the latest checkpoint), training on (${after})"
   fi
 }
