@@ -101,4 +101,55 @@ pub struct Progress {
     /// Peak resident memory of rank 0, bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_memory_bytes: Option<u64>,
+    /// CPU, memory and threads of rank 0's process (absent until the first report).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceUsage>,
+    /// The training set as loaded: sizes, lengths, what was filtered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<DataStats>,
+}
+
+/// One trainer process's use of the machine, from /proc/self (Linux).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceUsage {
+    /// CPU seconds (user + system) the process has used since it started.
+    pub cpu_seconds: f64,
+    /// CPU seconds per wall-clock second over the last report interval: 1.0 is one core
+    /// busy, 2.0 two cores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_utilization: Option<f64>,
+    /// Resident memory now (VmRSS), bytes.
+    pub rss_bytes: u64,
+    /// Peak resident memory (VmHWM), bytes.
+    pub peak_rss_bytes: u64,
+    /// Threads of the process.
+    pub threads: u64,
+}
+
+/// The training data as the trainer loaded it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DataStats {
+    /// Sentence pairs (lines) in the training files, before filtering.
+    pub train_lines: u64,
+    /// Sentence pairs trained on, after filtering.
+    pub train_pairs: u64,
+    /// Source + target subword tokens of the pairs trained on (without BOS/EOS).
+    pub train_tokens: u64,
+    /// Subword vocabulary size (special tokens included).
+    pub vocabulary_size: u64,
+    /// Mean source sentence length in tokens over the pairs trained on.
+    pub mean_source_tokens: f64,
+    /// Mean target sentence length in tokens over the pairs trained on.
+    pub mean_target_tokens: f64,
+    /// Training pairs dropped because a side is empty.
+    pub filtered_empty: u64,
+    /// Training pairs dropped because a side is longer than `data.maxSentenceTokens`.
+    pub filtered_long: u64,
+    /// Validation pairs.
+    pub valid_pairs: u64,
+    /// Validation pairs truncated to `data.maxSentenceTokens` for the loss (BLEU sees them
+    /// whole).
+    pub valid_truncated: u64,
 }

@@ -9,7 +9,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use ferrotrain_api::{ParallelFiles, Task, TrainerConfig};
+use ferrotrain_api::{DataStats, ParallelFiles, Task, TrainerConfig};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use tch::{Device, Tensor};
@@ -277,6 +277,34 @@ pub struct Corpus {
     pub valid_sources: Vec<String>,
     /// Validation reference translations as text.
     pub valid_references: Vec<String>,
+    /// Sizes and filtering, for the start-up log and `/progress`.
+    pub stats: DataStats,
+}
+
+/// The statistics of a loaded corpus; `lines`, `empty`, `long` and `truncated` are what the
+/// loader counted while filtering.
+fn data_stats(
+    vocab: &Vocabulary,
+    train: &[Example],
+    valid: &[Example],
+    (lines, empty, long, truncated): (usize, usize, usize, usize),
+) -> DataStats {
+    let stats = token_stats(train);
+    DataStats {
+        train_lines: lines as u64,
+        train_pairs: train.len() as u64,
+        train_tokens: train
+            .iter()
+            .map(|e| (e.src.len() + e.tgt.len()) as u64)
+            .sum(),
+        vocabulary_size: vocab.size() as u64,
+        mean_source_tokens: stats.mean_src,
+        mean_target_tokens: stats.mean_tgt,
+        filtered_empty: empty as u64,
+        filtered_long: long as u64,
+        valid_pairs: valid.len() as u64,
+        valid_truncated: truncated as u64,
+    }
 }
 
 /// Loads (or synthesizes) the corpus. The vocabulary comes from `vocab_path` when it exists
@@ -411,6 +439,7 @@ fn translation_corpus(config: &TrainerConfig, vocab_path: &Path) -> Result<Corpu
     }
 
     let (mut valid, mut valid_sources, mut valid_references) = (Vec::new(), Vec::new(), Vec::new());
+    let mut truncated = 0;
     if let Some((src_text, tgt_text)) = valid_text {
         let src_ids = vocab.encode_all(&src_text);
         let tgt_ids = vocab.encode_all(&tgt_text);
@@ -419,6 +448,7 @@ fn translation_corpus(config: &TrainerConfig, vocab_path: &Path) -> Result<Corpu
             .zip(tgt_ids)
             .map(|(mut src, mut tgt)| {
                 // Kept (BLEU needs every sentence); the loss sees at most max_len tokens.
+                truncated += usize::from(src.len() > max_len || tgt.len() > max_len);
                 src.truncate(max_len);
                 tgt.truncate(max_len);
                 Example { src, tgt }
@@ -434,12 +464,19 @@ fn translation_corpus(config: &TrainerConfig, vocab_path: &Path) -> Result<Corpu
         valid_sources = src_text;
         valid_references = tgt_text;
     }
+    let stats = data_stats(
+        &vocab,
+        &train,
+        &valid,
+        (train_src.len(), empty, long, truncated),
+    );
     Ok(Corpus {
         vocab,
         train,
         valid,
         valid_sources,
         valid_references,
+        stats,
     })
 }
 
@@ -509,12 +546,14 @@ fn copy_corpus(config: &TrainerConfig, vocab_path: &Path) -> Result<Corpus> {
     let valid = generate(1, c.valid_samples);
     let valid_sources: Vec<String> = valid.iter().map(|e| vocab.decode(&e.src)).collect();
     let valid_references: Vec<String> = valid.iter().map(|e| vocab.decode(&e.tgt)).collect();
+    let stats = data_stats(&vocab, &train, &valid, (train.len(), 0, 0, 0));
     Ok(Corpus {
         vocab,
         train,
         valid,
         valid_sources,
         valid_references,
+        stats,
     })
 }
 
@@ -1050,6 +1089,18 @@ mod tests {
         assert_eq!(corpus.valid[0].src.len(), 40);
         assert_eq!(corpus.valid_references, ["Ein Mann fährt Fahrrad."]);
         assert!(corpus.valid_sources[0].ends_with("all day long."));
+
+        // The stats count what was read, kept and dropped.
+        let st = &corpus.stats;
+        assert_eq!((st.train_lines, st.train_pairs), (11, 8));
+        assert_eq!((st.filtered_empty, st.filtered_long), (2, 1));
+        assert_eq!((st.valid_pairs, st.valid_truncated), (1, 1));
+        assert_eq!(st.vocabulary_size, corpus.vocab.size() as u64);
+        let tokens: usize = corpus.train.iter().map(|e| e.src.len() + e.tgt.len()).sum();
+        assert_eq!(st.train_tokens, tokens as u64);
+        let mean_src = corpus.train.iter().map(|e| e.src.len()).sum::<usize>() as f64 / 8.0;
+        assert!((st.mean_source_tokens - mean_src).abs() < 1e-9);
+        assert!(st.mean_target_tokens > 0.0);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! ferrotrain's trainer: an encoder-decoder transformer on libtorch, trained data-parallel.
 //!
 //! Modules by concept: `data` (corpus, tokenizer, batches), `model`, `optim` (AdamW and
-//! schedules), `decode` (greedy and beam search), `bleu`, `checkpoint`, `metrics` (HTTP),
+//! schedules), `decode` (greedy and beam search), `bleu`, `checkpoint`, `metrics` (HTTP and the
+//! per-step reporter), `tensorboard` (event files), `resources` (CPU and memory of the process),
 //! `dist` (rendezvous and collectives), `train` (the training loop), `launch` (the local
 //! process supervisor), `signals` (SIGTERM/SIGINT handling for both).
 
@@ -15,5 +16,7 @@ pub mod launch;
 pub mod metrics;
 pub mod model;
 pub mod optim;
+pub mod resources;
 pub mod signals;
+pub mod tensorboard;
 pub mod train;

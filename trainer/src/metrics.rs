@@ -1,71 +1,92 @@
-//! Rank 0's HTTP endpoint: `/metrics` (Prometheus text), `/progress` (JSON `Progress`),
-//! `/healthz`. A tiny HTTP/1.1 server on its own thread; training never waits on it.
+//! Rank 0's HTTP endpoint: `/metrics` (Prometheus / OpenMetrics text), `/progress` (JSON
+//! `Progress`), `/healthz`; and the `Reporter` the training loop hands each step to (data
+//! stats at start, TensorBoard events).
 //!
-//! The accept loop polls a non-blocking listener (so dropping the server stops it within
-//! one poll interval, with no self-connect trick), and every connection gets its own
-//! short-lived thread with read/write timeouts and an overall deadline, so a slow or
-//! half-open client costs one thread for a few seconds and never blocks the next scrape.
-//! One request per connection (`Connection: close`): scrapers and the operator open a new
-//! connection per poll anyway.
+//! The server is axum on a current-thread tokio runtime of its own thread, and the metrics
+//! are encoded by prometheus-client: the libraries the operator's endpoints use. Training
+//! never waits on it: a request clones the progress under the lock and encodes outside it.
+//! The process's CPU, memory and threads are read from /proc at request time.
 
-use std::fmt::Write as _;
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
-use ferrotrain_api::{Progress, TrainerPhase};
+use axum::Router;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use ferrotrain_api::{DataStats, Progress, ResourceUsage, TrainerPhase};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::registry::Registry;
 
 use crate::error::{Result, TrainError};
+use crate::resources::ResourceSampler;
+use crate::tensorboard::{self, TrainingBoard};
 
 /// The progress shared between the training loop (writer) and the server (reader).
 pub type SharedProgress = Arc<Mutex<Progress>>;
 
-/// How often the accept loop looks at the stop flag when no one connects.
-const ACCEPT_POLL: Duration = Duration::from_millis(25);
-/// Per read/write on a connection.
-const IO_TIMEOUT: Duration = Duration::from_secs(2);
-/// A whole request must arrive within this, however slowly it trickles in.
-const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
-/// Request line + headers; we never read a body.
-const MAX_REQUEST_BYTES: usize = 8 * 1024;
-/// Connections served at once; more are closed immediately.
-const MAX_CONNECTIONS: usize = 32;
+/// The OpenMetrics content type (Prometheus negotiates it; what the operator serves too).
+pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// What the handlers read.
+#[derive(Clone)]
+struct ServerState {
+    progress: SharedProgress,
+    resources: Arc<Mutex<ResourceSampler>>,
+}
 
 /// A running server; dropping it stops it.
 pub struct MetricsServer {
     addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    accept: Option<JoinHandle<()>>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl MetricsServer {
     /// Binds `0.0.0.0:port` (port 0 = ephemeral) and serves until dropped.
     pub fn start(port: u16, progress: SharedProgress) -> Result<Self> {
-        let listener = TcpListener::bind(("0.0.0.0", port)).map_err(|e| {
-            TrainError::Other(format!("metrics: cannot listen on port {port}: {e}"))
-        })?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| TrainError::Other(format!("metrics: {e}")))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| TrainError::Other(format!("metrics: {e}")))?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
-        let accept = std::thread::Builder::new()
-            .name("metrics-accept".into())
-            .spawn(move || accept_loop(listener, progress, stop2))
-            .map_err(|e| {
-                TrainError::Other(format!("metrics: cannot start the server thread: {e}"))
-            })?;
-        tracing::info!(%addr, "serving /metrics, /progress and /healthz");
+        let err = |e: std::io::Error| TrainError::Other(format!("metrics: port {port}: {e}"));
+        let listener = std::net::TcpListener::bind(("0.0.0.0", port)).map_err(err)?;
+        listener.set_nonblocking(true).map_err(err)?;
+        let addr = listener.local_addr().map_err(err)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(err)?;
+        let state = ServerState {
+            progress,
+            resources: Default::default(),
+        };
+        let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => return tracing::warn!(error = %e, "metrics: cannot serve"),
+                    };
+                    let served = axum::serve(listener, router(state))
+                        .with_graceful_shutdown(async {
+                            let _ = stopped.await;
+                        })
+                        .await;
+                    if let Err(e) = served {
+                        tracing::warn!(error = %e, "metrics: server stopped");
+                    }
+                })
+            })
+            .map_err(err)?;
         Ok(MetricsServer {
             addr,
-            stop,
-            accept: Some(accept),
+            shutdown: Some(shutdown),
+            thread: Some(thread),
         })
     }
 
@@ -76,346 +97,423 @@ impl MetricsServer {
 
 impl Drop for MetricsServer {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(accept) = self.accept.take() {
-            // Returns within one ACCEPT_POLL; the listener closes when the thread ends.
-            let _ = accept.join();
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            // Graceful shutdown waits for open connections; the handlers answer at once.
+            let _ = thread.join();
         }
     }
 }
 
-fn accept_loop(listener: TcpListener, progress: SharedProgress, stop: Arc<AtomicBool>) {
-    let active = Arc::new(AtomicUsize::new(0));
-    while !stop.load(Ordering::SeqCst) {
-        match listener.accept() {
-            Ok((stream, _)) => {
-                if active.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
-                    continue; // dropped: closes the connection
-                }
-                active.fetch_add(1, Ordering::SeqCst);
-                let (progress, active2) = (progress.clone(), active.clone());
-                let spawned = std::thread::Builder::new()
-                    .name("metrics-conn".into())
-                    .spawn(move || {
-                        serve_connection(stream, &progress);
-                        active2.fetch_sub(1, Ordering::SeqCst);
-                    });
-                if spawned.is_err() {
-                    active.fetch_sub(1, Ordering::SeqCst);
-                }
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_POLL),
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => {
-                // EMFILE and friends: back off rather than spin.
-                tracing::warn!(error = %e, "metrics: accept failed");
-                std::thread::sleep(ACCEPT_POLL * 4);
-            }
-        }
-    }
+fn router(state: ServerState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/progress", get(progress))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(state)
 }
 
-/// One request, one response, close. Errors only ever end this connection.
-fn serve_connection(mut stream: TcpStream, progress: &SharedProgress) {
-    if stream.set_nonblocking(false).is_err()
-        || stream.set_read_timeout(Some(IO_TIMEOUT)).is_err()
-        || stream.set_write_timeout(Some(IO_TIMEOUT)).is_err()
-    {
-        return;
-    }
-    let response = match read_request_head(&mut stream) {
-        Some(head) => respond(&head, progress),
-        None => return, // timed out, closed early or I/O error: nothing useful to say
-    };
-    let _ = stream.write_all(&response);
-    let _ = stream.flush();
-    let _ = stream.shutdown(std::net::Shutdown::Write);
-}
-
-/// Reads up to the blank line ending the headers. `Some(bytes)` also when the request is too
-/// large or the peer closed before finishing (the bytes then fail to parse and get a 400).
-fn read_request_head(stream: &mut TcpStream) -> Option<Vec<u8>> {
-    let deadline = Instant::now() + REQUEST_DEADLINE;
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    loop {
-        if find_head_end(&buf).is_some() || buf.len() >= MAX_REQUEST_BYTES {
-            return Some(buf);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        match stream.read(&mut chunk) {
-            Ok(0) => return if buf.is_empty() { None } else { Some(buf) },
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(_) => return None,
-        }
-    }
-}
-
-fn find_head_end(buf: &[u8]) -> Option<usize> {
-    buf.windows(4).position(|w| w == b"\r\n\r\n")
-}
-
-/// The full HTTP response to a request head.
-fn respond(head: &[u8], progress: &SharedProgress) -> Vec<u8> {
-    let Some(end) = find_head_end(head) else {
-        let status = if head.len() >= MAX_REQUEST_BYTES {
-            431
-        } else {
-            400
-        };
-        return response(status, "text/plain; charset=utf-8", b"bad request\n");
-    };
-    let Ok(text) = std::str::from_utf8(&head[..end]) else {
-        return response(400, "text/plain; charset=utf-8", b"bad request\n");
-    };
-    let request_line = text.split("\r\n").next().unwrap_or("");
-    let mut parts = request_line.split(' ');
-    let (Some(method), Some(target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return response(400, "text/plain; charset=utf-8", b"bad request\n");
-    };
-    if !version.starts_with("HTTP/1.") || method.is_empty() || !target.starts_with('/') {
-        return response(400, "text/plain; charset=utf-8", b"bad request\n");
-    }
-    if method != "GET" {
-        return response(405, "text/plain; charset=utf-8", b"method not allowed\n");
-    }
-    let path = target.split(['?', '#']).next().unwrap_or(target);
-    match path {
-        "/healthz" => response(200, "text/plain; charset=utf-8", b"ok"),
-        "/progress" => {
-            let snapshot = snapshot(progress);
-            match serde_json::to_vec(&snapshot) {
-                Ok(body) => response(200, "application/json", &body),
-                Err(_) => response(
-                    500,
-                    "text/plain; charset=utf-8",
-                    b"cannot encode progress\n",
-                ),
-            }
-        }
-        "/metrics" => {
-            let body = prometheus_text(&snapshot(progress));
-            response(
-                200,
-                "text/plain; version=0.0.4; charset=utf-8",
-                body.as_bytes(),
-            )
-        }
-        _ => response(404, "text/plain; charset=utf-8", b"not found\n"),
-    }
-}
-
-/// Copies the progress out so the training loop's lock is held only for a clone.
-fn snapshot(progress: &SharedProgress) -> Progress {
-    progress
+/// The report with the process's resources read now.
+fn snapshot(state: &ServerState) -> Progress {
+    let mut p = state
+        .progress
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .clone()
+        .clone();
+    let resources = state
+        .resources
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .sample();
+    p.resources = resources.or(p.resources);
+    p
 }
 
-fn response(status: u16, content_type: &str, body: &[u8]) -> Vec<u8> {
-    let reason = match status {
-        200 => "OK",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        431 => "Request Header Fields Too Large",
-        _ => "Internal Server Error",
-    };
-    let mut out = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
-         Cache-Control: no-store\r\nConnection: close\r\n",
-        body.len()
-    );
-    if status == 405 {
-        out.push_str("Allow: GET\r\n");
-    }
-    out.push_str("\r\n");
-    let mut out = out.into_bytes();
-    out.extend_from_slice(body);
-    out
+async fn progress(State(state): State<ServerState>) -> impl IntoResponse {
+    // Progress holds only numbers and strings: encoding cannot fail (a NaN becomes null).
+    let body = serde_json::to_vec(&snapshot(&state)).unwrap_or_default();
+    (
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        body,
+    )
 }
 
-/// Prometheus text exposition of a progress report.
+async fn metrics(State(state): State<ServerState>) -> impl IntoResponse {
+    (
+        [
+            (header::CONTENT_TYPE, METRICS_CONTENT_TYPE),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        prometheus_text(&snapshot(&state)),
+    )
+}
+
+/// The exposition of a progress report.
 ///
-/// Every metric is a gauge named `ferrotrain_*`; a field the report does not have yet (no
-/// evaluation so far, no checkpoint) is left out rather than exported as 0.
-pub fn prometheus_text(progress: &Progress) -> String {
-    let mut out = String::with_capacity(4096);
-    let p = progress;
+/// Every value is a gauge named `ferrotrain_*` (CPU seconds a counter); a field the report
+/// does not have yet (no evaluation so far, no checkpoint) is left out rather than exported
+/// as 0.
+pub fn prometheus_text(p: &Progress) -> String {
+    let mut r = Registry::with_prefix("ferrotrain");
 
-    out.push_str("# HELP ferrotrain_phase What the trainer is doing (1 for the current phase).\n");
-    out.push_str("# TYPE ferrotrain_phase gauge\n");
+    let phases = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
     for (phase, label) in [
         (TrainerPhase::Starting, "starting"),
         (TrainerPhase::Training, "training"),
         (TrainerPhase::Evaluating, "evaluating"),
         (TrainerPhase::Finished, "finished"),
     ] {
-        let _ = writeln!(
-            out,
-            "ferrotrain_phase{{phase=\"{label}\"}} {}",
-            u8::from(p.phase == phase)
-        );
+        phases
+            .get_or_create(&vec![("phase", label)])
+            .set(i64::from(p.phase == phase));
+    }
+    r.register(
+        "phase",
+        "What the trainer is doing (1 for the current phase)",
+        phases,
+    );
+
+    let int = |r: &mut Registry, name: &str, help: &str, v: Option<u64>| {
+        if let Some(v) = v {
+            r.register(name, help, ConstGauge::new(v));
+        }
+    };
+    int(&mut r, "step", "Optimizer steps completed", Some(p.step));
+    int(
+        &mut r,
+        "total_steps",
+        "Steps the run will take (maxSteps)",
+        Some(p.total_steps),
+    );
+    int(
+        &mut r,
+        "epoch",
+        "Passes over the training data started so far (0-based)",
+        Some(p.epoch),
+    );
+    int(
+        &mut r,
+        "samples",
+        "Training examples consumed so far over all ranks (the global data position)",
+        Some(p.samples),
+    );
+    int(
+        &mut r,
+        "world_size",
+        "Ranks exchanging gradients",
+        Some(u64::from(p.world_size)),
+    );
+    int(
+        &mut r,
+        "eval_step",
+        "Step of the last evaluation",
+        p.eval_step,
+    );
+    let ckpt = p.last_checkpoint.as_ref();
+    int(
+        &mut r,
+        "last_checkpoint_step",
+        "Step held by the newest complete checkpoint",
+        ckpt.map(|c| c.step),
+    );
+    int(
+        &mut r,
+        "last_checkpoint_bytes",
+        "Size on disk of the newest complete checkpoint",
+        ckpt.map(|c| c.size_bytes),
+    );
+    int(
+        &mut r,
+        "last_checkpoint_timestamp_seconds",
+        "Unix time the newest checkpoint became complete",
+        ckpt.and_then(|c| unix_seconds(&c.time)),
+    );
+    int(
+        &mut r,
+        "resumed_from_step",
+        "Step this run resumed from (absent for a fresh start)",
+        p.resumed_from_step,
+    );
+    int(&mut r, "parameters", "Model parameters", Some(p.parameters));
+    int(
+        &mut r,
+        "peak_memory_bytes",
+        "Peak resident memory of rank 0",
+        p.peak_memory_bytes,
+    );
+
+    let float = |r: &mut Registry, name: &str, help: &str, v: Option<f64>| {
+        if let Some(v) = v {
+            r.register(name, help, ConstGauge::new(v));
+        }
+    };
+    float(
+        &mut r,
+        "steps_per_second",
+        "Optimizer steps per second, recent average",
+        p.steps_per_second,
+    );
+    float(
+        &mut r,
+        "samples_per_second",
+        "Training examples per second over all ranks, recent average",
+        p.samples_per_second,
+    );
+    float(
+        &mut r,
+        "tokens_per_second",
+        "Source+target tokens (no padding) per second over all ranks, recent average",
+        p.tokens_per_second,
+    );
+    float(
+        &mut r,
+        "step_time_seconds",
+        "Wall-clock seconds per optimizer step, recent average",
+        p.step_time_seconds,
+    );
+    float(
+        &mut r,
+        "comm_fraction",
+        "Share of step time spent waiting on gradient exchange (0..1)",
+        p.comm_fraction,
+    );
+    float(
+        &mut r,
+        "loss",
+        "Training loss (label-smoothed cross-entropy per target token), recent average",
+        p.loss,
+    );
+    float(
+        &mut r,
+        "eval_loss",
+        "Validation loss (cross-entropy per target token) at the last evaluation",
+        p.eval_loss,
+    );
+    float(
+        &mut r,
+        "eval_bleu",
+        "Corpus BLEU on the validation set at the last evaluation (sacreBLEU 13a, cased)",
+        p.eval_bleu,
+    );
+    float(
+        &mut r,
+        "best_eval_loss",
+        "Lowest validation loss so far",
+        p.best_eval_loss,
+    );
+    float(
+        &mut r,
+        "learning_rate",
+        "Current learning rate",
+        p.learning_rate,
+    );
+    float(
+        &mut r,
+        "eta_seconds",
+        "Seconds until totalSteps at the current rate",
+        p.eta_seconds,
+    );
+    float(
+        &mut r,
+        "last_checkpoint_blocking_seconds",
+        "Seconds the newest checkpoint blocked training (the rest is written in the background)",
+        ckpt.and_then(|c| c.blocking_seconds),
+    );
+
+    if let Some(res) = &p.resources {
+        resource_metrics(&mut r, res);
+    }
+    if let Some(d) = &p.data {
+        data_metrics(&mut r, d);
     }
 
-    let int = |v: u64| Some(v.to_string());
-    let opt_int = |v: Option<u64>| v.map(|v| v.to_string());
-    let opt_f = |v: Option<f64>| v.map(format_float);
-    let ckpt = p.last_checkpoint.as_ref();
-    let metrics: [(&str, &str, Option<String>); 24] = [
-        ("step", "Optimizer steps completed.", int(p.step)),
-        (
-            "total_steps",
-            "Steps the run will take (maxSteps).",
-            int(p.total_steps),
-        ),
-        (
-            "epoch",
-            "Passes over the training data started so far (0-based).",
-            int(p.epoch),
-        ),
-        (
-            "samples",
-            "Training examples consumed so far over all ranks (the global data position).",
-            int(p.samples),
-        ),
-        (
-            "world_size",
-            "Ranks exchanging gradients.",
-            int(u64::from(p.world_size)),
-        ),
-        (
-            "steps_per_second",
-            "Optimizer steps per second, recent average.",
-            opt_f(p.steps_per_second),
-        ),
-        (
-            "samples_per_second",
-            "Training examples per second over all ranks, recent average.",
-            opt_f(p.samples_per_second),
-        ),
-        (
-            "tokens_per_second",
-            "Source+target tokens (no padding) per second over all ranks, recent average.",
-            opt_f(p.tokens_per_second),
-        ),
-        (
-            "step_time_seconds",
-            "Wall-clock seconds per optimizer step, recent average.",
-            opt_f(p.step_time_seconds),
-        ),
-        (
-            "comm_fraction",
-            "Share of step time spent waiting on gradient exchange (0..1).",
-            opt_f(p.comm_fraction),
-        ),
-        (
-            "loss",
-            "Training loss (label-smoothed cross-entropy per target token), recent average.",
-            opt_f(p.loss),
-        ),
-        (
-            "eval_loss",
-            "Validation loss (cross-entropy per target token) at the last evaluation.",
-            opt_f(p.eval_loss),
-        ),
-        (
-            "eval_bleu",
-            "Corpus BLEU on the validation set at the last evaluation (sacreBLEU 13a, cased).",
-            opt_f(p.eval_bleu),
-        ),
-        (
-            "eval_step",
-            "Step of the last evaluation.",
-            opt_int(p.eval_step),
-        ),
-        (
-            "best_eval_loss",
-            "Lowest validation loss so far.",
-            opt_f(p.best_eval_loss),
-        ),
-        (
-            "learning_rate",
-            "Current learning rate.",
-            opt_f(p.learning_rate),
-        ),
-        (
-            "eta_seconds",
-            "Seconds until totalSteps at the current rate.",
-            opt_f(p.eta_seconds),
-        ),
-        (
-            "last_checkpoint_step",
-            "Step held by the newest complete checkpoint.",
-            ckpt.and_then(|c| int(c.step)),
-        ),
-        (
-            "last_checkpoint_bytes",
-            "Size on disk of the newest complete checkpoint.",
-            ckpt.and_then(|c| int(c.size_bytes)),
-        ),
-        (
-            "last_checkpoint_blocking_seconds",
-            "Seconds the newest checkpoint blocked training (the rest is written in the background).",
-            ckpt.and_then(|c| opt_f(c.blocking_seconds)),
-        ),
-        (
-            "last_checkpoint_timestamp_seconds",
-            "Unix time the newest checkpoint became complete.",
-            ckpt.and_then(|c| unix_seconds(&c.time)),
-        ),
-        (
-            "resumed_from_step",
-            "Step this run resumed from (absent for a fresh start).",
-            opt_int(p.resumed_from_step),
-        ),
-        ("parameters", "Model parameters.", int(p.parameters)),
-        (
-            "peak_memory_bytes",
-            "Peak resident memory of rank 0.",
-            opt_int(p.peak_memory_bytes),
-        ),
-    ];
-    for (name, help, value) in metrics {
-        let Some(value) = value else { continue };
-        let _ = write!(
-            out,
-            "# HELP ferrotrain_{name} {help}\n# TYPE ferrotrain_{name} gauge\nferrotrain_{name} {value}\n"
-        );
-    }
+    let mut out = String::with_capacity(8192);
+    // Writing to a String cannot fail.
+    let _ = encode(&mut out, &r);
     out
 }
 
-/// Prometheus spells the special values NaN, +Inf and -Inf.
-fn format_float(v: f64) -> String {
-    if v.is_nan() {
-        "NaN".into()
-    } else if v == f64::INFINITY {
-        "+Inf".into()
-    } else if v == f64::NEG_INFINITY {
-        "-Inf".into()
-    } else {
-        // Debug is the shortest representation that round-trips (uses exponents when long).
-        format!("{v:?}")
+fn resource_metrics(r: &mut Registry, res: &ResourceUsage) {
+    r.register(
+        "process_cpu_seconds",
+        "CPU seconds (user + system) this trainer process has used",
+        ConstCounter::new(res.cpu_seconds),
+    );
+    if let Some(u) = res.cpu_utilization {
+        r.register(
+            "process_cpu_utilization",
+            "CPU seconds per second since the previous scrape (1 = one core busy)",
+            ConstGauge::new(u),
+        );
+    }
+    let gauges = [
+        (
+            "process_resident_memory_bytes",
+            "Resident memory of this trainer process (VmRSS)",
+            res.rss_bytes,
+        ),
+        (
+            "process_peak_resident_memory_bytes",
+            "Peak resident memory of this trainer process (VmHWM)",
+            res.peak_rss_bytes,
+        ),
+        (
+            "process_threads",
+            "Threads of this trainer process",
+            res.threads,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        r.register(name, help, ConstGauge::new(v));
     }
 }
 
-fn unix_seconds(rfc3339: &str) -> Option<String> {
+fn data_metrics(r: &mut Registry, d: &DataStats) {
+    let ints = [
+        (
+            "data_train_lines",
+            "Sentence pairs in the training files, before filtering",
+            d.train_lines,
+        ),
+        (
+            "data_train_pairs",
+            "Sentence pairs trained on, after filtering",
+            d.train_pairs,
+        ),
+        (
+            "data_train_tokens",
+            "Source + target tokens of the pairs trained on",
+            d.train_tokens,
+        ),
+        (
+            "data_vocabulary_size",
+            "Subword vocabulary size",
+            d.vocabulary_size,
+        ),
+        (
+            "data_filtered_empty",
+            "Training pairs dropped for an empty side",
+            d.filtered_empty,
+        ),
+        (
+            "data_filtered_long",
+            "Training pairs dropped for a side longer than data.maxSentenceTokens",
+            d.filtered_long,
+        ),
+        ("data_valid_pairs", "Validation pairs", d.valid_pairs),
+        (
+            "data_valid_truncated",
+            "Validation pairs truncated to data.maxSentenceTokens for the loss",
+            d.valid_truncated,
+        ),
+    ];
+    for (name, help, v) in ints {
+        r.register(name, help, ConstGauge::new(v));
+    }
+    r.register(
+        "data_mean_source_tokens",
+        "Mean source sentence length in tokens",
+        ConstGauge::new(d.mean_source_tokens),
+    );
+    r.register(
+        "data_mean_target_tokens",
+        "Mean target sentence length in tokens",
+        ConstGauge::new(d.mean_target_tokens),
+    );
+}
+
+fn unix_seconds(rfc3339: &str) -> Option<u64> {
     let t = time::OffsetDateTime::parse(rfc3339, &time::format_description::well_known::Rfc3339)
         .ok()?;
-    Some(t.unix_timestamp().to_string())
+    u64::try_from(t.unix_timestamp()).ok()
+}
+
+/// What the training loop tells the world besides `/progress`: the data stats at start (log
+/// and report) and, on rank 0, each step as TensorBoard scalars. A TensorBoard write that
+/// fails (disk full) is logged once and stops the events, never the training.
+pub struct Reporter {
+    board: Option<TrainingBoard>,
+}
+
+impl Reporter {
+    /// Call once the progress holds the starting step (and any resume point).
+    /// `FERROTRAIN_ATTEMPT` (the operator's and the launcher's attempt number, 0 without)
+    /// names the TensorBoard run directory, `<job dir>/tensorboard/attempt-<N>`.
+    pub fn start(
+        progress: &SharedProgress,
+        leader: bool,
+        job_dir: &Path,
+        data: &DataStats,
+    ) -> Self {
+        let mut p = progress.lock().unwrap_or_else(|e| e.into_inner());
+        p.data = Some(data.clone());
+        if !leader {
+            return Reporter { board: None };
+        }
+        tracing::info!(
+            train_lines = data.train_lines,
+            train_pairs = data.train_pairs,
+            train_tokens = data.train_tokens,
+            vocabulary_size = data.vocabulary_size,
+            mean_source_tokens = format!("{:.1}", data.mean_source_tokens),
+            mean_target_tokens = format!("{:.1}", data.mean_target_tokens),
+            filtered_empty = data.filtered_empty,
+            filtered_long = data.filtered_long,
+            valid_pairs = data.valid_pairs,
+            valid_truncated = data.valid_truncated,
+            "data"
+        );
+        let attempt = std::env::var(ferrotrain_api::env::FERROTRAIN_ATTEMPT)
+            .ok()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(0);
+        let dir = tensorboard::attempt_dir(&job_dir.join("tensorboard"), attempt);
+        let board = match TrainingBoard::create(&dir, &p) {
+            Ok(board) => {
+                tracing::info!(path = %board.path().display(), "writing TensorBoard events");
+                Some(board)
+            }
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "no TensorBoard events");
+                None
+            }
+        };
+        Reporter { board }
+    }
+
+    /// After each step, with the step's own loss and gradient norm and the updated report.
+    pub fn step(&mut self, p: &Progress, loss: f64, grad_norm: f64) {
+        self.with_board(|b| b.report(p, loss, Some(grad_norm)));
+    }
+
+    /// At the end of the run (the final checkpoint is complete by then).
+    pub fn finish(&mut self, progress: &SharedProgress) {
+        let p = progress.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        self.with_board(|b| b.finish(&p));
+    }
+
+    fn with_board(&mut self, write: impl FnOnce(&mut TrainingBoard) -> Result<()>) {
+        if let Some(board) = self.board.as_mut()
+            && let Err(e) = write(board)
+        {
+            tracing::warn!(error = %e, "TensorBoard events stopped");
+            self.board = None;
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use ferrotrain_api::CheckpointInfo;
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
 
     fn full_progress() -> Progress {
         Progress {
@@ -442,10 +540,30 @@ mod tests {
                 size_bytes: 61_234_567,
                 time: "2026-01-02T03:04:05Z".into(),
                 blocking_seconds: Some(0.0625),
+                ..Default::default()
             }),
             resumed_from_step: Some(500),
             parameters: 9_876_543,
             peak_memory_bytes: Some(1 << 30),
+            resources: Some(ResourceUsage {
+                cpu_seconds: 12.5,
+                cpu_utilization: Some(1.75),
+                rss_bytes: 3 << 20,
+                peak_rss_bytes: 5 << 20,
+                threads: 9,
+            }),
+            data: Some(DataStats {
+                train_lines: 29000,
+                train_pairs: 28990,
+                train_tokens: 800_000,
+                vocabulary_size: 8000,
+                mean_source_tokens: 13.5,
+                mean_target_tokens: 14.25,
+                filtered_empty: 4,
+                filtered_long: 6,
+                valid_pairs: 1014,
+                valid_truncated: 2,
+            }),
         }
     }
 
@@ -457,66 +575,65 @@ mod tests {
         (server, shared, SocketAddr::from(([127, 0, 0, 1], port)))
     }
 
-    /// Sends raw bytes, returns (status, headers, body).
+    /// Sends raw bytes, returns (status, lower-cased head, body).
     fn raw(addr: SocketAddr, request: &[u8]) -> (u16, String, Vec<u8>) {
         let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         s.write_all(request).unwrap();
         let mut out = Vec::new();
         s.read_to_end(&mut out).unwrap();
-        let end = find_head_end(&out).expect("a complete response head");
-        let head = String::from_utf8(out[..end].to_vec()).unwrap();
-        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-        let body = out[end + 4..].to_vec();
-        let len: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("Content-Length: "))
+        let end = out
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("a complete response head");
+        let head = String::from_utf8(out[..end].to_vec())
             .unwrap()
-            .parse()
-            .unwrap();
-        assert_eq!(len, body.len());
-        (status, head, body)
+            .to_lowercase();
+        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+        (status, head, out[end + 4..].to_vec())
     }
 
     fn get(addr: SocketAddr, path: &str) -> (u16, String, Vec<u8>) {
         raw(
             addr,
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\nUser-Agent: test\r\n\r\n").as_bytes(),
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
         )
     }
 
-    /// Parses exposition text into (series -> value), checking HELP/TYPE precede each family.
-    fn parse_prometheus(text: &str) -> std::collections::BTreeMap<String, f64> {
+    /// Parses OpenMetrics text into (series -> value), checking a TYPE line precedes each
+    /// family and the text ends with `# EOF`.
+    pub(crate) fn parse_metrics(text: &str) -> std::collections::BTreeMap<String, f64> {
         let mut values = std::collections::BTreeMap::new();
-        let mut typed = std::collections::BTreeSet::new();
+        let mut typed = std::collections::BTreeMap::new();
+        assert!(text.ends_with("# EOF\n"), "{text}");
         for line in text.lines() {
             if let Some(rest) = line.strip_prefix("# TYPE ") {
-                let mut it = rest.split(' ');
-                let name = it.next().unwrap();
-                assert_eq!(it.next(), Some("gauge"), "{line}");
-                assert!(typed.insert(name.to_string()), "duplicate TYPE {name}");
+                let (name, kind) = rest.split_once(' ').unwrap();
+                assert!(
+                    typed.insert(name.to_string(), kind.to_string()).is_none(),
+                    "duplicate TYPE {name}"
+                );
                 continue;
             }
-            if line.starts_with("# HELP ") {
+            if line.starts_with('#') {
                 continue;
             }
             let (series, value) = line
                 .rsplit_once(' ')
                 .unwrap_or_else(|| panic!("bad line {line:?}"));
-            let family = series.split('{').next().unwrap();
-            assert!(
-                typed.contains(family),
-                "{family} has no TYPE line before it"
-            );
-            assert!(
-                family.starts_with("ferrotrain_")
-                    && family.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
-                "{family}"
-            );
+            let name = series.split('{').next().unwrap();
+            let family = typed
+                .iter()
+                .find(|(f, kind)| {
+                    name == f.as_str()
+                        || (kind.as_str() == "counter" && name == format!("{f}_total"))
+                })
+                .unwrap_or_else(|| panic!("{name} has no TYPE line before it"));
+            assert!(family.0.starts_with("ferrotrain_"), "{name}");
             let v = match value {
                 "NaN" => f64::NAN,
-                "+Inf" => f64::INFINITY,
-                "-Inf" => f64::NEG_INFINITY,
+                "+Inf" | "inf" => f64::INFINITY,
+                "-Inf" | "-inf" => f64::NEG_INFINITY,
                 v => v
                     .parse()
                     .unwrap_or_else(|_| panic!("bad value in {line:?}")),
@@ -530,8 +647,8 @@ mod tests {
     }
 
     #[test]
-    fn prometheus_text_has_every_field() {
-        let m = parse_prometheus(&prometheus_text(&full_progress()));
+    fn metrics_text_has_every_field() {
+        let m = parse_metrics(&prometheus_text(&full_progress()));
         let want = [
             ("ferrotrain_step", 1234.0),
             ("ferrotrain_total_steps", 20000.0),
@@ -564,6 +681,24 @@ mod tests {
             ("ferrotrain_phase{phase=\"starting\"}", 0.0),
             ("ferrotrain_phase{phase=\"evaluating\"}", 0.0),
             ("ferrotrain_phase{phase=\"finished\"}", 0.0),
+            ("ferrotrain_process_cpu_seconds_total", 12.5),
+            ("ferrotrain_process_cpu_utilization", 1.75),
+            ("ferrotrain_process_resident_memory_bytes", (3 << 20) as f64),
+            (
+                "ferrotrain_process_peak_resident_memory_bytes",
+                (5 << 20) as f64,
+            ),
+            ("ferrotrain_process_threads", 9.0),
+            ("ferrotrain_data_train_lines", 29000.0),
+            ("ferrotrain_data_train_pairs", 28990.0),
+            ("ferrotrain_data_train_tokens", 800_000.0),
+            ("ferrotrain_data_vocabulary_size", 8000.0),
+            ("ferrotrain_data_filtered_empty", 4.0),
+            ("ferrotrain_data_filtered_long", 6.0),
+            ("ferrotrain_data_valid_pairs", 1014.0),
+            ("ferrotrain_data_valid_truncated", 2.0),
+            ("ferrotrain_data_mean_source_tokens", 13.5),
+            ("ferrotrain_data_mean_target_tokens", 14.25),
         ];
         for (series, v) in want {
             assert_eq!(m.get(series), Some(&v), "{series}");
@@ -572,7 +707,7 @@ mod tests {
     }
 
     #[test]
-    fn absent_fields_are_omitted_and_special_floats_spelled_right() {
+    fn absent_fields_are_omitted_and_special_floats_kept() {
         let p = Progress {
             step: 7,
             loss: Some(f64::NAN),
@@ -580,15 +715,17 @@ mod tests {
             ..Default::default()
         };
         let text = prometheus_text(&p);
-        let m = parse_prometheus(&text);
+        let m = parse_metrics(&text);
         assert_eq!(m["ferrotrain_step"], 7.0);
         assert!(m["ferrotrain_loss"].is_nan());
-        assert!(text.contains("ferrotrain_eta_seconds +Inf\n"));
+        assert_eq!(m["ferrotrain_eta_seconds"], f64::INFINITY);
         for absent in [
             "ferrotrain_eval_loss",
             "ferrotrain_comm_fraction",
             "ferrotrain_last_checkpoint_step",
             "ferrotrain_resumed_from_step",
+            "ferrotrain_process_",
+            "ferrotrain_data_",
         ] {
             assert!(
                 !text.contains(absent),
@@ -596,38 +733,48 @@ mod tests {
             );
         }
         assert_eq!(m["ferrotrain_phase{phase=\"starting\"}"], 1.0);
-        assert_eq!(format_float(1e-7), "1e-7");
-        assert_eq!(format_float(-0.5), "-0.5");
     }
 
     #[test]
     fn serves_every_endpoint() {
         let (_server, shared, addr) = start(full_progress());
 
-        let (status, head, body) = get(addr, "/healthz");
+        let (status, _, body) = get(addr, "/healthz");
         assert_eq!((status, body.as_slice()), (200, &b"ok"[..]));
-        assert!(head.contains("Connection: close"));
 
         let (status, head, body) = get(addr, "/progress");
         assert_eq!(status, 200);
-        assert!(head.contains("Content-Type: application/json"), "{head}");
+        assert!(head.contains("content-type: application/json"), "{head}");
         let back: Progress = serde_json::from_slice(&body).unwrap();
-        assert_eq!(back, full_progress());
+        // The resources are this process's, read at request time.
+        let res = back.resources.clone().unwrap();
+        assert!(res.rss_bytes > 1 << 20 && res.threads > 1, "{res:?}");
+        assert_eq!(
+            Progress {
+                resources: None,
+                ..back
+            },
+            Progress {
+                resources: None,
+                ..full_progress()
+            }
+        );
 
         let (status, head, body) = get(addr, "/metrics?name[]=x");
         assert_eq!(status, 200);
         assert!(
-            head.contains("Content-Type: text/plain; version=0.0.4"),
+            head.contains("content-type: application/openmetrics-text; version=1.0.0"),
             "{head}"
         );
-        let m = parse_prometheus(std::str::from_utf8(&body).unwrap());
+        let m = parse_metrics(std::str::from_utf8(&body).unwrap());
         assert_eq!(m["ferrotrain_step"], 1234.0);
+        assert!(m["ferrotrain_process_resident_memory_bytes"] > 1e6);
 
         // The server reads the shared progress at request time.
         shared.lock().unwrap().step = 1300;
         let (_, _, body) = get(addr, "/metrics");
         assert_eq!(
-            parse_prometheus(std::str::from_utf8(&body).unwrap())["ferrotrain_step"],
+            parse_metrics(std::str::from_utf8(&body).unwrap())["ferrotrain_step"],
             1300.0
         );
 
@@ -635,75 +782,41 @@ mod tests {
         assert_eq!(get(addr, "/").0, 404);
         let (status, head, _) = raw(
             addr,
-            b"POST /progress HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+            b"POST /progress HTTP/1.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
         );
         assert_eq!(status, 405);
-        assert!(head.contains("Allow: GET"));
-        assert_eq!(raw(addr, b"DELETE /metrics HTTP/1.0\r\n\r\n").0, 405);
+        assert!(head.contains("allow: get"), "{head}");
     }
 
     #[test]
-    fn garbage_is_answered_400_and_the_server_keeps_serving() {
+    fn garbage_is_refused_and_the_server_keeps_serving() {
         let (_server, _shared, addr) = start(full_progress());
         for junk in [
             &b"\x00\xff\xfe garbage\r\n\r\n"[..],
-            b"GET\r\n\r\n",
-            b"GET /metrics\r\n\r\n",
             b"GET /metrics SPDY/3\r\n\r\n",
-            b"GET  /metrics HTTP/1.1\r\n\r\n",
             b"GET metrics HTTP/1.1\r\n\r\n",
-            b"\xc3\x28 /metrics HTTP/1.1\r\n\r\n",
         ] {
-            assert_eq!(
-                raw(addr, junk).0,
-                400,
+            // hyper answers 4xx, closes, or waits for more: all fine, as long as the next
+            // request is served.
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+            s.write_all(junk).unwrap();
+            let mut out = Vec::new();
+            let _ = s.read_to_end(&mut out);
+            assert!(
+                out.is_empty() || out.starts_with(b"HTTP/1.1 4"),
                 "{:?}",
-                String::from_utf8_lossy(junk)
+                String::from_utf8_lossy(&out)
             );
         }
-        // Too long a head: 431, never an unbounded read.
-        let mut huge = b"GET /metrics HTTP/1.1\r\nX: ".to_vec();
-        huge.extend(std::iter::repeat_n(b'a', 64 * 1024));
-        let mut s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let _ = s.write_all(&huge); // the server may close before taking it all
-        let mut out = Vec::new();
-        let _ = s.read_to_end(&mut out);
-        assert!(
-            out.is_empty() || out.starts_with(b"HTTP/1.1 431"),
-            "{:?}",
-            String::from_utf8_lossy(&out)
-        );
-        // A peer that sends half a request and closes.
+        // A peer that sends half a request and closes; one that says nothing.
         let mut s = TcpStream::connect(addr).unwrap();
         s.write_all(b"GET /metr").unwrap();
         drop(s);
-        assert_eq!(get(addr, "/healthz").0, 200);
-    }
-
-    #[test]
-    fn a_silent_client_does_not_block_the_next_request() {
-        let (_server, _shared, addr) = start(full_progress());
-        // Half-open: connects, says nothing, keeps the socket open.
-        let silent: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(addr).unwrap()).collect();
-        let mut trickle = TcpStream::connect(addr).unwrap();
-        trickle.write_all(b"GET /metrics HTTP/1.1\r\n").unwrap();
+        let _silent = TcpStream::connect(addr).unwrap();
         let started = Instant::now();
-        assert_eq!(get(addr, "/progress").0, 200);
-        assert!(
-            started.elapsed() < IO_TIMEOUT,
-            "answered only after {:?}",
-            started.elapsed()
-        );
-        // The silent ones are cut off by the server's read timeout, not kept forever.
-        let mut s = silent.into_iter().next().unwrap();
-        s.set_read_timeout(Some(REQUEST_DEADLINE + Duration::from_secs(5)))
-            .unwrap();
-        let mut buf = [0u8; 16];
-        let closed_at = Instant::now();
-        let n = s.read(&mut buf);
-        assert!(matches!(n, Ok(0) | Err(_)));
-        assert!(closed_at.elapsed() < REQUEST_DEADLINE + Duration::from_secs(4));
+        assert_eq!(get(addr, "/healthz").0, 200);
+        assert!(started.elapsed() < Duration::from_secs(2));
     }
 
     #[test]
@@ -717,9 +830,8 @@ mod tests {
             "drop took {:?}",
             started.elapsed()
         );
-        // The listener is closed: connecting is refused (or, at worst, closed unanswered).
         match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
-            Err(e) => assert_eq!(e.kind(), ErrorKind::ConnectionRefused, "{e}"),
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}"),
             Ok(mut s) => {
                 s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
                 let _ = s.write_all(b"GET /healthz HTTP/1.1\r\n\r\n");
@@ -748,5 +860,24 @@ mod tests {
         let (server, _shared, _) = start(Progress::default());
         let port = server.local_addr().port();
         assert!(MetricsServer::start(port, Arc::new(Mutex::new(Progress::default()))).is_err());
+    }
+
+    #[test]
+    fn the_reporter_puts_data_stats_in_the_report_and_writes_events_on_rank_0() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared: SharedProgress = Default::default();
+        let stats = full_progress().data.unwrap();
+        let mut follower = Reporter::start(&shared, false, dir.path(), &stats);
+        assert!(follower.board.is_none());
+        follower.step(&full_progress(), 1.0, 2.0);
+        assert!(!dir.path().join("tensorboard").exists());
+        let mut leader = Reporter::start(&shared, true, dir.path(), &stats);
+        assert_eq!(shared.lock().unwrap().data.as_ref(), Some(&stats));
+        let path = leader.board.as_ref().unwrap().path().to_path_buf();
+        let before = std::fs::metadata(&path).unwrap().len();
+        leader.step(&full_progress(), 1.0, 2.0);
+        // Flushed at each report.
+        assert!(std::fs::metadata(&path).unwrap().len() > before);
+        assert!(path.parent().unwrap().ends_with("tensorboard/attempt-0"));
     }
 }

@@ -22,7 +22,7 @@ use crate::data::{self, BatchStream, Corpus, Example};
 use crate::decode;
 use crate::dist::{self, Collective, GradSync, RankEnv};
 use crate::error::{Result, TrainError};
-use crate::metrics::{MetricsServer, SharedProgress};
+use crate::metrics::{MetricsServer, Reporter, SharedProgress};
 use crate::model::{self, Transformer};
 use crate::optim::{self, AdamW};
 use crate::signals;
@@ -486,6 +486,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         p.parameters = model::parameter_count(&vs);
         p.last_checkpoint = store.as_ref().and_then(|s| s.last_completed());
     }
+    let mut reporter = Reporter::start(&progress, leader, &opts.job_dir, &corpus.stats);
 
     let mut stream = BatchStream::new(&corpus.train, config.batch.max_tokens as usize, config.seed);
     stream.seek(samples)?;
@@ -712,6 +713,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
             p.last_checkpoint = store.last_completed();
         }
         p.peak_memory_bytes = peak_memory_bytes();
+        reporter.step(&p, loss, grad_norm);
         if leader && (step % config.log_every_steps == 0 || step == 1 || final_step) {
             tracing::info!(
                 "step {step}/{} loss {:.4} lr {lr:.3e} {:.2} steps/s {:.0} tok/s comm {:.0}% eta {:.0}s",
@@ -737,6 +739,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         }
         p.last_checkpoint = last_checkpoint.clone();
     }
+    reporter.finish(&progress);
     comm.barrier()?;
     Ok(Summary {
         step,
