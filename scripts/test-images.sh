@@ -185,6 +185,17 @@ check_operator() {
   say "$OPERATOR: CRD identical to crds/ as uid 65532 on a read-only root, no shell, $mb MB"
 }
 
+# The operator image, started with the Helm chart's rendered args and env (uid 65532, read-only
+# root, host network to reach the test's in-process fake API server), runs the copy example's
+# pods and stops on SIGTERM releasing its Lease: operator/tests/chart_operator.rs.
+check_operator_as_the_chart_runs_it() {
+  if ! FERROTRAIN_OPERATOR_IMAGE="$OPERATOR" cargo nextest run -p ferrotrain-operator \
+    --test chart_operator --profile ci 2>&1 | sed 's/^/    /'; then
+    fail "$OPERATOR, started as the chart starts it, did not run the copy example"
+  fi
+  say "$OPERATOR: started as the chart starts it, ran the copy example's pods against the fake API server"
+}
+
 check_trainer_static() {
   check_labels_user "$TRAINER"
   check_closure "$TRAINER" /usr/local/bin/ferrotrain
@@ -435,6 +446,7 @@ BUILD_SECONDS=$((SECONDS - b0))
 say "images built in $BUILD_SECONDS s"
 
 check_operator
+check_operator_as_the_chart_runs_it
 check_trainer_static
 if [[ "${FERROTRAIN_TEST_CUDA_IMAGE:-0}" == 1 ]]; then
   check_labels_user "ferrotrain/trainer-cuda:$TAG"

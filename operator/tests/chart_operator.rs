@@ -2,6 +2,11 @@
 //! args and environment), against the in-process fake API server through a kubeconfig, gets
 //! the copy example (examples/copy-dt.yaml: its own ReadWriteOnce claim and the job) running
 //! as pods, and stops cleanly on SIGTERM, releasing its Lease.
+//!
+//! With `FERROTRAIN_OPERATOR_IMAGE` set (scripts/test-images.sh sets it), the same test runs
+//! the operator image instead of the host binary, the way the chart's pod runs it: uid 65532,
+//! read-only root, no capabilities, the kubeconfig mounted, on the host network to reach the
+//! fake API server.
 
 mod support;
 
@@ -21,6 +26,8 @@ const JOBS_NAMESPACE: &str = "default";
 struct OperatorProcess {
     child: Child,
     log: PathBuf,
+    /// The container to remove, when the image runs.
+    container: Option<String>,
 }
 
 impl OperatorProcess {
@@ -33,10 +40,18 @@ impl OperatorProcess {
     }
 }
 
+/// The container's name when the image runs (unique per test run: the port is free).
+fn container_name(http_port: u16) -> String {
+    format!("ferrotrain-operator-chart-test-{http_port}")
+}
+
 impl Drop for OperatorProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(name) = &self.container {
+            let _ = Command::new("docker").args(["rm", "-f", name]).output();
+        }
         if std::thread::panicking() {
             eprintln!("operator log:\n{}", self.log());
         }
@@ -88,11 +103,8 @@ fn start_as_the_chart_does(
 ) -> OperatorProcess {
     let dir = kubeconfig.parent().unwrap();
     let log = dir.join("operator.log");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_ferrotrain-operator"));
-    command.env_clear().env("KUBECONFIG", kubeconfig);
-    for arg in container["args"].as_array().unwrap() {
-        command.arg(arg.as_str().unwrap());
-    }
+    let image = std::env::var("FERROTRAIN_OPERATOR_IMAGE").ok();
+    let mut env = vec![];
     for var in container["env"].as_array().unwrap() {
         let name = var["name"].as_str().unwrap();
         let value = match (name, var["value"].as_str()) {
@@ -105,8 +117,39 @@ fn start_as_the_chart_does(
             (_, Some(v)) => v.to_string(),
             (_, None) => panic!("env {name} has no value and no known downward-API source"),
         };
-        command.env(name, value);
+        env.push((name.to_string(), value));
     }
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let mut command = match &image {
+        None => {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_ferrotrain-operator"));
+            c.env_clear().env("KUBECONFIG", kubeconfig).envs(env);
+            c
+        }
+        Some(image) => {
+            let mut c = Command::new("docker");
+            c.args(["run", "--rm", "--name", &container_name(http_port)])
+                .args(["--network", "host", "--read-only", "--user", "65532:65532"])
+                .args(["--cap-drop", "ALL", "--security-opt", "no-new-privileges"])
+                .arg("-v")
+                .arg(format!(
+                    "{}:/etc/ferrotrain/kubeconfig:ro",
+                    kubeconfig.display()
+                ))
+                .args(["-e", "KUBECONFIG=/etc/ferrotrain/kubeconfig"]);
+            for (name, value) in &env {
+                c.arg("-e").arg(format!("{name}={value}"));
+            }
+            c.arg(image);
+            c
+        }
+    };
+    command.args(&args);
     let file = std::fs::File::create(&log).unwrap();
     let child = command
         .stdout(file.try_clone().unwrap())
@@ -114,7 +157,12 @@ fn start_as_the_chart_does(
         .stdin(Stdio::null())
         .spawn()
         .expect("starting ferrotrain-operator");
-    OperatorProcess { child, log }
+    let container = image.map(|_| container_name(http_port));
+    OperatorProcess {
+        child,
+        log,
+        container,
+    }
 }
 
 /// The example's documents: the claim and the job.
@@ -137,7 +185,7 @@ async fn http_status(port: u16, path: &str) -> Option<u16> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_binary_started_as_the_chart_starts_it_runs_the_copy_example() {
+async fn the_operator_started_as_the_chart_starts_it_runs_the_copy_example() {
     let helm = support::helm::helm_or_skip!();
     let container = chart_container(&helm);
     let fake = FakeApiServer::start().await;
