@@ -68,6 +68,15 @@ impl Owner {
         })
     }
 
+    /// True when `meta` names this job as its controller (by uid: a re-created job of the same
+    /// name does not adopt its predecessor's objects, and a user's object is never ours).
+    pub fn controls(&self, meta: &ObjectMeta) -> bool {
+        meta.owner_references
+            .iter()
+            .flatten()
+            .any(|r| r.controller == Some(true) && r.uid == self.reference.uid)
+    }
+
     fn meta(&self, name: String, extra_labels: BTreeMap<String, String>) -> ObjectMeta {
         // The operator's labels win: they are how it finds its pods.
         let mut labels = extra_labels;
@@ -79,6 +88,37 @@ impl Owner {
             owner_references: Some(vec![self.reference.clone()]),
             ..ObjectMeta::default()
         }
+    }
+}
+
+/// Every object of one attempt's launch, in the order they are applied.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GangObjects {
+    pub service: Service,
+    /// None when the job runs its own command without a trainer config.
+    pub config_map: Option<ConfigMap>,
+    pub secret: Secret,
+    pub pods: Vec<Pod>,
+}
+
+/// The objects of attempt `attempt` for the node ranks `node_ranks` (the missing ones). `token`
+/// is the rendezvous token for a Secret that does not exist yet ([`new_token`]).
+pub fn gang(
+    owner: &Owner,
+    spec: &DistributedTrainingSpec,
+    attempt: i32,
+    node_ranks: &[i32],
+    settings: &BuildSettings,
+    token: &str,
+) -> GangObjects {
+    GangObjects {
+        service: service(owner, settings),
+        config_map: config_map(owner, spec),
+        secret: secret(owner, token),
+        pods: node_ranks
+            .iter()
+            .map(|&rank| pod(owner, spec, attempt, rank, settings))
+            .collect(),
     }
 }
 

@@ -1,207 +1,33 @@
 //! The controller: wiring (watches, caches, predicates) and the reconcile pipeline
 //! observe -> decide -> build -> apply -> status.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingStatus, Phase};
+use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingStatus, Phase, condition};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::Api;
 use kube::runtime::controller::{self, Action};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::runtime::{Controller, WatchStreamExt, predicates};
-use kube::{Client, Resource, ResourceExt};
-use serde_json::json;
-use tracing::{debug, info, warn};
+use kube::{Client, ResourceExt};
+use tracing::{debug, warn};
 
-use crate::build::{self, BuildSettings, Owner};
+use crate::apply::{self, Applied};
+use crate::build::{self, Owner};
 use crate::config::Settings;
-use crate::gang::{self, Observed, ProgressObservation, Timing};
+pub use crate::context::Context;
+pub use crate::error::{Error, Result};
+use crate::gang::{self, Observed, ProgressObservation};
 use crate::labels;
 use crate::metrics::{ErrorLabels, Metrics, ReasonLabels, ReconcileResult, ResultLabels};
 use crate::observe;
-use crate::progress::ProgressClient;
 use crate::readiness::Readiness;
-
-/// Why a reconcile failed (it is retried with backoff).
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("{verb} {kind} {name}: {source}")]
-    Api {
-        verb: &'static str,
-        kind: &'static str,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error(transparent)]
-    Build(#[from] build::Error),
-    #[error("publishing event {reason}: {source}")]
-    Event {
-        reason: &'static str,
-        #[source]
-        source: kube::Error,
-    },
-}
-
-impl Error {
-    /// Short label for the errors metric.
-    pub fn kind(&self) -> String {
-        match self {
-            Error::Api { verb, kind, .. } => {
-                format!("{verb}_{kind}").to_lowercase().replace(' ', "_")
-            }
-            Error::Build(_) => "build".into(),
-            Error::Event { .. } => "event".into(),
-        }
-    }
-}
-
-impl Error {
-    /// A pod create the API refused for a reason a retry alone does not fix: a ResourceQuota
-    /// or RBAC (403), a LimitRange or validation (422), an admission webhook's denial (400).
-    pub fn is_refused_create(&self) -> bool {
-        matches!(
-            self,
-            Error::Api { verb: "create", kind: "Pod", source: kube::Error::Api(s), .. }
-                if matches!(s.code, 400 | 403 | 422)
-        )
-    }
-}
-
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-fn api_err(
-    verb: &'static str,
-    kind: &'static str,
-    name: &str,
-) -> impl FnOnce(kube::Error) -> Error {
-    let name = name.to_string();
-    move |source| Error::Api {
-        verb,
-        kind,
-        name,
-        source,
-    }
-}
-
-fn is_status(e: &kube::Error, code: u16) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == code)
-}
-
-/// The object as our last status write returned it, and every resourceVersion our writes
-/// replaced: while the cache shows one of those, it is older than what we know (the job watch
-/// lags behind the pod watch), and deciding from it would repeat a restart.
-struct Written {
-    superseded: Vec<String>,
-    object: Arc<DistributedTraining>,
-}
-
-/// Shared state of every reconcile, built once.
-pub struct Context {
-    pub client: Client,
-    pub recorder: Recorder,
-    pub metrics: Arc<Metrics>,
-    pub settings: Settings,
-    pub pods: Store<Pod>,
-    pub nodes: Store<Node>,
-    pub progress: ProgressClient,
-    /// False until the pod and node caches are synced: deciding from an empty pod cache would
-    /// see every pod "deleted".
-    pub caches_ready: Arc<AtomicBool>,
-    written: Mutex<HashMap<String, Written>>,
-    error_counts: Mutex<HashMap<String, u32>>,
-}
-
-impl Context {
-    pub fn new(
-        client: Client,
-        settings: Settings,
-        metrics: Arc<Metrics>,
-        pods: Store<Pod>,
-        nodes: Store<Node>,
-        caches_ready: Arc<AtomicBool>,
-    ) -> Self {
-        let reporter = Reporter {
-            controller: labels::MANAGER.into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
-        Context {
-            recorder: Recorder::new(client.clone(), reporter),
-            progress: ProgressClient::new(settings.progress_timeout),
-            client,
-            metrics,
-            settings,
-            pods,
-            nodes,
-            caches_ready,
-            written: Mutex::new(HashMap::new()),
-            error_counts: Mutex::new(HashMap::new()),
-        }
-    }
-
-    fn build_settings(&self) -> BuildSettings {
-        BuildSettings {
-            trainer_image: self.settings.trainer_image.clone(),
-            master_port: self.settings.master_port,
-            trainer_metrics_port: self.settings.trainer_metrics_port,
-        }
-    }
-
-    fn timing(&self) -> Timing {
-        Timing {
-            progress_interval: self.settings.progress_interval,
-            progress_grace: self.settings.progress_grace,
-            node_lost_grace: self.settings.node_lost_grace,
-            force_delete_grace: self.settings.force_delete_grace,
-        }
-    }
-
-    /// The newest version of the object we know: ours while the cache shows a version our
-    /// writes replaced, else the cache's (it caught up, or someone else wrote after us).
-    fn freshest(&self, dt: Arc<DistributedTraining>) -> Arc<DistributedTraining> {
-        let uid = dt.uid().unwrap_or_default();
-        let mut written = self.written.lock().expect("lock");
-        let Some(w) = written.get(&uid) else {
-            return dt;
-        };
-        match dt.resource_version() {
-            Some(v) if w.superseded.contains(&v) => w.object.clone(),
-            _ => {
-                written.remove(&uid);
-                dt
-            }
-        }
-    }
-
-    fn remember_write(&self, read: &DistributedTraining, object: DistributedTraining) {
-        let uid = object.uid().unwrap_or_default();
-        let mut written = self.written.lock().expect("lock");
-        let mut superseded = written
-            .remove(&uid)
-            .map(|w| w.superseded)
-            .unwrap_or_default();
-        superseded.extend(read.resource_version());
-        // A handful is plenty: the cache lags by a write or two.
-        if superseded.len() > 16 {
-            superseded.drain(..superseded.len() - 16);
-        }
-        written.insert(
-            uid,
-            Written {
-                superseded,
-                object: Arc::new(object),
-            },
-        );
-    }
-}
 
 /// Now, truncated to whole seconds: status times have second resolution, and a time that
 /// differs only in its nanoseconds would make every status look changed.
@@ -247,7 +73,8 @@ pub fn error_policy(dt: Arc<DistributedTraining>, error: &Error, ctx: Arc<Contex
     Action::requeue(Duration::from_secs((5u64 << (*n - 1)).min(300)))
 }
 
-/// The pipeline, at a given time (tests pass a fixed one).
+/// The pipeline, at a given time (tests pass a fixed one): observe -> decide (pure) -> build
+/// (pure) -> apply (the only writes).
 pub async fn reconcile_at(
     dt: Arc<DistributedTraining>,
     ctx: &Context,
@@ -264,9 +91,38 @@ pub async fn reconcile_at(
     let owner = Owner::of(&dt)?;
     let status = dt.status.clone().unwrap_or_default();
 
-    // observe
-    let pods = owned_pods(&ctx.pods, &owner);
-    let views: Vec<gang::PodView> = pods
+    let observed = observe_job(ctx, &owner, &status).await;
+    let problems = observe::spec_problems(&dt.spec);
+    let timing = ctx.timing();
+    let decision = gang::decide(&Observed {
+        now,
+        job: &owner.name,
+        generation: dt.metadata.generation,
+        spec: &dt.spec,
+        status: &status,
+        pods: &observed.pods,
+        progress: observed.progress,
+        spec_problems: &problems,
+        timing: &timing,
+    });
+    debug!(job = %owner.name, phase = %decision.status.phase, actions = ?decision.actions, "decided");
+    let launches = build_launches(ctx, &dt, &owner, &decision);
+    carry_out(ctx, &dt, &owner, &status, decision, launches, now).await
+}
+
+/// What the caches and rank 0 say about the job's current state.
+struct ObservedJob {
+    pods: Vec<gang::PodView>,
+    progress: ProgressObservation,
+}
+
+async fn observe_job(
+    ctx: &Context,
+    owner: &Owner,
+    status: &DistributedTrainingStatus,
+) -> ObservedJob {
+    let pods = owned_pods(&ctx.pods, owner);
+    let views = pods
         .iter()
         .filter_map(|p| {
             let node = p
@@ -277,139 +133,144 @@ pub async fn reconcile_at(
             observe::pod_view(p, node.as_deref())
         })
         .collect();
-    let progress = poll_progress(ctx, &owner, &status, &pods).await;
-    let problems = observe::spec_problems(&dt.spec);
-    let timing = ctx.timing();
-
-    // decide
-    let decision = gang::decide(&Observed {
-        now,
-        job: &owner.name,
-        generation: dt.metadata.generation,
-        spec: &dt.spec,
-        status: &status,
-        pods: &views,
+    let progress = poll_progress(ctx, owner, status, &pods).await;
+    ObservedJob {
+        pods: views,
         progress,
-        spec_problems: &problems,
-        timing: &timing,
-    });
-    debug!(job = %owner.name, phase = %decision.status.phase, actions = ?decision.actions, "decided");
-
-    // apply: deletes, then the status, then creates (a crash in between never loses a restart:
-    // the status is written before the new attempt's pods exist).
-    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    for action in &decision.actions {
-        match action {
-            gang::Action::DeletePod(name) => delete_pod(&pods_api, name, false).await?,
-            gang::Action::ForceDeletePod(name) => delete_pod(&pods_api, name, true).await?,
-            _ => {}
-        }
     }
-    if decision.status != status {
-        write_status(ctx, &dt, &owner, decision.status.clone()).await?;
-        record_status_metrics(ctx, &dt, &status, &decision.status, now);
+}
+
+/// Every object of the decision's launches (pure, but for the random token of a Secret that
+/// may not exist yet; an existing one is never overwritten).
+fn build_launches(
+    ctx: &Context,
+    dt: &DistributedTraining,
+    owner: &Owner,
+    decision: &gang::Decision,
+) -> Vec<build::GangObjects> {
+    let settings = ctx.build_settings();
+    decision
+        .actions
+        .iter()
+        .filter_map(|action| match action {
+            gang::Action::Launch {
+                attempt,
+                node_ranks,
+            } => Some(build::gang(
+                owner,
+                &dt.spec,
+                *attempt,
+                node_ranks,
+                &settings,
+                &build::new_token(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Applies a decision: deletes, then the status, then creates (a crash in between never loses
+/// a restart: the status is written before the new attempt's pods exist), then events.
+async fn carry_out(
+    ctx: &Context,
+    dt: &DistributedTraining,
+    owner: &Owner,
+    before: &DistributedTrainingStatus,
+    decision: gang::Decision,
+    launches: Vec<build::GangObjects>,
+    now: Timestamp,
+) -> Result<Action> {
+    apply::delete_pods(ctx, owner, &decision.actions).await?;
+    if decision.status != *before {
+        apply::status(ctx, dt, owner, decision.status.clone()).await?;
+        record_status_metrics(ctx, dt, before, &decision.status, now);
     }
     let mut events = decision.events.clone();
     let mut requeue = decision.requeue_after;
-    if let Some(note) = launch_all(ctx, &dt, &owner, &decision, now).await? {
+    if let Some(note) = launch_all(ctx, dt, owner, &decision.status, &launches, now).await? {
         events.extend(note);
         requeue = Some(REFUSED_RETRY);
     }
-    publish_events(ctx, &dt, decision.status.attempt, &events).await?;
+    apply::events(ctx, dt, decision.status.attempt, &events).await?;
     if decision.actions.contains(&gang::Action::DeleteJob) {
-        let api: Api<DistributedTraining> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-        let mut params = DeleteParams::background();
-        params.preconditions = Some(kube::api::Preconditions {
-            uid: dt.uid(),
-            resource_version: None,
-        });
-        match api.delete(&owner.name, &params).await {
-            Ok(_) => info!(job = %owner.name, "deleted after ttlSecondsAfterFinished"),
-            Err(e) if is_status(&e, 404) || is_status(&e, 409) => {}
-            Err(e) => return Err(api_err("delete", "DistributedTraining", &owner.name)(e)),
-        }
+        apply::delete_job(ctx, dt, owner).await?;
         return Ok(Action::await_change());
     }
-
     Ok(requeue
         .map(Action::requeue)
         .unwrap_or_else(Action::await_change))
 }
 
-/// How soon a launch the API refused (quota, LimitRange, webhook) is tried again.
+/// How soon a launch the API refused (quota, LimitRange, webhook) or a name conflict stopped
+/// is tried again.
 const REFUSED_RETRY: Duration = Duration::from_secs(30);
 
-/// Runs the decision's launches. When the API refuses a pod (quota, LimitRange, admission
-/// webhook), the job says so in its status (Created=False) instead of only in the log: returns
-/// `Some(event)` (None inside when this refusal was already reported) and the caller retries
-/// later; the state machine fails the job past its startup timeout.
+/// Created condition reason and event reason when an object of one of the gang's names exists
+/// and this job does not control it.
+pub const NAME_CONFLICT: &str = "NameConflict";
+
+/// Applies the launches. When the API refuses a pod (quota, LimitRange, admission webhook) or
+/// a name is taken by an object this job does not control, the job says so in its status
+/// (Created=False) instead of only in the log: returns `Some(event)` (None inside when this
+/// was already reported) and the caller retries later; the state machine fails a refused
+/// launch past its startup timeout.
 async fn launch_all(
     ctx: &Context,
     dt: &DistributedTraining,
     owner: &Owner,
-    decision: &gang::Decision,
+    status: &DistributedTrainingStatus,
+    launches: &[build::GangObjects],
     now: Timestamp,
 ) -> Result<Option<Option<gang::EventNote>>> {
-    for action in &decision.actions {
-        let gang::Action::Launch {
-            attempt,
-            node_ranks,
-        } = action
-        else {
-            continue;
-        };
-        match launch(ctx, dt, owner, *attempt, node_ranks).await {
-            Ok(()) => {}
+    for objects in launches {
+        let (stopped, note) = match apply::gang(ctx, owner, objects).await {
+            Ok(Applied::Done) => continue,
+            Ok(Applied::NameConflict(message)) => {
+                warn!(job = %owner.name, namespace = %owner.namespace, %message, "name conflict");
+                name_conflict(status, &message, now, dt.metadata.generation)
+            }
             Err(error) if error.is_refused_create() => {
                 warn!(job = %owner.name, namespace = %owner.namespace, %error, "the API refused a pod of the gang");
-                let (refused, note) = gang::launch_refused(
-                    &decision.status,
-                    &error.to_string(),
-                    now,
-                    dt.metadata.generation,
-                );
-                if refused != decision.status {
-                    write_status(ctx, dt, owner, refused).await?;
-                }
-                return Ok(Some(note));
+                gang::launch_refused(status, &error.to_string(), now, dt.metadata.generation)
             }
             Err(error) => return Err(error),
+        };
+        if stopped != *status {
+            apply::status(ctx, dt, owner, stopped).await?;
         }
+        return Ok(Some(note));
     }
     Ok(None)
 }
 
-/// Publishes the decision's events on the job.
-async fn publish_events(
-    ctx: &Context,
-    dt: &DistributedTraining,
-    attempt: i32,
-    notes: &[gang::EventNote],
-) -> Result<()> {
-    let reference = dt.object_ref(&());
-    for note in notes {
-        let event = Event {
-            type_: if note.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: note.reason.into(),
-            note: Some(note.note.chars().take(1000).collect()),
-            // The recorder folds repeats of (reason, action) into a series that keeps the
-            // first note; keying by attempt keeps each attempt's failure message.
-            action: format!("Attempt{attempt}"),
-            secondary: None,
-        };
-        ctx.recorder
-            .publish(&event, &reference)
-            .await
-            .map_err(|source| Error::Event {
-                reason: note.reason,
-                source,
-            })?;
-    }
-    Ok(())
+/// Condition Created turns False with reason [`NAME_CONFLICT`] and the message naming the
+/// object; the Warning event is returned once per message, not on every retry.
+pub fn name_conflict(
+    status: &DistributedTrainingStatus,
+    message: &str,
+    now: Timestamp,
+    generation: Option<i64>,
+) -> (DistributedTrainingStatus, Option<gang::EventNote>) {
+    let mut status = status.clone();
+    let message = format!("attempt {}: {message}", status.attempt);
+    let known = status
+        .condition(condition::CREATED)
+        .is_some_and(|c| c.status == "False" && c.reason == NAME_CONFLICT && c.message == message);
+    gang::set_condition(
+        &mut status.conditions,
+        condition::CREATED,
+        false,
+        NAME_CONFLICT,
+        message.clone(),
+        now,
+        generation,
+    );
+    let event = (!known).then_some(gang::EventNote {
+        warning: true,
+        reason: NAME_CONFLICT,
+        note: message,
+    });
+    (status, event)
 }
 
 /// The job's pods: labelled with its name and controlled by this very object (a re-created
@@ -421,9 +282,7 @@ fn owned_pods(store: &Store<Pod>, owner: &Owner) -> Vec<Arc<Pod>> {
         .filter(|p| {
             p.metadata.namespace.as_deref() == Some(owner.namespace.as_str())
                 && p.labels().get(labels::JOB) == Some(&owner.name)
-                && p.owner_references()
-                    .iter()
-                    .any(|r| r.controller == Some(true) && r.uid == owner.reference.uid)
+                && owner.controls(&p.metadata)
         })
         .collect()
 }
@@ -474,49 +333,6 @@ async fn poll_progress(
     }
 }
 
-async fn delete_pod(api: &Api<Pod>, name: &str, force: bool) -> Result<()> {
-    let params = if force {
-        DeleteParams {
-            grace_period_seconds: Some(0),
-            ..DeleteParams::default()
-        }
-    } else {
-        DeleteParams::default()
-    };
-    match api.delete(name, &params).await {
-        Ok(_) => {
-            info!(pod = name, force, "deleted pod");
-            Ok(())
-        }
-        Err(e) if is_status(&e, 404) => Ok(()),
-        Err(e) => Err(api_err("delete", "Pod", name)(e)),
-    }
-}
-
-/// Server-side apply of the whole status: every field we do not send is dropped, so the
-/// status is exactly what the state machine decided.
-async fn write_status(
-    ctx: &Context,
-    dt: &DistributedTraining,
-    owner: &Owner,
-    status: DistributedTrainingStatus,
-) -> Result<()> {
-    let api: Api<DistributedTraining> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let (api_version, kind) = build::type_meta::<DistributedTraining>();
-    let body = json!({ "apiVersion": api_version, "kind": kind, "status": status });
-    let params = PatchParams::apply(labels::FIELD_MANAGER).force();
-    let written = api
-        .patch_status(&owner.name, &params, &Patch::Apply(&body))
-        .await
-        .map_err(api_err(
-            "patch status of",
-            "DistributedTraining",
-            &owner.name,
-        ))?;
-    ctx.remember_write(dt, written);
-    Ok(())
-}
-
 fn record_status_metrics(
     ctx: &Context,
     dt: &DistributedTraining,
@@ -545,74 +361,6 @@ fn record_status_metrics(
         let seconds = now.duration_since(created.0).as_secs_f64();
         ctx.metrics.time_to_first_step.observe(seconds.max(0.0));
     }
-}
-
-/// Service, ConfigMap and Secret (idempotent), then the missing pods of the attempt.
-async fn launch(
-    ctx: &Context,
-    dt: &DistributedTraining,
-    owner: &Owner,
-    attempt: i32,
-    node_ranks: &[i32],
-) -> Result<()> {
-    let settings = ctx.build_settings();
-    let apply = PatchParams::apply(labels::FIELD_MANAGER).force();
-
-    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let service = build::service(owner, &settings);
-    services
-        .patch(&owner.name, &apply, &Patch::Apply(with_type_meta(&service)))
-        .await
-        .map_err(api_err("apply", "Service", &owner.name))?;
-
-    if let Some(config) = build::config_map(owner, &dt.spec) {
-        let config_maps: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-        let name = labels::config_map_name(&owner.name);
-        config_maps
-            .patch(&name, &apply, &Patch::Apply(with_type_meta(&config)))
-            .await
-            .map_err(api_err("apply", "ConfigMap", &name))?;
-    }
-
-    // The token is random: create it once and never overwrite it (ranks of a running attempt
-    // read it at start).
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let secret = build::secret(owner, &build::new_token());
-    match secrets.create(&PostParams::default(), &secret).await {
-        Ok(_) => {}
-        Err(e) if is_status(&e, 409) => {}
-        Err(e) => {
-            return Err(api_err(
-                "create",
-                "Secret",
-                &labels::secret_name(&owner.name),
-            )(e));
-        }
-    }
-
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    for &rank in node_ranks {
-        let pod = build::pod(owner, &dt.spec, attempt, rank, &settings);
-        let name = pod.name_any();
-        match pods.create(&PostParams::default(), &pod).await {
-            Ok(_) => info!(job = %owner.name, pod = %name, "created pod"),
-            // Created by an earlier reconcile whose write the cache has not shown yet.
-            Err(e) if is_status(&e, 409) => {}
-            Err(e) => return Err(api_err("create", "Pod", &name)(e)),
-        }
-    }
-    Ok(())
-}
-
-fn with_type_meta<K>(object: &K) -> serde_json::Value
-where
-    K: Resource<DynamicType = ()> + serde::Serialize,
-{
-    let mut value = serde_json::to_value(object).expect("objects serialize");
-    let (api_version, kind) = build::type_meta::<K>();
-    value["apiVersion"] = api_version.into();
-    value["kind"] = kind.into();
-    value
 }
 
 /// The jobs with a pod on `node` (a node going NotReady concerns them).

@@ -2,14 +2,19 @@
 //!
 //! A reconcile is a pipeline of named steps:
 //! [`observe`] (pods, nodes, rank 0's /progress) -> [`gang::decide`] (pure state machine) ->
-//! [`build`] (pure object builders) -> apply (server-side apply, creates, deletes) -> status.
+//! [`build`] (pure: every object of the gang) -> [`apply`] (the only module that writes:
+//! status, server-side apply, creates, deletes, events). [`context`] and [`error`] are shared
+//! by [`controller`] and [`apply`], which do not import each other.
 //! Everything the operator knows lives in the object's status and its pods' labels, so a
 //! restarted operator converges without duplicate pods or lost restarts.
 
 pub mod app;
+pub mod apply;
 pub mod build;
 pub mod config;
+pub mod context;
 pub mod controller;
+pub mod error;
 pub mod gang;
 pub mod labels;
 pub mod lease;

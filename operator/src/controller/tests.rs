@@ -2,6 +2,7 @@
 //! is asserted in order (method, path, body); a call nobody expects fails the test.
 
 use super::*;
+use crate::build::BuildSettings;
 use ferrotrain_api::Progress;
 use ferrotrain_api::crd::{TrainingProgress, condition};
 use http::{Method, Request, Response};
@@ -12,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time
 use kube::client::Body;
 use kube::runtime::watcher;
 use serde_json::Value;
+use std::sync::atomic::AtomicBool;
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
@@ -153,6 +155,8 @@ enum Answer {
     Error(u16, &'static str),
     /// The object with the status from the request and a new resourceVersion (status patches).
     Patched(Arc<DistributedTraining>, &'static str),
+    /// This object (a GET of an existing one).
+    Json(Value),
 }
 
 /// One expected API call: method, path, a check of the request body, and the answer.
@@ -254,6 +258,7 @@ async fn serve(mut handle: Handle, calls: Vec<Call>) -> Handle {
                 code,
                 serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code, "message": reason, "metadata": {}}),
             ),
+            Answer::Json(object) => (200, object),
             Answer::Patched(dt, version) => {
                 let mut out = (*dt).clone();
                 out.status = Some(serde_json::from_value(body["status"].clone()).unwrap());
@@ -269,6 +274,39 @@ async fn serve(mut handle: Handle, calls: Vec<Call>) -> Handle {
         );
     }
     handle
+}
+
+/// A GET of a child that does not exist.
+fn get_absent(path: &str) -> Call {
+    call(Method::GET, path, Answer::Error(404, "NotFound"), |_| {})
+}
+
+/// A GET of an existing child, controlled by the object of `controller_uid` (None: by nobody).
+fn get_existing(path: &str, kind: &str, controller_uid: Option<&str>) -> Call {
+    let name = path.rsplit('/').next().unwrap();
+    let mut object = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": kind,
+        "metadata": {"name": name, "namespace": NS, "uid": "child-uid"},
+    });
+    if let Some(uid) = controller_uid {
+        object["metadata"]["ownerReferences"] = serde_json::json!([{
+            "apiVersion": "ferrotrain.dev/v1alpha1",
+            "kind": "DistributedTraining",
+            "name": NAME,
+            "uid": uid,
+            "controller": true,
+        }]);
+    }
+    call(Method::GET, path, Answer::Json(object), |_| {})
+}
+
+fn service_path() -> String {
+    format!("/api/v1/namespaces/{NS}/services/{NAME}")
+}
+
+fn config_map_path() -> String {
+    format!("/api/v1/namespaces/{NS}/configmaps/{NAME}-config")
 }
 
 /// Runs one reconcile against exactly the expected calls: a call nobody expects makes the
@@ -314,6 +352,7 @@ async fn first_reconcile_writes_status_then_creates_the_gang() {
                 }
             );
         }),
+        get_absent(&service_path()),
         call(
             Method::PATCH,
             &format!("/api/v1/namespaces/{NS}/services/{NAME}"),
@@ -325,6 +364,7 @@ async fn first_reconcile_writes_status_then_creates_the_gang() {
                 assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], UID);
             },
         ),
+        get_absent(&config_map_path()),
         call(
             Method::PATCH,
             &format!("/api/v1/namespaces/{NS}/configmaps/{NAME}-config"),
@@ -372,7 +412,8 @@ async fn first_reconcile_writes_status_then_creates_the_gang() {
 #[tokio::test]
 async fn objects_that_already_exist_are_not_an_error() {
     // The cache does not show the pods of an earlier reconcile yet: creating them again gets
-    // 409, which is fine; the token Secret is never overwritten.
+    // 409, and a GET shows they are this job's, which is fine; the token Secret is never
+    // overwritten.
     let status = DistributedTrainingStatus {
         phase: Phase::Pending,
         observed_generation: Some(1),
@@ -381,41 +422,145 @@ async fn objects_that_already_exist_are_not_an_error() {
     };
     let (ctx, handle, _) = Context::test(vec![], Settings::default());
     let exists = || Answer::Error(409, "AlreadyExists");
+    let secret = format!("/api/v1/namespaces/{NS}/secrets/{NAME}-rdzv");
+    let pod = |rank: i32| format!("/api/v1/namespaces/{NS}/pods/{NAME}-0-{rank}");
     let calls = vec![
-        call(
-            Method::PATCH,
-            &format!("/api/v1/namespaces/{NS}/services/{NAME}"),
-            Answer::Echo,
-            |_| {},
-        ),
-        call(
-            Method::PATCH,
-            &format!("/api/v1/namespaces/{NS}/configmaps/{NAME}-config"),
-            Answer::Echo,
-            |_| {},
-        ),
+        get_existing(&service_path(), "Service", Some(UID)),
+        call(Method::PATCH, &service_path(), Answer::Echo, |_| {}),
+        get_existing(&config_map_path(), "ConfigMap", Some(UID)),
+        call(Method::PATCH, &config_map_path(), Answer::Echo, |_| {}),
         call(
             Method::POST,
             &format!("/api/v1/namespaces/{NS}/secrets"),
             exists(),
             |_| {},
         ),
+        get_existing(&secret, "Secret", Some(UID)),
         call(
             Method::POST,
             &format!("/api/v1/namespaces/{NS}/pods"),
             exists(),
             |_| {},
         ),
+        get_existing(&pod(0), "Pod", Some(UID)),
         call(
             Method::POST,
             &format!("/api/v1/namespaces/{NS}/pods"),
             exists(),
             |_| {},
         ),
+        get_existing(&pod(1), "Pod", Some(UID)),
         event_call("Created"),
     ];
     let (action, _) = reconcile_expecting(&ctx, handle, job(Some(status)), t(101), calls).await;
     assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+}
+
+fn pending_status() -> DistributedTrainingStatus {
+    DistributedTrainingStatus {
+        phase: Phase::Pending,
+        observed_generation: Some(1),
+        start_time: Some(Time(t(100))),
+        ..DistributedTrainingStatus::default()
+    }
+}
+
+/// Checks the status write of a stopped launch: Created=False with `reason`, naming `what`.
+fn created_false_call(reason: &'static str, what: &'static str) -> Call {
+    call(
+        Method::PATCH,
+        &status_path(),
+        Answer::Patched(job(None), "102"),
+        move |body| {
+            let s: DistributedTrainingStatus =
+                serde_json::from_value(body["status"].clone()).unwrap();
+            let created = s.condition(condition::CREATED).unwrap();
+            assert_eq!(
+                (created.status.as_str(), created.reason.as_str()),
+                ("False", reason)
+            );
+            assert!(created.message.contains(what), "{}", created.message);
+            assert!(created.message.contains("rename"), "{}", created.message);
+        },
+    )
+}
+
+#[tokio::test]
+async fn a_users_service_of_the_jobs_name_is_never_taken_over() {
+    // Someone's own headless Service `mt` exists: applying with force would take it over and
+    // the garbage collector would delete it with the job. It is left alone: no apply, no pod;
+    // Created=False/NameConflict names it, with a Warning event.
+    let (ctx, handle, _) = Context::test(vec![], Settings::default());
+    let calls = vec![
+        get_existing(&service_path(), "Service", None),
+        created_false_call(NAME_CONFLICT, "Service ml/mt exists"),
+        // The decision's event, then why the launch stopped.
+        event_call("Created"),
+        event_call(NAME_CONFLICT),
+    ];
+    let (action, _) =
+        reconcile_expecting(&ctx, handle, job(Some(pending_status())), t(101), calls).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+}
+
+#[tokio::test]
+async fn a_config_map_another_job_controls_is_never_applied_over() {
+    // A ConfigMap `mt-config` controlled by another object (say a deleted and re-created job
+    // of the same name, or another operator): left alone, as is the launch.
+    let (ctx, handle, _) = Context::test(vec![], Settings::default());
+    let calls = vec![
+        get_absent(&service_path()),
+        call(Method::PATCH, &service_path(), Answer::Echo, |_| {}),
+        get_existing(&config_map_path(), "ConfigMap", Some("another-uid")),
+        created_false_call(NAME_CONFLICT, "ConfigMap ml/mt-config exists"),
+        // The decision's event, then why the launch stopped.
+        event_call("Created"),
+        event_call(NAME_CONFLICT),
+    ];
+    let (action, _) =
+        reconcile_expecting(&ctx, handle, job(Some(pending_status())), t(101), calls).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+}
+
+#[tokio::test]
+async fn a_secret_of_the_jobs_name_that_is_not_ours_stops_the_launch() {
+    // A 409 on the token Secret used to be assumed ours: the pods would have read someone
+    // else's Secret. The GET after the 409 shows no controller: no pod is created.
+    let (ctx, handle, _) = Context::test(vec![], Settings::default());
+    let calls = vec![
+        get_absent(&service_path()),
+        call(Method::PATCH, &service_path(), Answer::Echo, |_| {}),
+        get_absent(&config_map_path()),
+        call(Method::PATCH, &config_map_path(), Answer::Echo, |_| {}),
+        call(
+            Method::POST,
+            &format!("/api/v1/namespaces/{NS}/secrets"),
+            Answer::Error(409, "AlreadyExists"),
+            |_| {},
+        ),
+        get_existing(
+            &format!("/api/v1/namespaces/{NS}/secrets/{NAME}-rdzv"),
+            "Secret",
+            None,
+        ),
+        created_false_call(NAME_CONFLICT, "Secret ml/mt-rdzv exists"),
+        // The decision's event, then why the launch stopped.
+        event_call("Created"),
+        event_call(NAME_CONFLICT),
+    ];
+    let (action, _) =
+        reconcile_expecting(&ctx, handle, job(Some(pending_status())), t(101), calls).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+}
+
+#[test]
+fn a_name_conflict_is_reported_once_per_message() {
+    let status = pending_status();
+    let (first, event) = name_conflict(&status, "Service ml/mt exists", t(101), Some(1));
+    assert!(event.is_some_and(|e| e.warning && e.reason == NAME_CONFLICT));
+    let (again, event) = name_conflict(&first, "Service ml/mt exists", t(131), Some(1));
+    assert_eq!(again, first, "a retry changes nothing: no status write");
+    assert!(event.is_none(), "no second event");
 }
 
 #[tokio::test]
@@ -488,12 +633,14 @@ async fn a_failed_rank_restarts_the_whole_gang_once_even_from_a_stale_cache() {
             assert_eq!((s.attempt, s.restarts), (1, 1));
             assert!(!s.is_true(condition::RESTARTING));
         }),
+        get_absent(&service_path()),
         call(
             Method::PATCH,
             &format!("/api/v1/namespaces/{NS}/services/{NAME}"),
             Answer::Echo,
             |_| {},
         ),
+        get_absent(&config_map_path()),
         call(
             Method::PATCH,
             &format!("/api/v1/namespaces/{NS}/configmaps/{NAME}-config"),
@@ -505,6 +652,11 @@ async fn a_failed_rank_restarts_the_whole_gang_once_even_from_a_stale_cache() {
             &format!("/api/v1/namespaces/{NS}/secrets"),
             Answer::Error(409, "AlreadyExists"),
             |_| {},
+        ),
+        get_existing(
+            &format!("/api/v1/namespaces/{NS}/secrets/{NAME}-rdzv"),
+            "Secret",
+            Some(UID),
         ),
         call(
             Method::POST,

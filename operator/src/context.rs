@@ -1,0 +1,127 @@
+//! Shared state of every reconcile, built once: the client, the event recorder, the metrics,
+//! the settings, the pod and node caches and the progress client.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use ferrotrain_api::crd::DistributedTraining;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::{Client, ResourceExt};
+
+use crate::build::BuildSettings;
+use crate::config::Settings;
+use crate::gang::Timing;
+use crate::labels;
+use crate::metrics::Metrics;
+use crate::progress::ProgressClient;
+
+/// The object as our last status write returned it, and every resourceVersion our writes
+/// replaced: while the cache shows one of those, it is older than what we know (the job watch
+/// lags behind the pod watch), and deciding from it would repeat a restart.
+struct Written {
+    superseded: Vec<String>,
+    object: Arc<DistributedTraining>,
+}
+
+/// Shared state of every reconcile, built once.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub settings: Settings,
+    pub pods: Store<Pod>,
+    pub nodes: Store<Node>,
+    pub progress: ProgressClient,
+    /// False until the pod and node caches are synced: deciding from an empty pod cache would
+    /// see every pod "deleted".
+    pub caches_ready: Arc<AtomicBool>,
+    written: Mutex<HashMap<String, Written>>,
+    /// Consecutive failed reconciles per job (the backoff of `error_policy`).
+    pub(crate) error_counts: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        settings: Settings,
+        metrics: Arc<Metrics>,
+        pods: Store<Pod>,
+        nodes: Store<Node>,
+        caches_ready: Arc<AtomicBool>,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: labels::MANAGER.into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            progress: ProgressClient::new(settings.progress_timeout),
+            client,
+            metrics,
+            settings,
+            pods,
+            nodes,
+            caches_ready,
+            written: Mutex::new(HashMap::new()),
+            error_counts: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn build_settings(&self) -> BuildSettings {
+        BuildSettings {
+            trainer_image: self.settings.trainer_image.clone(),
+            master_port: self.settings.master_port,
+            trainer_metrics_port: self.settings.trainer_metrics_port,
+        }
+    }
+
+    pub fn timing(&self) -> Timing {
+        Timing {
+            progress_interval: self.settings.progress_interval,
+            progress_grace: self.settings.progress_grace,
+            node_lost_grace: self.settings.node_lost_grace,
+            force_delete_grace: self.settings.force_delete_grace,
+        }
+    }
+
+    /// The newest version of the object we know: ours while the cache shows a version our
+    /// writes replaced, else the cache's (it caught up, or someone else wrote after us).
+    pub fn freshest(&self, dt: Arc<DistributedTraining>) -> Arc<DistributedTraining> {
+        let uid = dt.uid().unwrap_or_default();
+        let mut written = self.written.lock().expect("lock");
+        let Some(w) = written.get(&uid) else {
+            return dt;
+        };
+        match dt.resource_version() {
+            Some(v) if w.superseded.contains(&v) => w.object.clone(),
+            _ => {
+                written.remove(&uid);
+                dt
+            }
+        }
+    }
+
+    pub fn remember_write(&self, read: &DistributedTraining, object: DistributedTraining) {
+        let uid = object.uid().unwrap_or_default();
+        let mut written = self.written.lock().expect("lock");
+        let mut superseded = written
+            .remove(&uid)
+            .map(|w| w.superseded)
+            .unwrap_or_default();
+        superseded.extend(read.resource_version());
+        // A handful is plenty: the cache lags by a write or two.
+        if superseded.len() > 16 {
+            superseded.drain(..superseded.len() - 16);
+        }
+        written.insert(
+            uid,
+            Written {
+                superseded,
+                object: Arc::new(object),
+            },
+        );
+    }
+}
