@@ -36,6 +36,11 @@ pub const FERROTRAIN_CHECKPOINT_DIR: &str = "FERROTRAIN_CHECKPOINT_DIR";
 pub const FERROTRAIN_RDZV_TOKEN: &str = "FERROTRAIN_RDZV_TOKEN";
 /// Port of rank 0's HTTP server (/metrics, /progress, /healthz).
 pub const FERROTRAIN_METRICS_PORT: &str = "FERROTRAIN_METRICS_PORT";
+/// GPUs the pod was given (the operator sets it to gpusPerReplica when above 0): a rank that
+/// then finds no CUDA device fails with exit 2 instead of training on the CPU.
+pub const FERROTRAIN_EXPECT_GPUS: &str = "FERROTRAIN_EXPECT_GPUS";
+/// Path of libnccl to load (default: `libnccl.so.2` from the library path, then libnccl.so).
+pub const FERROTRAIN_NCCL_LIBRARY: &str = "FERROTRAIN_NCCL_LIBRARY";
 
 /// `ferrotrain launch`'s settings (each also a flag; see docs/distributed.md).
 /// Single node: how many times the launcher restarts the group after a retryable failure.

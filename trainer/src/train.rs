@@ -17,7 +17,7 @@ use ferrotrain_api::{CheckpointInfo, TrainerConfig, TrainerPhase};
 use tch::{Device, Tensor, nn};
 
 use crate::bleu::BleuStats;
-use crate::checkpoint::{CheckpointStore, Named, TrainerState};
+use crate::checkpoint::{CheckpointStore, Named, TrainerState, WriterId};
 use crate::data::{self, BatchStream, Corpus, Example};
 use crate::decode;
 use crate::dist::{self, Collective, GradSync, RankEnv};
@@ -56,6 +56,8 @@ pub struct Summary {
     pub seconds: f64,
     /// Set when SIGTERM/SIGINT stopped the run early (after saving a checkpoint).
     pub interrupted_by: Option<i32>,
+    /// Rank 0's last progress report (phase Finished after a complete run).
+    pub final_progress: ferrotrain_api::Progress,
 }
 
 /// Picks the device for this rank.
@@ -110,9 +112,7 @@ fn broadcast_u64s(comm: &mut dyn Collective, values: &[u64]) -> Result<Vec<u64>>
         .iter()
         .flat_map(|v| (0..4).map(move |i| ((v >> (16 * i)) & 0xffff) as f32))
         .collect();
-    let mut t = Tensor::from_slice(&limbs);
-    comm.broadcast(&mut t, 0)?;
-    let back: Vec<f32> = Vec::try_from(&t).map_err(TrainError::from)?;
+    let back = dist::broadcast_host(comm, &limbs)?;
     Ok(back
         .chunks(4)
         .map(|c| {
@@ -133,9 +133,7 @@ fn broadcast_bytes(comm: &mut dyn Collective, bytes: Option<Vec<u8>>) -> Result<
         Some(b) => b.into_iter().map(f32::from).collect(),
         None => vec![0.0; len],
     };
-    let mut t = Tensor::from_slice(&floats);
-    comm.broadcast(&mut t, 0)?;
-    let back: Vec<f32> = Vec::try_from(&t).map_err(TrainError::from)?;
+    let back = dist::broadcast_host(comm, &floats)?;
     Ok(back.into_iter().map(|f| f as u8).collect())
 }
 
@@ -292,11 +290,11 @@ fn evaluate(
         }
         stats.extend(total.to_vector().into_iter().map(|v| v as f32));
     }
-    let mut t = Tensor::from_slice(&stats);
-    if world > 1 {
-        comm.all_reduce_sum(&mut t)?;
-    }
-    let summed: Vec<f32> = Vec::try_from(&t).map_err(TrainError::from)?;
+    let summed = if world > 1 {
+        dist::all_reduce_host(comm, &stats)?
+    } else {
+        stats
+    };
     let loss = (summed[1] > 0.0).then(|| f64::from(summed[0]) / f64::from(summed[1]));
     let bleu_score = want_bleu.then(|| {
         let v: Vec<u64> = summed[2..].iter().map(|&f| f.round() as u64).collect();
@@ -397,9 +395,10 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
 
     // Resume: rank 0 reads the newest complete checkpoint and tells the others.
     let mut store = if leader {
-        Some(CheckpointStore::new(
+        Some(CheckpointStore::open_writer(
             &opts.job_dir,
             config.checkpoint.clone(),
+            WriterId::of_rank(&opts.rank),
         )?)
     } else {
         None
@@ -458,9 +457,8 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         }
         let sync = grad_sync.as_mut().expect("world > 1");
         sync.broadcast_params(comm.as_mut())?;
-        for mut moment in optimizer.moments() {
-            comm.broadcast(&mut moment, 0)?;
-        }
+        // The moments travel through device buckets like the parameters.
+        GradSync::new(&optimizer.moments(), bucket_bytes).broadcast_params(comm.as_mut())?;
     } else if let Some(e) = incompatible {
         return Err(e);
     }
@@ -562,10 +560,8 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
             // f32 like every collective (the clock to a few ms over weeks).
             let clock = if leader { train_seconds } else { 0.0 };
             let flag = f32::from(u8::from(signal != 0));
-            let mut scalars = Tensor::from_slice(&[loss_local as f32, clock as f32, flag]);
-            comm.all_reduce_sum(&mut scalars)?;
+            let v = dist::all_reduce_host(comm.as_mut(), &[loss_local as f32, clock as f32, flag])?;
             comm_seconds += c0.elapsed().as_secs_f64();
-            let v: Vec<f32> = Vec::try_from(&scalars).map_err(TrainError::from)?;
             loss = f64::from(v[0]) / global_tokens as f64;
             train_seconds = f64::from(v[1]);
             if v[2] > 0.0 {
@@ -750,6 +746,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         last_checkpoint,
         seconds: started.elapsed().as_secs_f64(),
         interrupted_by,
+        final_progress: progress.lock().expect("progress lock").clone(),
     })
 }
 

@@ -7,8 +7,11 @@
 pub mod auth;
 #[cfg(feature = "cuda")]
 pub mod nccl;
+#[cfg(feature = "cuda")]
+pub mod nccl_lib;
 pub mod ring;
 pub mod store;
+pub mod strict;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
@@ -111,8 +114,24 @@ impl RankEnv {
 pub trait Collective: Send {
     fn rank(&self) -> usize;
     fn world_size(&self) -> usize;
-    /// Element-wise sum over ranks, in place. `tensor` is contiguous f32 (CPU for the ring,
-    /// the rank's GPU for NCCL).
+    /// Where the tensors handed to this collective must live: the CPU for the ring, the
+    /// rank's GPU for NCCL. Call sites get their buffers from `zeros` and `upload`, never
+    /// from `Tensor::from_slice` (a CPU tensor an NCCL communicator rejects).
+    fn device(&self) -> Device;
+    /// A flat buffer of zeros on `device()`, for collectives.
+    fn zeros(&mut self, numel: i64, kind: Kind) -> Result<Tensor> {
+        Ok(Tensor::f_zeros([numel], (kind, self.device()))?)
+    }
+    /// Host values copied onto `device()` as one flat f32 tensor, for collectives.
+    fn upload(&mut self, values: &[f32]) -> Result<Tensor> {
+        Ok(Tensor::from_slice(values).f_to_device(self.device())?)
+    }
+    /// A collective's result copied back to the host (one synchronisation on a GPU).
+    fn download(&mut self, tensor: Tensor) -> Result<Vec<f32>> {
+        let host = tensor.f_to_device(Device::Cpu)?.f_to_kind(Kind::Float)?;
+        Ok(Vec::try_from(&host)?)
+    }
+    /// Element-wise sum over ranks, in place. `tensor` is contiguous f32 on `device()`.
     fn all_reduce_sum(&mut self, tensor: &mut Tensor) -> Result<()>;
     /// Copies root's tensor into every rank's, in place.
     fn broadcast(&mut self, tensor: &mut Tensor, root: usize) -> Result<()>;
@@ -121,7 +140,9 @@ pub trait Collective: Send {
 }
 
 /// The collective of a single rank: everything is a no-op.
-pub struct Single;
+pub struct Single {
+    pub device: Device,
+}
 
 impl Collective for Single {
     fn rank(&self) -> usize {
@@ -129,6 +150,9 @@ impl Collective for Single {
     }
     fn world_size(&self) -> usize {
         1
+    }
+    fn device(&self) -> Device {
+        self.device
     }
     fn all_reduce_sum(&mut self, _: &mut Tensor) -> Result<()> {
         Ok(())
@@ -160,7 +184,7 @@ pub fn init(
         ));
     }
     if env.world_size == 1 {
-        return Ok(Box::new(Single));
+        return Ok(Box::new(Single { device }));
     }
     let mut meeting = Rendezvous::meet(env, config)?;
     if use_nccl {
@@ -170,12 +194,31 @@ pub fn init(
             return Ok(Box::new(comm));
         }
     }
-    let _ = device;
     let ring = meeting.ring(config)?;
-    Ok(Box::new(RingCollective {
+    let ring = Box::new(RingCollective {
         ring,
         _store: meeting.server,
-    }))
+    });
+    if strict::requested() {
+        // Tests only: every tensor must come from the collective's own buffers, as NCCL
+        // needs them on its GPU (see dist/strict.rs).
+        return Ok(Box::new(strict::Strict::new(ring, Device::Cpu)));
+    }
+    Ok(ring)
+}
+
+/// Broadcasts host values from rank 0 through `comm`'s device; returns rank 0's values.
+pub fn broadcast_host(comm: &mut dyn Collective, values: &[f32]) -> Result<Vec<f32>> {
+    let mut t = comm.upload(values)?;
+    comm.broadcast(&mut t, 0)?;
+    comm.download(t)
+}
+
+/// Sums host values over ranks through `comm`'s device.
+pub fn all_reduce_host(comm: &mut dyn Collective, values: &[f32]) -> Result<Vec<f32>> {
+    let mut t = comm.upload(values)?;
+    comm.all_reduce_sum(&mut t)?;
+    comm.download(t)
 }
 
 /// A rank's view of the rendezvous: its store connection and, on rank 0, the store itself.
@@ -350,6 +393,9 @@ impl Collective for RingCollective {
     fn world_size(&self) -> usize {
         self.ring.world_size()
     }
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
     fn all_reduce_sum(&mut self, tensor: &mut Tensor) -> Result<()> {
         let ring = &mut self.ring;
         with_f32(tensor, |data| ring.all_reduce_sum(data))
@@ -370,13 +416,14 @@ struct Bucket {
     numel: i64,
     kind: Kind,
     device: Device,
+    /// On the collective's device (allocated by it on first use).
     flat: Option<Tensor>,
 }
 
 impl Bucket {
-    fn flat(&mut self) -> Result<&mut Tensor> {
+    fn flat(&mut self, comm: &mut dyn Collective) -> Result<&mut Tensor> {
         if self.flat.is_none() {
-            self.flat = Some(Tensor::f_zeros([self.numel], (self.kind, self.device))?);
+            self.flat = Some(comm.zeros(self.numel, self.kind)?);
         }
         Ok(self.flat.as_mut().expect("just set"))
     }
@@ -443,7 +490,7 @@ impl GradSync {
         }
         for bucket in &mut self.buckets {
             let members = bucket.members.clone();
-            let flat = bucket.flat()?;
+            let flat = bucket.flat(comm)?;
             tch::no_grad(|| -> Result<()> {
                 for &(i, off, n) in &members {
                     let g = self.params[i].grad();
@@ -471,7 +518,7 @@ impl GradSync {
         }
         for bucket in &mut self.buckets {
             let members = bucket.members.clone();
-            let flat = bucket.flat()?;
+            let flat = bucket.flat(comm)?;
             tch::no_grad(|| -> Result<()> {
                 for &(i, off, n) in &members {
                     flat.f_narrow(0, off, n)?

@@ -1,7 +1,7 @@
 //! NCCL between GPUs, through cudarc (libcuda and libnccl are loaded at run time).
 //!
 //! Rank 0 creates the NCCL unique id and publishes it in the rendezvous store; every rank
-//! joins the communicator on GPU LOCAL_RANK. Collectives are enqueued on the CUDA legacy
+//! joins the communicator on the GPU libtorch picked for it (`local_rank % visible GPUs`). Collectives are enqueued on the CUDA legacy
 //! default stream (libtorch's current stream unless the caller set another), then this rank
 //! polls the stream and NCCL's asynchronous error until done or the collective timeout, when
 //! it aborts the communicator so a dead or hung peer never hangs the gang.
@@ -14,13 +14,15 @@ use cudarc::nccl::sys as nc;
 use ferrotrain_api::config::DistributedConfig;
 use tch::{Device, Kind, Tensor};
 
+use super::nccl_lib::{NcclLib, nccl};
 use super::{Collective, RankEnv, Rendezvous};
 use crate::error::{Result, TrainError};
 
 const ID_KEY: &str = "nccl/unique-id";
 
-/// Fails with a clear message unless libcuda, a GPU for `local_rank` and libnccl are present.
-pub fn check_available(local_rank: usize) -> Result<()> {
+/// Fails with a clear message unless libcuda, GPU `ordinal` and libnccl are present; returns
+/// the loaded NCCL.
+pub fn check_available(ordinal: usize) -> Result<&'static NcclLib> {
     // SAFETY: only probes whether the shared libraries can be loaded.
     if !unsafe { cu::is_culib_present() } {
         return Err(TrainError::Config(
@@ -40,28 +42,23 @@ pub fn check_available(local_rank: usize) -> Result<()> {
         }
         let mut count = 0;
         let r = cu::cuDeviceGetCount(&mut count);
-        if r != cu::CUresult::CUDA_SUCCESS || (count as usize) <= local_rank {
+        if r != cu::CUresult::CUDA_SUCCESS || (count as usize) <= ordinal {
             return Err(TrainError::Config(format!(
-                "distributed.backend nccl: LOCAL_RANK {local_rank} needs GPU {local_rank} but \
-                 {count} GPU(s) are visible"
+                "distributed.backend nccl: this rank's device is GPU {ordinal} but {count} \
+                 GPU(s) are visible"
             )));
         }
     }
-    // SAFETY: as above.
-    if !unsafe { nc::is_culib_present() } {
-        return Err(TrainError::Config(
-            "distributed.backend nccl: libnccl.so.2 cannot be loaded (install NCCL or add its \
-             directory to LD_LIBRARY_PATH)"
-                .into(),
-        ));
-    }
-    Ok(())
+    nccl()
 }
 
 fn nccl_error(what: &str, r: nc::ncclResult_t) -> TrainError {
     // SAFETY: ncclGetErrorString returns a static C string.
     let text = unsafe {
-        let p = nc::ncclGetErrorString(r);
+        let p = match nccl() {
+            Ok(lib) => (lib.get_error_string)(r),
+            Err(_) => std::ptr::null(),
+        };
         if p.is_null() {
             String::new()
         } else {
@@ -91,6 +88,7 @@ fn data_type(kind: Kind) -> Result<nc::ncclDataType_t> {
 
 /// An NCCL communicator over all ranks.
 pub struct Nccl {
+    lib: &'static NcclLib,
     comm: nc::ncclComm_t,
     rank: usize,
     world: usize,
@@ -117,11 +115,17 @@ impl Nccl {
                     .into(),
             ));
         }
-        check_available(env.local_rank)?;
+        // The GPU libtorch picked for this rank (`train::select_device`): NCCL must use the
+        // same one, or the tensors it is handed live on another device.
+        let ordinal = match device {
+            Device::Cuda(i) => i,
+            _ => unreachable!("checked above"),
+        };
+        let lib = check_available(ordinal)?;
         let id = if env.rank == 0 {
             let mut id = std::mem::MaybeUninit::<nc::ncclUniqueId>::uninit();
             // SAFETY: valid out-pointer; the library is present (checked above).
-            let r = unsafe { nc::ncclGetUniqueId(id.as_mut_ptr()) };
+            let r = unsafe { (lib.get_unique_id)(id.as_mut_ptr()) };
             if r != nc::ncclResult_t::ncclSuccess {
                 return Err(nccl_error("GetUniqueId", r));
             }
@@ -143,7 +147,7 @@ impl Nccl {
             }
             nc::ncclUniqueId { internal }
         };
-        let (rank, world, ordinal) = (env.rank, env.world_size, env.local_rank as i32);
+        let (rank, world, ordinal) = (env.rank, env.world_size, ordinal as i32);
         // ncclCommInitRank blocks until every rank joins and has no timeout of its own: run
         // it on a thread and give up at the rendezvous deadline (the process then exits).
         let (tx, rx) = std::sync::mpsc::channel();
@@ -162,7 +166,7 @@ impl Nccl {
                     )))
                 } else {
                     let mut comm = std::ptr::null_mut();
-                    let r = nc::ncclCommInitRank(&mut comm, world as i32, id, rank as i32);
+                    let r = (lib.comm_init_rank)(&mut comm, world as i32, id, rank as i32);
                     if r == nc::ncclResult_t::ncclSuccess {
                         Ok(comm as usize)
                     } else {
@@ -182,6 +186,7 @@ impl Nccl {
             }
         };
         Ok(Nccl {
+            lib,
             comm,
             rank,
             world,
@@ -201,7 +206,7 @@ impl Nccl {
             let (stream, async_error) = unsafe {
                 let s = cu::cuStreamQuery(std::ptr::null_mut());
                 let mut e = nc::ncclResult_t::ncclSuccess;
-                nc::ncclCommGetAsyncError(self.comm, &mut e);
+                (self.lib.comm_get_async_error)(self.comm, &mut e);
                 (s, e)
             };
             if async_error != nc::ncclResult_t::ncclSuccess
@@ -228,7 +233,7 @@ impl Nccl {
     fn abort<T>(&mut self, message: String) -> Result<T> {
         // SAFETY: aborting our own communicator; it is not used afterwards.
         unsafe {
-            nc::ncclCommAbort(self.comm);
+            (self.lib.comm_abort)(self.comm);
         }
         self.comm = std::ptr::null_mut();
         self.broken = Some(message.clone());
@@ -263,6 +268,10 @@ impl Collective for Nccl {
         self.world
     }
 
+    fn device(&self) -> Device {
+        self.device
+    }
+
     fn all_reduce_sum(&mut self, tensor: &mut Tensor) -> Result<()> {
         self.check()?;
         Self::check_tensor(tensor)?;
@@ -276,7 +285,7 @@ impl Collective for Nccl {
         // SAFETY: `wire` is a contiguous CUDA tensor of numel elements, alive until `wait`
         // has seen the stream finish.
         let r = unsafe {
-            nc::ncclAllReduce(
+            (self.lib.all_reduce)(
                 ptr as *const c_void,
                 ptr,
                 wire.numel(),
@@ -302,7 +311,7 @@ impl Collective for Nccl {
         let ptr = tensor.data_ptr();
         // SAFETY: as in all_reduce_sum.
         let r = unsafe {
-            nc::ncclBroadcast(
+            (self.lib.broadcast)(
                 ptr as *const c_void,
                 ptr,
                 tensor.numel(),
@@ -329,7 +338,7 @@ impl Drop for Nccl {
         if !self.comm.is_null() {
             // SAFETY: our communicator, not used afterwards.
             unsafe {
-                nc::ncclCommDestroy(self.comm);
+                (self.lib.comm_destroy)(self.comm);
             }
         }
     }

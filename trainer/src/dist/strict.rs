@@ -1,0 +1,323 @@
+//! A device-strict twin of the NCCL backend for machines without a GPU.
+//!
+//! NCCL only accepts contiguous tensors on its GPU; a call site that hands it a host tensor
+//! (`Tensor::from_slice`) fails every multi-GPU job at start. On a CPU-only build every tensor
+//! is a CPU tensor, so checking the device alone would catch nothing. The twin therefore
+//! tracks *residency*: a tensor is "on the device" only if the collective itself allocated it
+//! (`zeros`, `upload`), exactly the tensors that would be on the GPU under NCCL. Anything else
+//! (a host tensor built by a call site, a parameter or optimizer moment handed over directly)
+//! is rejected with the error NCCL's `check_tensor` gives, so CI catches that class of bug.
+//!
+//! Like `Nccl`, the twin also checks the declared device and contiguity, refuses kinds NCCL
+//! cannot exchange, and stays failed after the first error (NCCL aborts its communicator).
+//! It counts collectives and host reads (`download`, one host synchronisation each on a GPU)
+//! and logs the counts when dropped, so tests can check it was in the path.
+//!
+//! `dist::init` wraps the TCP ring in it when `FERROTRAIN_STRICT_COLLECTIVES=1` (tests only).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tch::{Device, Kind, Tensor};
+
+use super::Collective;
+use crate::error::{Result, TrainError};
+
+/// Test hook: set to 1, `dist::init` wraps the ring in the strict twin.
+pub const STRICT_ENV: &str = "FERROTRAIN_STRICT_COLLECTIVES";
+
+/// Whether the strict twin was asked for.
+pub fn requested() -> bool {
+    std::env::var(STRICT_ENV).is_ok_and(|v| v.trim() == "1")
+}
+
+/// What the twin saw (shared so a test can read it while the twin is boxed).
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// All-reduces, broadcasts and barriers that passed the checks.
+    pub collectives: AtomicU64,
+    /// Host reads of collective results.
+    pub downloads: AtomicU64,
+}
+
+/// The device-strict collective: checks, then delegates to `inner`.
+pub struct Strict {
+    inner: Box<dyn Collective>,
+    device: Device,
+    /// The buffers this collective allocated: (tensor kept alive, first byte, bytes).
+    resident: Vec<(Tensor, usize, usize)>,
+    broken: Option<String>,
+    counters: Arc<Counters>,
+}
+
+impl Strict {
+    /// `device` is what the twin declares (`Collective::device`); its buffers physically live
+    /// on the CPU, so the declared device must be the CPU for it to run collectives.
+    pub fn new(inner: Box<dyn Collective>, device: Device) -> Self {
+        Strict {
+            inner,
+            device,
+            resident: Vec::new(),
+            broken: None,
+            counters: Arc::default(),
+        }
+    }
+
+    pub fn counters(&self) -> Arc<Counters> {
+        self.counters.clone()
+    }
+
+    fn register(&mut self, t: &Tensor) {
+        let bytes = t.numel() * t.kind().elt_size_in_bytes();
+        self.resident
+            .push((t.shallow_clone(), t.data_ptr() as usize, bytes));
+    }
+
+    fn is_resident(&self, t: &Tensor) -> bool {
+        let start = t.data_ptr() as usize;
+        let bytes = t.numel() * t.kind().elt_size_in_bytes();
+        self.resident
+            .iter()
+            .any(|&(_, s, n)| start >= s && start + bytes <= s + n)
+    }
+
+    /// The same refusals as `Nccl::check_tensor` and `nccl::data_type`, plus residency.
+    fn check_tensor(&mut self, t: &Tensor) -> Result<()> {
+        if let Some(b) = &self.broken {
+            return Err(TrainError::Distributed(format!(
+                "the strict communicator was aborted by an earlier failure: {b}"
+            )));
+        }
+        let problem = if t.device() != self.device {
+            Some(format!(
+                "a tensor on {:?}, the communicator's device is {:?}",
+                t.device(),
+                self.device
+            ))
+        } else if !t.is_contiguous() {
+            Some("a non-contiguous tensor".to_string())
+        } else if !matches!(
+            t.kind(),
+            Kind::Float
+                | Kind::Double
+                | Kind::Half
+                | Kind::BFloat16
+                | Kind::Int
+                | Kind::Int64
+                | Kind::Uint8
+                | Kind::Bool
+                | Kind::Int8
+        ) {
+            Some(format!("a {:?} tensor", t.kind()))
+        } else if t.numel() > 0 && !self.is_resident(t) {
+            Some(
+                "a tensor the communicator did not allocate (a host tensor: NCCL would see \
+                 CPU memory); get buffers from Collective::zeros/upload"
+                    .to_string(),
+            )
+        } else {
+            None
+        };
+        match problem {
+            Some(p) => {
+                let message = format!("NCCL collectives need contiguous CUDA tensors: got {p}");
+                self.broken = Some(message.clone());
+                Err(TrainError::Distributed(message))
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn done(&mut self, result: Result<()>) -> Result<()> {
+        match result {
+            Ok(()) => {
+                self.counters.collectives.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                self.broken = Some(e.to_string());
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Collective for Strict {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+    fn device(&self) -> Device {
+        self.device
+    }
+    fn zeros(&mut self, numel: i64, kind: Kind) -> Result<Tensor> {
+        let t = Tensor::f_zeros([numel], (kind, self.device))?;
+        self.register(&t);
+        Ok(t)
+    }
+    fn upload(&mut self, values: &[f32]) -> Result<Tensor> {
+        let t = Tensor::from_slice(values).f_to_device(self.device)?;
+        self.register(&t);
+        Ok(t)
+    }
+    fn download(&mut self, tensor: Tensor) -> Result<Vec<f32>> {
+        if tensor.device() != self.device {
+            return Err(TrainError::Distributed(format!(
+                "download of a tensor on {:?}, the communicator's device is {:?}",
+                tensor.device(),
+                self.device
+            )));
+        }
+        self.counters.downloads.fetch_add(1, Ordering::Relaxed);
+        // An upload's buffer is done with once read back.
+        let ptr = tensor.data_ptr() as usize;
+        self.resident.retain(|(_, s, _)| *s != ptr);
+        let host = tensor.f_to_kind(Kind::Float)?;
+        Ok(Vec::try_from(&host)?)
+    }
+    fn all_reduce_sum(&mut self, tensor: &mut Tensor) -> Result<()> {
+        self.check_tensor(tensor)?;
+        let r = self.inner.all_reduce_sum(tensor);
+        self.done(r)
+    }
+    fn broadcast(&mut self, tensor: &mut Tensor, root: usize) -> Result<()> {
+        self.check_tensor(tensor)?;
+        let r = self.inner.broadcast(tensor, root);
+        self.done(r)
+    }
+    fn barrier(&mut self) -> Result<()> {
+        // `Nccl::barrier` all-reduces a buffer it allocates itself: nothing to check but the
+        // communicator's state.
+        if let Some(b) = &self.broken {
+            return Err(TrainError::Distributed(format!(
+                "the strict communicator was aborted by an earlier failure: {b}"
+            )));
+        }
+        let r = self.inner.barrier();
+        self.done(r)
+    }
+}
+
+impl Drop for Strict {
+    fn drop(&mut self) {
+        tracing::info!(
+            collectives = self.counters.collectives.load(Ordering::Relaxed),
+            downloads = self.counters.downloads.load(Ordering::Relaxed),
+            "strict collectives checked"
+        );
+    }
+}
+
+/// `world` ranks holding identical values, in one process (unit tests): an all-reduce
+/// multiplies by `world`, a broadcast changes nothing.
+pub struct Loopback {
+    pub world: usize,
+}
+
+impl Collective for Loopback {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world_size(&self) -> usize {
+        self.world
+    }
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
+    fn all_reduce_sum(&mut self, tensor: &mut Tensor) -> Result<()> {
+        let world = self.world as f64;
+        let _ = tch::no_grad(|| tensor.f_mul_(&Tensor::from(world)))?;
+        Ok(())
+    }
+    fn broadcast(&mut self, _: &mut Tensor, _: usize) -> Result<()> {
+        Ok(())
+    }
+    fn barrier(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dist::{GradSync, all_reduce_host, broadcast_host};
+
+    fn strict() -> Strict {
+        Strict::new(Box::new(Loopback { world: 2 }), Device::Cpu)
+    }
+
+    #[test]
+    fn a_tensor_on_another_device_is_rejected() {
+        // Declared as NCCL would be on GPU 0: the CPU tensor a call site built is refused.
+        let mut comm = Strict::new(Box::new(Loopback { world: 2 }), Device::Cuda(0));
+        let mut host = Tensor::from_slice(&[1.0f32, 2.0]);
+        let err = comm.all_reduce_sum(&mut host).unwrap_err();
+        assert!(matches!(err, TrainError::Distributed(_)), "{err}");
+        assert!(
+            err.to_string().contains("need contiguous CUDA tensors"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("Cuda(0)"), "{err}");
+    }
+
+    #[test]
+    fn a_host_tensor_is_rejected_even_on_the_cpu() {
+        let mut comm = strict();
+        let mut host = Tensor::from_slice(&[1.0f32, 2.0]);
+        let err = comm.broadcast(&mut host, 0).unwrap_err();
+        assert!(err.to_string().contains("did not allocate"), "{err}");
+        // Like an aborted NCCL communicator, it stays failed.
+        let mut ok = comm.upload(&[1.0]).unwrap();
+        assert!(comm.all_reduce_sum(&mut ok).is_err());
+    }
+
+    #[test]
+    fn parameters_handed_over_directly_are_rejected() {
+        let mut comm = strict();
+        let mut param = Tensor::zeros([4], (Kind::Float, Device::Cpu));
+        assert!(comm.all_reduce_sum(&mut param).is_err());
+    }
+
+    #[test]
+    fn device_buffers_pass_and_reduce() {
+        let mut comm = strict();
+        assert_eq!(
+            all_reduce_host(&mut comm, &[1.0, 3.0]).unwrap(),
+            vec![2.0, 6.0]
+        );
+        assert_eq!(broadcast_host(&mut comm, &[5.0]).unwrap(), vec![5.0]);
+        comm.barrier().unwrap();
+        // A view inside a device buffer is on the device too.
+        let flat = comm.zeros(8, Kind::Float).unwrap();
+        let mut view = flat.narrow(0, 2, 4);
+        comm.all_reduce_sum(&mut view).unwrap();
+        let c = comm.counters();
+        assert_eq!(c.collectives.load(Ordering::Relaxed), 4);
+        assert_eq!(c.downloads.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn grad_sync_runs_on_device_buckets() {
+        let mut comm = strict();
+        let params: Vec<Tensor> = [3i64, 5]
+            .iter()
+            .map(|&n| Tensor::ones([n], (Kind::Float, Device::Cpu)).set_requires_grad(true))
+            .collect();
+        let loss = params[0].sum(Kind::Float) * 2.0 + params[1].sum(Kind::Float);
+        loss.backward();
+        let mut sync = GradSync::new(&params, 16);
+        sync.sync(&mut comm).unwrap();
+        assert_eq!(
+            Vec::<f32>::try_from(&params[0].grad()).unwrap(),
+            vec![4.0; 3]
+        );
+        assert_eq!(
+            Vec::<f32>::try_from(&params[1].grad()).unwrap(),
+            vec![2.0; 5]
+        );
+        sync.broadcast_params(&mut comm).unwrap();
+        assert_eq!(Vec::<f32>::try_from(&params[1]).unwrap(), vec![1.0; 5]);
+    }
+}

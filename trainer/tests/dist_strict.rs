@@ -1,0 +1,88 @@
+//! Every collective call site hands the collective tensors on its device: two ranks train,
+//! checkpoint, resume and evaluate through the device-strict twin of NCCL
+//! (`FERROTRAIN_STRICT_COLLECTIVES=1`, dist/strict.rs), which fails the run on the first
+//! tensor the collective did not allocate, as NCCL fails on a CPU tensor.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{ProcessGroup, copy_config, write};
+
+/// Runs `ferrotrain launch` with 2 ranks through the strict twin; returns its stderr.
+fn launch_strict(dir: &Path, config: &Path, name: &str) -> String {
+    let log = dir.join(format!("{name}.log"));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferrotrain"));
+    cmd.arg("launch")
+        .arg("--config")
+        .arg(config)
+        .args(["--nproc-per-node", "2", "--master-port", "0"])
+        .args(["--max-restarts", "0"])
+        .env("FERROTRAIN_CHECKPOINT_DIR", dir.join("runs"))
+        .env("FERROTRAIN_STRICT_COLLECTIVES", "1")
+        .env("OMP_NUM_THREADS", "1")
+        .env("RUST_LOG", "info")
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .env_remove("FERROTRAIN_METRICS_PORT")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut run = ProcessGroup::spawn(cmd, Some(log));
+    let status = run.wait(Duration::from_secs(180));
+    let text = run.log();
+    assert!(
+        status.success(),
+        "2 ranks through the strict collective failed: {text}"
+    );
+    text
+}
+
+/// The collectives each rank's strict twin passed, from its "strict collectives checked" line.
+fn checked_counts(log: &str) -> Vec<u64> {
+    log.lines()
+        .filter(|l| l.contains("strict collectives checked"))
+        .filter_map(|l| {
+            let rest = l.split("collectives=").nth(1)?;
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// The copy task with an evaluation (loss and BLEU, all-reduced) every 3 steps.
+fn config(max_steps: u64) -> String {
+    let text = copy_config(max_steps, 3, "");
+    let eval = "eval: {everySteps: 0, maxSentences: 20}";
+    assert!(text.contains(eval), "{text}");
+    text.replace(
+        eval,
+        "eval: {everySteps: 3, maxSentences: 8, bleu: true, beamSize: 1}",
+    )
+}
+
+#[test]
+fn two_ranks_train_resume_and_evaluate_through_the_strict_collective() {
+    let dir = tempfile::tempdir().unwrap();
+    // First run: fresh start (vocabulary, resume header, parameter broadcast), GradSync and
+    // the per-step scalars, the final evaluation, a checkpoint.
+    let first = write(dir.path(), "job.yaml", &config(6));
+    let log = launch_strict(dir.path(), &first, "first");
+    let counts = checked_counts(&log);
+    assert_eq!(counts.len(), 2, "one count per rank: {log}");
+    assert!(counts.iter().all(|&c| c >= 6), "{counts:?}: {log}");
+
+    // Second run resumes: rank 0 broadcasts the restored weights and optimizer moments.
+    let second = write(dir.path(), "job.yaml", &config(9));
+    let log = launch_strict(dir.path(), &second, "second");
+    assert!(log.contains("resuming from checkpoint"), "{log}");
+    assert_eq!(checked_counts(&log).len(), 2, "{log}");
+    let losses = common::losses(&dir.path().join("runs").join("job"));
+    assert_eq!(
+        losses.iter().map(|l| l.0).collect::<Vec<_>>(),
+        (1..=9).collect::<Vec<_>>()
+    );
+}
