@@ -616,15 +616,26 @@ impl TrainerConfig {
         }
     }
 
-    /// Every semantic problem (ranges, cross-field rules). Pure: does not touch files.
+    /// Every semantic problem (ranges, cross-field rules), section by section. Pure: does not
+    /// touch files.
     pub fn validate(&self) -> Vec<FieldError> {
-        let mut errors = Vec::new();
-        let mut bad = |path: &str, reason: String| {
-            errors.push(FieldError {
-                path: path.to_string(),
-                reason,
-            })
-        };
+        let mut problems = Problems::default();
+        self.check_run(&mut problems);
+        match self.task {
+            Task::Translation => self.check_translation_data(&mut problems),
+            Task::Copy => self.check_copy(&mut problems),
+        }
+        self.check_model(&mut problems);
+        self.check_batch_and_optimizer(&mut problems);
+        self.check_schedule(&mut problems);
+        self.check_eval_and_checkpoint(&mut problems);
+        self.check_distributed(&mut problems);
+        problems.0
+    }
+
+    /// Run length, loss, logging and threads.
+    fn check_run(&self, problems: &mut Problems) {
+        let mut bad = |path: &str, reason: String| problems.bad(path, reason);
         if self.max_steps == 0 {
             bad("maxSteps", "must be at least 1".into());
         }
@@ -643,108 +654,117 @@ impl TrainerConfig {
         if self.threads == Some(0) {
             bad("threads", "must be at least 1 when set".into());
         }
-        match self.task {
-            Task::Translation => {
-                if self.data.train.is_none() {
-                    bad(
-                        "data.train",
-                        "is required for task translation (source and target files)".into(),
-                    );
+    }
+
+    /// The translation data, the tokenizer and the sentence lengths the model and batches hold.
+    fn check_translation_data(&self, problems: &mut Problems) {
+        let mut bad = |path: &str, reason: String| problems.bad(path, reason);
+        if self.data.train.is_none() {
+            bad(
+                "data.train",
+                "is required for task translation (source and target files)".into(),
+            );
+        }
+        for (name, files) in [
+            ("data.train", &self.data.train),
+            ("data.valid", &self.data.valid),
+        ] {
+            if let Some(f) = files {
+                if f.source.trim().is_empty() {
+                    bad(&format!("{name}.source"), "must name a file".into());
                 }
-                for (name, files) in [
-                    ("data.train", &self.data.train),
-                    ("data.valid", &self.data.valid),
-                ] {
-                    if let Some(f) = files {
-                        if f.source.trim().is_empty() {
-                            bad(&format!("{name}.source"), "must name a file".into());
-                        }
-                        if f.target.trim().is_empty() {
-                            bad(&format!("{name}.target"), "must name a file".into());
-                        }
-                    }
-                }
-                let tok = &self.data.tokenizer;
-                if tok.path.is_none() && tok.vocab_size < 64 {
-                    bad(
-                        "data.tokenizer.vocabSize",
-                        format!(
-                            "must be at least 64 to learn a subword vocabulary, got {}",
-                            tok.vocab_size
-                        ),
-                    );
-                }
-                if tok.min_frequency == 0 {
-                    bad("data.tokenizer.minFrequency", "must be at least 1".into());
-                }
-                if self.data.max_sentence_tokens < 2 {
-                    bad("data.maxSentenceTokens", "must be at least 2".into());
-                }
-                if self.data.max_sentence_tokens + 2 > self.model.max_positions {
-                    bad(
-                        "data.maxSentenceTokens",
-                        format!(
-                            "{} plus BOS/EOS exceeds model.maxPositions {}",
-                            self.data.max_sentence_tokens, self.model.max_positions
-                        ),
-                    );
-                }
-                if self.data.max_sentence_tokens + 2 > self.batch.max_tokens {
-                    bad(
-                        "batch.maxTokens",
-                        format!(
-                            "{} cannot hold one sentence of data.maxSentenceTokens {} plus BOS/EOS",
-                            self.batch.max_tokens, self.data.max_sentence_tokens
-                        ),
-                    );
-                }
-            }
-            Task::Copy => {
-                let c = &self.copy;
-                if c.symbols < 2 {
-                    bad(
-                        "copy.symbols",
-                        format!("must be at least 2, got {}", c.symbols),
-                    );
-                }
-                if c.min_length == 0 {
-                    bad("copy.minLength", "must be at least 1".into());
-                }
-                if c.max_length < c.min_length {
-                    bad(
-                        "copy.maxLength",
-                        format!(
-                            "{} is less than copy.minLength {}",
-                            c.max_length, c.min_length
-                        ),
-                    );
-                }
-                if c.max_length + 2 > self.model.max_positions {
-                    bad(
-                        "copy.maxLength",
-                        format!(
-                            "{} plus BOS/EOS exceeds model.maxPositions {}",
-                            c.max_length, self.model.max_positions
-                        ),
-                    );
-                }
-                if c.max_length + 2 > self.batch.max_tokens {
-                    bad(
-                        "batch.maxTokens",
-                        format!(
-                            "{} cannot hold one sequence of copy.maxLength {} plus BOS/EOS",
-                            self.batch.max_tokens, c.max_length
-                        ),
-                    );
-                }
-                if c.train_samples == 0 {
-                    bad("copy.trainSamples", "must be at least 1".into());
-                }
-                if c.valid_samples == 0 {
-                    bad("copy.validSamples", "must be at least 1".into());
+                if f.target.trim().is_empty() {
+                    bad(&format!("{name}.target"), "must name a file".into());
                 }
             }
         }
+        let tok = &self.data.tokenizer;
+        if tok.path.is_none() && tok.vocab_size < 64 {
+            bad(
+                "data.tokenizer.vocabSize",
+                format!(
+                    "must be at least 64 to learn a subword vocabulary, got {}",
+                    tok.vocab_size
+                ),
+            );
+        }
+        if tok.min_frequency == 0 {
+            bad("data.tokenizer.minFrequency", "must be at least 1".into());
+        }
+        if self.data.max_sentence_tokens < 2 {
+            bad("data.maxSentenceTokens", "must be at least 2".into());
+        }
+        if self.data.max_sentence_tokens + 2 > self.model.max_positions {
+            bad(
+                "data.maxSentenceTokens",
+                format!(
+                    "{} plus BOS/EOS exceeds model.maxPositions {}",
+                    self.data.max_sentence_tokens, self.model.max_positions
+                ),
+            );
+        }
+        if self.data.max_sentence_tokens + 2 > self.batch.max_tokens {
+            bad(
+                "batch.maxTokens",
+                format!(
+                    "{} cannot hold one sentence of data.maxSentenceTokens {} plus BOS/EOS",
+                    self.batch.max_tokens, self.data.max_sentence_tokens
+                ),
+            );
+        }
+    }
+
+    /// The copy task's synthetic data and the sequence lengths the model and batches hold.
+    fn check_copy(&self, problems: &mut Problems) {
+        let mut bad = |path: &str, reason: String| problems.bad(path, reason);
+        let c = &self.copy;
+        if c.symbols < 2 {
+            bad(
+                "copy.symbols",
+                format!("must be at least 2, got {}", c.symbols),
+            );
+        }
+        if c.min_length == 0 {
+            bad("copy.minLength", "must be at least 1".into());
+        }
+        if c.max_length < c.min_length {
+            bad(
+                "copy.maxLength",
+                format!(
+                    "{} is less than copy.minLength {}",
+                    c.max_length, c.min_length
+                ),
+            );
+        }
+        if c.max_length + 2 > self.model.max_positions {
+            bad(
+                "copy.maxLength",
+                format!(
+                    "{} plus BOS/EOS exceeds model.maxPositions {}",
+                    c.max_length, self.model.max_positions
+                ),
+            );
+        }
+        if c.max_length + 2 > self.batch.max_tokens {
+            bad(
+                "batch.maxTokens",
+                format!(
+                    "{} cannot hold one sequence of copy.maxLength {} plus BOS/EOS",
+                    self.batch.max_tokens, c.max_length
+                ),
+            );
+        }
+        if c.train_samples == 0 {
+            bad("copy.trainSamples", "must be at least 1".into());
+        }
+        if c.valid_samples == 0 {
+            bad("copy.validSamples", "must be at least 1".into());
+        }
+    }
+
+    /// The model's shape and dropouts.
+    fn check_model(&self, problems: &mut Problems) {
+        let mut bad = |path: &str, reason: String| problems.bad(path, reason);
         let m = &self.model;
         if m.d_model == 0 || m.heads == 0 {
             bad("model.dModel", "dModel and heads must be positive".into());
@@ -782,6 +802,11 @@ impl TrainerConfig {
                 bad(field, format!("must be in [0, 1), got {v}"));
             }
         }
+    }
+
+    /// Gradient accumulation and the optimizer's hyper-parameters.
+    fn check_batch_and_optimizer(&self, problems: &mut Problems) {
+        let mut bad = |path: &str, reason: String| problems.bad(path, reason);
         if self.batch.accumulate == 0 {
             bad("batch.accumulate", "must be at least 1".into());
         }
@@ -812,6 +837,11 @@ impl TrainerConfig {
                 format!("must be >= 0 (0 disables clipping), got {}", o.clip_norm),
             );
         }
+    }
+
+    /// The learning-rate schedule and its horizon.
+    fn check_schedule(&self, problems: &mut Problems) {
+        let mut bad = |path: &str, reason: String| problems.bad(path, reason);
         if !(0.0..=1.0).contains(&self.schedule.min_lr_ratio) {
             bad(
                 "schedule.minLrRatio",
@@ -839,6 +869,11 @@ impl TrainerConfig {
                 );
             }
         }
+    }
+
+    /// Evaluation and the checkpoint policy.
+    fn check_eval_and_checkpoint(&self, problems: &mut Problems) {
+        let mut bad = |path: &str, reason: String| problems.bad(path, reason);
         if self.eval.beam_size == 0 {
             bad("eval.beamSize", "must be at least 1 (1 = greedy)".into());
         }
@@ -857,6 +892,11 @@ impl TrainerConfig {
                 "must be at least 1 when set".into(),
             );
         }
+    }
+
+    /// Gradient exchange and rendezvous.
+    fn check_distributed(&self, problems: &mut Problems) {
+        let mut bad = |path: &str, reason: String| problems.bad(path, reason);
         let d = &self.distributed;
         if d.bucket_mib == 0 {
             bad("distributed.bucketMib", "must be at least 1".into());
@@ -873,7 +913,6 @@ impl TrainerConfig {
                 "must be at least 1".into(),
             );
         }
-        errors
     }
 
     /// A stable digest of everything that shapes the model's tensors and vocabulary; a
@@ -895,6 +934,19 @@ impl TrainerConfig {
             hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
         }
         format!("{hash:016x}")
+    }
+}
+
+/// The problems one validation found, in the order the checks run.
+#[derive(Default)]
+struct Problems(Vec<FieldError>);
+
+impl Problems {
+    fn bad(&mut self, path: &str, reason: String) {
+        self.0.push(FieldError {
+            path: path.to_string(),
+            reason,
+        });
     }
 }
 
