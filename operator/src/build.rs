@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingSpec};
+use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingSpec, PodTemplateOverrides};
 use ferrotrain_api::env;
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
@@ -295,17 +295,80 @@ pub fn pod(
 ) -> Pod {
     let name = labels::pod_name(&owner.name, attempt, node_rank);
     let template = spec.pod_template.clone().unwrap_or_default();
+    let metadata = pod_metadata(owner, &template, &name, attempt, node_rank);
+    let storage = storage(owner, spec, &template, node_rank);
+    let env = pod_env(owner, spec, &template, attempt, node_rank, s);
+    let container = trainer_container(spec, s, env, storage.mounts, storage.working_dir);
+    let volumes = storage.volumes;
+    let security_context = pod_security_context(&template);
 
+    Pod {
+        metadata,
+        spec: Some(PodSpec {
+            hostname: Some(name),
+            subdomain: Some(labels::service_name(&owner.name)),
+            restart_policy: Some("Never".into()),
+            containers: vec![container],
+            volumes: Some(volumes),
+            security_context: Some(security_context),
+            termination_grace_period_seconds: Some(
+                template.termination_grace_period_seconds.unwrap_or(30),
+            ),
+            // No service-link variables and no API token: a trainer talks to its peers only.
+            enable_service_links: Some(false),
+            automount_service_account_token: Some(false),
+            service_account_name: template.service_account_name.clone(),
+            node_selector: (!template.node_selector.is_empty())
+                .then(|| template.node_selector.clone()),
+            tolerations: (!template.tolerations.is_empty()).then(|| template.tolerations.clone()),
+            affinity: template.affinity.clone(),
+            priority_class_name: template.priority_class_name.clone(),
+            scheduler_name: template.scheduler_name.clone(),
+            image_pull_secrets: (!template.image_pull_secrets.is_empty())
+                .then(|| template.image_pull_secrets.clone()),
+            ..PodSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// Name, labels (the template's, then the operator's), annotations, owner.
+fn pod_metadata(
+    owner: &Owner,
+    template: &PodTemplateOverrides,
+    name: &str,
+    attempt: i32,
+    node_rank: i32,
+) -> ObjectMeta {
     let mut pod_labels = template.labels.clone();
     pod_labels.extend([
         (labels::ATTEMPT.to_string(), attempt.to_string()),
         (labels::NODE_RANK.to_string(), node_rank.to_string()),
     ]);
-    let mut metadata = owner.meta(name.clone(), pod_labels);
+    let mut metadata = owner.meta(name.to_string(), pod_labels);
     if !template.annotations.is_empty() {
         metadata.annotations = Some(template.annotations.clone());
     }
 
+    metadata
+}
+
+/// The volumes of a pod and the trainer's mounts of them.
+struct Storage {
+    volumes: Vec<Volume>,
+    mounts: Vec<VolumeMount>,
+    /// The data directory, when there is one: relative paths in the config resolve there.
+    working_dir: Option<String>,
+}
+
+/// shm, tmp, the trainer config, the checkpoints (rank 0 alone mounts the checkpoint volume),
+/// the data and the template's extra volumes.
+fn storage(
+    owner: &Owner,
+    spec: &DistributedTrainingSpec,
+    template: &PodTemplateOverrides,
+    node_rank: i32,
+) -> Storage {
     let mut volumes = vec![
         Volume {
             name: "shm".into(),
@@ -350,8 +413,39 @@ pub fn pod(
         });
     }
 
-    // Checkpoints: a claim, a named user volume, or (no resume across restarts) an emptyDir.
-    // A pod that does not write checkpoints gets the emptyDir at the same path.
+    let unused_user_volume = checkpoint_storage(spec, node_rank, &mut volumes, &mut mounts);
+    let working_dir = data_storage(spec, &mut volumes, &mut mounts);
+    mounts.extend(template.volume_mounts.iter().cloned());
+    // A pod keeps every user volume something mounts: the checkpoint volume of a pod that
+    // does not write checkpoints goes, unless data or an extra mount uses it too (a pod
+    // referencing a ReadWriteOnce claim could only be scheduled on the claim's node).
+    volumes.extend(
+        template
+            .volumes
+            .iter()
+            .filter(|v| {
+                unused_user_volume.as_deref() != Some(v.name.as_str())
+                    || mounts.iter().any(|m| m.name == v.name)
+            })
+            .cloned(),
+    );
+
+    Storage {
+        volumes,
+        mounts,
+        working_dir,
+    }
+}
+
+/// Checkpoints: a claim, a named user volume, or (no resume across restarts) an emptyDir. A
+/// pod that does not write checkpoints gets an emptyDir at the same path; returns the user
+/// volume it then does not need.
+fn checkpoint_storage(
+    spec: &DistributedTrainingSpec,
+    node_rank: i32,
+    volumes: &mut Vec<Volume>,
+    mounts: &mut Vec<VolumeMount>,
+) -> Option<String> {
     let checkpoint = spec.checkpoint.clone().unwrap_or_default();
     let checkpoint_path = checkpoint_mount_path(spec);
     let (claim, user_volume, unused_user_volume) = if mounts_checkpoint_volume(spec, node_rank) {
@@ -390,8 +484,15 @@ pub fn pod(
             });
         }
     }
+    unused_user_volume
+}
 
-    let mut working_dir = None;
+/// The data volume and its mount; returns the data directory (the working directory).
+fn data_storage(
+    spec: &DistributedTrainingSpec,
+    volumes: &mut Vec<Volume>,
+    mounts: &mut Vec<VolumeMount>,
+) -> Option<String> {
     if let Some(data) = &spec.data {
         let read_only = data.read_only.then_some(true);
         let volume_name = match (&data.claim_name, &data.volume_name) {
@@ -413,24 +514,21 @@ pub fn pod(
                 read_only,
                 ..VolumeMount::default()
             });
-            working_dir = Some(data.mount_path.clone());
+            return Some(data.mount_path.clone());
         }
     }
-    mounts.extend(template.volume_mounts.iter().cloned());
-    // A pod keeps every user volume something mounts: the checkpoint volume of a pod that
-    // does not write checkpoints goes, unless data or an extra mount uses it too (a pod
-    // referencing a ReadWriteOnce claim could only be scheduled on the claim's node).
-    volumes.extend(
-        template
-            .volumes
-            .iter()
-            .filter(|v| {
-                unused_user_volume.as_deref() != Some(v.name.as_str())
-                    || mounts.iter().any(|m| m.name == v.name)
-            })
-            .cloned(),
-    );
+    None
+}
 
+/// The env contract, then the template's extra variables (the contract wins).
+fn pod_env(
+    owner: &Owner,
+    spec: &DistributedTrainingSpec,
+    template: &PodTemplateOverrides,
+    attempt: i32,
+    node_rank: i32,
+    s: &BuildSettings,
+) -> Vec<EnvVar> {
     let contract = contract_env(owner, spec, attempt, node_rank, s);
     let mut env = contract.clone();
     env.extend(
@@ -441,6 +539,11 @@ pub fn pod(
             .cloned(),
     );
 
+    env
+}
+
+/// spec.resources plus gpusPerReplica GPUs (requests = limits); None when empty.
+fn trainer_resources(spec: &DistributedTrainingSpec) -> Option<ResourceRequirements> {
     let mut resources = spec.resources.clone().unwrap_or_default();
     if spec.gpus_per_replica > 0 {
         let gpus = Quantity(spec.gpus_per_replica.to_string());
@@ -453,9 +556,18 @@ pub fn pod(
             .get_or_insert_with(BTreeMap::new)
             .insert(GPU_RESOURCE.into(), gpus);
     }
-    let resources = (resources != ResourceRequirements::default()).then_some(resources);
+    (resources != ResourceRequirements::default()).then_some(resources)
+}
 
-    let container = Container {
+/// The trainer container: image, command, env, ports, mounts, a locked-down security context.
+fn trainer_container(
+    spec: &DistributedTrainingSpec,
+    s: &BuildSettings,
+    env: Vec<EnvVar>,
+    mounts: Vec<VolumeMount>,
+    working_dir: Option<String>,
+) -> Container {
+    Container {
         name: labels::TRAINER_CONTAINER.into(),
         image: Some(
             spec.image
@@ -484,7 +596,7 @@ pub fn pod(
                 ..ContainerPort::default()
             },
         ]),
-        resources,
+        resources: trainer_resources(spec),
         volume_mounts: Some(mounts),
         working_dir,
         security_context: Some(SecurityContext {
@@ -502,9 +614,12 @@ pub fn pod(
         // A bring-your-own image may not write the file: its last log lines explain instead.
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Container::default()
-    };
+    }
+}
 
-    let security_context = template
+/// The template's pod security context, else non-root 65532 with the default seccomp profile.
+fn pod_security_context(template: &PodTemplateOverrides) -> PodSecurityContext {
+    template
         .security_context
         .clone()
         .unwrap_or(PodSecurityContext {
@@ -517,36 +632,7 @@ pub fn pod(
                 localhost_profile: None,
             }),
             ..PodSecurityContext::default()
-        });
-
-    Pod {
-        metadata,
-        spec: Some(PodSpec {
-            hostname: Some(name),
-            subdomain: Some(labels::service_name(&owner.name)),
-            restart_policy: Some("Never".into()),
-            containers: vec![container],
-            volumes: Some(volumes),
-            security_context: Some(security_context),
-            termination_grace_period_seconds: Some(
-                template.termination_grace_period_seconds.unwrap_or(30),
-            ),
-            // No service-link variables and no API token: a trainer talks to its peers only.
-            enable_service_links: Some(false),
-            automount_service_account_token: Some(false),
-            service_account_name: template.service_account_name.clone(),
-            node_selector: (!template.node_selector.is_empty())
-                .then(|| template.node_selector.clone()),
-            tolerations: (!template.tolerations.is_empty()).then(|| template.tolerations.clone()),
-            affinity: template.affinity.clone(),
-            priority_class_name: template.priority_class_name.clone(),
-            scheduler_name: template.scheduler_name.clone(),
-            image_pull_secrets: (!template.image_pull_secrets.is_empty())
-                .then(|| template.image_pull_secrets.clone()),
-            ..PodSpec::default()
-        }),
-        status: None,
-    }
+        })
 }
 
 /// The kind/apiVersion of a built object, for server-side apply bodies.
