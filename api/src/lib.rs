@@ -12,4 +12,4 @@ pub mod exit;
 pub mod progress;
 
 pub use config::{ConfigError, FieldError, ParallelFiles, Task, TrainerConfig};
-pub use progress::{CheckpointInfo, DataStats, Progress, ResourceUsage, TrainerPhase};
+pub use progress::{CheckpointInfo, DataStats, GpuUsage, Progress, ResourceUsage, TrainerPhase};

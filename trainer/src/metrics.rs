@@ -371,6 +371,33 @@ fn resource_metrics(r: &mut Registry, res: &ResourceUsage) {
     for (name, help, v) in gauges {
         r.register(name, help, ConstGauge::new(v));
     }
+    if let Some(gpu) = &res.gpu {
+        r.register(
+            "gpu_utilization",
+            "Share of NVML's last sample period in which a kernel ran on this rank's GPU (0..1)",
+            ConstGauge::new(gpu.utilization),
+        );
+        let gauges = [
+            (
+                "gpu_memory_used_bytes",
+                "Device memory in use on this rank's GPU (NVML, all processes)",
+                gpu.memory_used_bytes,
+            ),
+            (
+                "gpu_peak_memory_used_bytes",
+                "Highest device memory in use this process has read",
+                gpu.peak_memory_used_bytes,
+            ),
+            (
+                "gpu_memory_total_bytes",
+                "Device memory of this rank's GPU",
+                gpu.memory_total_bytes,
+            ),
+        ];
+        for (name, help, v) in gauges {
+            r.register(name, help, ConstGauge::new(v));
+        }
+    }
 }
 
 fn data_metrics(r: &mut Registry, d: &DataStats) {
@@ -510,7 +537,7 @@ impl Reporter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferrotrain_api::CheckpointInfo;
+    use ferrotrain_api::{CheckpointInfo, GpuUsage};
     use std::io::{Read, Write};
     use std::net::TcpStream;
     use std::time::{Duration, Instant};
@@ -551,6 +578,12 @@ mod tests {
                 rss_bytes: 3 << 20,
                 peak_rss_bytes: 5 << 20,
                 threads: 9,
+                gpu: Some(GpuUsage {
+                    utilization: 0.875,
+                    memory_used_bytes: 7 << 30,
+                    peak_memory_used_bytes: 9 << 30,
+                    memory_total_bytes: 80 << 30,
+                }),
             }),
             data: Some(DataStats {
                 train_lines: 29000,
@@ -689,6 +722,10 @@ mod tests {
                 (5 << 20) as f64,
             ),
             ("ferrotrain_process_threads", 9.0),
+            ("ferrotrain_gpu_utilization", 0.875),
+            ("ferrotrain_gpu_memory_used_bytes", (7u64 << 30) as f64),
+            ("ferrotrain_gpu_peak_memory_used_bytes", (9u64 << 30) as f64),
+            ("ferrotrain_gpu_memory_total_bytes", (80u64 << 30) as f64),
             ("ferrotrain_data_train_lines", 29000.0),
             ("ferrotrain_data_train_pairs", 28990.0),
             ("ferrotrain_data_train_tokens", 800_000.0),
@@ -726,6 +763,7 @@ mod tests {
             "ferrotrain_resumed_from_step",
             "ferrotrain_process_",
             "ferrotrain_data_",
+            "ferrotrain_gpu_",
         ] {
             assert!(
                 !text.contains(absent),

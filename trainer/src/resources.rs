@@ -1,12 +1,15 @@
 //! What this process uses of the machine: CPU seconds and utilisation, resident memory (now
 //! and peak) and threads, read from /proc/self (Linux; elsewhere every reading is absent).
 //!
-//! GPU utilisation and memory (NVML) are not read yet: see docs/observability.md.
+//! On CUDA, the GPU's utilisation and memory come from NVML: libnvidia-ml.so.1 is opened
+//! with dlopen the first time a sample finds libcuda mapped into this process (so never on a
+//! CPU run, and a missing library is no error, only no GPU reading).
 
+use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::path::Path;
 use std::time::Instant;
 
-use ferrotrain_api::ResourceUsage;
+use ferrotrain_api::{GpuUsage, ResourceUsage};
 
 /// Shortest interval a utilisation is computed over; closer readings keep the previous one,
 /// so two scrapes a millisecond apart do not report 0% or 400%.
@@ -58,10 +61,21 @@ fn status_kib(status: &str, key: &str) -> Option<u64> {
 }
 
 /// Successive readings of this process, with the CPU utilisation between them.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct ResourceSampler {
     last: Option<(Instant, f64)>,
     utilization: Option<f64>,
+    gpu: GpuProbe,
+}
+
+/// NVML for this rank's GPU: not tried yet, unavailable (CPU run, no library, no device), or
+/// open.
+#[derive(Default)]
+enum GpuProbe {
+    #[default]
+    Untried,
+    Unavailable,
+    Open(Nvml, u64),
 }
 
 impl ResourceSampler {
@@ -85,7 +99,148 @@ impl ResourceSampler {
             rss_bytes: r.rss_bytes,
             peak_rss_bytes: r.peak_rss_bytes,
             threads: r.threads,
+            gpu: self.gpu(),
         })
+    }
+
+    fn gpu(&mut self) -> Option<GpuUsage> {
+        if let GpuProbe::Untried = self.gpu {
+            self.gpu = match cuda_in_use().then(Nvml::open).flatten() {
+                Some(nvml) => {
+                    tracing::info!("reading GPU utilisation and memory from NVML");
+                    GpuProbe::Open(nvml, 0)
+                }
+                None => GpuProbe::Unavailable,
+            };
+        }
+        let GpuProbe::Open(nvml, peak) = &mut self.gpu else {
+            return None;
+        };
+        let (utilization, used, total) = nvml.read()?;
+        *peak = (*peak).max(used);
+        Some(GpuUsage {
+            utilization,
+            memory_used_bytes: used,
+            peak_memory_used_bytes: *peak,
+            memory_total_bytes: total,
+        })
+    }
+}
+
+/// Whether this process has loaded the CUDA driver library (libtorch does on a CUDA device).
+fn cuda_in_use() -> bool {
+    std::fs::read_to_string("/proc/self/maps").is_ok_and(|maps| maps.contains("/libcuda.so"))
+}
+
+/// This rank's entry of CUDA_VISIBLE_DEVICES (`LOCAL_RANK`-th; CUDA device i of the
+/// process is that entry): an NVML index or a `GPU-...` UUID. None: NVML index = local rank.
+fn visible_device(visible: Option<&str>, local_rank: usize) -> String {
+    visible
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|d| !d.is_empty())
+                .collect::<Vec<_>>()
+        })
+        .and_then(|devices| devices.get(local_rank).map(|d| d.to_string()))
+        .unwrap_or_else(|| local_rank.to_string())
+}
+
+const NVML_SUCCESS: c_int = 0;
+
+#[repr(C)]
+#[derive(Default)]
+struct NvmlUtilization {
+    gpu: c_uint,
+    memory: c_uint,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct NvmlMemory {
+    total: u64,
+    free: u64,
+    used: u64,
+}
+
+type NvmlDevice = *mut c_void;
+
+/// The few NVML entry points used, resolved from libnvidia-ml.so.1 (never unloaded: NVML
+/// stays initialised for the life of the process).
+struct Nvml {
+    device: NvmlDevice,
+    utilization: unsafe extern "C" fn(NvmlDevice, *mut NvmlUtilization) -> c_int,
+    memory: unsafe extern "C" fn(NvmlDevice, *mut NvmlMemory) -> c_int,
+}
+
+// SAFETY: NVML is thread-safe; the handle is only used through NVML calls.
+unsafe impl Send for Nvml {}
+
+impl Nvml {
+    fn open() -> Option<Nvml> {
+        let local_rank = std::env::var(ferrotrain_api::env::LOCAL_RANK)
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(0);
+        let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+        let device = visible_device(visible.as_deref(), local_rank);
+        // SAFETY: dlopen/dlsym with NUL-terminated names; each symbol is transmuted to the
+        // signature nvml.h declares for it.
+        unsafe {
+            let lib = libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_NOW);
+            if lib.is_null() {
+                return None;
+            }
+            let sym = |name: &CStr| {
+                let f = libc::dlsym(lib, name.as_ptr());
+                (!f.is_null()).then_some(f)
+            };
+            let init: unsafe extern "C" fn() -> c_int = std::mem::transmute(sym(c"nvmlInit_v2")?);
+            if init() != NVML_SUCCESS {
+                return None;
+            }
+            let mut handle: NvmlDevice = std::ptr::null_mut();
+            let found = if device.starts_with("GPU-") || device.starts_with("MIG-") {
+                let by_uuid: unsafe extern "C" fn(*const c_char, *mut NvmlDevice) -> c_int =
+                    std::mem::transmute(sym(c"nvmlDeviceGetHandleByUUID")?);
+                let uuid = CString::new(device.clone()).ok()?;
+                by_uuid(uuid.as_ptr(), &mut handle)
+            } else {
+                let by_index: unsafe extern "C" fn(c_uint, *mut NvmlDevice) -> c_int =
+                    std::mem::transmute(sym(c"nvmlDeviceGetHandleByIndex_v2")?);
+                by_index(device.parse().ok()?, &mut handle)
+            };
+            if found != NVML_SUCCESS {
+                tracing::warn!(device, "NVML: no such GPU; no GPU readings");
+                return None;
+            }
+            Some(Nvml {
+                device: handle,
+                utilization: std::mem::transmute::<
+                    *mut c_void,
+                    unsafe extern "C" fn(NvmlDevice, *mut NvmlUtilization) -> c_int,
+                >(sym(c"nvmlDeviceGetUtilizationRates")?),
+                memory: std::mem::transmute::<
+                    *mut c_void,
+                    unsafe extern "C" fn(NvmlDevice, *mut NvmlMemory) -> c_int,
+                >(sym(c"nvmlDeviceGetMemoryInfo")?),
+            })
+        }
+    }
+
+    /// (utilisation 0..1, memory used, memory total).
+    fn read(&self) -> Option<(f64, u64, u64)> {
+        let (mut u, mut m) = (NvmlUtilization::default(), NvmlMemory::default());
+        // SAFETY: the device handle came from NVML; the out-pointers are valid structs of the
+        // layout nvml.h declares.
+        unsafe {
+            if (self.utilization)(self.device, &mut u) != NVML_SUCCESS
+                || (self.memory)(self.device, &mut m) != NVML_SUCCESS
+            {
+                return None;
+            }
+        }
+        Some((f64::from(u.gpu) / 100.0, m.used, m.total))
     }
 }
 
@@ -104,6 +259,24 @@ mod tests {
         assert_eq!(status_kib(status, "VmRSS:"), Some(1024));
         assert_eq!(status_kib(status, "VmHWM:"), Some(2048));
         assert_eq!(status_kib(status, "VmSwap:"), None);
+    }
+
+    #[test]
+    fn the_gpu_is_this_ranks_visible_device() {
+        assert_eq!(visible_device(None, 1), "1");
+        assert_eq!(visible_device(Some("3,5"), 1), "5");
+        assert_eq!(visible_device(Some("GPU-abc, GPU-def"), 1), "GPU-def");
+        // Fewer entries than local ranks: the index itself (NVML reports a missing device).
+        assert_eq!(visible_device(Some("2"), 1), "1");
+    }
+
+    #[test]
+    fn no_gpu_reading_on_a_cpu_run() {
+        // These tests never touch CUDA, so libcuda is not mapped and NVML is never opened.
+        assert!(!cuda_in_use());
+        let mut sampler = ResourceSampler::default();
+        assert_eq!(sampler.sample().unwrap().gpu, None);
+        assert!(matches!(sampler.gpu, GpuProbe::Unavailable));
     }
 
     #[test]
