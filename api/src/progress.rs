@@ -125,6 +125,23 @@ pub struct ResourceUsage {
     pub peak_rss_bytes: u64,
     /// Threads of the process.
     pub threads: u64,
+    /// On CUDA: the GPU this rank uses, as NVML reports it (absent on CPU or without NVML).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuUsage>,
+}
+
+/// One GPU's use, from NVML (libnvidia-ml, loaded at run time).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuUsage {
+    /// Share of the last sample period (1/6 s to 1 s, by GPU) in which a kernel ran, 0..1.
+    pub utilization: f64,
+    /// Device memory in use (all processes), bytes.
+    pub memory_used_bytes: u64,
+    /// Highest `memoryUsedBytes` this process has read.
+    pub peak_memory_used_bytes: u64,
+    /// Device memory, bytes.
+    pub memory_total_bytes: u64,
 }
 
 /// The training data as the trainer loaded it.
