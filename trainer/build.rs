@@ -10,6 +10,15 @@ fn main() {
     let lib = std::env::var("DEP_TCH_LIBTORCH_LIB")
         .ok()
         .or_else(|| std::env::var("LIBTORCH").ok().map(|d| format!("{d}/lib")));
+    // The libtorch version for the start-up log (setup-libtorch.sh writes build-version).
+    let version = lib
+        .as_ref()
+        .and_then(|l| {
+            std::fs::read_to_string(std::path::Path::new(l).join("../build-version")).ok()
+        })
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=FERROTRAIN_LIBTORCH_VERSION={version}");
     if let Some(lib) = lib {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
         let cuda = std::path::Path::new(&lib).join("libtorch_cuda.so");

@@ -263,7 +263,12 @@ fn translate(args: TranslateArgs) -> Result<()> {
         data::load_corpus(&config, &vocab_path)?.vocab
     };
     let (weights, steps) = averaged_weights(&job_dir, &dir, args.average as usize, &config)?;
-    let device = train::select_device(config.device, 0)?;
+    let device = train::select_device(
+        config.device,
+        0,
+        train::expected_gpus()?,
+        train::visible_gpus(),
+    )?;
     let vs = tch::nn::VarStore::new(device);
     let net = model::Transformer::new(
         &vs.root(),

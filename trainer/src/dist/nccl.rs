@@ -122,6 +122,13 @@ impl Nccl {
             _ => unreachable!("checked above"),
         };
         let lib = check_available(ordinal)?;
+        tracing::info!(
+            rank = env.rank,
+            gpu = ordinal,
+            library = %lib.name,
+            "NCCL {}",
+            lib.version().as_deref().unwrap_or("(version unknown)")
+        );
         let id = if env.rank == 0 {
             let mut id = std::mem::MaybeUninit::<nc::ncclUniqueId>::uninit();
             // SAFETY: valid out-pointer; the library is present (checked above).
