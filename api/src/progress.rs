@@ -33,6 +33,11 @@ pub struct CheckpointInfo {
     /// background).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blocking_seconds: Option<f64>,
+    /// Seconds from the start of this save to its commit (the copy plus the background
+    /// write): what a save on SIGTERM needs, so the operator sizes the pods' termination
+    /// grace from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub save_seconds: Option<f64>,
 }
 
 /// A training run's progress. All rates are averaged over a recent window of steps.
@@ -169,4 +174,137 @@ pub struct DataStats {
     /// Validation pairs truncated to `data.maxSentenceTokens` for the loss (BLEU sees them
     /// whole).
     pub valid_truncated: u64,
+}
+
+/// The most a container's termination message may hold (the kubelet keeps 4096 bytes; the
+/// trainer's writer cuts at 4000).
+pub const TERMINATION_MESSAGE_LIMIT: usize = 4000;
+
+/// Marks a termination message that is a final [`Progress`] (rank 0 after finishing), not a
+/// one-line failure reason.
+pub const FINAL_PROGRESS_PREFIX: &str = "ferrotrain-progress ";
+
+impl Progress {
+    /// The final report as a termination message: the prefix and compact JSON within
+    /// [`TERMINATION_MESSAGE_LIMIT`]; optional detail goes first when it would not fit
+    /// (rank 0's /progress server is gone once training ends, so this is how the final step,
+    /// eval and checkpoint reach the job's status).
+    pub fn to_termination_message(&self) -> String {
+        let value = serde_json::to_value(self).unwrap_or_default();
+        let json = fit_json(
+            value,
+            TERMINATION_MESSAGE_LIMIT - FINAL_PROGRESS_PREFIX.len(),
+        );
+        format!("{FINAL_PROGRESS_PREFIX}{json}")
+    }
+
+    /// The report in a termination message written by [`Self::to_termination_message`];
+    /// None for any other message (a failure reason, a bring-your-own image's text).
+    pub fn from_termination_message(message: &str) -> Option<Progress> {
+        let json = message.trim().strip_prefix(FINAL_PROGRESS_PREFIX)?;
+        serde_json::from_str(json).ok()
+    }
+}
+
+/// Optional report fields, in the order they are left out when a report is too long for a
+/// termination message: detail first, then rates; step, losses, eval and the checkpoint stay.
+const DROPPED_FIRST: [&str; 9] = [
+    "data",
+    "resources",
+    "peakMemoryBytes",
+    "samplesPerSecond",
+    "tokensPerSecond",
+    "stepTimeSeconds",
+    "commFraction",
+    "learningRate",
+    "stepsPerSecond",
+];
+
+/// Compact JSON of `value` (an object) in at most `limit` bytes when dropping
+/// [`DROPPED_FIRST`] keys gets it there.
+fn fit_json(mut value: serde_json::Value, limit: usize) -> String {
+    let mut json = value.to_string();
+    for key in DROPPED_FIRST {
+        if json.len() <= limit {
+            break;
+        }
+        if let Some(object) = value.as_object_mut()
+            && object.remove(key).is_some()
+        {
+            json = value.to_string();
+        }
+    }
+    json
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finished() -> Progress {
+        Progress {
+            phase: TrainerPhase::Finished,
+            step: 2000,
+            total_steps: 2000,
+            world_size: 2,
+            loss: Some(0.0042),
+            eval_loss: Some(0.0031),
+            eval_step: Some(2000),
+            last_checkpoint: Some(CheckpointInfo {
+                step: 2000,
+                size_bytes: 1 << 20,
+                time: "2026-11-23T12:00:00Z".into(),
+                blocking_seconds: Some(0.01),
+                save_seconds: Some(0.4),
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_final_report_round_trips_through_the_termination_message() {
+        let message = finished().to_termination_message();
+        assert!(message.starts_with(FINAL_PROGRESS_PREFIX), "{message}");
+        assert!(!message.contains('\n'));
+        assert_eq!(
+            Progress::from_termination_message(&message),
+            Some(finished())
+        );
+    }
+
+    #[test]
+    fn failure_reasons_are_not_reports() {
+        for message in [
+            "",
+            "stopped by SIGTERM at step 5; checkpoint step 5 is complete",
+            "{\"step\": 3}",
+            "ferrotrain-progress not json",
+        ] {
+            assert_eq!(
+                Progress::from_termination_message(message),
+                None,
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_oversized_report_drops_optional_detail_to_fit() {
+        let mut value = serde_json::to_value(finished()).unwrap();
+        value["data"] = serde_json::Value::String("x".repeat(5000));
+        value["learningRate"] = 1e-3.into();
+        let fitted = fit_json(value, 1000);
+        assert!(fitted.len() <= 1000, "{}", fitted.len());
+        let back: Progress = serde_json::from_str(&fitted).unwrap();
+        // Only what had to go went: the rest of the report is whole.
+        assert_eq!(back.learning_rate, Some(1e-3));
+        assert_eq!(
+            back,
+            Progress {
+                learning_rate: Some(1e-3),
+                ..finished()
+            }
+        );
+        assert!(finished().to_termination_message().len() <= TERMINATION_MESSAGE_LIMIT);
+    }
 }

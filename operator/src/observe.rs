@@ -195,7 +195,7 @@ pub fn node_not_ready_since(node: &Node) -> Option<Timestamp> {
 /// event names it, and the job waits for a spec change).
 pub fn spec_problems(spec: &DistributedTrainingSpec) -> Vec<String> {
     let mut problems = Vec::new();
-    if let Some(config) = spec.effective_trainer_config() {
+    if let Some(config) = &spec.trainer {
         for e in config.validate() {
             problems.push(format!("spec.trainer.{}: {}", e.path, e.reason));
         }

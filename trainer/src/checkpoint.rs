@@ -13,6 +13,15 @@
 //! `latest()` trusts a `step-*` directory only when all three files are there, trainer.json
 //! parses and names the same step, and both safetensors headers describe exactly the bytes
 //! the files hold. Anything else is skipped with a warning.
+//!
+//! One writer at a time (fencing): a rank 0 opens the job directory with
+//! [`CheckpointStore::open_writer`], which records its [`WriterId`] (attempt + job
+//! incarnation) in `fence.json`. A writer of an older attempt of the same incarnation is
+//! refused there, and a running writer re-reads the fence before each commit and before
+//! retention, so a stale rank 0 (a pod of an earlier attempt still running after a node
+//! partition) never commits once a newer attempt has started. The newer writer moves the
+//! older writers' in-flight temporary directories aside before removing them, so the stale
+//! writer's rename fails instead of committing a half-deleted directory.
 
 use std::fs::{self, File};
 use std::io::{BufWriter, Read, Write};
@@ -26,6 +35,7 @@ use ferrotrain_api::config::CheckpointPolicy;
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
+use crate::dist::RankEnv;
 use crate::error::{Result, TrainError};
 
 /// The model's weights, by variable path.
@@ -37,6 +47,9 @@ pub const STATE_FILE: &str = "trainer.json";
 /// Prefix of every directory this module writes before it is complete (or while it is being
 /// deleted); `CheckpointStore::new` removes leftovers.
 pub const TEMP_PREFIX: &str = ".tmp-step-";
+
+/// The fence: which writer owns the job directory (see [`WriterId`]).
+pub const FENCE_FILE: &str = "fence.json";
 
 const STEP_PREFIX: &str = "step-";
 /// A safetensors header larger than this is treated as corrupt (the reference
@@ -77,6 +90,58 @@ pub struct Loaded {
     pub state: TrainerState,
 }
 
+/// Who writes a job directory's checkpoints. Writers are ordered by attempt within one
+/// incarnation of the job; a writer of another incarnation (the job object was recreated, or
+/// a new `ferrotrain launch`) takes over, since nothing orders it against the old one.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct WriterId {
+    /// The gang's attempt (FERROTRAIN_ATTEMPT): grows with every restart of the job.
+    pub attempt: u64,
+    /// A digest of the job's rendezvous token: the operator's Secret lives as long as the
+    /// job object, `ferrotrain launch` draws one per invocation. Never the token itself.
+    pub incarnation: String,
+}
+
+impl WriterId {
+    /// The writer identity of a rank from its env contract.
+    pub fn of_rank(rank: &RankEnv) -> WriterId {
+        WriterId::new(rank.attempt, &rank.token)
+    }
+
+    pub fn new(attempt: u64, rendezvous_token: &str) -> WriterId {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::new()
+            .chain_update(b"ferrotrain checkpoint fence v1\0")
+            .chain_update(rendezvous_token.as_bytes())
+            .finalize();
+        let incarnation = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+        WriterId {
+            attempt,
+            incarnation,
+        }
+    }
+
+    /// A writer of a later attempt of the same incarnation: `self` must stop writing.
+    fn superseded_by(&self, other: &WriterId) -> bool {
+        other.incarnation == self.incarnation && other.attempt > self.attempt
+    }
+}
+
+/// `fence.json`: the writer plus where it ran, for humans reading the directory.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Fence {
+    #[serde(flatten)]
+    writer: WriterId,
+    #[serde(default)]
+    host: String,
+    #[serde(default)]
+    pid: u32,
+    #[serde(default)]
+    time: String,
+}
+
 /// Points of a background save, reported to a [`SaveHook`]. For tests that need to stop a
 /// save at a known point (a crash mid-write, a slow disk); production code sets no hook.
 #[doc(hidden)]
@@ -105,32 +170,23 @@ pub struct CheckpointStore {
     /// Written by the background thread when a save completes; read by progress reports.
     last: Arc<Mutex<Option<CheckpointInfo>>>,
     hook: Option<SaveHook>,
+    /// Set by `open_writer`: every commit is checked against the fence.
+    writer: Option<WriterId>,
 }
 
 impl CheckpointStore {
-    /// `root` is `<checkpoint dir>/<job>`; created if missing.
-    ///
-    /// Removes leftover temporary directories of saves that crashed: one store (rank 0)
-    /// writes a root at a time.
+    /// `root` is `<checkpoint dir>/<job>`; created if missing. Reads without claiming the
+    /// directory and deletes nothing (a `translate` next to a running job must not touch its
+    /// in-flight saves); its saves are not fenced. Training opens with [`Self::open_writer`].
     pub fn new(root: &Path, policy: CheckpointPolicy) -> Result<Self> {
         fs::create_dir_all(root).map_err(|e| io_err("creating", root, e))?;
-        for entry in fs::read_dir(root).map_err(|e| io_err("listing", root, e))? {
-            let entry = entry.map_err(|e| io_err("listing", root, e))?;
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            if name.starts_with(TEMP_PREFIX) && entry.file_type().is_ok_and(|t| t.is_dir()) {
-                tracing::info!(dir = %entry.path().display(), "removing an incomplete checkpoint left by an earlier run");
-                if let Err(e) = fs::remove_dir_all(entry.path()) {
-                    tracing::warn!(dir = %entry.path().display(), error = %e, "cannot remove an incomplete checkpoint");
-                }
-            }
-        }
         let store = CheckpointStore {
             root: root.to_path_buf(),
             policy,
             in_flight: None,
             last: Arc::new(Mutex::new(None)),
             hook: None,
+            writer: None,
         };
         if let Some((dir, state)) = store.latest()? {
             let info = CheckpointInfo {
@@ -138,9 +194,23 @@ impl CheckpointStore {
                 size_bytes: dir_size(&dir),
                 time: modified_rfc3339(&dir.join(STATE_FILE)).unwrap_or(state.time),
                 blocking_seconds: None,
+                save_seconds: None,
             };
             *lock(&store.last) = Some(info);
         }
+        Ok(store)
+    }
+
+    /// Opens `root` as its one writer: claims the fence for `writer` (an error when a later
+    /// attempt of the same job holds it: this rank 0 is stale and must not write), then
+    /// removes what earlier writers left half done. Their in-flight temporary directories
+    /// are first renamed aside, so a stale writer still running cannot commit them.
+    pub fn open_writer(root: &Path, policy: CheckpointPolicy, writer: WriterId) -> Result<Self> {
+        fs::create_dir_all(root).map_err(|e| io_err("creating", root, e))?;
+        claim_fence(root, &writer)?;
+        sweep_temporaries(root, &writer);
+        let mut store = Self::new(root, policy)?;
+        store.writer = Some(writer);
         Ok(store)
     }
 
@@ -215,7 +285,9 @@ impl CheckpointStore {
             optimizer,
             state,
             blocking,
+            started,
             hook: self.hook.clone(),
+            writer: self.writer.clone(),
         };
         let last = self.last.clone();
         let handle = std::thread::Builder::new()
@@ -350,16 +422,33 @@ struct SaveJob {
     optimizer: Vec<Snapshot>,
     state: TrainerState,
     blocking: f64,
+    /// When `save` was called: `saveSeconds` runs from here to the commit.
+    started: Instant,
     hook: Option<SaveHook>,
+    writer: Option<WriterId>,
 }
 
 impl SaveJob {
+    /// Refuses to go on when a later writer holds the fence; `temp` (ours) is removed.
+    fn check_fence(&self, temp: Option<&Path>) -> Result<()> {
+        let Some(writer) = &self.writer else {
+            return Ok(());
+        };
+        let Err(e) = still_owner(&self.root, writer) else {
+            return Ok(());
+        };
+        if let Some(temp) = temp
+            && let Err(err) = fs::remove_dir_all(temp)
+        {
+            tracing::warn!(dir = %temp.display(), error = %err, "cannot remove a fenced save");
+        }
+        Err(e)
+    }
+
     fn run(self) -> Result<CheckpointInfo> {
         let step = self.state.step;
         let name = step_dir_name(step);
-        let temp = self
-            .root
-            .join(format!("{TEMP_PREFIX}{step:08}-{}", std::process::id()));
+        let temp = self.root.join(temp_dir_name(step, self.writer.as_ref()));
         let dir = self.root.join(&name);
         if temp.exists() {
             fs::remove_dir_all(&temp).map_err(|e| io_err("removing", &temp, e))?;
@@ -374,6 +463,9 @@ impl SaveJob {
             step,
             temp_dir: &temp,
         });
+        // Checked once the temporary directory exists: a newer writer that fenced us before
+        // it was created is seen here; one that fences us later moves it aside.
+        self.check_fence(Some(&temp))?;
 
         let mut size = 0;
         size += write_safetensors(&temp.join(MODEL_FILE), &self.model)?;
@@ -397,6 +489,7 @@ impl SaveJob {
             file: STATE_FILE,
         });
         sync_dir(&temp)?;
+        self.check_fence(Some(&temp))?;
 
         // The same step can be saved twice (a periodic save that is also the final one, or
         // a re-run over a step whose directory is corrupt): move the old one out of the way.
@@ -421,8 +514,12 @@ impl SaveJob {
             size_bytes: size,
             time: now_rfc3339(),
             blocking_seconds: Some(self.blocking),
+            save_seconds: Some(self.started.elapsed().as_secs_f64()),
         };
-        if let Err(e) = apply_retention(&self.root, &self.policy) {
+        // A stale writer must not delete what the newer one may be resuming from.
+        if let Err(e) = self.check_fence(None) {
+            tracing::warn!(error = %e, "retention skipped");
+        } else if let Err(e) = apply_retention(&self.root, &self.policy) {
             tracing::warn!(error = %e, "checkpoint retention failed; old checkpoints are kept");
         }
         tracing::info!(step, bytes = size, dir = %dir.display(), "checkpoint saved");
@@ -452,6 +549,148 @@ fn apply_retention(root: &Path, policy: &CheckpointPolicy) -> Result<()> {
         tracing::info!(step = state.step, "removed checkpoint (retention)");
     }
     sync_dir(root)
+}
+
+// ---------------------------------------------------------------------------------------
+// Fencing.
+
+/// `.tmp-step-XXXXXXXX-a<attempt>-<pid>` (`-<pid>` alone for an unfenced store): the
+/// attempt tells a human whose save it was.
+fn temp_dir_name(step: u64, writer: Option<&WriterId>) -> String {
+    let pid = std::process::id();
+    match writer {
+        Some(w) => format!("{TEMP_PREFIX}{step:08}-a{}-{pid}", w.attempt),
+        None => format!("{TEMP_PREFIX}{step:08}-{pid}"),
+    }
+}
+
+fn read_fence(root: &Path) -> Result<Option<Fence>> {
+    let path = root.join(FENCE_FILE);
+    match fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            TrainError::Other(format!(
+                "checkpoint: {} is not a fence: {e}",
+                path.display()
+            ))
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_err("reading", &path, e)),
+    }
+}
+
+fn stale_writer_error(root: &Path, ours: &WriterId, fence: &Fence) -> TrainError {
+    TrainError::Other(format!(
+        "checkpoint: attempt {} of this job took over {} (host {}, pid {}, {}); this rank 0 \
+         of attempt {} is stale and writes no checkpoint",
+        fence.writer.attempt,
+        root.display(),
+        fence.host,
+        fence.pid,
+        fence.time,
+        ours.attempt
+    ))
+}
+
+/// Writes the fence for `writer` unless a later attempt holds it. The file is replaced
+/// atomically (temporary file, fsync, rename, fsync of the directory), then read back: when
+/// two writers race, the later attempt rewrites it, the earlier one sees it and gives up.
+fn claim_fence(root: &Path, writer: &WriterId) -> Result<()> {
+    for _ in 0..3 {
+        if let Some(fence) = read_fence(root)? {
+            if writer.superseded_by(&fence.writer) {
+                return Err(stale_writer_error(root, writer, &fence));
+            }
+            if fence.writer.incarnation != writer.incarnation {
+                tracing::info!(
+                    attempt = writer.attempt,
+                    "taking over checkpoints written by another incarnation of the job"
+                );
+            }
+        }
+        let fence = Fence {
+            writer: writer.clone(),
+            host: hostname(),
+            pid: std::process::id(),
+            time: now_rfc3339(),
+        };
+        let json = serde_json::to_vec(&fence)
+            .map_err(|e| TrainError::Other(format!("checkpoint: encoding the fence: {e}")))?;
+        let temp = root.join(format!(".{FENCE_FILE}.{}", std::process::id()));
+        write_synced(&temp, |w| w.write_all(&json))?;
+        let path = root.join(FENCE_FILE);
+        fs::rename(&temp, &path).map_err(|e| io_err("renaming", &temp, e))?;
+        sync_dir(root)?;
+        match read_fence(root)? {
+            Some(now) if now.writer == *writer => return Ok(()),
+            Some(now) if writer.superseded_by(&now.writer) => {
+                return Err(stale_writer_error(root, writer, &now));
+            }
+            // An older writer overwrote ours between its check and its rename: claim again.
+            _ => continue,
+        }
+    }
+    Err(TrainError::Other(format!(
+        "checkpoint: cannot claim {}: other writers keep replacing {FENCE_FILE}",
+        root.display()
+    )))
+}
+
+/// Ok while `writer` holds the fence; the error names the writer that took over.
+fn still_owner(root: &Path, writer: &WriterId) -> Result<()> {
+    match read_fence(root)? {
+        Some(fence) if fence.writer == *writer => Ok(()),
+        Some(fence) => Err(stale_writer_error(root, writer, &fence)),
+        None => Err(TrainError::Other(format!(
+            "checkpoint: {} vanished from {}; not committing",
+            FENCE_FILE,
+            root.display()
+        ))),
+    }
+}
+
+/// Removes every `.tmp-step-*` directory: the caller now owns the fence, so they belong to
+/// crashed saves or to stale writers. Each is renamed first (still under the temporary
+/// prefix): a stale writer's later rename of its directory then fails, where a directory
+/// being removed under it could have been committed half empty.
+fn sweep_temporaries(root: &Path, writer: &WriterId) {
+    let Ok(entries) = fs::read_dir(root) else {
+        return;
+    };
+    let mut swept = Vec::new();
+    for (i, entry) in entries.flatten().enumerate() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !name.starts_with(TEMP_PREFIX) || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let aside = root.join(format!(
+            "{TEMP_PREFIX}swept-a{}-{}-{i}",
+            writer.attempt,
+            std::process::id()
+        ));
+        tracing::info!(dir = %entry.path().display(), "removing an incomplete checkpoint left by an earlier writer");
+        match fs::rename(entry.path(), &aside) {
+            Ok(()) => swept.push(aside),
+            // Committed or removed by its writer in the meantime.
+            Err(e) => {
+                tracing::warn!(dir = %entry.path().display(), error = %e, "cannot move an incomplete checkpoint aside")
+            }
+        }
+    }
+    for dir in swept {
+        if let Err(e) = fs::remove_dir_all(&dir) {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot remove an incomplete checkpoint");
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1034,7 +1273,12 @@ mod tests {
         fs::create_dir(root.join("tokenizer")).unwrap();
 
         let store = CheckpointStore::new(root, policy(100, 0)).unwrap();
-        assert!(!temp.exists(), "new() removes stale temp dirs");
+        assert!(temp.exists(), "a reader removes nothing");
+        let store = {
+            drop(store);
+            CheckpointStore::open_writer(root, policy(100, 0), writer(0)).unwrap()
+        };
+        assert!(!temp.exists(), "the writer removes stale temp dirs");
         assert!(root.join("tokenizer").exists() && root.join("ignored").exists());
         let (latest, st) = store.latest().unwrap().unwrap();
         assert_eq!(latest, dir(100));
@@ -1323,6 +1567,130 @@ mod tests {
         save_now(&mut store, 100, Some(3.0));
         assert_eq!(names(tmp.path()), ["step-00000100"]);
         assert_eq!(store.latest().unwrap().unwrap().1.eval_loss, Some(3.0));
+    }
+
+    fn writer(attempt: u64) -> WriterId {
+        WriterId::new(attempt, "token of the job")
+    }
+
+    fn temp_dirs(root: &Path) -> Vec<String> {
+        names(root)
+            .into_iter()
+            .filter(|n| n.starts_with(TEMP_PREFIX))
+            .collect()
+    }
+
+    #[test]
+    fn a_stale_writer_cannot_commit_after_a_newer_attempt_fenced_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let mut old = CheckpointStore::open_writer(root, policy(3, 0), writer(1)).unwrap();
+        save_now(&mut old, 100, None);
+        // The old rank 0 starts a save (its SIGTERM save, or it runs on behind a partition)...
+        let (release, log) = gate(&mut old, 200);
+        old.save(&model(1), &optimizer(), state(200, None)).unwrap();
+        while !lock(&log).iter().any(|l| l == "started 200") {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(temp_dirs(root).len(), 1, "{:?}", names(root));
+        assert!(temp_dirs(root)[0].contains("-a1-"), "{:?}", names(root));
+        // ...and attempt 2 starts: it takes the fence and moves the old save aside.
+        let new = CheckpointStore::open_writer(root, policy(3, 0), writer(2)).unwrap();
+        assert!(temp_dirs(root).is_empty(), "{:?}", names(root));
+        release.send(()).unwrap();
+        let err = old.wait().unwrap_err().to_string();
+        assert!(err.contains("checkpoint"), "{err}");
+        assert!(!root.join(step_dir_name(200)).exists());
+        // A later save of the stale writer is refused at the fence, and leaves nothing.
+        old.save(&model(1), &optimizer(), state(300, None)).unwrap();
+        let err = old.wait().unwrap_err().to_string();
+        assert!(
+            err.contains("attempt 2 of this job took over") && err.contains("stale"),
+            "{err}"
+        );
+        assert!(!root.join(step_dir_name(300)).exists());
+        assert!(temp_dirs(root).is_empty(), "{:?}", names(root));
+        assert_eq!(new.latest().unwrap().unwrap().1.step, 100);
+        // Nor can a stale rank 0 that starts late open the directory at all.
+        let late = CheckpointStore::open_writer(root, policy(3, 0), writer(1));
+        let err = late.err().expect("a stale writer is refused").to_string();
+        assert!(err.contains("attempt 2 of this job took over"), "{err}");
+        assert!(err.contains("attempt 1 is stale"), "{err}");
+    }
+
+    #[test]
+    fn the_newer_attempts_save_in_flight_is_untouched_by_the_old_writer() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let mut old = CheckpointStore::open_writer(root, policy(5, 0), writer(4)).unwrap();
+        let mut new = CheckpointStore::open_writer(root, policy(5, 0), writer(5)).unwrap();
+        let (release, log) = gate(&mut new, 500);
+        new.save(&model(2), &optimizer(), state(500, None)).unwrap();
+        while !lock(&log).iter().any(|l| l == "started 500") {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let in_flight = temp_dirs(root);
+        assert_eq!(in_flight.len(), 1);
+        assert!(in_flight[0].contains("-a5-"), "{in_flight:?}");
+        // The old writer saves the same step: refused, and only its own temp dir goes.
+        old.save(&model(1), &optimizer(), state(500, None)).unwrap();
+        assert!(old.wait().is_err());
+        assert_eq!(temp_dirs(root), in_flight);
+        release.send(()).unwrap();
+        assert_eq!(new.wait().unwrap().map(|i| i.step), Some(500));
+        let loaded = CheckpointStore::load(&root.join(step_dir_name(500))).unwrap();
+        assert_same(&model(2), &loaded.model);
+    }
+
+    #[test]
+    fn the_fence_orders_attempts_of_one_job_and_lets_a_new_job_take_over() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        drop(CheckpointStore::open_writer(root, policy(1, 0), writer(3)).unwrap());
+        let fence: serde_json::Value =
+            serde_json::from_slice(&fs::read(root.join(FENCE_FILE)).unwrap()).unwrap();
+        assert_eq!(fence["attempt"], 3);
+        assert_eq!(fence["incarnation"], writer(3).incarnation.as_str());
+        assert_eq!(fence["pid"], std::process::id());
+        // Never the token itself.
+        assert!(
+            !fs::read_to_string(root.join(FENCE_FILE))
+                .unwrap()
+                .contains("token")
+        );
+        // The same attempt again (its rank 0 restarted in place), a later one: fine.
+        drop(CheckpointStore::open_writer(root, policy(1, 0), writer(3)).unwrap());
+        drop(CheckpointStore::open_writer(root, policy(1, 0), writer(4)).unwrap());
+        assert!(CheckpointStore::open_writer(root, policy(1, 0), writer(2)).is_err());
+        // A recreated job (another rendezvous token) starts at attempt 0 and takes over; the
+        // old job's writer is then stale whatever its attempt.
+        let mut recreated =
+            CheckpointStore::open_writer(root, policy(1, 0), WriterId::new(0, "new token"))
+                .unwrap();
+        save_now(&mut recreated, 10, None);
+        let mut old = CheckpointStore::new(root, policy(1, 0)).unwrap();
+        old.writer = Some(writer(4));
+        old.save(&model(1), &optimizer(), state(20, None)).unwrap();
+        assert!(old.wait().is_err());
+        assert_eq!(recreated.latest().unwrap().unwrap().1.step, 10);
+        // Writers of an older trainer's temp dir names are swept too.
+        fs::create_dir(root.join(".tmp-step-00000030-4242")).unwrap();
+        drop(recreated);
+        drop(
+            CheckpointStore::open_writer(root, policy(1, 0), WriterId::new(1, "new token"))
+                .unwrap(),
+        );
+        assert!(temp_dirs(root).is_empty(), "{:?}", names(root));
+    }
+
+    #[test]
+    fn a_save_reports_how_long_it_took_until_its_commit() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut store = CheckpointStore::open_writer(tmp.path(), policy(1, 0), writer(0)).unwrap();
+        let blocking = store.save(&model(1), &optimizer(), state(1, None)).unwrap();
+        let info = store.wait().unwrap().unwrap();
+        let total = info.save_seconds.expect("measured");
+        assert!(total >= blocking && total < 60.0, "{total} vs {blocking}");
     }
 
     /// Prints how long a transformer-sized save blocks the caller versus how long it takes

@@ -358,6 +358,15 @@ pub fn run(args: LaunchArgs) -> i32 {
     code
 }
 
+/// After a successful run, global rank 0's termination message is its final progress report
+/// (on node 0 only): it becomes the launcher's, which is the container's.
+fn forward_final_report(logs: &Path) {
+    let message = std::fs::read_to_string(logs.join("rank-0.termination-log")).unwrap_or_default();
+    if ferrotrain_api::Progress::from_termination_message(&message).is_some() {
+        crate::error::write_termination_message(&message);
+    }
+}
+
 fn supervise_attempts(
     args: &LaunchArgs,
     program: &Path,
@@ -406,7 +415,10 @@ fn supervise_attempts(
         let outcome = group.supervise();
         drop(group);
         match outcome {
-            GroupOutcome::Finished => return exit::SUCCESS,
+            GroupOutcome::Finished => {
+                forward_final_report(logs);
+                return exit::SUCCESS;
+            }
             GroupOutcome::Signalled(s) => return 128 + s,
             GroupOutcome::Failed(f) => {
                 tracing::warn!("launch: {}", f.reason);

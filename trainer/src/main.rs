@@ -201,6 +201,10 @@ fn run(args: RunArgs) -> Result<Option<i32>> {
             "finished"
         );
     }
+    if options.rank.rank == 0 && summary.interrupted_by.is_none() {
+        // /progress goes away with this process: the final numbers reach the operator here.
+        write_termination_message(&summary.final_progress.to_termination_message());
+    }
     if let Some(signal) = summary.interrupted_by {
         let message = format!(
             "stopped by {} at step {}; checkpoint {} is complete",

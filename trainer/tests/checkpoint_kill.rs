@@ -14,7 +14,7 @@ use std::sync::mpsc::{self, Receiver};
 use std::time::Duration;
 
 use ferrotrain_api::config::CheckpointPolicy;
-use ferrotrain_trainer::checkpoint::{CheckpointStore, Named, SaveEvent, TrainerState};
+use ferrotrain_trainer::checkpoint::{CheckpointStore, Named, SaveEvent, TrainerState, WriterId};
 use tch::{Device, Kind, Tensor};
 
 const ENV_ROOT: &str = "FERROTRAIN_TEST_KILL_ROOT";
@@ -228,11 +228,12 @@ fn killed_at(point: &str, expect_step: u64) {
         "{point}: {before:?}"
     );
 
-    let store = CheckpointStore::new(&root, policy()).unwrap();
+    // The next writer (a later attempt) cleans up.
+    let store = CheckpointStore::open_writer(&root, policy(), WriterId::new(1, "")).unwrap();
     let (dir, state) = store.latest().unwrap().expect("a complete checkpoint");
     assert_eq!(state.step, expect_step, "{point}: {before:?}");
     assert_eq!(assert_content_matches_step(&dir), expect_step);
-    // The stale temp directory is gone after new().
+    // The stale temp directory is gone after open_writer().
     assert!(
         entries(&root).iter().all(|n| !n.starts_with(".tmp-")),
         "{:?}",

@@ -298,3 +298,39 @@ fn with_stdin(mut cmd: std::process::Command, input: &str) -> Output {
         .unwrap();
     child.wait_with_output().unwrap()
 }
+
+/// Rank 0's /progress server ends with training, so its final report (step, eval,
+/// checkpoint) travels in the termination message, through the launcher to the container's.
+#[test]
+fn a_finished_run_leaves_its_final_progress_in_the_termination_message() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write(tmp.path(), "job.yaml", &copy_config(8, 4, ""));
+    let log = tmp.path().join("launcher.termination-log");
+    let mut cmd = ferrotrain();
+    cmd.arg("launch")
+        .arg("--config")
+        .arg(&cfg)
+        .args([
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            "0",
+            "--max-restarts",
+            "0",
+        ])
+        .arg("--")
+        .arg("--checkpoint-dir")
+        .arg(tmp.path().join("ckpt"))
+        .env("FERROTRAIN_TERMINATION_LOG", &log);
+    let out = output_of(cmd);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let message = std::fs::read_to_string(&log).expect("a termination message");
+    assert!(message.len() <= 4000, "{}", message.len());
+    let report = ferrotrain_api::Progress::from_termination_message(&message)
+        .unwrap_or_else(|| panic!("not a final report: {message}"));
+    assert_eq!(report.phase, ferrotrain_api::TrainerPhase::Finished);
+    assert_eq!((report.step, report.total_steps), (8, 8));
+    assert_eq!(report.world_size, 2);
+    assert_eq!(report.last_checkpoint.map(|c| c.step), Some(8));
+    assert!(report.loss.is_some());
+}

@@ -209,7 +209,16 @@ fn interrupt_and_recover(signal: i32) {
         "signal {signal}: restarted after {restarted_after:?}, {lost} steps redone (killed at \
          step {before})"
     );
-    let reason = job.termination_log();
+    // The restart's reason is in the launcher's log; its termination message, once the run
+    // finished, is rank 0's final report.
+    let report = ferrotrain_api::Progress::from_termination_message(&job.termination_log());
+    assert_eq!(
+        report.map(|r| r.step),
+        Some(MAX_STEPS),
+        "{}",
+        job.termination_log()
+    );
+    let reason = log;
     if signal == libc::SIGSTOP {
         // Nobody died: rank 0 noticed rank 1's silence at the collective timeout.
         assert!(
