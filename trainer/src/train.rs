@@ -190,6 +190,66 @@ fn broadcast_u64s(comm: &mut dyn Collective, values: &[u64]) -> Result<Vec<u64>>
         .collect())
 }
 
+/// What rank 0 found in the job's checkpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ResumeStatus {
+    Fresh,
+    Resumed,
+    /// The checkpoint does not fit the config: every rank fails with exit 4.
+    Incompatible,
+}
+
+/// Where training starts, as rank 0 decided it; every rank learns it from rank 0. Encoded
+/// and decoded here only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ResumeHeader {
+    status: ResumeStatus,
+    step: u64,
+    samples: u64,
+    optimizer_steps: u64,
+}
+
+impl ResumeHeader {
+    fn encode(&self) -> [u64; 4] {
+        let status = match self.status {
+            ResumeStatus::Fresh => 0,
+            ResumeStatus::Resumed => 1,
+            ResumeStatus::Incompatible => 4,
+        };
+        [status, self.step, self.samples, self.optimizer_steps]
+    }
+
+    fn decode(v: &[u64]) -> Result<Self> {
+        let &[status, step, samples, optimizer_steps] = v else {
+            return Err(TrainError::Distributed(format!(
+                "resume header: {} values, expected 4",
+                v.len()
+            )));
+        };
+        let status = match status {
+            0 => ResumeStatus::Fresh,
+            1 => ResumeStatus::Resumed,
+            4 => ResumeStatus::Incompatible,
+            other => {
+                return Err(TrainError::Distributed(format!(
+                    "resume header: unknown status {other} from rank 0"
+                )));
+            }
+        };
+        Ok(ResumeHeader {
+            status,
+            step,
+            samples,
+            optimizer_steps,
+        })
+    }
+
+    /// Rank 0's header on every rank.
+    fn broadcast(self, comm: &mut dyn Collective) -> Result<Self> {
+        Self::decode(&broadcast_u64s(comm, &self.encode())?)
+    }
+}
+
 /// Broadcasts a byte string from rank 0 (each byte as one f32).
 fn broadcast_bytes(comm: &mut dyn Collective, bytes: Option<Vec<u8>>) -> Result<Vec<u8>> {
     let len = broadcast_u64s(comm, &[bytes.as_ref().map_or(0, |b| b.len() as u64)])?[0] as usize;
@@ -477,7 +537,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         None
     };
     let mut resume_state: Option<TrainerState> = None;
-    let mut status = 0u64; // 0 fresh, 1 resumed, 4 incompatible
+    let mut status = ResumeStatus::Fresh;
     let mut incompatible = None;
     let latest = match &store {
         Some(store) => store.latest()?,
@@ -500,11 +560,11 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         match outcome {
             Ok(()) => {
                 tracing::info!(step = loaded.state.step, dir = %dir.display(), "resuming from checkpoint");
-                status = 1;
+                status = ResumeStatus::Resumed;
                 resume_state = Some(loaded.state);
             }
             Err(e) => {
-                status = 4;
+                status = ResumeStatus::Incompatible;
                 incompatible = Some(e);
             }
         }
@@ -516,12 +576,18 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     // clock every step).
     let earlier_seconds = resume_state.as_ref().map_or(0.0, |s| s.train_seconds);
     if world > 1 {
-        let header = broadcast_u64s(comm.as_mut(), &[status, step, samples, optimizer.steps])?;
-        status = header[0];
-        step = header[1];
-        samples = header[2];
-        optimizer.steps = header[3];
-        if status == 4 {
+        let header = ResumeHeader {
+            status,
+            step,
+            samples,
+            optimizer_steps: optimizer.steps,
+        }
+        .broadcast(comm.as_mut())?;
+        status = header.status;
+        step = header.step;
+        samples = header.samples;
+        optimizer.steps = header.optimizer_steps;
+        if status == ResumeStatus::Incompatible {
             return Err(incompatible.unwrap_or_else(|| {
                 TrainError::IncompatibleCheckpoint(
                     "rank 0 found the checkpoint incompatible with the config".into(),
@@ -535,7 +601,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     } else if let Some(e) = incompatible {
         return Err(e);
     }
-    let resumed_from_step = (status == 1).then_some(step);
+    let resumed_from_step = (status == ResumeStatus::Resumed).then_some(step);
 
     let progress: SharedProgress = Default::default();
     let _server = match (leader, opts.metrics_port) {
@@ -885,6 +951,29 @@ mod tests {
             line.contains("CPU build") || line.contains("CUDA build"),
             "{line}"
         );
+    }
+
+    #[test]
+    fn the_resume_header_round_trips_and_refuses_garbage() {
+        for status in [
+            ResumeStatus::Fresh,
+            ResumeStatus::Resumed,
+            ResumeStatus::Incompatible,
+        ] {
+            let h = ResumeHeader {
+                status,
+                step: u64::MAX - 3,
+                samples: 1 << 40,
+                optimizer_steps: 17,
+            };
+            assert_eq!(ResumeHeader::decode(&h.encode()).unwrap(), h);
+            let mut comm = dist::Single {
+                device: Device::Cpu,
+            };
+            assert_eq!(h.broadcast(&mut comm).unwrap(), h);
+        }
+        assert!(ResumeHeader::decode(&[2, 0, 0, 0]).is_err());
+        assert!(ResumeHeader::decode(&[0, 0, 0]).is_err());
     }
 
     #[test]
