@@ -81,6 +81,24 @@ pub struct TrainerConfig {
     #[serde(default = "defaults::log_every_steps")]
     #[schemars(range(min = 1))]
     pub log_every_steps: u64,
+    /// TensorBoard event files written by rank 0.
+    #[serde(default)]
+    pub tensorboard: TensorBoardConfig,
+}
+
+/// TensorBoard event files: rank 0 writes one run directory per attempt, `attempt-<N>/`.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TensorBoardConfig {
+    /// Write them.
+    #[serde(default = "defaults::yes")]
+    pub enabled: bool,
+    /// Directory that gets `<job>/attempt-<N>/` (one directory can serve several jobs to one
+    /// TensorBoard); default: `tensorboard/` in the job's checkpoint directory. Relative paths
+    /// resolve against the working directory. In Kubernetes it must be on a volume rank 0's
+    /// pod mounts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<String>,
 }
 
 /// Parallel text: one sentence a line, source and target aligned by line; `.gz` is accepted.
@@ -524,7 +542,8 @@ impl_default_from_serde!(
     ScheduleConfig,
     EvalConfig,
     CheckpointPolicy,
-    DistributedConfig
+    DistributedConfig,
+    TensorBoardConfig
 );
 
 /// One invalid field: its path in the document (`optimizer.lr`) and what is wrong with it.
@@ -892,6 +911,18 @@ impl TrainerConfig {
                 "must be at least 1 when set".into(),
             );
         }
+        if self
+            .tensorboard
+            .dir
+            .as_deref()
+            .is_some_and(|d| d.trim().is_empty())
+        {
+            bad(
+                "tensorboard.dir",
+                "must not be empty when set (leave it out for the job's checkpoint directory)"
+                    .into(),
+            );
+        }
     }
 
     /// Gradient exchange and rendezvous.
@@ -964,6 +995,31 @@ mod tests {
         assert_eq!(c.schedule.kind, ScheduleKind::InverseSqrt);
         assert_eq!(c.batch.max_tokens, 2000);
         assert_eq!(c.checkpoint.keep_latest, 3);
+    }
+
+    #[test]
+    fn tensorboard_is_on_by_default_and_its_dir_checked() {
+        let c = TrainerConfig::from_yaml(MINIMAL, "t").unwrap();
+        assert_eq!(
+            c.tensorboard,
+            TensorBoardConfig {
+                enabled: true,
+                dir: None
+            }
+        );
+        let c = TrainerConfig::from_yaml(
+            &format!("{MINIMAL}tensorboard: {{enabled: false, dir: /tb}}\n"),
+            "t",
+        )
+        .unwrap();
+        assert!(!c.tensorboard.enabled);
+        assert_eq!(c.tensorboard.dir.as_deref(), Some("/tb"));
+        let Err(ConfigError::Invalid { errors, .. }) =
+            TrainerConfig::from_yaml(&format!("{MINIMAL}tensorboard: {{dir: ' '}}\n"), "t")
+        else {
+            panic!("expected invalid");
+        };
+        assert_eq!(errors[0].path, "tensorboard.dir");
     }
 
     #[test]

@@ -120,9 +120,9 @@ pub struct DistributedTrainingSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trainer: Option<TrainerConfig>,
 
-    /// Where checkpoints are written and how often; the policy fields override
-    /// trainer.checkpoint. Without a volume checkpoints go to a pod-local emptyDir and a gang
-    /// restart starts from scratch. Only the node-rank-0 pod mounts the volume.
+    /// Where checkpoints are written; when to save and which to keep is trainer.checkpoint.
+    /// Without a volume checkpoints go to a pod-local emptyDir and a gang restart starts from
+    /// scratch. Only the node-rank-0 pod mounts the volume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointSpec>,
 
@@ -249,7 +249,8 @@ pub struct PodTemplateOverrides {
     pub termination_grace_period_seconds: Option<i64>,
 }
 
-/// Where checkpoints live and the checkpoint policy.
+/// Where checkpoints live, only: when to save and which to keep (everySteps, everySeconds,
+/// keepLatest, keepBest) is trainer.checkpoint, its one home.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
@@ -276,24 +277,6 @@ pub struct CheckpointSpec {
     #[serde(default = "defaults::checkpoint_mount_path")]
     #[schemars(length(min = 2), regex(pattern = r"^/"))]
     pub mount_path: String,
-    /// Save every this many steps (and at the end); 0 = only at the end. Overrides
-    /// trainer.checkpoint.everySteps.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
-    pub every_steps: Option<u64>,
-    /// Also save when this many seconds passed since the last save. Overrides
-    /// trainer.checkpoint.everySeconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
-    pub every_seconds: Option<u64>,
-    /// Keep the newest K complete checkpoints. Overrides trainer.checkpoint.keepLatest.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
-    pub keep_latest: Option<u32>,
-    /// Also keep the N with the lowest validation loss. Overrides trainer.checkpoint.keepBest.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
-    pub keep_best: Option<u32>,
 }
 
 /// The volume holding the dataset.
@@ -577,28 +560,6 @@ impl DistributedTrainingSpec {
     /// Total ranks over all pods.
     pub fn world_size(&self) -> i32 {
         self.replicas.max(1) * self.procs_per_replica()
-    }
-
-    /// The trainer config the pods read: spec.trainer with spec.checkpoint's policy fields
-    /// merged into its `checkpoint` section.
-    pub fn effective_trainer_config(&self) -> Option<TrainerConfig> {
-        let mut config = self.trainer.clone()?;
-        if let Some(c) = &self.checkpoint {
-            let policy = &mut config.checkpoint;
-            if let Some(v) = c.every_steps {
-                policy.every_steps = v;
-            }
-            if let Some(v) = c.every_seconds {
-                policy.every_seconds = Some(v);
-            }
-            if let Some(v) = c.keep_latest {
-                policy.keep_latest = v;
-            }
-            if let Some(v) = c.keep_best {
-                policy.keep_best = v;
-            }
-        }
-        Some(config)
     }
 }
 

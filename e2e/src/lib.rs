@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 pub const WAIT: Duration = Duration::from_secs(300);
 /// Bound of a wait for training (image pull on a cold node, start-up, hundreds of steps).
 pub const TRAIN_WAIT: Duration = Duration::from_secs(600);
-/// `spec.checkpoint.everySteps` of the test jobs: the most steps a resume may lose.
+/// `spec.trainer.checkpoint.everySteps` of the test jobs: the most steps a resume may lose.
 pub const CHECKPOINT_EVERY: u64 = 50;
 
 /// A namespace of its own for one test; dropping it deletes the namespace (and everything in
@@ -355,10 +355,11 @@ pub fn copy_job(replicas: i32, max_steps: u64, claim: Option<&str>) -> Value {
             "schedule": {"kind": "inverseSqrt", "warmupSteps": 100},
             "labelSmoothing": 0.0,
             "eval": {"everySteps": 500, "bleu": false},
+            "checkpoint": {"everySteps": CHECKPOINT_EVERY, "keepLatest": 2},
             "distributed": {"collectiveTimeoutSeconds": 30, "rendezvousTimeoutSeconds": 180},
             "logEverySteps": 50
         },
-        "checkpoint": {"everySteps": CHECKPOINT_EVERY, "keepLatest": 2},
+        "checkpoint": {},
         "restartPolicy": {"maxRestarts": 3, "backoffSeconds": 1, "maxBackoffSeconds": 5},
         "podTemplate": {"terminationGracePeriodSeconds": 5},
         "stallTimeoutSeconds": 300
@@ -413,10 +414,7 @@ mod tests {
         let plain = copy_job(2, 2000, Some("claim"));
         for spec in [plain, config_error_job(), missing_data_job()] {
             let dt = distributed_training("job", "ns", spec.clone());
-            let config = dt
-                .spec
-                .effective_trainer_config()
-                .expect("a trainer config");
+            let config = dt.spec.trainer.clone().expect("a trainer config");
             assert_eq!(config.validate(), Vec::new(), "{spec}");
             assert_eq!(config.checkpoint.every_steps, CHECKPOINT_EVERY);
         }

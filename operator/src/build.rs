@@ -163,10 +163,10 @@ pub fn service(owner: &Owner, s: &BuildSettings) -> Service {
     }
 }
 
-/// The ConfigMap with the trainer config (spec.trainer with spec.checkpoint's policy merged);
-/// None when the job runs its own command without a trainer config.
+/// The ConfigMap with the trainer config (spec.trainer as written: spec.checkpoint says only
+/// where); None when the job runs its own command without a trainer config.
 pub fn config_map(owner: &Owner, spec: &DistributedTrainingSpec) -> Option<ConfigMap> {
-    let config = spec.effective_trainer_config()?;
+    let config = spec.trainer.as_ref()?;
     Some(ConfigMap {
         metadata: owner.meta(labels::config_map_name(&owner.name), BTreeMap::new()),
         data: Some(BTreeMap::from([(

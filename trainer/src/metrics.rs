@@ -17,6 +17,7 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
+use ferrotrain_api::config::TensorBoardConfig;
 use ferrotrain_api::{DataStats, Progress, ResourceUsage, TrainerPhase};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::ConstCounter;
@@ -470,11 +471,13 @@ pub struct Reporter {
 impl Reporter {
     /// Call once the progress holds the starting step (and any resume point).
     /// `FERROTRAIN_ATTEMPT` (the operator's and the launcher's attempt number, 0 without)
-    /// names the TensorBoard run directory, `<job dir>/tensorboard/attempt-<N>`.
+    /// names the TensorBoard run directory, `<job dir>/tensorboard/attempt-<N>` or
+    /// `<tensorboard.dir>/<job>/attempt-<N>`.
     pub fn start(
         progress: &SharedProgress,
         leader: bool,
         job_dir: &Path,
+        config: &TensorBoardConfig,
         data: &DataStats,
     ) -> Self {
         let mut p = progress.lock().unwrap_or_else(|e| e.into_inner());
@@ -495,11 +498,18 @@ impl Reporter {
             valid_truncated = data.valid_truncated,
             "data"
         );
+        if !config.enabled {
+            return Reporter { board: None };
+        }
         let attempt = std::env::var(ferrotrain_api::env::FERROTRAIN_ATTEMPT)
             .ok()
             .and_then(|a| a.parse().ok())
             .unwrap_or(0);
-        let dir = tensorboard::attempt_dir(&job_dir.join("tensorboard"), attempt);
+        let root = match &config.dir {
+            Some(dir) => Path::new(dir).join(job_dir.file_name().unwrap_or_default()),
+            None => job_dir.join("tensorboard"),
+        };
+        let dir = tensorboard::attempt_dir(&root, attempt);
         let board = match TrainingBoard::create(&dir, &p) {
             Ok(board) => {
                 tracing::info!(path = %board.path().display(), "writing TensorBoard events");
@@ -905,11 +915,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let shared: SharedProgress = Default::default();
         let stats = full_progress().data.unwrap();
-        let mut follower = Reporter::start(&shared, false, dir.path(), &stats);
+        let on = TensorBoardConfig {
+            enabled: true,
+            dir: None,
+        };
+        let mut follower = Reporter::start(&shared, false, dir.path(), &on, &stats);
         assert!(follower.board.is_none());
         follower.step(&full_progress(), 1.0, 2.0);
         assert!(!dir.path().join("tensorboard").exists());
-        let mut leader = Reporter::start(&shared, true, dir.path(), &stats);
+        let mut leader = Reporter::start(&shared, true, dir.path(), &on, &stats);
         assert_eq!(shared.lock().unwrap().data.as_ref(), Some(&stats));
         let path = leader.board.as_ref().unwrap().path().to_path_buf();
         let before = std::fs::metadata(&path).unwrap().len();
@@ -917,5 +931,27 @@ mod tests {
         // Flushed at each report.
         assert!(std::fs::metadata(&path).unwrap().len() > before);
         assert!(path.parent().unwrap().ends_with("tensorboard/attempt-0"));
+        // A configured directory holds <job>/attempt-<N>; disabled writes nothing.
+        let job = dir.path().join("job-a");
+        let elsewhere = TensorBoardConfig {
+            enabled: true,
+            dir: Some(dir.path().join("tb").to_string_lossy().into_owned()),
+        };
+        let leader = Reporter::start(&shared, true, &job, &elsewhere, &stats);
+        let path = leader.board.as_ref().unwrap().path();
+        assert!(
+            path.starts_with(dir.path().join("tb/job-a/attempt-0")),
+            "{path:?}"
+        );
+        let off = TensorBoardConfig {
+            enabled: false,
+            dir: None,
+        };
+        assert!(
+            Reporter::start(&shared, true, &job, &off, &stats)
+                .board
+                .is_none()
+        );
+        assert!(!job.join("tensorboard").exists());
     }
 }

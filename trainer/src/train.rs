@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use ferrotrain_api::config::{DeviceKind, Precision, Task};
 use ferrotrain_api::{CheckpointInfo, TrainerConfig, TrainerPhase};
-use tch::{Device, Tensor, nn};
+use tch::{Device, Kind, Tensor, nn};
 
 use crate::bleu::BleuStats;
 use crate::checkpoint::{CheckpointStore, Named, TrainerState, WriterId};
@@ -623,7 +623,13 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         p.parameters = model::parameter_count(&vs);
         p.last_checkpoint = store.as_ref().and_then(|s| s.last_completed());
     }
-    let mut reporter = Reporter::start(&progress, leader, &opts.job_dir, &corpus.stats);
+    let mut reporter = Reporter::start(
+        &progress,
+        leader,
+        &opts.job_dir,
+        &config.tensorboard,
+        &corpus.stats,
+    );
 
     let mut stream = BatchStream::new(&corpus.train, config.batch.max_tokens as usize, config.seed);
     stream.seek(samples)?;
@@ -668,7 +674,8 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         let step_samples: u64 = micro.iter().map(|b| b.len() as u64).sum();
         let mut step_tokens = 0i64;
         optimizer.zero_grad();
-        let mut loss_local = 0.0;
+        // The loss stays on the device until the step's one host read below.
+        let mut loss_local = Tensor::zeros([], (Kind::Double, device));
         for (i, batch) in micro.iter().enumerate() {
             let mine = data::shard(batch, &corpus.train, rank, world);
             step_tokens += batch
@@ -690,7 +697,8 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         }
         let mut comm_seconds = 0.0;
         let signal = signals::received();
-        let mut loss = loss_local / global_tokens as f64;
+        let loss;
+        let grad_norm;
         let mut train_seconds = earlier_seconds + loop_started.elapsed().as_secs_f64();
         if let Some(sync) = grad_sync.as_mut() {
             comm_seconds += sync.sync(comm.as_mut())?;
@@ -699,20 +707,34 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
             // f32 like every collective (the clock to a few ms over weeks).
             let clock = if leader { train_seconds } else { 0.0 };
             let flag = f32::from(u8::from(signal != 0));
-            let v = dist::all_reduce_host(comm.as_mut(), &[loss_local as f32, clock as f32, flag])?;
+            let mut scalars = comm.upload(&[0.0, clock as f32, flag])?;
+            tch::no_grad(|| scalars.narrow(0, 0, 1).f_copy_(&loss_local.reshape([1])))?;
+            comm.all_reduce_sum(&mut scalars)?;
+            // The step's one host read: the summed scalars and the (summed) gradients' norm.
+            let norm = optimizer.grad_norm();
+            let mut parts = vec![scalars.to_kind(Kind::Double)];
+            parts.extend(norm.map(|n| n.reshape([1])));
+            let v = comm.download(Tensor::cat(&parts, 0))?;
             comm_seconds += c0.elapsed().as_secs_f64();
-            loss = f64::from(v[0]) / global_tokens as f64;
-            train_seconds = f64::from(v[1]);
+            loss = v[0] / global_tokens as f64;
+            train_seconds = v[1];
+            grad_norm = v.get(3).copied().unwrap_or(0.0);
             if v[2] > 0.0 {
                 // Some rank was signalled: all stop here, and exit the way it would.
                 interrupted_by = Some(if signal != 0 { signal } else { libc::SIGTERM });
             }
         } else {
             interrupted_by = (signal != 0).then_some(signal);
+            // The step's one host read: the loss and the gradients' norm.
+            let mut parts = vec![loss_local.reshape([1])];
+            parts.extend(optimizer.grad_norm().map(|n| n.reshape([1])));
+            let v = comm.download(Tensor::cat(&parts, 0))?;
+            loss = v[0] / global_tokens as f64;
+            grad_norm = v.get(1).copied().unwrap_or(0.0);
         }
         let over_budget = total_seconds_budget.is_some_and(|b| train_seconds >= b);
         stop = over_budget || interrupted_by.is_some();
-        let grad_norm = optimizer.clip_grad_norm(config.optimizer.clip_norm);
+        optimizer.clip_to(grad_norm, config.optimizer.clip_norm);
         let time_used = total_seconds_budget.map_or(0.0, |b| train_seconds / b);
         let lr = optim::learning_rate(
             config.optimizer.lr,

@@ -29,7 +29,7 @@ fn gpu_job() -> DistributedTraining {
         "gpusPerReplica": 4,
         "resources": {"limits": {"memory": "32Gi"}, "requests": {"cpu": "8"}},
         "trainer": {"task": "copy", "maxSteps": 100, "checkpoint": {"everySteps": 50}},
-        "checkpoint": {"claimName": "ckpt", "everySteps": 20, "keepLatest": 5},
+        "checkpoint": {"claimName": "ckpt"},
         "data": {"claimName": "wmt"},
         "podTemplate": {
             "labels": {"team": "nlp", "ferrotrain.dev/attempt": "spoofed"},
@@ -506,7 +506,7 @@ fn service_is_headless_and_publishes_not_ready_pods() {
 }
 
 #[test]
-fn config_map_holds_the_trainer_config_with_the_checkpoint_policy_merged() {
+fn config_map_holds_the_trainer_config_with_its_own_checkpoint_policy() {
     let dt = gpu_job();
     let owner = Owner::of(&dt).unwrap();
     let cm = config_map(&owner, &dt.spec).unwrap();
@@ -514,12 +514,8 @@ fn config_map_holds_the_trainer_config_with_the_checkpoint_policy_merged() {
     let yaml = &cm.data.unwrap()["trainer.yaml"];
     let config = TrainerConfig::from_yaml(yaml, "configmap").unwrap();
     assert_eq!(config.max_steps, 100);
-    assert_eq!(config.checkpoint.every_steps, 20, "spec.checkpoint wins");
-    assert_eq!(config.checkpoint.keep_latest, 5);
-    assert_eq!(
-        config.checkpoint.keep_best, 1,
-        "unset fields keep the trainer's value"
-    );
+    assert_eq!(config.checkpoint.every_steps, 50, "trainer.checkpoint, the one home");
+    assert_eq!(config, dt.spec.trainer.clone().unwrap(), "spec.trainer as written");
 }
 
 #[test]
