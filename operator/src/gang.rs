@@ -1143,7 +1143,7 @@ impl<'a, 'o> Decider<'a, 'o> {
             .status
             .progress
             .as_ref()
-            .is_none_or(|p| p.report != rounded);
+            .is_none_or(|p| report::changed_for_a_user(&p.report, &rounded));
         if changed {
             let eta = report::eta_seconds(&rounded);
             self.status.progress = Some(TrainingProgress {

@@ -46,7 +46,36 @@ pub fn rounded(report: &Progress) -> Progress {
     if let Some(c) = p.last_checkpoint.as_mut() {
         c.blocking_seconds = c.blocking_seconds.and_then(|v| significant(v, 3));
     }
+    p.peak_memory_bytes = p.peak_memory_bytes.map(|v| significant_u64(v, 3));
+    if let Some(r) = p.resources.as_mut() {
+        r.cpu_seconds = significant(r.cpu_seconds, 3).unwrap_or(0.0);
+        r.cpu_utilization = sig(r.cpu_utilization, 2);
+        r.rss_bytes = significant_u64(r.rss_bytes, 3);
+        r.peak_rss_bytes = significant_u64(r.peak_rss_bytes, 3);
+        if let Some(g) = r.gpu.as_mut() {
+            g.utilization = (g.utilization.clamp(0.0, 1.0) * 100.0).round() / 100.0;
+            g.memory_used_bytes = significant_u64(g.memory_used_bytes, 3);
+            g.peak_memory_used_bytes = significant_u64(g.peak_memory_used_bytes, 3);
+        }
+    }
     p
+}
+
+fn significant_u64(value: u64, digits: i32) -> u64 {
+    significant(value as f64, digits).map_or(value, |v| v as u64)
+}
+
+/// True when `new` shows a user something `shown` (the report in the status) does not: a
+/// step, a loss, a rate, an eval, a checkpoint, a phase. Rank 0's `resources` are read from
+/// /proc and NVML at request time (CPU seconds tick, RSS and GPU use wobble), so they alone
+/// never count: they are a snapshot refreshed whenever the report changes for another
+/// reason. Without this a running job's status was written at every poll.
+pub fn changed_for_a_user(shown: &Progress, new: &Progress) -> bool {
+    let without_resources = |p: &Progress| Progress {
+        resources: None,
+        ..p.clone()
+    };
+    without_resources(shown) != without_resources(new)
 }
 
 /// Seconds to totalSteps. The trainer owns this number (it knows the evaluation time and the
@@ -116,6 +145,41 @@ mod tests {
         assert_eq!(eta_seconds(&p), None);
         p.step = 1100;
         assert_eq!(eta_seconds(&p), Some(0.0));
+    }
+
+    #[test]
+    fn resources_alone_are_no_change_a_step_is() {
+        use ferrotrain_api::progress::ResourceUsage;
+        let at = |step: u64, cpu_seconds: f64, rss_bytes: u64| {
+            rounded(&Progress {
+                step,
+                resources: Some(ResourceUsage {
+                    cpu_seconds,
+                    cpu_utilization: Some(1.93 + cpu_seconds / 1000.0),
+                    rss_bytes,
+                    peak_rss_bytes: rss_bytes,
+                    threads: 9,
+                    gpu: None,
+                }),
+                ..Progress::default()
+            })
+        };
+        let shown = at(100, 61.0, 812_345_678);
+        for (cpu, rss) in [
+            (66.0, 812_400_000),
+            (71.2, 815_000_000),
+            (76.9, 809_999_999),
+        ] {
+            assert!(
+                !changed_for_a_user(&shown, &at(100, cpu, rss)),
+                "{cpu} {rss}"
+            );
+        }
+        assert!(changed_for_a_user(&shown, &at(101, 61.0, 812_345_678)));
+        assert_eq!(
+            at(1, 0.0, 812_345_678).resources.unwrap().rss_bytes,
+            812_000_000
+        );
     }
 
     #[test]

@@ -625,13 +625,39 @@ async fn a_failed_rank_restarts_the_whole_gang_once_even_from_a_stale_cache() {
     let (action, handle) = reconcile_expecting(&ctx, handle, dt.clone(), t(103), vec![]).await;
     assert_eq!(action, Action::requeue(Duration::from_secs(7)));
 
-    // Backoff over (10s after t=100): attempt 1 is launched while attempt 0's pods still
-    // terminate under their old names.
+    // Backoff over (10s after t=100): attempt 1 waits while attempt 0's pods exist (rank 0
+    // may still be saving a checkpoint); the exited one is deleted too.
     let calls = vec![
+        call(
+            Method::DELETE,
+            &format!("/api/v1/namespaces/{NS}/pods/mt-0-1"),
+            Answer::Deleted,
+            |_| {},
+        ),
         status_call(&dt, "103", |s| {
             assert_eq!(s.phase, Phase::Pending);
             assert_eq!((s.attempt, s.restarts), (1, 1));
             assert!(!s.is_true(condition::RESTARTING));
+            let c = s.condition(condition::CREATED).unwrap();
+            assert_eq!(c.reason, "PreviousAttemptTerminating");
+            assert!(
+                c.message.contains("waiting for 2 pods of attempt 0"),
+                "{}",
+                c.message
+            );
+        }),
+    ];
+    let (action, handle) = reconcile_expecting(&ctx, handle, dt.clone(), t(110), calls).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(5)));
+
+    // Both gone: attempt 1 is launched under new names.
+    for rank in 0..2 {
+        pod_cache.apply_watcher_event(&watcher::Event::Delete(pod(0, rank, running(), "")));
+    }
+    // (The cached object is still the stale one, so the status is written again.)
+    let calls = vec![
+        status_call(&dt, "104", |s| {
+            assert_eq!((s.phase, s.attempt), (Phase::Pending, 1));
         }),
         get_absent(&service_path()),
         call(
@@ -684,7 +710,7 @@ async fn a_failed_rank_restarts_the_whole_gang_once_even_from_a_stale_cache() {
         ),
         event_call("Created"),
     ];
-    let (action, _) = reconcile_expecting(&ctx, handle, dt, t(110), calls).await;
+    let (action, _) = reconcile_expecting(&ctx, handle, dt, t(112), calls).await;
     assert_eq!(action, Action::requeue(Duration::from_secs(30)));
 }
 
@@ -728,16 +754,22 @@ async fn a_permanent_exit_code_fails_the_job_with_the_ranks_message() {
 
 /// Serves one `/progress` report on 127.0.0.1 for each connection, until dropped.
 async fn progress_server(report: Progress) -> (u16, tokio::task::JoinHandle<()>) {
+    progress_server_of(Arc::new(std::sync::Mutex::new(report))).await
+}
+
+/// Serves whatever `report` holds at each connection (a test changes it between polls).
+async fn progress_server_of(
+    report: Arc<std::sync::Mutex<Progress>>,
+) -> (u16, tokio::task::JoinHandle<()>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let body = serde_json::to_string(&report).unwrap();
     let task = tokio::spawn(async move {
         loop {
             let Ok((mut socket, _)) = listener.accept().await else {
                 return;
             };
-            let body = body.clone();
+            let body = serde_json::to_string(&*report.lock().unwrap()).unwrap();
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 4096];
                 let _ = socket.read(&mut buf).await;
@@ -832,6 +864,61 @@ async fn an_unchanged_progress_report_causes_no_write() {
         })
         .get();
     assert_eq!(polls, 1, "the report was fetched");
+    server.abort();
+}
+
+#[tokio::test]
+async fn identical_polls_write_nothing_and_a_new_step_writes_once() {
+    // Rank 0's resources are read at request time: CPU seconds tick and RSS wobbles at every
+    // poll. Five polls of step 120 write nothing; step 121 writes once; polling it again, not.
+    use ferrotrain_api::ResourceUsage;
+    let with_resources = |step: u64, poll: u64| Progress {
+        resources: Some(ResourceUsage {
+            cpu_seconds: 300.0 + 9.7 * poll as f64,
+            cpu_utilization: Some(1.9 + 0.01 * (poll % 3) as f64),
+            rss_bytes: 512_000_000 + 4096 * poll,
+            peak_rss_bytes: 530_000_000,
+            threads: 12,
+            gpu: None,
+        }),
+        ..report(step)
+    };
+    let served = Arc::new(std::sync::Mutex::new(with_resources(120, 0)));
+    let (port, server) = progress_server_of(served.clone()).await;
+    let settings = Settings {
+        trainer_metrics_port: port,
+        ..Settings::default()
+    };
+    let pods = vec![
+        pod(0, 0, running(), "127.0.0.1"),
+        pod(0, 1, running(), "127.0.0.2"),
+    ];
+    let (ctx, mut handle, _) = Context::test(pods, settings);
+    let first = job(Some(running_status()));
+    let written = Arc::new(std::sync::Mutex::new(None));
+    let keep = written.clone();
+    let calls = vec![status_call(&first, "101", move |s| {
+        *keep.lock().unwrap() = Some(s);
+    })];
+    (_, handle) = reconcile_expecting(&ctx, handle, first.clone(), t(100), calls).await;
+    let mut dt = (*first).clone();
+    dt.status = written.lock().unwrap().clone();
+    dt.metadata.resource_version = Some("101".into());
+    let dt = Arc::new(dt);
+    for poll in 1..=5 {
+        *served.lock().unwrap() = with_resources(120, poll);
+        let now = t(100 + 5 * poll as i64);
+        (_, handle) = reconcile_expecting(&ctx, handle, dt.clone(), now, vec![]).await;
+    }
+    *served.lock().unwrap() = with_resources(121, 6);
+    let calls = vec![status_call(&dt, "102", |s| {
+        let p = s.progress.unwrap();
+        assert_eq!(p.report.step, 121);
+        assert_eq!(p.updated_at, Some(Time(t(130))));
+        assert_eq!(p.report.resources.unwrap().cpu_seconds, 358.0);
+    })];
+    (_, handle) = reconcile_expecting(&ctx, handle, dt.clone(), t(130), calls).await;
+    let _ = handle;
     server.abort();
 }
 
