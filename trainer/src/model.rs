@@ -467,8 +467,8 @@ impl Transformer {
         self.project(&self.decoder_states(src, tgt_in, train))
     }
 
-    /// One micro-batch of training: returns the label-smoothed cross-entropy summed over the
-    /// real (non-PAD) target tokens of `tgt_out` [B, T], and adds its gradient times
+    /// One micro-batch of training: returns (as a 0-dim f64 tensor on the device) the
+    /// label-smoothed cross-entropy summed over the real (non-PAD) target tokens of `tgt_out` [B, T], and adds its gradient times
     /// `grad_scale` to every parameter's `.grad`.
     ///
     /// Autograd runs the network up to the final decoder states; the output projection and
@@ -483,7 +483,7 @@ impl Transformer {
         tgt_out: &Tensor,
         label_smoothing: f64,
         grad_scale: f64,
-    ) -> f64 {
+    ) -> Tensor {
         let (h, targets) = real_positions(&self.decoder_states(src, tgt_in, true), tgt_out);
         self.projection_loss_backward(&h, &targets, label_smoothing, grad_scale, LOSS_CHUNK_ROWS)
     }
@@ -497,7 +497,7 @@ impl Transformer {
         label_smoothing: f64,
         grad_scale: f64,
         rows: i64,
-    ) -> f64 {
+    ) -> Tensor {
         let (weight, bias) = match &self.output {
             Some(out) => (&out.ws, out.bs.as_ref()),
             None => (&self.src_embed.ws, None),
@@ -609,8 +609,9 @@ const LOSS_CHUNK_ROWS: i64 = 256;
 
 /// The label-smoothed loss of an output projection and its gradients.
 struct FusedLoss {
-    /// Summed over rows.
-    loss: f64,
+    /// Summed over rows: a 0-dim f64 tensor on the device (read by the caller once a step,
+    /// not here: reading it would wait for the device every micro-batch).
+    loss: Tensor,
     /// dL/dh [N, D], fp32.
     d_h: Tensor,
     /// dL/dW [V, D], fp32.
@@ -676,7 +677,7 @@ fn fused_projection_loss(
         start += len;
     }
     FusedLoss {
-        loss: loss.double_value(&[]),
+        loss,
         d_h,
         d_weight,
         d_bias,
@@ -949,7 +950,9 @@ mod tests {
             let _ = p.grad().zero_();
         }
         let (h, targets) = real_positions(&m.decoder_states(&src, &tgt_in, false), &tgt_out);
-        let loss = m.projection_loss_backward(&h, &targets, 0.1, 0.5, rows);
+        let loss = m
+            .projection_loss_backward(&h, &targets, 0.1, 0.5, rows)
+            .double_value(&[]);
         let grads = params
             .into_iter()
             .zip(expected)
@@ -995,7 +998,9 @@ mod tests {
         let tgt_out = Tensor::from_slice(&[4i64, 5, 2, PAD]).unsqueeze(0);
         // Dropout is 0 in tiny(), so the training pass equals the evaluation pass.
         let expected = loss_sum(&m.forward(&src, &tgt_in, false), &tgt_out, 0.1).double_value(&[]);
-        let loss = m.train_loss_backward(&src, &tgt_in, &tgt_out, 0.1, 1.0);
+        let loss = m
+            .train_loss_backward(&src, &tgt_in, &tgt_out, 0.1, 1.0)
+            .double_value(&[]);
         assert!((loss - expected).abs() < 1e-4, "{loss} vs {expected}");
         let embed = named_parameters(&vs)
             .into_iter()

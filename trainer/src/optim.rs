@@ -98,6 +98,14 @@ impl AdamW {
     /// Scales gradients so their global L2 norm is at most `max_norm`; returns the norm
     /// before clipping. `max_norm` 0 only measures.
     pub fn clip_grad_norm(&mut self, max_norm: f64) -> f64 {
+        let total = self.grad_norm().map_or(0.0, |t| t.double_value(&[]));
+        self.clip_to(total, max_norm);
+        total
+    }
+
+    /// The global L2 norm of the gradients as a 0-dim f64 tensor on their device (None
+    /// without gradients); the trainer reads it with the step's other scalars in one go.
+    pub fn grad_norm(&self) -> Option<Tensor> {
         let norms: Vec<Tensor> = self
             .slots
             .iter()
@@ -105,10 +113,11 @@ impl AdamW {
             .filter(|g| g.defined())
             .map(|g| g.norm().to_kind(Kind::Double))
             .collect();
-        if norms.is_empty() {
-            return 0.0;
-        }
-        let total = Tensor::stack(&norms, 0).norm().double_value(&[]);
+        (!norms.is_empty()).then(|| Tensor::stack(&norms, 0).norm())
+    }
+
+    /// Scales the gradients down to `max_norm` when their norm `total` is above it.
+    pub fn clip_to(&mut self, total: f64, max_norm: f64) {
         if max_norm > 0.0 && total > max_norm {
             let scale = max_norm / (total + 1e-6);
             tch::no_grad(|| {
@@ -120,7 +129,6 @@ impl AdamW {
                 }
             });
         }
-        total
     }
 
     /// The state as named tensors (`<param>.exp_avg`, `<param>.exp_avg_sq`, and `step`).

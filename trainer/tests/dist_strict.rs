@@ -39,18 +39,22 @@ fn launch_strict(dir: &Path, config: &Path, name: &str) -> String {
     text
 }
 
-/// The collectives each rank's strict twin passed, from its "strict collectives checked" line.
-fn checked_counts(log: &str) -> Vec<u64> {
+/// A field of each rank's "strict collectives checked" line (`collectives` or `downloads`).
+fn strict_counts(log: &str, field: &str) -> Vec<u64> {
     log.lines()
         .filter(|l| l.contains("strict collectives checked"))
         .filter_map(|l| {
-            let rest = l.split("collectives=").nth(1)?;
+            let rest = l.split(&format!(" {field}=")).nth(1)?;
             rest.split(|c: char| !c.is_ascii_digit())
                 .next()?
                 .parse()
                 .ok()
         })
         .collect()
+}
+
+fn checked_counts(log: &str) -> Vec<u64> {
+    strict_counts(log, "collectives")
 }
 
 /// The copy task with an evaluation (loss and BLEU, all-reduced) every 3 steps.
@@ -74,6 +78,15 @@ fn two_ranks_train_resume_and_evaluate_through_the_strict_collective() {
     let counts = checked_counts(&log);
     assert_eq!(counts.len(), 2, "one count per rank: {log}");
     assert!(counts.iter().all(|&c| c >= 6), "{counts:?}: {log}");
+    // Host reads through the collective (each a device synchronisation under NCCL): one per
+    // step, one per evaluation (at 3 and 6), and at most 3 at start (vocabulary length and
+    // bytes, resume header).
+    let downloads = strict_counts(&log, "downloads");
+    assert_eq!(downloads.len(), 2, "{log}");
+    assert!(
+        downloads.iter().all(|&d| (6..=6 + 2 + 3).contains(&d)),
+        "{downloads:?}: more than one host read per step: {log}"
+    );
 
     // Second run resumes: rank 0 broadcasts the restored weights and optimizer moments.
     let second = write(dir.path(), "job.yaml", &config(9));

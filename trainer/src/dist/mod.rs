@@ -126,9 +126,10 @@ pub trait Collective: Send {
     fn upload(&mut self, values: &[f32]) -> Result<Tensor> {
         Ok(Tensor::from_slice(values).f_to_device(self.device())?)
     }
-    /// A collective's result copied back to the host (one synchronisation on a GPU).
-    fn download(&mut self, tensor: Tensor) -> Result<Vec<f32>> {
-        let host = tensor.f_to_device(Device::Cpu)?.f_to_kind(Kind::Float)?;
+    /// A result copied back to the host as f64 (exact for f32 values): one synchronisation
+    /// on a GPU, so the trainer reads what it needs of a step at once.
+    fn download(&mut self, tensor: Tensor) -> Result<Vec<f64>> {
+        let host = tensor.f_to_device(Device::Cpu)?.f_to_kind(Kind::Double)?;
         Ok(Vec::try_from(&host)?)
     }
     /// Element-wise sum over ranks, in place. `tensor` is contiguous f32 on `device()`.
@@ -211,14 +212,14 @@ pub fn init(
 pub fn broadcast_host(comm: &mut dyn Collective, values: &[f32]) -> Result<Vec<f32>> {
     let mut t = comm.upload(values)?;
     comm.broadcast(&mut t, 0)?;
-    comm.download(t)
+    Ok(comm.download(t)?.into_iter().map(|v| v as f32).collect())
 }
 
 /// Sums host values over ranks through `comm`'s device.
 pub fn all_reduce_host(comm: &mut dyn Collective, values: &[f32]) -> Result<Vec<f32>> {
     let mut t = comm.upload(values)?;
     comm.all_reduce_sum(&mut t)?;
-    comm.download(t)
+    Ok(comm.download(t)?.into_iter().map(|v| v as f32).collect())
 }
 
 /// A rank's view of the rendezvous: its store connection and, on rank 0, the store itself.

@@ -162,7 +162,7 @@ impl Collective for Strict {
         self.register(&t);
         Ok(t)
     }
-    fn download(&mut self, tensor: Tensor) -> Result<Vec<f32>> {
+    fn download(&mut self, tensor: Tensor) -> Result<Vec<f64>> {
         if tensor.device() != self.device {
             return Err(TrainError::Distributed(format!(
                 "download of a tensor on {:?}, the communicator's device is {:?}",
@@ -174,7 +174,7 @@ impl Collective for Strict {
         // An upload's buffer is done with once read back.
         let ptr = tensor.data_ptr() as usize;
         self.resident.retain(|(_, s, _)| *s != ptr);
-        let host = tensor.f_to_kind(Kind::Float)?;
+        let host = tensor.f_to_kind(Kind::Double)?;
         Ok(Vec::try_from(&host)?)
     }
     fn all_reduce_sum(&mut self, tensor: &mut Tensor) -> Result<()> {
