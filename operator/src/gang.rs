@@ -9,11 +9,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ferrotrain_api::Progress;
 use ferrotrain_api::crd::{
     DistributedTrainingSpec, DistributedTrainingStatus, FailureInfo, Phase, TrainingProgress,
     condition,
 };
+use ferrotrain_api::{Progress, TrainerPhase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
@@ -73,6 +73,9 @@ pub struct PodView {
     /// Set when the pod is being disrupted or was: the DisruptionTarget condition, or a pod
     /// failed as Evicted, Preempting or Terminated (node shutdown).
     pub disruption: Option<Disruption>,
+    /// The trainer's final progress report, from the termination message of a container
+    /// that exited 0 (rank 0 writes it; its /progress server is gone by then).
+    pub final_report: Option<Box<Progress>>,
 }
 
 /// Why a pod does not run yet, in the scheduler's or the kubelet's own words.
@@ -336,6 +339,35 @@ pub fn launch_refused(
         note: message,
     });
     (status, event)
+}
+
+/// Created=False while the next attempt waits for the pods of earlier ones to be gone.
+pub const PREVIOUS_ATTEMPT_TERMINATING: &str = "PreviousAttemptTerminating";
+
+/// The pods' `terminationGracePeriodSeconds` when the user sets none: long enough for rank 0
+/// to save a checkpoint on SIGTERM. From the last save the trainer reported (the whole save,
+/// else the part that blocked training): 3x it plus 10 s, at least Kubernetes' default 30 s,
+/// at most 10 minutes. The launcher inside the pod gets 5 s less
+/// ([`launcher_stop_grace_seconds`]) so it can still report after its ranks stop.
+pub fn save_grace_seconds(status: &DistributedTrainingStatus) -> i64 {
+    const DEFAULT: i64 = 30;
+    const MAX: i64 = 600;
+    let save = status
+        .progress
+        .as_ref()
+        .and_then(|p| p.report.last_checkpoint.as_ref())
+        .and_then(|c| c.save_seconds.or(c.blocking_seconds))
+        .filter(|s| s.is_finite() && *s >= 0.0);
+    match save {
+        Some(seconds) => ((3.0 * seconds + 10.0).ceil() as i64).clamp(DEFAULT, MAX),
+        None => DEFAULT,
+    }
+}
+
+/// FERROTRAIN_STOP_GRACE_SECONDS for a pod with `pod_grace_seconds`: how long `ferrotrain
+/// launch` waits between forwarding SIGTERM and SIGKILLing its ranks.
+pub fn launcher_stop_grace_seconds(pod_grace_seconds: i64) -> i64 {
+    (pod_grace_seconds - 5).max(1)
 }
 
 /// `FailureInfo.reason` of a disruption (it restarts without spending maxRestarts).
@@ -707,6 +739,9 @@ impl<'a, 'o> Decider<'a, 'o> {
         if self.create_refused_too_long() {
             return false;
         }
+        if self.earlier_attempt_remains() {
+            return false;
+        }
         if self.status.start_time.is_none() {
             self.status.start_time = Some(Time(self.now()));
         }
@@ -736,6 +771,50 @@ impl<'a, 'o> Decider<'a, 'o> {
         false
     }
 
+    /// One checkpoint writer at a time: no pod of this attempt is created while a pod of an
+    /// earlier one exists (its rank 0 may still be saving on SIGTERM, for up to its
+    /// termination grace). [`Self::clean_up_old_attempts`] deletes them; one stuck on a lost
+    /// node is force-deleted after its grace (the trainer's fence stops it writing, should
+    /// it still run behind a partition). True while they remain; Created says so.
+    fn earlier_attempt_remains(&mut self) -> bool {
+        let attempt = self.status.attempt;
+        let mut earlier: Vec<i32> = self
+            .o
+            .pods
+            .iter()
+            .filter(|p| p.attempt < attempt)
+            .map(|p| p.attempt)
+            .collect();
+        if earlier.is_empty() {
+            return false;
+        }
+        let count = earlier.len();
+        earlier.sort_unstable();
+        earlier.dedup();
+        let attempts = earlier
+            .iter()
+            .map(i32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let of = if earlier.len() == 1 {
+            format!("attempt {attempts}")
+        } else {
+            format!("attempts {attempts}")
+        };
+        let pods = if count == 1 { "pod" } else { "pods" };
+        self.set_condition(
+            condition::CREATED,
+            false,
+            PREVIOUS_ATTEMPT_TERMINATING,
+            format!(
+                "attempt {attempt}: waiting for {count} {pods} of {of} to terminate (one checkpoint writer at a time)"
+            ),
+        );
+        // Their deletion wakes the controller; this is the fallback.
+        self.requeue_in(Duration::from_secs(5));
+        true
+    }
+
     /// Starting or Running: look at every rank of the current attempt.
     fn evaluate(&mut self) {
         let census = self.census();
@@ -745,7 +824,7 @@ impl<'a, 'o> Decider<'a, 'o> {
         }
         let replicas = self.o.spec.replicas.max(1);
         if census.succeeded == replicas {
-            self.succeed();
+            self.succeed(census.rank0);
         } else if census.running + census.succeeded == replicas {
             self.all_running();
             self.track_progress(census.rank0);
@@ -897,8 +976,9 @@ impl<'a, 'o> Decider<'a, 'o> {
         }
     }
 
-    fn succeed(&mut self) {
+    fn succeed(&mut self, rank0: Option<&PodView>) {
         let (replicas, attempt) = (self.o.spec.replicas.max(1), self.status.attempt);
+        self.final_progress(rank0);
         self.status.phase = Phase::Succeeded;
         self.status.completion_time = Some(Time(self.now()));
         self.clear_running("Succeeded");
@@ -920,6 +1000,20 @@ impl<'a, 'o> Decider<'a, 'o> {
             format!("training finished: all {replicas} pods exited 0{step}"),
         );
         self.finished();
+    }
+
+    /// The last poll is up to an interval old when training ends: rank 0's final report
+    /// (its termination message) has the final step, eval and checkpoint. Without one (an
+    /// image that writes none) the last polled numbers stay. Either way the phase is
+    /// Finished, and rates and ETA, which describe a running attempt, go.
+    fn final_progress(&mut self, rank0: Option<&PodView>) {
+        if let Some(report) = rank0.and_then(|p| p.final_report.as_deref()) {
+            self.store_report(report);
+        }
+        if let Some(p) = self.status.progress.as_mut() {
+            p.report.phase = TrainerPhase::Finished;
+        }
+        self.end_attempt_progress();
     }
 
     fn all_running(&mut self) {
@@ -1136,7 +1230,8 @@ impl<'a, 'o> Decider<'a, 'o> {
         self.detect_stall();
     }
 
-    fn progress_report(&mut self, report: &Progress) {
+    /// Writes `report` into status.progress when a value a user sees changed.
+    fn store_report(&mut self, report: &Progress) {
         let now = self.now();
         let rounded = report::rounded(report);
         let changed = self
@@ -1157,6 +1252,10 @@ impl<'a, 'o> Decider<'a, 'o> {
                 self.set_condition(condition::STALLED, false, "ProgressResumed", String::new());
             }
         }
+    }
+
+    fn progress_report(&mut self, report: &Progress) {
+        self.store_report(report);
         let was = self
             .status
             .condition(condition::PROGRESS_AVAILABLE)
@@ -1260,14 +1359,15 @@ impl<'a, 'o> Decider<'a, 'o> {
         self.restart_or_fail(failure);
     }
 
-    /// Pods of older attempts: running ones are deleted; terminated ones of the previous
-    /// attempt stay (their logs explain the restart), older ones go.
+    /// Pods of older attempts are deleted, terminated ones too: the next attempt starts
+    /// only when they are gone ([`Self::earlier_attempt_remains`]), and a pod whose status
+    /// says terminated may still run behind a partition (the pod GC marks pods of a vanished
+    /// node Failed). `lastFailure` keeps the failed rank's message.
     fn clean_up_old_attempts(&mut self) {
         let current = self.status.attempt;
         let mut doomed = Vec::new();
         for p in self.o.pods.iter().filter(|p| p.attempt < current) {
-            let keep_for_logs = p.state.is_terminated() && p.attempt == current - 1;
-            if p.deleting_since.is_none() && !keep_for_logs {
+            if p.deleting_since.is_none() {
                 doomed.push(p.name.clone());
             }
         }

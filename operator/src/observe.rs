@@ -2,6 +2,7 @@
 //! decides from, and check what the schema cannot (the trainer config's cross-field rules,
 //! volume references).
 
+use ferrotrain_api::Progress;
 use ferrotrain_api::crd::DistributedTrainingSpec;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -80,6 +81,11 @@ pub fn pod_view(pod: &Pod, node: Option<&Node>) -> Option<PodView> {
         created: meta.creation_timestamp.as_ref().map(|t| t.0),
         waiting,
         disruption: disruption(pod),
+        final_report: terminated
+            .filter(|t| t.exit_code == 0)
+            .and_then(|t| t.message.as_deref())
+            .and_then(Progress::from_termination_message)
+            .map(Box::new),
     })
 }
 
@@ -335,6 +341,34 @@ mod tests {
                 finished_at: Some(ts("2025-01-01T00:01:00Z")),
             })
         );
+    }
+
+    #[test]
+    fn a_successful_rank_0_carries_its_final_report_from_the_termination_message() {
+        let exited = |code: i32, message: &str| ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: code,
+                message: Some(message.into()),
+                ..ContainerStateTerminated::default()
+            }),
+            ..ContainerState::default()
+        };
+        let report = Progress {
+            phase: ferrotrain_api::TrainerPhase::Finished,
+            step: 2000,
+            total_steps: 2000,
+            eval_loss: Some(0.25),
+            ..Progress::default()
+        };
+        let message = report.to_termination_message();
+        let v = pod_view(&pod(Some(exited(0, &message)), "Succeeded", None), None).unwrap();
+        assert_eq!(v.state, PodState::Succeeded);
+        assert_eq!(v.final_report.as_deref(), Some(&report));
+        // A failure's message is a reason, and a success without a report has none.
+        let v = pod_view(&pod(Some(exited(1, &message)), "Failed", None), None).unwrap();
+        assert_eq!(v.final_report, None);
+        let v = pod_view(&pod(Some(exited(0, "done")), "Succeeded", None), None).unwrap();
+        assert_eq!(v.final_report, None);
     }
 
     #[test]

@@ -30,6 +30,7 @@ fn pod(attempt: i32, rank: i32, state: PodState) -> PodView {
         created: Some(t(0)),
         waiting: None,
         disruption: None,
+        final_report: None,
     }
 }
 
@@ -566,7 +567,7 @@ fn rows() -> Vec<Row> {
             ..Row::default()
         },
         Row {
-            name: "backoff over: next attempt without waiting for old pods' names",
+            name: "backoff over: the next attempt waits for the old pods to be gone",
             status: status(
                 Phase::Restarting,
                 0,
@@ -580,9 +581,8 @@ fn rows() -> Vec<Row> {
             phase: Phase::Pending,
             attempt: 1,
             restarts: 1,
-            actions: vec![launch(1, &[0, 1])],
-            events: vec!["Created"],
-            requeue: Some(30),
+            actions: vec![del(0, 1)],
+            requeue: Some(5),
             ..Row::default()
         },
         Row {
@@ -594,7 +594,7 @@ fn rows() -> Vec<Row> {
             ..Row::default()
         },
         Row {
-            name: "old attempts: running pods and pods two attempts back are deleted",
+            name: "old attempts: every pod is deleted, terminated ones too",
             status: running_status(2, 2),
             pods: vec![
                 running(2, 0),
@@ -606,7 +606,7 @@ fn rows() -> Vec<Row> {
             phase: Phase::Running,
             attempt: 2,
             restarts: 2,
-            actions: vec![del(1, 0), del(0, 0)],
+            actions: vec![del(1, 1), del(1, 0), del(0, 0)],
             requeue: Some(5),
             ..Row::default()
         },
@@ -1169,6 +1169,13 @@ fn a_fixed_spec_starts_the_job_that_failed_for_an_invalid_one() {
         ..Row::default()
     });
     assert_eq!(d.status.attempt, 4);
+    assert!(d.actions.is_empty(), "attempt 3's pod is still there");
+    let d = run(&Row {
+        status: d.status.clone(),
+        generation: 2,
+        attempt: 4,
+        ..Row::default()
+    });
     assert_eq!(d.actions, vec![launch(4, &[0, 1])]);
 }
 
@@ -1725,4 +1732,201 @@ fn a_refused_pod_create_is_shown_once_then_fails_the_job_at_the_startup_timeout(
         f.message
     );
     assert_eq!(d.actions, vec![del(0, 0)]);
+}
+
+fn restarting_status(attempt: i32, restarts: i32, since: i64) -> DistributedTrainingStatus {
+    status(
+        Phase::Restarting,
+        attempt,
+        restarts,
+        vec![
+            cond(condition::CREATED, true, 0),
+            cond(condition::RESTARTING, true, since),
+        ],
+    )
+}
+
+fn created_message(d: &Decision) -> String {
+    let c = d.status.condition(condition::CREATED).unwrap();
+    format!("{} {}: {}", c.status, c.reason, c.message)
+}
+
+#[test]
+fn the_next_attempt_waits_until_the_old_attempts_pods_are_gone() {
+    // Backoff over while rank 0 of attempt 0 still terminates (a SIGTERM save in flight)
+    // and rank 1 exited but its pod is still there.
+    let row = Row {
+        status: restarting_status(0, 1, 50),
+        pods: vec![deleting(running(0, 0), 60), exited(0, 1, 137, "", 55)],
+        now: 100,
+        ..Row::default()
+    };
+    let d = run(&row);
+    assert_eq!((d.status.phase, d.status.attempt), (Phase::Pending, 1));
+    assert_eq!(
+        d.actions,
+        [del(0, 1)],
+        "no launch while attempt 0's pods exist"
+    );
+    assert_eq!(
+        created_message(&d),
+        "False PreviousAttemptTerminating: attempt 1: waiting for 2 pods of attempt 0 to terminate (one checkpoint writer at a time)"
+    );
+    assert_eq!(d.requeue_after, Some(Duration::from_secs(5)));
+
+    // One left, terminating: still no launch, the count follows.
+    let d = run(&Row {
+        status: d.status.clone(),
+        pods: vec![deleting(running(0, 0), 60)],
+        now: 110,
+        attempt: 1,
+        ..Row::default()
+    });
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    assert!(
+        created_message(&d).contains("waiting for 1 pod of attempt 0"),
+        "{}",
+        created_message(&d)
+    );
+
+    // All gone: attempt 1 launches.
+    let d = run(&Row {
+        status: d.status.clone(),
+        pods: vec![],
+        now: 115,
+        attempt: 1,
+        ..Row::default()
+    });
+    assert_eq!(d.actions, [launch(1, &[0, 1])]);
+    assert_eq!(d.events[0].reason, "Created");
+}
+
+#[test]
+fn a_pod_stuck_terminating_on_a_lost_node_is_force_deleted_and_then_the_launch_goes_on() {
+    let mut waiting = status(
+        Phase::Pending,
+        1,
+        1,
+        vec![cond(condition::CREATED, true, 0)],
+    );
+    waiting.start_time = Some(Time(t(0)));
+    let stuck = deleting(node_lost(running(0, 0), 0), 30);
+    let d = run(&Row {
+        status: waiting.clone(),
+        pods: vec![stuck],
+        now: 100,
+        attempt: 1,
+        ..Row::default()
+    });
+    assert_eq!(
+        d.actions,
+        [Action::ForceDeletePod(crate::labels::pod_name(JOB, 0, 0))]
+    );
+    assert_eq!(d.events[0].reason, "ForceDeleted");
+    assert!(created_message(&d).contains("waiting for 1 pod of attempt 0"));
+    // The force delete removed it from the API: the next reconcile launches.
+    let d = run(&Row {
+        status: d.status.clone(),
+        pods: vec![],
+        now: 101,
+        attempt: 1,
+        ..Row::default()
+    });
+    assert_eq!(d.actions, [launch(1, &[0, 1])]);
+}
+
+#[test]
+fn a_finished_job_shows_rank_0s_final_report() {
+    let mut s = running_status(0, 0);
+    s.progress = Some(TrainingProgress {
+        report: report::rounded(&report(997, 0.5)),
+        eta: Some("2s".into()),
+        estimated_completion_time: Some(Time(t(102))),
+        updated_at: Some(Time(t(95))),
+    });
+    let last = Progress {
+        phase: TrainerPhase::Finished,
+        eval_loss: Some(0.123456),
+        eval_step: Some(1000),
+        eta_seconds: Some(0.0),
+        last_checkpoint: Some(ferrotrain_api::CheckpointInfo {
+            step: 1000,
+            size_bytes: 4096,
+            time: "2026-11-23T12:00:00Z".into(),
+            ..Default::default()
+        }),
+        ..report(1000, 0.25)
+    };
+    let mut rank0 = exited(0, 0, 0, "", 99);
+    rank0.final_report = Some(Box::new(last));
+    let d = run(&Row {
+        status: s.clone(),
+        pods: vec![rank0, exited(0, 1, 0, "", 99)],
+        ..Row::default()
+    });
+    assert_eq!(d.status.phase, Phase::Succeeded);
+    let p = d.status.progress.clone().unwrap();
+    assert_eq!(p.report.step, 1000);
+    assert_eq!(p.report.phase, TrainerPhase::Finished);
+    assert_eq!(p.report.eval_loss, Some(0.1235));
+    assert_eq!(p.report.last_checkpoint.map(|c| c.step), Some(1000));
+    // A finished job has no rate and no ETA.
+    assert_eq!(p.report.steps_per_second, None);
+    assert_eq!((p.eta, p.estimated_completion_time), (None, None));
+    assert_eq!(p.updated_at, Some(Time(t(100))));
+    let c = d.status.condition(condition::SUCCEEDED).unwrap();
+    assert!(c.message.ends_with("at step 1000"), "{}", c.message);
+    assert!(
+        d.events[0].note.ends_with("at step 1000"),
+        "{}",
+        d.events[0].note
+    );
+
+    // Without a final report (an image that writes none) the last poll stays, finished.
+    let d = run(&Row {
+        status: s,
+        pods: vec![exited(0, 0, 0, "", 99), exited(0, 1, 0, "", 99)],
+        ..Row::default()
+    });
+    let p = d.status.progress.unwrap();
+    assert_eq!(p.report.step, 997);
+    assert_eq!(p.report.phase, TrainerPhase::Finished);
+    assert_eq!(p.eta, None);
+}
+
+#[test]
+fn the_termination_grace_is_sized_from_the_last_save() {
+    let with_save = |save: Option<f64>, blocking: Option<f64>| {
+        let mut s = running_status(0, 0);
+        s.progress = Some(TrainingProgress {
+            report: Progress {
+                last_checkpoint: Some(ferrotrain_api::CheckpointInfo {
+                    save_seconds: save,
+                    blocking_seconds: blocking,
+                    ..Default::default()
+                }),
+                ..Progress::default()
+            },
+            ..TrainingProgress::default()
+        });
+        save_grace_seconds(&s)
+    };
+    assert_eq!(save_grace_seconds(&running_status(0, 0)), 30, "no save yet");
+    assert_eq!(with_save(None, None), 30);
+    assert_eq!(
+        with_save(Some(2.0), Some(0.1)),
+        30,
+        "short saves keep the default"
+    );
+    assert_eq!(with_save(Some(20.0), Some(0.5)), 70);
+    assert_eq!(with_save(Some(20.2), None), 71, "rounded up");
+    assert_eq!(
+        with_save(None, Some(15.0)),
+        55,
+        "older trainers report the blocking part"
+    );
+    assert_eq!(with_save(Some(1e6), None), 600, "capped");
+    assert_eq!(with_save(Some(f64::NAN), None), 30);
+    assert_eq!(launcher_stop_grace_seconds(30), 25);
+    assert_eq!(launcher_stop_grace_seconds(70), 65);
 }
