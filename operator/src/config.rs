@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use crate::gang::Timing;
+
 /// ferrotrain's Kubernetes operator.
 #[derive(Debug, Parser)]
 #[command(name = "ferrotrain-operator", version, about)]
@@ -35,6 +37,18 @@ pub enum LogFormat {
 /// The trainer image `scripts/images.sh` builds for this version (the chart passes its own).
 pub const DEFAULT_TRAINER_IMAGE: &str = concat!("ferrotrain/trainer:", env!("CARGO_PKG_VERSION"));
 
+/// Every default of the reconciler's settings, written once: the flags, [`Settings::default`]
+/// and the state machine's [`Timing`] read them from here.
+pub mod defaults {
+    pub const MASTER_PORT: u16 = 29500;
+    pub const TRAINER_METRICS_PORT: u16 = 9090;
+    pub const PROGRESS_INTERVAL_SECONDS: u64 = 5;
+    pub const PROGRESS_TIMEOUT_MS: u64 = 2000;
+    pub const PROGRESS_GRACE_SECONDS: u64 = 120;
+    pub const NODE_LOST_GRACE_SECONDS: u64 = 60;
+    pub const FORCE_DELETE_GRACE_SECONDS: u64 = 60;
+}
+
 /// Flags of `ferrotrain-operator run`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct Args {
@@ -51,14 +65,14 @@ pub struct Args {
     pub trainer_image: String,
 
     /// Port of rank 0's rendezvous store (MASTER_PORT).
-    #[arg(long, env = "FERROTRAIN_OPERATOR_MASTER_PORT", default_value_t = 29500)]
+    #[arg(long, env = "FERROTRAIN_OPERATOR_MASTER_PORT", default_value_t = defaults::MASTER_PORT)]
     pub master_port: u16,
 
     /// Port of rank 0's HTTP server (/progress, /metrics): FERROTRAIN_METRICS_PORT.
     #[arg(
         long,
         env = "FERROTRAIN_OPERATOR_TRAINER_METRICS_PORT",
-        default_value_t = 9090
+        default_value_t = defaults::TRAINER_METRICS_PORT
     )]
     pub trainer_metrics_port: u16,
 
@@ -66,7 +80,7 @@ pub struct Args {
     #[arg(
         long,
         env = "FERROTRAIN_OPERATOR_PROGRESS_INTERVAL_SECONDS",
-        default_value_t = 5
+        default_value_t = defaults::PROGRESS_INTERVAL_SECONDS
     )]
     pub progress_interval_seconds: u64,
 
@@ -74,7 +88,7 @@ pub struct Args {
     #[arg(
         long,
         env = "FERROTRAIN_OPERATOR_PROGRESS_TIMEOUT_MS",
-        default_value_t = 2000
+        default_value_t = defaults::PROGRESS_TIMEOUT_MS
     )]
     pub progress_timeout_ms: u64,
 
@@ -83,7 +97,7 @@ pub struct Args {
     #[arg(
         long,
         env = "FERROTRAIN_OPERATOR_PROGRESS_GRACE_SECONDS",
-        default_value_t = 120
+        default_value_t = defaults::PROGRESS_GRACE_SECONDS
     )]
     pub progress_grace_seconds: u64,
 
@@ -91,7 +105,7 @@ pub struct Args {
     #[arg(
         long,
         env = "FERROTRAIN_OPERATOR_NODE_LOST_GRACE_SECONDS",
-        default_value_t = 60
+        default_value_t = defaults::NODE_LOST_GRACE_SECONDS
     )]
     pub node_lost_grace_seconds: u64,
 
@@ -99,7 +113,7 @@ pub struct Args {
     #[arg(
         long,
         env = "FERROTRAIN_OPERATOR_FORCE_DELETE_GRACE_SECONDS",
-        default_value_t = 60
+        default_value_t = defaults::FORCE_DELETE_GRACE_SECONDS
     )]
     pub force_delete_grace_seconds: u64,
 
@@ -170,13 +184,25 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             trainer_image: DEFAULT_TRAINER_IMAGE.into(),
-            master_port: 29500,
-            trainer_metrics_port: 9090,
-            progress_interval: Duration::from_secs(5),
-            progress_timeout: Duration::from_secs(2),
-            progress_grace: Duration::from_secs(120),
-            node_lost_grace: Duration::from_secs(60),
-            force_delete_grace: Duration::from_secs(60),
+            master_port: defaults::MASTER_PORT,
+            trainer_metrics_port: defaults::TRAINER_METRICS_PORT,
+            progress_interval: Duration::from_secs(defaults::PROGRESS_INTERVAL_SECONDS),
+            progress_timeout: Duration::from_millis(defaults::PROGRESS_TIMEOUT_MS),
+            progress_grace: Duration::from_secs(defaults::PROGRESS_GRACE_SECONDS),
+            node_lost_grace: Duration::from_secs(defaults::NODE_LOST_GRACE_SECONDS),
+            force_delete_grace: Duration::from_secs(defaults::FORCE_DELETE_GRACE_SECONDS),
+        }
+    }
+}
+
+/// The state machine's knobs are settings too.
+impl From<&Settings> for Timing {
+    fn from(s: &Settings) -> Self {
+        Timing {
+            progress_interval: s.progress_interval,
+            progress_grace: s.progress_grace,
+            node_lost_grace: s.node_lost_grace,
+            force_delete_grace: s.force_delete_grace,
         }
     }
 }
@@ -207,6 +233,7 @@ mod tests {
             panic!("expected run");
         };
         assert_eq!(Settings::from(args.as_ref()), Settings::default());
+        assert_eq!(Timing::from(&Settings::default()), Timing::default());
         assert!(args.leader_election);
     }
 

@@ -79,12 +79,7 @@ impl Context {
     }
 
     pub fn timing(&self) -> Timing {
-        Timing {
-            progress_interval: self.settings.progress_interval,
-            progress_grace: self.settings.progress_grace,
-            node_lost_grace: self.settings.node_lost_grace,
-            force_delete_grace: self.settings.force_delete_grace,
-        }
+        Timing::from(&self.settings)
     }
 
     /// The newest version of the object we know: ours while the cache shows a version our

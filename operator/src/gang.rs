@@ -197,14 +197,10 @@ pub struct Timing {
     pub force_delete_grace: Duration,
 }
 
+/// The operator's defaults (`config::defaults`, their one home).
 impl Default for Timing {
     fn default() -> Self {
-        Timing {
-            progress_interval: Duration::from_secs(5),
-            progress_grace: Duration::from_secs(120),
-            node_lost_grace: Duration::from_secs(60),
-            force_delete_grace: Duration::from_secs(60),
-        }
+        Timing::from(&crate::config::Settings::default())
     }
 }
 
