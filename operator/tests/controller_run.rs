@@ -492,3 +492,44 @@ async fn a_pod_create_the_api_refuses_shows_on_the_job_and_is_retried() {
     );
     op.terminate().await.expect("a clean stop");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_service_of_the_jobs_name_is_left_alone_and_named_on_the_job() {
+    let fake = FakeApiServer::start().await;
+    ready_node(&fake, "node-a");
+    // Someone's own Service, named like the job, with a selector and port of its own.
+    let theirs = json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": JOB, "namespace": NS, "labels": {"team": "web"}},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]},
+    });
+    fake.insert("api/v1/services", Some(NS), theirs);
+    let before = fake.get("api/v1/services", NS, JOB).unwrap();
+    let op = Operator::start(&fake, &["--leader-election", "false"]).await;
+    wait_ready(&op).await;
+    submit_job(&fake).await;
+    let created = wait_for("Created=False/NameConflict", WAIT, || async {
+        let status = job_status(&fake);
+        let conditions = status["conditions"].as_array()?.clone();
+        conditions
+            .into_iter()
+            .find(|c| c["type"] == "Created" && c["reason"] == "NameConflict")
+    })
+    .await;
+    assert_eq!(created["status"], "False", "{created}");
+    let message = created["message"].as_str().unwrap();
+    assert!(message.contains("Service ml/mt exists"), "{message}");
+    assert!(message.contains("rename the job"), "{message}");
+    assert_eq!(
+        fake.get("api/v1/services", NS, JOB).unwrap(),
+        before,
+        "their Service is untouched (no apply, no owner reference)"
+    );
+    assert!(pod_names(&fake).is_empty(), "no pod without its Service");
+    let warned = fake.requests().iter().any(|r| {
+        r.method == "POST" && r.path.ends_with("/events") && r.body["reason"] == "NameConflict"
+    });
+    assert!(warned, "a Warning event names the conflict");
+    op.terminate().await.expect("a clean stop");
+}
