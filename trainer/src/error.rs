@@ -18,7 +18,13 @@ pub enum TrainError {
     /// A peer died or hung, the rendezvous failed, ... (retryable).
     #[error("{0}")]
     Distributed(String),
-    /// Anything else: I/O, libtorch errors (retryable).
+    /// A libtorch call failed (retryable); the source is kept for the error chain.
+    #[error("libtorch: {0}")]
+    Torch(#[source] tch::TchError),
+    /// An I/O call failed (retryable); the source is kept for the error chain.
+    #[error("I/O: {0}")]
+    Io(#[source] std::io::Error),
+    /// Anything else (retryable).
     #[error("{0}")]
     Other(String),
 }
@@ -30,20 +36,23 @@ impl TrainError {
             TrainError::Config(_) => exit::INVALID_CONFIG,
             TrainError::Data(_) => exit::INVALID_DATA,
             TrainError::IncompatibleCheckpoint(_) => exit::INCOMPATIBLE_CHECKPOINT,
-            TrainError::Distributed(_) | TrainError::Other(_) => exit::RETRYABLE,
+            TrainError::Distributed(_)
+            | TrainError::Torch(_)
+            | TrainError::Io(_)
+            | TrainError::Other(_) => exit::RETRYABLE,
         }
     }
 }
 
 impl From<tch::TchError> for TrainError {
     fn from(e: tch::TchError) -> Self {
-        TrainError::Other(format!("libtorch: {e}"))
+        TrainError::Torch(e)
     }
 }
 
 impl From<std::io::Error> for TrainError {
     fn from(e: std::io::Error) -> Self {
-        TrainError::Other(format!("I/O: {e}"))
+        TrainError::Io(e)
     }
 }
 
@@ -70,4 +79,26 @@ pub fn write_termination_message(message: &str) {
         line.truncate(cut);
     }
     let _ = std::fs::write(path, line);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn wrapped_errors_keep_their_source_and_exit_class() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+        let e = TrainError::from(io);
+        assert_eq!(e.to_string(), "I/O: gone");
+        assert_eq!(e.exit_code(), exit::RETRYABLE);
+        let source = e.source().expect("the io::Error is the source");
+        assert_eq!(source.to_string(), "gone");
+
+        let t = tch::Tensor::from_slice(&[1.0f32]).f_view([2]).unwrap_err();
+        let e = TrainError::from(t);
+        assert!(e.to_string().starts_with("libtorch: "), "{e}");
+        assert!(e.source().is_some());
+        assert_eq!(e.exit_code(), exit::RETRYABLE);
+    }
 }
