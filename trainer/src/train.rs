@@ -476,6 +476,99 @@ fn cpu_has_bf16_units(cpuinfo: &str) -> bool {
             .any(|f| matches!(*f, "amx_bf16" | "avx512_bf16"))
 }
 
+/// Where this run starts, agreed by every rank.
+struct Start {
+    step: u64,
+    samples: u64,
+    /// Training seconds of the job's earlier runs (rank 0 knows; the others learn rank 0's
+    /// clock every step).
+    earlier_seconds: f64,
+    resumed_from_step: Option<u64>,
+}
+
+/// Resume: rank 0 (the one with a `store`) reads the newest complete checkpoint into the
+/// model and the optimizer and tells the others, who take its weights and moments.
+fn resume(
+    store: Option<&CheckpointStore>,
+    config: &TrainerConfig,
+    params: &[(String, Tensor)],
+    optimizer: &mut AdamW,
+    grad_sync: Option<&mut GradSync>,
+    comm: &mut dyn Collective,
+    bucket_bytes: usize,
+) -> Result<Start> {
+    let mut resume_state: Option<TrainerState> = None;
+    let mut status = ResumeStatus::Fresh;
+    let mut incompatible = None;
+    let latest = match store {
+        Some(store) => store.latest()?,
+        None => None,
+    };
+    if let Some((dir, _)) = latest {
+        let loaded = CheckpointStore::load(&dir)?;
+        let outcome = if loaded.state.config_digest != config.digest() {
+            Err(TrainError::IncompatibleCheckpoint(format!(
+                "checkpoint {} was written by a config with digest {}, this config has {} \
+                 (model shape, task or vocabulary changed); use a new job name or checkpoint directory",
+                dir.display(),
+                loaded.state.config_digest,
+                config.digest()
+            )))
+        } else {
+            restore_model(params, &loaded.model)
+                .and_then(|_| optimizer.load_state(&loaded.optimizer))
+        };
+        match outcome {
+            Ok(()) => {
+                tracing::info!(step = loaded.state.step, dir = %dir.display(), "resuming from checkpoint");
+                status = ResumeStatus::Resumed;
+                resume_state = Some(loaded.state);
+            }
+            Err(e) => {
+                status = ResumeStatus::Incompatible;
+                incompatible = Some(e);
+            }
+        }
+    }
+    let (mut step, mut samples) = resume_state
+        .as_ref()
+        .map_or((0, 0), |s| (s.step, s.samples));
+    let earlier_seconds = resume_state.as_ref().map_or(0.0, |s| s.train_seconds);
+    if comm.world_size() > 1 {
+        let header = ResumeHeader {
+            status,
+            step,
+            samples,
+            optimizer_steps: optimizer.steps,
+        }
+        .broadcast(comm)?;
+        status = header.status;
+        step = header.step;
+        samples = header.samples;
+        optimizer.steps = header.optimizer_steps;
+        if status == ResumeStatus::Incompatible {
+            return Err(incompatible.unwrap_or_else(|| {
+                TrainError::IncompatibleCheckpoint(
+                    "rank 0 found the checkpoint incompatible with the config".into(),
+                )
+            }));
+        }
+        let sync = grad_sync.expect("world > 1");
+        sync.broadcast_params(comm)?;
+        // The moments travel through device buckets like the parameters.
+        GradSync::new(&optimizer.moments(), bucket_bytes).broadcast_params(comm)?;
+    } else if let Some(e) = incompatible {
+        return Err(e);
+    }
+    let resumed_from_step = (status == ResumeStatus::Resumed).then_some(step);
+    Ok(Start {
+        step,
+        samples,
+        earlier_seconds,
+        resumed_from_step,
+    })
+}
+
 /// Trains until `maxSteps` (or `maxSeconds`), resuming from the job's latest checkpoint.
 pub fn run(opts: &RunOptions) -> Result<Summary> {
     let started = Instant::now();
@@ -526,7 +619,6 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     let bucket_bytes = config.distributed.bucket_mib as usize * 1024 * 1024;
     let mut grad_sync = (world > 1).then(|| GradSync::new(&tensors, bucket_bytes));
 
-    // Resume: rank 0 reads the newest complete checkpoint and tells the others.
     let mut store = if leader {
         Some(CheckpointStore::open_writer(
             &opts.job_dir,
@@ -536,72 +628,20 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     } else {
         None
     };
-    let mut resume_state: Option<TrainerState> = None;
-    let mut status = ResumeStatus::Fresh;
-    let mut incompatible = None;
-    let latest = match &store {
-        Some(store) => store.latest()?,
-        None => None,
-    };
-    if let Some((dir, _)) = latest {
-        let loaded = CheckpointStore::load(&dir)?;
-        let outcome = if loaded.state.config_digest != config.digest() {
-            Err(TrainError::IncompatibleCheckpoint(format!(
-                "checkpoint {} was written by a config with digest {}, this config has {} \
-                 (model shape, task or vocabulary changed); use a new job name or checkpoint directory",
-                dir.display(),
-                loaded.state.config_digest,
-                config.digest()
-            )))
-        } else {
-            restore_model(&params, &loaded.model)
-                .and_then(|_| optimizer.load_state(&loaded.optimizer))
-        };
-        match outcome {
-            Ok(()) => {
-                tracing::info!(step = loaded.state.step, dir = %dir.display(), "resuming from checkpoint");
-                status = ResumeStatus::Resumed;
-                resume_state = Some(loaded.state);
-            }
-            Err(e) => {
-                status = ResumeStatus::Incompatible;
-                incompatible = Some(e);
-            }
-        }
-    }
-    let (mut step, mut samples) = resume_state
-        .as_ref()
-        .map_or((0, 0), |s| (s.step, s.samples));
-    // Training seconds of the job's earlier runs (rank 0 knows; the others learn rank 0's
-    // clock every step).
-    let earlier_seconds = resume_state.as_ref().map_or(0.0, |s| s.train_seconds);
-    if world > 1 {
-        let header = ResumeHeader {
-            status,
-            step,
-            samples,
-            optimizer_steps: optimizer.steps,
-        }
-        .broadcast(comm.as_mut())?;
-        status = header.status;
-        step = header.step;
-        samples = header.samples;
-        optimizer.steps = header.optimizer_steps;
-        if status == ResumeStatus::Incompatible {
-            return Err(incompatible.unwrap_or_else(|| {
-                TrainError::IncompatibleCheckpoint(
-                    "rank 0 found the checkpoint incompatible with the config".into(),
-                )
-            }));
-        }
-        let sync = grad_sync.as_mut().expect("world > 1");
-        sync.broadcast_params(comm.as_mut())?;
-        // The moments travel through device buckets like the parameters.
-        GradSync::new(&optimizer.moments(), bucket_bytes).broadcast_params(comm.as_mut())?;
-    } else if let Some(e) = incompatible {
-        return Err(e);
-    }
-    let resumed_from_step = (status == ResumeStatus::Resumed).then_some(step);
+    let Start {
+        mut step,
+        mut samples,
+        earlier_seconds,
+        resumed_from_step,
+    } = resume(
+        store.as_ref(),
+        config,
+        &params,
+        &mut optimizer,
+        grad_sync.as_mut(),
+        comm.as_mut(),
+        bucket_bytes,
+    )?;
 
     let progress: SharedProgress = Default::default();
     let _server = match (leader, opts.metrics_port) {
