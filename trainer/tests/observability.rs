@@ -280,11 +280,43 @@ fn metrics_report_the_cpu_and_memory_proc_shows_for_the_process() {
         res["cpuSeconds"].as_f64().unwrap() >= cpu_before - 0.02,
         "{progress}"
     );
-    let u = res["cpuUtilization"]
-        .as_f64()
-        .expect("a second reading");
+    let u = res["cpuUtilization"].as_f64().expect("a second reading");
     assert!((0.0..=8.0).contains(&u), "{u}");
     assert_eq!(progress["data"]["trainPairs"], 2000);
     assert_eq!(progress["data"]["vocabularySize"], 16);
     drop(child);
+}
+
+#[test]
+fn a_resumed_attempt_continues_the_curve_in_its_own_run() {
+    let Some(python) = tensorboard_python() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = tmp.path().join("ckpt");
+    // Attempt 0 stops at step 20 (its final checkpoint); attempt 1 resumes there and goes on
+    // to 30 (the config digest ignores the training length).
+    for (attempt, max_steps) in [(0, 20), (1, 30)] {
+        let config = write(tmp.path(), "copy.yaml", &copy_config(max_steps, 10, ""));
+        let mut cmd = run_command(&config, &ckpt);
+        cmd.env("FERROTRAIN_ATTEMPT", attempt.to_string())
+            .stderr(Stdio::null());
+        let mut child = Guard::spawn(cmd);
+        let status = child
+            .wait_timeout(Duration::from_secs(240))
+            .expect("finishes");
+        assert!(status.success(), "attempt {attempt}: {status:?}");
+    }
+    let steps = |attempt: u32| {
+        let scalars = read_scalars(
+            &python,
+            &ckpt.join(format!("copy/tensorboard/attempt-{attempt}")),
+        );
+        scalars["train/loss"]
+            .iter()
+            .map(|p| p.0)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(steps(0), (1..=20).collect::<Vec<_>>());
+    assert_eq!(steps(1), (21..=30).collect::<Vec<_>>());
 }
