@@ -187,8 +187,12 @@ async fn carry_out(
     }
     let mut events = decision.events.clone();
     let mut requeue = decision.requeue_after;
-    if let Some(note) = launch_all(ctx, dt, owner, &decision.status, &launches, now).await? {
-        events.extend(note);
+    if let Some(stopped) = launch_all(ctx, dt, owner, &decision.status, &launches, now).await? {
+        if stopped.nothing_created {
+            // "creating N pods" would not be true.
+            events.retain(|e| e.reason != "Created");
+        }
+        events.extend(stopped.note);
         requeue = Some(REFUSED_RETRY);
     }
     apply::events(ctx, dt, decision.status.attempt, &events).await?;
@@ -209,11 +213,17 @@ const REFUSED_RETRY: Duration = Duration::from_secs(30);
 /// and this job does not control it.
 pub const NAME_CONFLICT: &str = "NameConflict";
 
+/// A launch that stopped: the event to publish (None when this was already reported).
+struct Stopped {
+    note: Option<gang::EventNote>,
+    /// A name conflict stops the launch before any object is written.
+    nothing_created: bool,
+}
+
 /// Applies the launches. When the API refuses a pod (quota, LimitRange, admission webhook) or
 /// a name is taken by an object this job does not control, the job says so in its status
-/// (Created=False) instead of only in the log: returns `Some(event)` (None inside when this
-/// was already reported) and the caller retries later; the state machine fails a refused
-/// launch past its startup timeout.
+/// (Created=False) instead of only in the log: returns why it stopped and the caller retries
+/// later; the state machine fails a refused launch past its startup timeout.
 async fn launch_all(
     ctx: &Context,
     dt: &DistributedTraining,
@@ -221,24 +231,30 @@ async fn launch_all(
     status: &DistributedTrainingStatus,
     launches: &[build::GangObjects],
     now: Timestamp,
-) -> Result<Option<Option<gang::EventNote>>> {
+) -> Result<Option<Stopped>> {
     for objects in launches {
-        let (stopped, note) = match apply::gang(ctx, owner, objects).await {
+        let (stopped, note, nothing_created) = match apply::gang(ctx, owner, objects).await {
             Ok(Applied::Done) => continue,
             Ok(Applied::NameConflict(message)) => {
                 warn!(job = %owner.name, namespace = %owner.namespace, %message, "name conflict");
-                name_conflict(status, &message, now, dt.metadata.generation)
+                let (s, note) = name_conflict(status, &message, now, dt.metadata.generation);
+                (s, note, true)
             }
             Err(error) if error.is_refused_create() => {
                 warn!(job = %owner.name, namespace = %owner.namespace, %error, "the API refused a pod of the gang");
-                gang::launch_refused(status, &error.to_string(), now, dt.metadata.generation)
+                let (s, note) =
+                    gang::launch_refused(status, &error.to_string(), now, dt.metadata.generation);
+                (s, note, false)
             }
             Err(error) => return Err(error),
         };
         if stopped != *status {
             apply::status(ctx, dt, owner, stopped).await?;
         }
-        return Ok(Some(note));
+        return Ok(Some(Stopped {
+            note,
+            nothing_created,
+        }));
     }
     Ok(None)
 }

@@ -481,10 +481,18 @@ async fn a_pod_create_the_api_refuses_shows_on_the_job_and_is_retried() {
         message.contains("injected 403"),
         "the API's own words: {message}"
     );
-    let warned = fake.requests().iter().any(|r| {
-        r.method == "POST" && r.path.ends_with("/events") && r.body["reason"] == "PodCreateRefused"
-    });
-    assert!(warned, "a Warning event names the refusal");
+    // The status is written before the event is published: wait for it.
+    wait_for("a Warning event names the refusal", WAIT, || async {
+        fake.requests()
+            .iter()
+            .any(|r| {
+                r.method == "POST"
+                    && r.path.ends_with("/events")
+                    && r.body["reason"] == "PodCreateRefused"
+            })
+            .then_some(())
+    })
+    .await;
     let (_, metrics) = op.get("/metrics").await;
     assert!(
         !metrics.contains("reconcile_errors_total{error=\"create_pod\"} 1"),
@@ -527,9 +535,17 @@ async fn a_users_service_of_the_jobs_name_is_left_alone_and_named_on_the_job() {
         "their Service is untouched (no apply, no owner reference)"
     );
     assert!(pod_names(&fake).is_empty(), "no pod without its Service");
-    let warned = fake.requests().iter().any(|r| {
-        r.method == "POST" && r.path.ends_with("/events") && r.body["reason"] == "NameConflict"
-    });
-    assert!(warned, "a Warning event names the conflict");
+    // The status is written before the event is published: wait for it.
+    wait_for("a Warning event names the conflict", WAIT, || async {
+        fake.requests()
+            .iter()
+            .any(|r| {
+                r.method == "POST"
+                    && r.path.ends_with("/events")
+                    && r.body["reason"] == "NameConflict"
+            })
+            .then_some(())
+    })
+    .await;
     op.terminate().await.expect("a clean stop");
 }

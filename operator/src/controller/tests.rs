@@ -494,8 +494,7 @@ async fn a_users_service_of_the_jobs_name_is_never_taken_over() {
     let calls = vec![
         get_existing(&service_path(), "Service", None),
         created_false_call(NAME_CONFLICT, "Service ml/mt exists"),
-        // The decision's event, then why the launch stopped.
-        event_call("Created"),
+        // Why the launch stopped; no "creating 2 pods" event.
         event_call(NAME_CONFLICT),
     ];
     let (action, _) =
@@ -513,8 +512,7 @@ async fn a_config_map_another_job_controls_is_never_applied_over() {
         call(Method::PATCH, &service_path(), Answer::Echo, |_| {}),
         get_existing(&config_map_path(), "ConfigMap", Some("another-uid")),
         created_false_call(NAME_CONFLICT, "ConfigMap ml/mt-config exists"),
-        // The decision's event, then why the launch stopped.
-        event_call("Created"),
+        // Why the launch stopped; no "creating 2 pods" event.
         event_call(NAME_CONFLICT),
     ];
     let (action, _) =
@@ -544,8 +542,7 @@ async fn a_secret_of_the_jobs_name_that_is_not_ours_stops_the_launch() {
             None,
         ),
         created_false_call(NAME_CONFLICT, "Secret ml/mt-rdzv exists"),
-        // The decision's event, then why the launch stopped.
-        event_call("Created"),
+        // Why the launch stopped; no "creating 2 pods" event.
         event_call(NAME_CONFLICT),
     ];
     let (action, _) =
