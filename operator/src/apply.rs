@@ -164,7 +164,8 @@ pub async fn gang(ctx: &Context, owner: &Owner, objects: &GangObjects) -> Result
     Ok(Applied::Done)
 }
 
-/// Applies `object` unless an object of its name exists that this job does not control.
+/// Applies `object` unless an object of its name exists that this job does not control. The
+/// check reads metadata only (a Secret's data never reaches the operator).
 async fn server_side_apply<K>(ctx: &Context, owner: &Owner, object: &K) -> Result<Option<Applied>>
 where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
@@ -176,12 +177,12 @@ where
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let name = object.name_any();
     let kind = K::kind(&());
-    let existing = api
-        .get_opt(&name)
-        .await
-        .map_err(api_err("get", static_kind::<K>(), &name))?;
+    let existing =
+        api.get_metadata_opt(&name)
+            .await
+            .map_err(api_err("get", static_kind::<K>(), &name))?;
     if let Some(existing) = existing
-        && !owner.controls(existing.meta())
+        && !owner.controls(&existing.metadata)
     {
         return Ok(Some(conflict(owner, &kind, &name)));
     }
@@ -207,12 +208,13 @@ where
     match api.create(&PostParams::default(), object).await {
         Ok(_) => Ok(None),
         Err(e) if is_status(&e, 409) => {
-            let existing =
-                api.get_opt(&name)
-                    .await
-                    .map_err(api_err("get", static_kind::<K>(), &name))?;
+            let existing = api.get_metadata_opt(&name).await.map_err(api_err(
+                "get",
+                static_kind::<K>(),
+                &name,
+            ))?;
             match existing {
-                Some(existing) if !owner.controls(existing.meta()) => {
+                Some(existing) if !owner.controls(&existing.metadata) => {
                     Ok(Some(conflict(owner, &K::kind(&()), &name)))
                 }
                 // Ours, or gone again since (the next reconcile creates it).

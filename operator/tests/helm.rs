@@ -123,6 +123,11 @@ fn chart_renders_crd_rbac_and_a_deployment_setting_every_flag() {
         ("services", "patch"),
         ("configmaps", "patch"),
         ("secrets", "create"),
+        // The owner check after a 409, and before applying a Service or ConfigMap.
+        ("secrets", "get"),
+        ("services", "get"),
+        ("configmaps", "get"),
+        ("pods", "get"),
         ("events", "create"),
     ] {
         assert!(
