@@ -69,12 +69,18 @@ async fn the_copy_job_runs_with_progress_in_the_printer_columns_then_succeeds() 
     assert_eq!(done.attempt, 0);
     assert_eq!(done.succeeded_replicas, 2);
     assert!(done.completion_time.is_some());
-    // The status keeps rank 0's last polled report (polled every few seconds while it ran,
-    // so it may stop short of the last step); rank 0's log has the end.
-    let last = done.progress.expect("the last report stays in the status");
-    assert!(
-        last.report.step > 0 && last.report.step <= max_steps,
+    // The status holds rank 0's final report (its termination message), not the last poll.
+    let last = done.progress.expect("the final report is in the status");
+    assert_eq!(last.report.step, max_steps, "{last:?}");
+    assert_eq!(last.report.phase, ferrotrain_api::TrainerPhase::Finished);
+    assert_eq!(
+        last.report.last_checkpoint.as_ref().map(|c| c.step),
+        Some(max_steps),
         "{last:?}"
+    );
+    assert_eq!(
+        last.report.steps_per_second, None,
+        "a finished job has no rate"
     );
     assert_eq!(last.report.resumed_from_step, None, "a fresh start");
     let log = ns
