@@ -514,8 +514,15 @@ fn config_map_holds_the_trainer_config_with_its_own_checkpoint_policy() {
     let yaml = &cm.data.unwrap()["trainer.yaml"];
     let config = TrainerConfig::from_yaml(yaml, "configmap").unwrap();
     assert_eq!(config.max_steps, 100);
-    assert_eq!(config.checkpoint.every_steps, 50, "trainer.checkpoint, the one home");
-    assert_eq!(config, dt.spec.trainer.clone().unwrap(), "spec.trainer as written");
+    assert_eq!(
+        config.checkpoint.every_steps, 50,
+        "trainer.checkpoint, the one home"
+    );
+    assert_eq!(
+        config,
+        dt.spec.trainer.clone().unwrap(),
+        "spec.trainer as written"
+    );
 }
 
 #[test]
@@ -546,4 +553,47 @@ fn owner_needs_name_namespace_and_uid() {
     let mut dt = gpu_job();
     dt.metadata.uid = None;
     assert!(matches!(Owner::of(&dt), Err(Error::MissingMetadata("uid"))));
+}
+
+#[test]
+fn gang_holds_every_object_of_the_launch_and_only_the_missing_pods() {
+    let dt = gpu_job();
+    let owner = Owner::of(&dt).unwrap();
+    let objects = gang(&owner, &dt.spec, 3, &[1], &settings(), "tok");
+    assert_eq!(objects.service, service(&owner, &settings()));
+    assert_eq!(objects.config_map, config_map(&owner, &dt.spec));
+    assert_eq!(objects.secret, secret(&owner, "tok"));
+    let pods: Vec<String> = objects.pods.iter().map(|p| p.name_any()).collect();
+    assert_eq!(pods, ["mt-3-1"]);
+    for meta in [
+        &objects.service.metadata,
+        &objects.secret.metadata,
+        &objects.pods[0].metadata,
+    ] {
+        assert!(owner.controls(meta), "{:?}", meta.name);
+    }
+}
+
+#[test]
+fn only_a_controller_reference_with_the_jobs_uid_is_control() {
+    let owner = Owner::of(&gpu_job()).unwrap();
+    let with = |uid: &str, controller: Option<bool>| ObjectMeta {
+        owner_references: Some(vec![OwnerReference {
+            uid: uid.into(),
+            controller,
+            ..owner.reference.clone()
+        }]),
+        ..ObjectMeta::default()
+    };
+    let uid = owner.reference.uid.clone();
+    assert!(owner.controls(&with(&uid, Some(true))));
+    assert!(
+        !owner.controls(&with(&uid, None)),
+        "an owner, not the controller"
+    );
+    assert!(
+        !owner.controls(&with("a-namesake", Some(true))),
+        "a re-created job"
+    );
+    assert!(!owner.controls(&ObjectMeta::default()), "a user's object");
 }
