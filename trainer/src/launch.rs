@@ -293,45 +293,75 @@ fn sleep_unless_signalled(d: Duration) -> Option<i32> {
     None
 }
 
-fn fail_now(code: i32, message: &str) -> i32 {
-    tracing::error!("launch: {message}");
-    crate::error::write_termination_message(message);
-    code
+/// Why the launcher itself could not run the group. The ranks' own failures are not
+/// errors of the launcher: `run` returns their exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// The flags or the environment describe no valid gang (permanent, exit 2).
+    #[error(
+        "invalid gang: --nnodes {nnodes} --nproc-per-node {nproc_per_node} --node-rank {node_rank}"
+    )]
+    InvalidGang {
+        nnodes: usize,
+        nproc_per_node: usize,
+        node_rank: usize,
+    },
+    /// `--master-port 0` (pick a free port) only works when every rank is on this node.
+    #[error("--master-port 0 needs a single node")]
+    EphemeralPortNeedsOneNode,
+    /// Several nodes must share a rendezvous token (permanent, exit 2).
+    #[error(
+        "{} must be set (the same on every node) when --nnodes > 1",
+        env::FERROTRAIN_RDZV_TOKEN
+    )]
+    MissingToken,
+    /// The launcher's own I/O failed (retryable).
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
-/// Runs the local ranks to completion; returns the launcher's exit code.
-pub fn run(args: LaunchArgs) -> i32 {
+impl LaunchError {
+    /// The launcher's exit code for this failure.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            LaunchError::InvalidGang { .. }
+            | LaunchError::EphemeralPortNeedsOneNode
+            | LaunchError::MissingToken => exit::INVALID_CONFIG,
+            LaunchError::Io { .. } => exit::RETRYABLE,
+        }
+    }
+
+    fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
+        let what = what.into();
+        move |source| LaunchError::Io { what, source }
+    }
+}
+
+/// Runs the local ranks to completion; returns the group's exit code (0, a rank's failure
+/// code, or 128 + a signal), or why the launcher could not run it.
+pub fn run(args: LaunchArgs) -> Result<i32, LaunchError> {
     if args.nnodes == 0 || args.nproc_per_node == 0 || args.node_rank >= args.nnodes {
-        return fail_now(
-            exit::INVALID_CONFIG,
-            &format!(
-                "invalid gang: --nnodes {} --nproc-per-node {} --node-rank {}",
-                args.nnodes, args.nproc_per_node, args.node_rank
-            ),
-        );
+        return Err(LaunchError::InvalidGang {
+            nnodes: args.nnodes,
+            nproc_per_node: args.nproc_per_node,
+            node_rank: args.node_rank,
+        });
     }
     let multi_node = args.nnodes > 1;
     if multi_node && args.master_port == 0 {
-        return fail_now(exit::INVALID_CONFIG, "--master-port 0 needs a single node");
+        return Err(LaunchError::EphemeralPortNeedsOneNode);
     }
     let program = match &args.rank_program {
         Some(p) => p.clone(),
-        None => match std::env::current_exe() {
-            Ok(p) => p,
-            Err(e) => return fail_now(exit::RETRYABLE, &format!("cannot find own binary: {e}")),
-        },
+        None => std::env::current_exe().map_err(LaunchError::io("cannot find own binary"))?,
     };
     let token = match std::env::var(env::FERROTRAIN_RDZV_TOKEN) {
         Ok(t) if !t.is_empty() => t,
-        _ if multi_node => {
-            return fail_now(
-                exit::INVALID_CONFIG,
-                &format!(
-                    "{} must be set (the same on every node) when --nnodes > 1",
-                    env::FERROTRAIN_RDZV_TOKEN
-                ),
-            );
-        }
+        _ if multi_node => return Err(LaunchError::MissingToken),
         _ => random_token(),
     };
     let base_attempt: u64 = std::env::var(env::FERROTRAIN_ATTEMPT)
@@ -346,12 +376,8 @@ pub fn run(args: LaunchArgs) -> i32 {
         }
     };
     let logs = std::env::temp_dir().join(format!("ferrotrain-launch-{}", std::process::id()));
-    if let Err(e) = std::fs::create_dir_all(&logs) {
-        return fail_now(
-            exit::RETRYABLE,
-            &format!("cannot create {}: {e}", logs.display()),
-        );
-    }
+    std::fs::create_dir_all(&logs)
+        .map_err(LaunchError::io(format!("cannot create {}", logs.display())))?;
     signals::install(signals::Mode::Remember);
     let code = supervise_attempts(&args, &program, &token, base_attempt, omp_threads, &logs);
     let _ = std::fs::remove_dir_all(&logs);
@@ -374,7 +400,7 @@ fn supervise_attempts(
     base_attempt: u64,
     omp_threads: Option<String>,
     logs: &Path,
-) -> i32 {
+) -> Result<i32, LaunchError> {
     let multi_node = args.nnodes > 1;
     let mut restarts: u32 = 0;
     let mut backoff = Duration::from_secs_f64(args.restart_backoff_seconds.max(0.0));
@@ -382,10 +408,7 @@ fn supervise_attempts(
     loop {
         let attempt = base_attempt + if multi_node { 0 } else { restarts as u64 };
         let port = if args.master_port == 0 {
-            match free_port() {
-                Ok(p) => p,
-                Err(e) => return fail_now(exit::RETRYABLE, &format!("no free port: {e}")),
-            }
+            free_port().map_err(LaunchError::io("no free port"))?
         } else {
             args.master_port
         };
@@ -403,39 +426,34 @@ fn supervise_attempts(
             args.nproc_per_node,
             args.master_addr
         );
-        let mut group = match start_group(&a) {
-            Ok(g) => g,
-            Err(e) => {
-                return fail_now(
-                    exit::RETRYABLE,
-                    &format!("cannot start {}: {e}", program.display()),
-                );
-            }
-        };
+        let mut group = start_group(&a).map_err(LaunchError::io(format!(
+            "cannot start {}",
+            program.display()
+        )))?;
         let outcome = group.supervise();
         drop(group);
         match outcome {
             GroupOutcome::Finished => {
                 forward_final_report(logs);
-                return exit::SUCCESS;
+                return Ok(exit::SUCCESS);
             }
-            GroupOutcome::Signalled(s) => return 128 + s,
+            GroupOutcome::Signalled(s) => return Ok(128 + s),
             GroupOutcome::Failed(f) => {
                 tracing::warn!("launch: {}", f.reason);
                 crate::error::write_termination_message(&f.reason);
                 if exit::is_permanent(f.code) {
                     tracing::error!("launch: exit code {} is permanent; not restarting", f.code);
-                    return f.code;
+                    return Ok(f.code);
                 }
                 if multi_node {
                     // The operator restarts the whole gang across nodes.
-                    return f.code;
+                    return Ok(f.code);
                 }
                 if restarts >= args.max_restarts {
                     tracing::error!(
                         "launch: giving up after {restarts} restart(s) (--max-restarts)"
                     );
-                    return f.code;
+                    return Ok(f.code);
                 }
                 restarts += 1;
                 tracing::warn!(
@@ -445,10 +463,62 @@ fn supervise_attempts(
                     args.max_restarts
                 );
                 if let Some(s) = sleep_unless_signalled(backoff) {
-                    return 128 + s;
+                    return Ok(128 + s);
                 }
                 backoff = (backoff * 2).min(max_backoff);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        launch: LaunchArgs,
+    }
+
+    fn args(flags: &[&str]) -> LaunchArgs {
+        let mut argv = vec!["launch", "--config", "job.yaml"];
+        argv.extend_from_slice(flags);
+        Cli::try_parse_from(argv).expect("flags parse").launch
+    }
+
+    #[test]
+    fn an_impossible_gang_is_a_typed_permanent_error() {
+        let err = run(args(&["--nnodes", "2", "--node-rank", "2"])).unwrap_err();
+        assert!(
+            matches!(err, LaunchError::InvalidGang { node_rank: 2, .. }),
+            "{err}"
+        );
+        assert_eq!(err.exit_code(), exit::INVALID_CONFIG);
+        let err = run(args(&[
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "0",
+            "--master-port",
+            "0",
+        ]))
+        .unwrap_err();
+        assert!(
+            matches!(err, LaunchError::EphemeralPortNeedsOneNode),
+            "{err}"
+        );
+        assert_eq!(err.exit_code(), exit::INVALID_CONFIG);
+    }
+
+    #[test]
+    fn launcher_io_failures_keep_their_source_and_are_retryable() {
+        use std::error::Error as _;
+        let source = std::io::Error::other("disk full");
+        let err = LaunchError::io("cannot create /tmp/x")(source);
+        assert_eq!(err.to_string(), "cannot create /tmp/x: disk full");
+        assert_eq!(err.source().unwrap().to_string(), "disk full");
+        assert_eq!(err.exit_code(), exit::RETRYABLE);
     }
 }

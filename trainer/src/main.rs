@@ -407,7 +407,14 @@ fn main() -> ExitCode {
         },
         Command::Launch(args) => {
             init_logging(0);
-            return ExitCode::from(launch::run(args).clamp(0, 255) as u8);
+            match launch::run(args) {
+                Ok(code) => return ExitCode::from(code.clamp(0, 255) as u8),
+                Err(e) => {
+                    tracing::error!("launch: {e}");
+                    write_termination_message(&e.to_string());
+                    return ExitCode::from(e.exit_code() as u8);
+                }
+            }
         }
         Command::Validate { config } => validate(&config),
         Command::Translate(args) => translate(args),
