@@ -33,6 +33,17 @@ pub struct BuildSettings {
     pub trainer_image: String,
     pub master_port: u16,
     pub trainer_metrics_port: u16,
+    /// terminationGracePeriodSeconds of pods whose template sets none: sized from the last
+    /// checkpoint save (gang::save_grace_seconds), so rank 0 can save before SIGKILL.
+    pub termination_grace_seconds: i64,
+}
+
+/// The pods' termination grace: the template's, or the one sized from the save time.
+pub fn termination_grace(spec: &DistributedTrainingSpec, s: &BuildSettings) -> i64 {
+    spec.pod_template
+        .as_ref()
+        .and_then(|t| t.termination_grace_period_seconds)
+        .unwrap_or(s.termination_grace_seconds)
 }
 
 /// Why an object could not be built.
@@ -231,6 +242,18 @@ pub fn contract_env(
     vars.push(env_value(env::TORCHELASTIC_RESTART_COUNT, attempt));
     vars.push(env_value(env::FERROTRAIN_JOB, &owner.name));
     vars.push(env_value(env::FERROTRAIN_ATTEMPT, attempt));
+    // The launcher must stop its ranks before the kubelet's SIGKILL.
+    vars.push(env_value(
+        env::FERROTRAIN_STOP_GRACE_SECONDS,
+        crate::gang::launcher_stop_grace_seconds(termination_grace(spec, s)),
+    ));
+    // A pod given GPUs never trains on the CPU by accident (the trainer exits 2 instead).
+    if spec.gpus_per_replica > 0 {
+        vars.push(env_value(
+            env::FERROTRAIN_EXPECT_GPUS,
+            spec.gpus_per_replica,
+        ));
+    }
     if spec.trainer.is_some() {
         vars.push(env_value(
             env::FERROTRAIN_CONFIG,
@@ -311,9 +334,7 @@ pub fn pod(
             containers: vec![container],
             volumes: Some(volumes),
             security_context: Some(security_context),
-            termination_grace_period_seconds: Some(
-                template.termination_grace_period_seconds.unwrap_or(30),
-            ),
+            termination_grace_period_seconds: Some(termination_grace(spec, s)),
             // No service-link variables and no API token: a trainer talks to its peers only.
             enable_service_links: Some(false),
             automount_service_account_token: Some(false),

@@ -75,6 +75,7 @@ impl Context {
             trainer_image: self.settings.trainer_image.clone(),
             master_port: self.settings.master_port,
             trainer_metrics_port: self.settings.trainer_metrics_port,
+            termination_grace_seconds: 30,
         }
     }
 

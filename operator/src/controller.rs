@@ -148,7 +148,8 @@ fn build_launches(
     owner: &Owner,
     decision: &gang::Decision,
 ) -> Vec<build::GangObjects> {
-    let settings = ctx.build_settings();
+    let mut settings = ctx.build_settings();
+    settings.termination_grace_seconds = gang::save_grace_seconds(&decision.status);
     decision
         .actions
         .iter()

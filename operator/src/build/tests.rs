@@ -20,6 +20,7 @@ fn settings() -> BuildSettings {
         trainer_image: "registry.example/ferrotrain:1".into(),
         master_port: 29500,
         trainer_metrics_port: 9090,
+        termination_grace_seconds: 70,
     }
 }
 
@@ -86,6 +87,8 @@ fn env_contract_of_a_gpu_pod() {
         ("TORCHELASTIC_RESTART_COUNT", "3"),
         ("FERROTRAIN_JOB", "mt"),
         ("FERROTRAIN_ATTEMPT", "3"),
+        ("FERROTRAIN_STOP_GRACE_SECONDS", "65"),
+        ("FERROTRAIN_EXPECT_GPUS", "4"),
         ("FERROTRAIN_CONFIG", "/etc/ferrotrain/trainer.yaml"),
         ("FERROTRAIN_CHECKPOINT_DIR", "/checkpoints"),
         ("FERROTRAIN_RDZV_TOKEN", "secret:mt-rdzv/token"),
@@ -108,6 +111,11 @@ fn cpu_pod_defaults_to_one_rank_and_no_gpu() {
     assert_eq!(get("NPROC_PER_NODE").as_deref(), Some("1"));
     assert_eq!(get("WORLD_SIZE").as_deref(), Some("3"));
     assert_eq!(get("MASTER_ADDR").as_deref(), Some("mt-0-0.mt.ml.svc"));
+    assert_eq!(
+        get("FERROTRAIN_EXPECT_GPUS"),
+        None,
+        "a CPU pod expects no GPU"
+    );
     let c = &pod.spec.as_ref().unwrap().containers[0];
     assert_eq!(c.resources, None);
     assert_eq!(c.image.as_deref(), Some("registry.example/ferrotrain:1"));
@@ -596,4 +604,29 @@ fn only_a_controller_reference_with_the_jobs_uid_is_control() {
         "a re-created job"
     );
     assert!(!owner.controls(&ObjectMeta::default()), "a user's object");
+}
+
+#[test]
+fn the_termination_grace_is_the_one_sized_from_the_save_unless_the_template_sets_one() {
+    let sized =
+        job(serde_json::json!({"replicas": 2, "trainer": {"task": "copy", "maxSteps": 10}}));
+    let owner = Owner::of(&sized).unwrap();
+    let grace = |p: &Pod| p.spec.as_ref().unwrap().termination_grace_period_seconds;
+    let stop = |p: &Pod| {
+        env_of(p)
+            .into_iter()
+            .find(|(k, _)| k == "FERROTRAIN_STOP_GRACE_SECONDS")
+            .map(|(_, v)| v)
+    };
+    let p = pod(&owner, &sized.spec, 0, 0, &settings());
+    assert_eq!(grace(&p), Some(70));
+    // The launcher stops its ranks 5 s before the kubelet's SIGKILL.
+    assert_eq!(stop(&p).as_deref(), Some("65"));
+    let fixed = job(
+        serde_json::json!({"replicas": 2, "trainer": {"task": "copy", "maxSteps": 10},
+        "podTemplate": {"terminationGracePeriodSeconds": 120}}),
+    );
+    let p = pod(&owner, &fixed.spec, 0, 0, &settings());
+    assert_eq!(grace(&p), Some(120));
+    assert_eq!(stop(&p).as_deref(), Some("115"));
 }

@@ -104,6 +104,8 @@ fn pod(attempt: i32, rank: i32, state: ContainerState, ip: &str) -> Pod {
         trainer_image: "img".into(),
         master_port: 29500,
         trainer_metrics_port: 9090,
+        // No save measured yet: the default grace.
+        termination_grace_seconds: 30,
     };
     let mut p = build::pod(&owner, &dt.spec, attempt, rank, &settings);
     let phase = if state.running.is_some() {
