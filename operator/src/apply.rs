@@ -164,16 +164,33 @@ pub async fn gang(ctx: &Context, owner: &Owner, objects: &GangObjects) -> Result
     Ok(Applied::Done)
 }
 
-/// Applies `object` unless an object of its name exists that this job does not control. The
-/// check reads metadata only (a Secret's data never reaches the operator).
-async fn server_side_apply<K>(ctx: &Context, owner: &Owner, object: &K) -> Result<Option<Applied>>
-where
+/// A namespaced child object of the gang (Service, ConfigMap, Secret, Pod) as the kube client
+/// reads and writes it.
+trait ChildObject:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + std::fmt::Debug
+    + Serialize
+    + DeserializeOwned
+{
+}
+
+impl<K> ChildObject for K where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
         + Clone
         + std::fmt::Debug
         + Serialize
-        + DeserializeOwned,
+        + DeserializeOwned
 {
+}
+
+/// Applies `object` unless an object of its name exists that this job does not control. The
+/// check reads metadata only (a Secret's data never reaches the operator).
+async fn server_side_apply<K: ChildObject>(
+    ctx: &Context,
+    owner: &Owner,
+    object: &K,
+) -> Result<Option<Applied>> {
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let name = object.name_any();
     let kind = K::kind(&());
@@ -195,14 +212,11 @@ where
 
 /// Creates `object`; one that exists already is fine when this job controls it (created by
 /// an earlier reconcile whose write the cache has not shown yet), a conflict otherwise.
-async fn create<K>(ctx: &Context, owner: &Owner, object: &K) -> Result<Option<Applied>>
-where
-    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-        + Clone
-        + std::fmt::Debug
-        + Serialize
-        + DeserializeOwned,
-{
+async fn create<K: ChildObject>(
+    ctx: &Context,
+    owner: &Owner,
+    object: &K,
+) -> Result<Option<Applied>> {
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let name = object.name_any();
     match api.create(&PostParams::default(), object).await {
