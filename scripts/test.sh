@@ -7,6 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# A CI run builds once from a clean clone: incremental caches would only cost disk (GBs).
+if [[ -n "${CI:-}" ]]; then export CARGO_INCREMENTAL=0; fi
 
 step() { printf '\n==> %s\n' "$*"; }
 
@@ -36,6 +38,8 @@ images_started=$SECONDS
 images_status=0
 FERROTRAIN_IMAGE_CARGO=0 scripts/test-images.sh || images_status=$?
 echo "container images: $((SECONDS - images_started)) s (exit $images_status)"
+
+echo "disk: target/ holds $(du -sh target 2>/dev/null | cut -f1); $(df -h . | awk 'NR==2 {print $4}') free"
 
 if [[ $tests_status != 0 || $images_status != 0 ]]; then
   echo "FAILED: cargo nextest exit $tests_status, image tests exit $images_status" >&2
