@@ -54,6 +54,7 @@ pub const MAX_NAME_LENGTH: usize = 47;
     printcolumn = r#"{"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss", "description": "Recent training loss"}"#,
     printcolumn = r#"{"name": "ETA", "type": "string", "jsonPath": ".status.progress.eta", "description": "Time left to maxSteps at the current rate"}"#,
     printcolumn = r#"{"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Gang restarts so far"}"#,
+    printcolumn = r#"{"name": "Goodput", "type": "number", "jsonPath": ".status.recovery.goodputPercent", "description": "Percent of wall time spent on training steps that were kept", "priority": 1}"#,
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -444,6 +445,9 @@ pub struct FailureInfo {
     /// The trainer container's exit code.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
+    /// The node the failed pod ran on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
     /// Machine-readable cause: ExitCode, PermanentExitCode, PodDeleted, PodFailed, NodeLost,
     /// Disrupted (eviction, preemption, drain, node shutdown), Stalled, DeadlineExceeded,
     /// InvalidSpec, or why a pod did not start: Unschedulable, ImagePullBackOff,
@@ -531,6 +535,11 @@ pub struct DistributedTrainingStatus {
     /// and return with the next attempt's first report; step, losses and lastCheckpoint stay.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<TrainingProgress>,
+    /// Recovery accounting: the last 10 attempts (why and when each ended, when the operator
+    /// saw it, time to the next attempt's first step, steps resumed from and lost) and over
+    /// the whole job the wall time, productive training time and goodput (docs/observability.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<crate::Recovery>,
 }
 
 impl DistributedTrainingStatus {

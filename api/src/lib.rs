@@ -10,6 +10,8 @@ pub mod crd;
 pub mod env;
 pub mod exit;
 pub mod progress;
+pub mod recovery;
 
 pub use config::{ConfigError, FieldError, ParallelFiles, Task, TrainerConfig};
 pub use progress::{CheckpointInfo, DataStats, GpuUsage, Progress, ResourceUsage, TrainerPhase};
+pub use recovery::Recovery;

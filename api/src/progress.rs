@@ -100,6 +100,10 @@ pub struct Progress {
     /// Step this run resumed from (absent for a fresh start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed_from_step: Option<u64>,
+    /// When this attempt's first training step completed (start-up, rendezvous and restore
+    /// end there): the recovery ledger's time to first step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_first_step_time: Option<jiff::Timestamp>,
     /// Model parameters.
     #[serde(default)]
     pub parameters: u64,
@@ -109,9 +113,122 @@ pub struct Progress {
     /// CPU, memory and threads of rank 0's process (absent until the first report).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceUsage>,
+    /// Every rank's resources, summarised: the gang's mean and its extreme ranks (updated
+    /// every logEverySteps, with the step's own all-reduce).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang_resources: Option<GangResources>,
     /// The training set as loaded: sizes, lengths, what was filtered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<DataStats>,
+}
+
+/// One resource over the ranks: the mean, and the lowest and highest rank.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Spread {
+    /// Mean over the ranks that reported.
+    pub mean: f64,
+    /// The lowest value.
+    pub min: f64,
+    /// The rank with the lowest value.
+    pub min_rank: u32,
+    /// The highest value.
+    pub max: f64,
+    /// The rank with the highest value.
+    pub max_rank: u32,
+}
+
+impl Spread {
+    /// Over `(rank, value)` pairs; None when there are none.
+    pub fn of(values: impl IntoIterator<Item = (u32, f64)>) -> Option<Spread> {
+        let mut n = 0usize;
+        let mut s = Spread {
+            mean: 0.0,
+            min: f64::INFINITY,
+            min_rank: 0,
+            max: f64::NEG_INFINITY,
+            max_rank: 0,
+        };
+        for (rank, v) in values {
+            n += 1;
+            s.mean += v;
+            if v < s.min {
+                (s.min, s.min_rank) = (v, rank);
+            }
+            if v > s.max {
+                (s.max, s.max_rank) = (v, rank);
+            }
+        }
+        (n > 0).then(|| Spread {
+            mean: s.mean / n as f64,
+            ..s
+        })
+    }
+}
+
+/// The gang's use of its machines: is one rank starved (CPU utilization far below the
+/// mean), is one near its memory limit (resident memory's max), are the GPUs busy.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GangResources {
+    /// Ranks that reported.
+    pub ranks: u32,
+    /// CPU seconds per second (1.0 = one core busy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_utilization: Option<Spread>,
+    /// Resident memory, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_bytes: Option<Spread>,
+    /// GPU utilization, 0..1 (CUDA ranks with NVML only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_utilization: Option<Spread>,
+    /// GPU memory in use, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_used_bytes: Option<Spread>,
+}
+
+impl GangResources {
+    /// Values per rank in [`GangResources::slots`].
+    pub const SLOTS: usize = 4;
+    const MIB: f64 = 1024.0 * 1024.0;
+
+    /// One rank's usage as the values it adds to its slots of the step's all-reduce (f32:
+    /// memory in MiB; -1 for a value it does not have).
+    pub fn slots(r: Option<&ResourceUsage>) -> [f32; Self::SLOTS] {
+        let Some(r) = r else {
+            return [-1.0; Self::SLOTS];
+        };
+        let gpu = r.gpu.as_ref();
+        [
+            r.cpu_utilization.map_or(-1.0, |u| u as f32),
+            (r.rss_bytes as f64 / Self::MIB) as f32,
+            gpu.map_or(-1.0, |g| g.utilization as f32),
+            gpu.map_or(-1.0, |g| (g.memory_used_bytes as f64 / Self::MIB) as f32),
+        ]
+    }
+
+    /// The summary of every rank's slots (rank r's at `r * SLOTS`), as the all-reduce
+    /// summed them; None when no rank had a reading.
+    pub fn from_slots(all: &[f64]) -> Option<GangResources> {
+        let ranks: Vec<&[f64]> = all.chunks_exact(Self::SLOTS).collect();
+        let column = |i: usize, scale: f64| {
+            Spread::of(
+                ranks
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s[i] >= 0.0)
+                    .map(|(r, s)| (r as u32, s[i] * scale)),
+            )
+        };
+        let g = GangResources {
+            ranks: ranks.iter().filter(|s| s[1] >= 0.0).count() as u32,
+            cpu_utilization: column(0, 1.0),
+            rss_bytes: column(1, Self::MIB),
+            gpu_utilization: column(2, 1.0),
+            gpu_memory_used_bytes: column(3, Self::MIB),
+        };
+        (g.ranks > 0).then_some(g)
+    }
 }
 
 /// One trainer process's use of the machine, from /proc/self (Linux).
@@ -270,6 +387,46 @@ mod tests {
             Progress::from_termination_message(&message),
             Some(finished())
         );
+    }
+
+    #[test]
+    fn the_gang_summary_names_the_starved_rank_and_the_largest() {
+        let usage = |cpu: f64, rss_mib: u64, gpu: Option<f64>| ResourceUsage {
+            cpu_utilization: Some(cpu),
+            rss_bytes: rss_mib << 20,
+            gpu: gpu.map(|u| GpuUsage {
+                utilization: u,
+                memory_used_bytes: 1 << 30,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        // What the all-reduce sums: every rank fills its own slots, the others add 0.
+        let ranks = [
+            Some(usage(1.0, 500, Some(0.9))),
+            Some(usage(0.25, 700, Some(0.3))),
+            None,
+        ];
+        let mut sum = vec![0.0f64; ranks.len() * GangResources::SLOTS];
+        for (r, u) in ranks.iter().enumerate() {
+            for (i, v) in GangResources::slots(u.as_ref()).iter().enumerate() {
+                sum[r * GangResources::SLOTS + i] += f64::from(*v);
+            }
+        }
+        let g = GangResources::from_slots(&sum).unwrap();
+        assert_eq!(g.ranks, 2, "rank 2 had no reading yet");
+        let cpu = g.cpu_utilization.unwrap();
+        assert_eq!(
+            (cpu.min, cpu.min_rank, cpu.max, cpu.max_rank),
+            (0.25, 1, 1.0, 0)
+        );
+        assert_eq!(cpu.mean, 0.625);
+        let rss = g.rss_bytes.unwrap();
+        assert_eq!((rss.max, rss.max_rank), (700.0 * 1048576.0, 1));
+        let gpu = g.gpu_utilization.unwrap();
+        assert!((gpu.min - 0.3).abs() < 1e-6 && gpu.min_rank == 1);
+        assert_eq!(g.gpu_memory_used_bytes.unwrap().mean, (1u64 << 30) as f64);
+        assert_eq!(GangResources::from_slots(&[-1.0; 8]), None);
     }
 
     #[test]

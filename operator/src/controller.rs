@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingStatus, Phase, condition};
+use ferrotrain_api::recovery::EndCause;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -369,6 +370,7 @@ fn record_status_metrics(
                 .inc_by((*count - earlier) as u64);
         }
     }
+    record_recovery_metrics(ctx, before, after);
     let stepped =
         |s: &DistributedTrainingStatus| s.progress.as_ref().is_some_and(|p| p.report.step > 0);
     if !stepped(before)
@@ -377,6 +379,39 @@ fn record_status_metrics(
     {
         let seconds = now.duration_since(created.0).as_secs_f64();
         ctx.metrics.time_to_first_step.observe(seconds.max(0.0));
+    }
+}
+
+/// Failures newly ended in the ledger (time to detect) and attempts newly stepping after a
+/// failed one (time to recover).
+fn record_recovery_metrics(
+    ctx: &Context,
+    before: &DistributedTrainingStatus,
+    after: &DistributedTrainingStatus,
+) {
+    let Some(after) = after.recovery.as_ref() else {
+        return;
+    };
+    let before = before.recovery.as_ref();
+    let known =
+        |attempt: i64| before.and_then(|b| b.attempts.iter().find(|a| a.attempt == attempt));
+    for (i, a) in after.attempts.iter().enumerate() {
+        let was = known(a.attempt);
+        if let Some(end) = a.end.as_ref().filter(|e| e.cause != EndCause::Succeeded)
+            && was.is_none_or(|w| w.end.is_none())
+        {
+            ctx.metrics.failure_detect.observe(end.detect_seconds());
+        }
+        let previous_end = i
+            .checked_sub(1)
+            .and_then(|p| after.attempts[p].end.as_ref())
+            .filter(|e| e.cause != EndCause::Succeeded);
+        if let (Some(first), Some(end)) = (a.first_step_at, previous_end)
+            && was.is_none_or(|w| w.first_step_at.is_none())
+        {
+            let seconds = first.duration_since(end.failed_at).as_secs_f64();
+            ctx.metrics.recovery.observe(seconds.max(0.0));
+        }
     }
 }
 

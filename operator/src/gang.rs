@@ -13,7 +13,8 @@ use ferrotrain_api::crd::{
     DistributedTrainingSpec, DistributedTrainingStatus, FailureInfo, Phase, TrainingProgress,
     condition,
 };
-use ferrotrain_api::{Progress, TrainerPhase};
+use ferrotrain_api::recovery::{AttemptEnd, EndCause, StepReport};
+use ferrotrain_api::{Progress, Recovery, TrainerPhase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
@@ -64,6 +65,8 @@ pub struct PodView {
     pub deleting_since: Option<Timestamp>,
     /// Set when the pod's node is NotReady or gone: since when.
     pub node_lost_since: Option<Timestamp>,
+    /// The node the pod was scheduled on.
+    pub node: Option<String>,
     /// When the trainer container started running.
     pub running_since: Option<Timestamp>,
     /// When the pod was created (the start-up clock of `spec.startupTimeoutSeconds`).
@@ -576,6 +579,8 @@ impl<'a, 'o> Decider<'a, 'o> {
         self.end_attempt_progress();
         if self.status.phase != Phase::Suspended {
             let from = self.status.phase;
+            let failure = self.job_failure("Suspended", String::new());
+            self.record_end(EndCause::Stopped, &failure);
             self.status.phase = Phase::Suspended;
             self.set_condition(
                 condition::SUSPENDED,
@@ -748,6 +753,8 @@ impl<'a, 'o> Decider<'a, 'o> {
             if self.status.condition(condition::RUNNING).is_some() {
                 self.pods_starting();
             }
+            let now = self.now();
+            self.recovery().start(i64::from(attempt), now);
             let spec = self.o.spec;
             self.event(
                 false,
@@ -975,6 +982,18 @@ impl<'a, 'o> Decider<'a, 'o> {
     fn succeed(&mut self, rank0: Option<&PodView>) {
         let (replicas, attempt) = (self.o.spec.replicas.max(1), self.status.attempt);
         self.final_progress(rank0);
+        let now = self.now();
+        if let Some(r) = self.status.recovery.as_mut() {
+            r.end(AttemptEnd {
+                cause: EndCause::Succeeded,
+                reason: "Succeeded".into(),
+                rank: None,
+                exit_code: Some(0),
+                node: None,
+                failed_at: now,
+                detected_at: now,
+            });
+        }
         self.status.phase = Phase::Succeeded;
         self.status.completion_time = Some(Time(self.now()));
         self.clear_running("Succeeded");
@@ -1017,6 +1036,8 @@ impl<'a, 'o> Decider<'a, 'o> {
             return;
         }
         let (replicas, attempt) = (self.o.spec.replicas.max(1), self.status.attempt);
+        let now = self.now();
+        self.recovery().running(now);
         self.status.phase = Phase::Running;
         self.set_condition(
             condition::RUNNING,
@@ -1097,6 +1118,10 @@ impl<'a, 'o> Decider<'a, 'o> {
                     crate::labels::pod_name(self.o.job, self.status.attempt, rank)
                 })),
                 exit_code: None,
+                node: self
+                    .current_pods()
+                    .find(|p| p.node_rank == rank)
+                    .and_then(|p| p.node.clone()),
                 reason: reason.into(),
                 message,
                 time: Time(self.now()),
@@ -1145,6 +1170,12 @@ impl<'a, 'o> Decider<'a, 'o> {
             .restarts_by_cause
             .entry(cause.clone())
             .or_default() += 1;
+        let ended = if failure.disruption {
+            EndCause::Disruption
+        } else {
+            ended_by(&cause)
+        };
+        self.record_end(ended, &failure);
         self.status.phase = Phase::Restarting;
         self.set_condition(condition::RESTARTING, true, &cause, describe);
         self.clear_running(&cause);
@@ -1197,11 +1228,36 @@ impl<'a, 'o> Decider<'a, 'o> {
         }
     }
 
+    /// The recovery ledger in the status, started on first use.
+    fn recovery(&mut self) -> &mut Recovery {
+        self.status.recovery.get_or_insert_with(Recovery::default)
+    }
+
+    /// Closes the current attempt's record (if one is open) with `failure`.
+    fn record_end(&mut self, cause: EndCause, failure: &Failure) {
+        let now = self.now();
+        let Some(r) = self.status.recovery.as_mut() else {
+            return;
+        };
+        let i = &failure.info;
+        r.end(AttemptEnd {
+            cause,
+            reason: i.reason.clone(),
+            rank: i.node_rank.map(i64::from),
+            exit_code: i.exit_code,
+            node: i.node.clone(),
+            // A pod that vanished went at the latest when it was missed.
+            failed_at: failure.at.filter(|at| *at <= now).unwrap_or(now),
+            detected_at: now,
+        });
+    }
+
     /// Phase Failed with `reason` (the Failed condition's) and a Warning event `event`.
     fn fail(&mut self, failure: Failure, reason: &str, event: &'static str) {
         // Whatever the attempt was waiting for, nothing is now (finished() sets the ttl's).
         self.requeue = None;
         let message = failure.describe();
+        self.record_end(ended_by(&failure.info.reason), &failure);
         self.status.phase = Phase::Failed;
         self.status.completion_time = Some(Time(self.now()));
         self.clear_running(reason);
@@ -1244,6 +1300,8 @@ impl<'a, 'o> Decider<'a, 'o> {
                 updated_at: Some(Time(now)),
                 report: rounded,
             });
+            // With the status written anyway: the ledger's clock moves with the progress.
+            self.recovery().report(StepReport::of(report), now);
             if self.status.is_true(condition::STALLED) {
                 self.set_condition(condition::STALLED, false, "ProgressResumed", String::new());
             }
@@ -1446,6 +1504,16 @@ fn root_cause(failures: Vec<Failure>, suspects: Vec<Failure>) -> Option<Failure>
 
 /// Deletes first, then the rest (launches need the status written in between; the
 /// controller writes the status after deletes).
+/// The ledger's cause of an attempt that ended for `reason` (FailureInfo.reason).
+fn ended_by(reason: &str) -> EndCause {
+    match reason {
+        "Stalled" => EndCause::Stall,
+        DISRUPTED => EndCause::Disruption,
+        "DeadlineExceeded" | "Suspended" => EndCause::Stopped,
+        _ => EndCause::Failure,
+    }
+}
+
 fn order(mut actions: Vec<Action>) -> Vec<Action> {
     actions.sort_by_key(|a| match a {
         Action::ForceDeletePod(_) | Action::DeletePod(_) => 0,

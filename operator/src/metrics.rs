@@ -4,6 +4,9 @@ use ferrotrain_api::crd::Phase;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use std::sync::atomic::AtomicU64;
+
+use ferrotrain_api::Recovery;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
@@ -35,6 +38,12 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobLabels {
+    pub namespace: String,
+    pub job: String,
+}
+
 /// Every metric of the operator, registered once.
 pub struct Metrics {
     pub registry: Registry,
@@ -45,6 +54,13 @@ pub struct Metrics {
     pub restarts: Family<ReasonLabels, Counter>,
     pub time_to_first_step: Histogram,
     pub progress_polls: Family<ResultLabels, Counter>,
+    /// From a rank's failure to the operator seeing it.
+    pub failure_detect: Histogram,
+    /// From a rank's failure to the next attempt's first training step.
+    pub recovery: Histogram,
+    /// Per job, from status.recovery at scrape time.
+    pub goodput: Family<JobLabels, Gauge<f64, AtomicU64>>,
+    pub lost_steps: Family<JobLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -92,6 +108,32 @@ impl Metrics {
             "Polls of rank 0's /progress by result",
             progress_polls.clone(),
         );
+        let failure_detect = Histogram::new(exponential_buckets(0.25, 2.0, 12));
+        registry.register_with_unit(
+            "failure_detect",
+            "From a rank's failure (exit, deletion, node loss) to the operator acting on it",
+            Unit::Seconds,
+            failure_detect.clone(),
+        );
+        let recovery = Histogram::new(exponential_buckets(1.0, 2.0, 14));
+        registry.register_with_unit(
+            "recovery",
+            "From a rank's failure to the next attempt's first training step",
+            Unit::Seconds,
+            recovery.clone(),
+        );
+        let goodput = Family::<JobLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "job_goodput_percent",
+            "Share of a job's wall time spent on training steps it kept (status.recovery)",
+            goodput.clone(),
+        );
+        let lost_steps = Family::<JobLabels, Gauge>::default();
+        registry.register(
+            "job_lost_steps",
+            "Steps a job trained twice because an attempt ended after its last checkpoint",
+            lost_steps.clone(),
+        );
         let metrics = Metrics {
             registry,
             reconciles,
@@ -101,6 +143,10 @@ impl Metrics {
             restarts,
             time_to_first_step,
             progress_polls,
+            failure_detect,
+            recovery,
+            goodput,
+            lost_steps,
         };
         // Expose every known series from the start (at 0), so rates and alerts work before
         // the first event.
@@ -130,6 +176,25 @@ impl Metrics {
                     phase: phase.as_str().into(),
                 })
                 .set(count);
+        }
+    }
+
+    /// Sets the per-job recovery gauges from every known job's ledger (at scrape time, so
+    /// deleted jobs disappear).
+    pub fn set_job_recovery<'a>(
+        &self,
+        jobs: impl IntoIterator<Item = (String, String, &'a Recovery)>,
+    ) {
+        self.goodput.clear();
+        self.lost_steps.clear();
+        for (namespace, job, r) in jobs {
+            let labels = JobLabels { namespace, job };
+            if let Some(g) = r.goodput_percent {
+                self.goodput.get_or_create(&labels).set(g);
+            }
+            self.lost_steps
+                .get_or_create(&labels)
+                .set(i64::try_from(r.lost_steps).unwrap_or(i64::MAX));
         }
     }
 

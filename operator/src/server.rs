@@ -9,6 +9,7 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use ferrotrain_api::crd::DistributedTraining;
+use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 
 use crate::metrics::Metrics;
@@ -35,11 +36,15 @@ pub fn router(state: ServerState) -> Router {
 
 async fn metrics(State(state): State<ServerState>) -> impl IntoResponse {
     if let Some(jobs) = state.jobs.get() {
+        let jobs = jobs.state();
         state.metrics.set_jobs(
-            jobs.state()
-                .iter()
+            jobs.iter()
                 .map(|dt| dt.status.as_ref().map(|s| s.phase).unwrap_or_default()),
         );
+        state.metrics.set_job_recovery(jobs.iter().filter_map(|dt| {
+            let recovery = dt.status.as_ref()?.recovery.as_ref()?;
+            Some((dt.namespace()?, dt.name_any(), recovery))
+        }));
     }
     (
         [(

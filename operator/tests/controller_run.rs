@@ -320,13 +320,27 @@ async fn a_job_gets_its_gang_progress_in_status_and_a_new_attempt_when_a_pod_fai
         "{status}"
     );
     assert_eq!(status["lastFailure"]["pod"], "mt-0-1", "{status}");
+    assert_eq!(status["lastFailure"]["node"], "node-a", "{status}");
+    // The ledger: attempt 0 ran, stepped, failed on node-a; attempt 1 has started.
+    let attempts = &status["recovery"]["attempts"];
+    assert_eq!(attempts[0]["attempt"], 0, "{status}");
+    assert_eq!(attempts[0]["lastStep"], 120, "{status}");
+    assert_eq!(attempts[0]["end"]["cause"], "Failure", "{status}");
+    assert_eq!(attempts[0]["end"]["exitCode"], 1, "{status}");
+    assert_eq!(attempts[0]["end"]["node"], "node-a", "{status}");
+    assert!(attempts[0]["runningAt"].is_string(), "{status}");
+    assert_eq!(attempts[1]["attempt"], 1, "{status}");
+    assert_eq!(status["recovery"]["endsByCause"]["Failure"], 1, "{status}");
 
     let (code, metrics) = op.get("/metrics").await;
     assert_eq!(code, 200);
-    assert!(
-        metrics.contains("ferrotrain_operator_gang_restarts_total"),
-        "{metrics}"
-    );
+    for family in [
+        "ferrotrain_operator_gang_restarts_total",
+        "ferrotrain_operator_failure_detect_seconds_count 1",
+        "ferrotrain_operator_job_lost_steps{namespace=\"ml\",job=\"mt\"}",
+    ] {
+        assert!(metrics.contains(family), "{family} in {metrics}");
+    }
     op.terminate().await.expect("a clean stop");
     progress.abort();
 }

@@ -110,6 +110,8 @@ fn names_scope_columns_and_subresources() {
             ("Loss", "number", ".status.progress.loss"),
             ("ETA", "string", ".status.progress.eta"),
             ("Restarts", "integer", ".status.restarts"),
+            // -o wide only (priority 1).
+            ("Goodput", "number", ".status.recovery.goodputPercent"),
             ("Age", "date", ".metadata.creationTimestamp"),
         ]
     );

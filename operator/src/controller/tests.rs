@@ -350,6 +350,8 @@ async fn first_reconcile_writes_status_then_creates_the_gang() {
                     phase: Phase::Pending,
                     observed_generation: Some(1),
                     start_time: Some(Time(t(100))),
+                    // Attempt 0 is in the ledger before its pods exist.
+                    recovery: pending_status().recovery,
                     ..DistributedTrainingStatus::default()
                 }
             );
@@ -416,12 +418,7 @@ async fn objects_that_already_exist_are_not_an_error() {
     // The cache does not show the pods of an earlier reconcile yet: creating them again gets
     // 409, and a GET shows they are this job's, which is fine; the token Secret is never
     // overwritten.
-    let status = DistributedTrainingStatus {
-        phase: Phase::Pending,
-        observed_generation: Some(1),
-        start_time: Some(Time(t(100))),
-        ..DistributedTrainingStatus::default()
-    };
+    let status = pending_status();
     let (ctx, handle, _) = Context::test(vec![], Settings::default());
     let exists = || Answer::Error(409, "AlreadyExists");
     let secret = format!("/api/v1/namespaces/{NS}/secrets/{NAME}-rdzv");
@@ -458,11 +455,15 @@ async fn objects_that_already_exist_are_not_an_error() {
     assert_eq!(action, Action::requeue(Duration::from_secs(30)));
 }
 
+/// A job whose attempt 0 is decided (and recorded in the ledger) but has no pods yet.
 fn pending_status() -> DistributedTrainingStatus {
+    let mut recovery = ferrotrain_api::Recovery::default();
+    recovery.start(0, t(100));
     DistributedTrainingStatus {
         phase: Phase::Pending,
         observed_generation: Some(1),
         start_time: Some(Time(t(100))),
+        recovery: Some(recovery),
         ..DistributedTrainingStatus::default()
     }
 }

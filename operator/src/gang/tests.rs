@@ -27,6 +27,7 @@ fn pod(attempt: i32, rank: i32, state: PodState) -> PodView {
         state,
         deleting_since: None,
         node_lost_since: None,
+        node: Some(format!("node-{rank}")),
         created: Some(t(0)),
         waiting: None,
         disruption: None,
@@ -1929,4 +1930,103 @@ fn the_termination_grace_is_sized_from_the_last_save() {
     assert_eq!(with_save(Some(f64::NAN), None), 30);
     assert_eq!(launcher_stop_grace_seconds(30), 25);
     assert_eq!(launcher_stop_grace_seconds(70), 65);
+}
+
+/// A job's life through one killed rank, decision by decision, each on the status the
+/// previous one wrote: the ledger in status.recovery records what each attempt cost.
+#[test]
+fn the_recovery_ledger_follows_a_killed_rank_through_the_restart() {
+    let step = |status: &DistributedTrainingStatus, pods: Vec<PodView>, progress, now| {
+        run(&Row {
+            status: status.clone(),
+            pods,
+            progress,
+            now,
+            ..Row::default()
+        })
+        .status
+    };
+    let at = |p: Progress, first: i64, resumed: Option<u64>, ckpt: Option<u64>| {
+        ProgressObservation::Report(Box::new(Progress {
+            attempt_first_step_time: Some(t(first)),
+            resumed_from_step: resumed,
+            last_checkpoint: ckpt.map(|step| ferrotrain_api::CheckpointInfo {
+                step,
+                size_bytes: 1,
+                time: String::new(),
+                blocking_seconds: None,
+                save_seconds: None,
+            }),
+            ..p
+        }))
+    };
+    let none = ProgressObservation::NotPolled;
+    // Attempt 0: created at 0, running at 10, first step at 15, step 100 (checkpoint 80) at 60.
+    let s = step(
+        &DistributedTrainingStatus::default(),
+        vec![],
+        none.clone(),
+        0,
+    );
+    let s = step(&s, vec![pending(0, 0), pending(0, 1)], none.clone(), 1);
+    let s = step(&s, vec![running(0, 0), running(0, 1)], none.clone(), 10);
+    let s = step(
+        &s,
+        vec![running(0, 0), running(0, 1)],
+        at(report(5, 3.0), 15, None, None),
+        20,
+    );
+    let reported = at(report(100, 2.0), 15, None, Some(80));
+    let s = step(&s, vec![running(0, 0), running(0, 1)], reported, 60);
+    // Rank 1 is killed at 70; the operator sees it at 71.
+    let s = step(
+        &s,
+        vec![running(0, 0), exited(0, 1, 137, "", 70)],
+        none.clone(),
+        71,
+    );
+    assert_eq!(s.phase, Phase::Restarting);
+    let r = s.recovery.clone().unwrap();
+    let end = r.attempts[0].end.clone().unwrap();
+    assert_eq!(end.cause, ferrotrain_api::recovery::EndCause::Failure);
+    assert_eq!((end.rank, end.exit_code), (Some(1), Some(137)));
+    assert_eq!(end.node.as_deref(), Some("node-1"));
+    assert_eq!((end.failed_at, end.detected_at), (t(70), t(71)));
+    assert_eq!(
+        r.attempts[0].lost_steps,
+        Some(20),
+        "estimated from checkpoint 80"
+    );
+    assert_eq!(r.attempts[0].running_at, Some(t(10)));
+    assert_eq!(
+        s.last_failure.as_ref().unwrap().node.as_deref(),
+        Some("node-1")
+    );
+    // Attempt 1 starts after the backoff (pods gone), resumes from 80, first step at 212.
+    let s = step(&s, vec![], none.clone(), 200);
+    assert_eq!((s.attempt, s.phase), (1, Phase::Pending));
+    let s = step(&s, vec![running(1, 0), running(1, 1)], none, 210);
+    let s = step(
+        &s,
+        vec![running(1, 0), running(1, 1)],
+        at(report(81, 2.0), 212, Some(80), Some(80)),
+        213,
+    );
+    let r = s.recovery.unwrap();
+    assert_eq!(r.attempts.len(), 2);
+    assert_eq!(r.attempts[1].started_at, t(200));
+    assert_eq!(r.attempts[1].seconds_to_first_step(), Some(12.0));
+    assert_eq!(r.lost_steps, 20);
+    assert_eq!(r.mean_detect_seconds, Some(1.0));
+    assert_eq!(
+        r.mean_recovery_seconds,
+        Some(142.0),
+        "failure at 70, next first step at 212"
+    );
+    assert_eq!(r.ends_by_cause.get("Failure"), Some(&1));
+    // Attempt 0 kept 80 of 100 steps of its 55 s of training; attempt 1 trained 1 s.
+    assert_eq!(r.productive_seconds, 44.0 + 1.0);
+    assert_eq!(r.total_seconds, 213.0);
+    let goodput = r.goodput_percent.unwrap();
+    assert!((goodput - 100.0 * 45.0 / 213.0).abs() < 0.01, "{goodput}");
 }

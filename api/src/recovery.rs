@@ -1,0 +1,556 @@
+//! Recovery accounting: what every attempt of a job did and what its end cost.
+//!
+//! Both supervisors keep a [`Recovery`] ledger: the operator in `status.recovery` (across
+//! pods and nodes), `ferrotrain launch` for the ranks of one machine. They feed it the same
+//! facts, and it derives the same numbers:
+//!
+//! - per attempt: when it started (pods created / ranks spawned), when all its ranks ran,
+//!   when its first step completed (the trainer's own clock, [`crate::Progress`]'s
+//!   `attemptFirstStepTime`), the step it resumed from, the last step and checkpoint seen,
+//!   and how it ended (cause, rank, exit code, node, when it happened, when it was seen);
+//! - lost steps: steps an attempt trained that the next one had to train again (its last
+//!   step minus the step the next attempt resumed from; until then, minus its last
+//!   checkpoint);
+//! - productive time: the time spent on steps the job kept, i.e. each attempt's training
+//!   time (first step to end) scaled by the share of its steps that were kept; goodput is
+//!   productive time over the job's wall time since its first attempt started.
+//!
+//! The history keeps the last [`MAX_ATTEMPTS`]; the totals keep everything, so the restart
+//! budget's use stays visible however long the job runs.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Attempts kept in the history (the totals count all of them).
+pub const MAX_ATTEMPTS: usize = 10;
+
+/// Why an attempt ended, in the three buckets people budget for.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Hash)]
+pub enum EndCause {
+    /// Every rank finished.
+    Succeeded,
+    /// A rank failed (exit code, killed, lost node, pod failed or never started).
+    Failure,
+    /// Eviction, preemption, drain or node shutdown: nothing in the job went wrong.
+    Disruption,
+    /// Progress stopped for stallTimeoutSeconds.
+    Stall,
+    /// The job was stopped: suspended, deadline passed, or the launcher was signalled.
+    Stopped,
+}
+
+impl EndCause {
+    /// The key in [`Recovery::restarts`].
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndCause::Succeeded => "Succeeded",
+            EndCause::Failure => "Failure",
+            EndCause::Disruption => "Disruption",
+            EndCause::Stall => "Stall",
+            EndCause::Stopped => "Stopped",
+        }
+    }
+}
+
+/// How and when an attempt ended.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptEnd {
+    /// Succeeded, Failure, Disruption, Stall or Stopped.
+    pub cause: EndCause,
+    /// Machine-readable reason (the operator's lastFailure.reason: ExitCode, NodeLost,
+    /// Disrupted, Stalled, ...; Succeeded).
+    pub reason: String,
+    /// The rank (operator: the pod's node rank; launcher: the global rank) that failed first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<i64>,
+    /// The failed rank's exit code (0 for a success).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The node the failed rank ran on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// When it happened (the container's exit, the pod's deletion, the node's loss), when
+    /// known; else when it was seen.
+    pub failed_at: Timestamp,
+    /// When the supervisor saw it.
+    pub detected_at: Timestamp,
+}
+
+impl AttemptEnd {
+    /// Seconds between the failure and its detection.
+    pub fn detect_seconds(&self) -> f64 {
+        seconds(self.failed_at, self.detected_at)
+    }
+}
+
+/// One attempt: pods `<job>-<attempt>-*` (operator) or one start of the local ranks (launcher).
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptRecord {
+    /// The attempt number (status.attempt while it ran; FERROTRAIN_ATTEMPT of its ranks).
+    pub attempt: i64,
+    /// When its pods were created (its ranks spawned).
+    pub started_at: Timestamp,
+    /// When all its ranks ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_at: Option<Timestamp>,
+    /// When its first training step completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_step_at: Option<Timestamp>,
+    /// The checkpoint step it resumed from (0 for a fresh start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_from_step: Option<u64>,
+    /// The last step it reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_step: Option<u64>,
+    /// The last complete checkpoint it reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_step: Option<u64>,
+    /// How it ended (absent while it runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<AttemptEnd>,
+    /// Steps it trained that were trained again (exact once the next attempt resumed,
+    /// else estimated from its last checkpoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_steps: Option<u64>,
+    /// Seconds of its training that produced kept steps.
+    #[serde(default)]
+    pub productive_seconds: f64,
+}
+
+impl AttemptRecord {
+    /// Seconds from the attempt's start to its first step (start-up, rendezvous, restore).
+    pub fn seconds_to_first_step(&self) -> Option<f64> {
+        self.first_step_at.map(|t| seconds(self.started_at, t))
+    }
+
+    fn steps_done(&self) -> u64 {
+        let from = self.resumed_from_step.unwrap_or(0);
+        self.last_step.unwrap_or(from).saturating_sub(from)
+    }
+
+    /// Its productive seconds up to `until`: training time scaled by the kept share.
+    fn productive_until(&self, until: Timestamp) -> f64 {
+        let Some(first) = self.first_step_at else {
+            return 0.0;
+        };
+        let end = self.end.as_ref().map_or(until, |e| e.failed_at);
+        let training = seconds(first, end);
+        let done = self.steps_done();
+        if done == 0 {
+            return 0.0;
+        }
+        let lost = self.lost_steps.unwrap_or(0).min(done);
+        training * (done - lost) as f64 / done as f64
+    }
+}
+
+/// The job's recovery ledger.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Recovery {
+    /// The last attempts, oldest first (at most 10).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<AttemptRecord>,
+    /// When the first attempt started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Timestamp>,
+    /// Wall time from the first attempt's start to the last update (or the end).
+    #[serde(default)]
+    pub total_seconds: f64,
+    /// Time spent on training steps that were kept.
+    #[serde(default)]
+    pub productive_seconds: f64,
+    /// productiveSeconds / totalSeconds, in percent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goodput_percent: Option<f64>,
+    /// Steps trained twice because an attempt ended after its last checkpoint.
+    #[serde(default)]
+    pub lost_steps: u64,
+    /// Ended attempts by cause (Failure, Disruption, Stall, Stopped): every restart, counted
+    /// or not against maxRestarts.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ends_by_cause: BTreeMap<String, u32>,
+    /// Mean seconds from a failure to its detection, over all ended attempts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_detect_seconds: Option<f64>,
+    /// Mean seconds from a failure to the next attempt's first step (the whole recovery).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_recovery_seconds: Option<f64>,
+    /// Productive seconds, lost steps, detect and recovery times of attempts that left the
+    /// history (so the totals stay whole).
+    #[serde(default, skip_serializing_if = "Retired::is_empty")]
+    pub retired: Retired,
+}
+
+/// What attempts that left the history contributed to the totals.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Retired {
+    /// Attempts no longer in the history.
+    #[serde(default)]
+    pub attempts: u32,
+    /// Their productive seconds.
+    #[serde(default)]
+    pub productive_seconds: f64,
+    /// Their lost steps.
+    #[serde(default)]
+    pub lost_steps: u64,
+    /// Sum of their failures' detection times.
+    #[serde(default)]
+    pub detect_seconds: f64,
+    /// Failures in `detectSeconds`.
+    #[serde(default)]
+    pub detections: u32,
+    /// Sum of their failure-to-next-first-step times.
+    #[serde(default)]
+    pub recovery_seconds: f64,
+    /// Recoveries in `recoverySeconds`.
+    #[serde(default)]
+    pub recoveries: u32,
+}
+
+impl Retired {
+    pub fn is_empty(&self) -> bool {
+        self.attempts == 0
+    }
+}
+
+/// What a supervisor saw of the current attempt's progress.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepReport {
+    pub step: u64,
+    pub resumed_from_step: Option<u64>,
+    pub first_step_at: Option<Timestamp>,
+    pub checkpoint_step: Option<u64>,
+}
+
+impl StepReport {
+    /// The parts of rank 0's report the ledger uses.
+    pub fn of(p: &crate::Progress) -> Self {
+        StepReport {
+            step: p.step,
+            resumed_from_step: p.resumed_from_step,
+            first_step_at: p.attempt_first_step_time,
+            checkpoint_step: p.last_checkpoint.as_ref().map(|c| c.step),
+        }
+    }
+}
+
+impl Recovery {
+    /// The attempt being recorded, if it has not ended.
+    pub fn current(&self) -> Option<&AttemptRecord> {
+        self.attempts.last().filter(|a| a.end.is_none())
+    }
+
+    fn current_mut(&mut self) -> Option<&mut AttemptRecord> {
+        self.attempts.last_mut().filter(|a| a.end.is_none())
+    }
+
+    /// Attempt `attempt` started at `at` (idempotent: a known attempt is left as it is).
+    pub fn start(&mut self, attempt: i64, at: Timestamp) {
+        if self.attempts.iter().any(|a| a.attempt == attempt) {
+            return;
+        }
+        self.started_at.get_or_insert(at);
+        self.attempts.push(AttemptRecord {
+            attempt,
+            started_at: at,
+            running_at: None,
+            first_step_at: None,
+            resumed_from_step: None,
+            last_step: None,
+            checkpoint_step: None,
+            end: None,
+            lost_steps: None,
+            productive_seconds: 0.0,
+        });
+        self.retire();
+        self.update(at);
+    }
+
+    /// All ranks of the current attempt run (the first time counts).
+    pub fn running(&mut self, at: Timestamp) {
+        if let Some(a) = self.current_mut() {
+            a.running_at.get_or_insert(at);
+        }
+    }
+
+    /// Rank 0 reported `r` at `at` for the current attempt.
+    pub fn report(&mut self, r: StepReport, at: Timestamp) {
+        let Some(a) = self.current_mut() else {
+            return;
+        };
+        if a.resumed_from_step.is_none() {
+            a.resumed_from_step = Some(r.resumed_from_step.unwrap_or(0));
+        }
+        let from = a.resumed_from_step.unwrap_or(0);
+        if r.step > from && a.first_step_at.is_none() {
+            a.first_step_at = Some(r.first_step_at.unwrap_or(at));
+        }
+        a.last_step = Some(r.step);
+        if r.checkpoint_step.is_some() {
+            a.checkpoint_step = r.checkpoint_step;
+        }
+        let resumed = a.resumed_from_step;
+        self.settle_previous_loss(resumed);
+        self.update(at);
+    }
+
+    /// The current attempt ended.
+    pub fn end(&mut self, end: AttemptEnd) {
+        let at = end.detected_at;
+        let Some(a) = self.current_mut() else {
+            return;
+        };
+        if end.cause != EndCause::Succeeded {
+            let last = a.last_step.unwrap_or(0);
+            let kept = a
+                .checkpoint_step
+                .unwrap_or(0)
+                .max(a.resumed_from_step.unwrap_or(0));
+            a.lost_steps = Some(last.saturating_sub(kept));
+        }
+        *self
+            .ends_by_cause
+            .entry(end.cause.as_str().to_string())
+            .or_default() += 1;
+        self.attempts.last_mut().expect("current").end = Some(end);
+        self.update(at);
+    }
+
+    /// The previous attempt's steps lost are exact once this one says where it resumed.
+    fn settle_previous_loss(&mut self, resumed: Option<u64>) {
+        let n = self.attempts.len();
+        let (Some(resumed), true) = (resumed, n >= 2) else {
+            return;
+        };
+        let prev = &mut self.attempts[n - 2];
+        let failed = prev
+            .end
+            .as_ref()
+            .is_some_and(|e| e.cause != EndCause::Succeeded);
+        if failed && let Some(last) = prev.last_step {
+            prev.lost_steps = Some(last.saturating_sub(resumed));
+        }
+    }
+
+    /// Drops the oldest attempts beyond [`MAX_ATTEMPTS`], keeping what they add to the totals.
+    fn retire(&mut self) {
+        while self.attempts.len() > MAX_ATTEMPTS {
+            let old = self.attempts.remove(0);
+            let next_first_step = self.attempts.first().and_then(|a| a.first_step_at);
+            let r = &mut self.retired;
+            r.attempts += 1;
+            r.productive_seconds += old.productive_seconds;
+            r.lost_steps += old.lost_steps.unwrap_or(0);
+            if let Some(e) = &old.end {
+                r.detect_seconds += e.detect_seconds();
+                r.detections += 1;
+                if let Some(t) = next_first_step {
+                    r.recovery_seconds += seconds(e.failed_at, t);
+                    r.recoveries += 1;
+                }
+            }
+        }
+    }
+
+    /// Recomputes the totals as of `now` (the end of the last attempt once it ended).
+    pub fn update(&mut self, now: Timestamp) {
+        for a in &mut self.attempts {
+            a.productive_seconds = round3(a.productive_until(now));
+        }
+        let r = &self.retired;
+        let (mut detect, mut detections) = (r.detect_seconds, r.detections);
+        let (mut recovery, mut recoveries) = (r.recovery_seconds, r.recoveries);
+        for (i, a) in self.attempts.iter().enumerate() {
+            let Some(e) = a.end.as_ref().filter(|e| e.cause != EndCause::Succeeded) else {
+                continue;
+            };
+            detect += e.detect_seconds();
+            detections += 1;
+            if let Some(t) = self.attempts.get(i + 1).and_then(|n| n.first_step_at) {
+                recovery += seconds(e.failed_at, t);
+                recoveries += 1;
+            }
+        }
+        self.mean_detect_seconds = (detections > 0).then(|| round3(detect / detections as f64));
+        self.mean_recovery_seconds = (recoveries > 0).then(|| round3(recovery / recoveries as f64));
+        self.productive_seconds = round3(
+            r.productive_seconds
+                + self
+                    .attempts
+                    .iter()
+                    .map(|a| a.productive_seconds)
+                    .sum::<f64>(),
+        );
+        self.lost_steps = r.lost_steps
+            + self
+                .attempts
+                .iter()
+                .filter_map(|a| a.lost_steps)
+                .sum::<u64>();
+        let end = match self.attempts.last().and_then(|a| a.end.as_ref()) {
+            Some(e) => e.detected_at,
+            None => now,
+        };
+        self.total_seconds = self.started_at.map_or(0.0, |s| round3(seconds(s, end)));
+        self.goodput_percent = (self.total_seconds > 0.0)
+            .then(|| round3(100.0 * self.productive_seconds / self.total_seconds).min(100.0));
+    }
+}
+
+fn seconds(from: Timestamp, to: Timestamp) -> f64 {
+    (to.as_millisecond() - from.as_millisecond()).max(0) as f64 / 1000.0
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    fn report(step: u64, resumed: u64, first: i64, ckpt: Option<u64>) -> StepReport {
+        StepReport {
+            step,
+            resumed_from_step: Some(resumed),
+            first_step_at: Some(t(first)),
+            checkpoint_step: ckpt,
+        }
+    }
+
+    fn failure(at: i64, seen: i64) -> AttemptEnd {
+        AttemptEnd {
+            cause: EndCause::Failure,
+            reason: "ExitCode".into(),
+            rank: Some(1),
+            exit_code: Some(137),
+            node: Some("node-a".into()),
+            failed_at: t(at),
+            detected_at: t(seen),
+        }
+    }
+
+    /// Attempt 0 trains 100 s from step 0 to 100 (checkpoint at 80) and dies; attempt 1
+    /// starts 10 s later, resumes from 80, takes its first step 5 s after its start and
+    /// trains to 200 in 120 s.
+    fn two_attempts() -> Recovery {
+        let mut r = Recovery::default();
+        r.start(0, t(0));
+        r.running(t(2));
+        r.report(report(100, 0, 10, Some(80)), t(110));
+        r.end(failure(110, 111));
+        r.start(1, t(120));
+        r.running(t(121));
+        r.report(report(81, 80, 125, Some(80)), t(126));
+        r.report(report(200, 80, 125, Some(200)), t(245));
+        r
+    }
+
+    #[test]
+    fn a_killed_attempt_costs_its_steps_since_the_checkpoint_and_the_restart_time() {
+        let r = two_attempts();
+        let a0 = &r.attempts[0];
+        assert_eq!(a0.lost_steps, Some(20));
+        // 100 s of training, 80 of 100 steps kept.
+        assert_eq!(a0.productive_seconds, 80.0);
+        assert_eq!(a0.end.as_ref().unwrap().detect_seconds(), 1.0);
+        let a1 = &r.attempts[1];
+        assert_eq!(a1.seconds_to_first_step(), Some(5.0));
+        assert_eq!(a1.productive_seconds, 120.0);
+        assert_eq!(r.total_seconds, 245.0);
+        assert_eq!(r.productive_seconds, 200.0);
+        assert_eq!(r.goodput_percent, Some(round3(100.0 * 200.0 / 245.0)));
+        assert_eq!(r.lost_steps, 20);
+        assert_eq!(r.mean_detect_seconds, Some(1.0));
+        // Failure at 110, first step of the next attempt at 125.
+        assert_eq!(r.mean_recovery_seconds, Some(15.0));
+        assert_eq!(r.ends_by_cause.get("Failure"), Some(&1));
+    }
+
+    #[test]
+    fn the_next_attempts_resume_point_makes_the_loss_exact() {
+        let mut r = Recovery::default();
+        r.start(0, t(0));
+        r.report(report(100, 0, 10, Some(80)), t(110));
+        r.end(failure(110, 111));
+        assert_eq!(
+            r.attempts[0].lost_steps,
+            Some(20),
+            "estimated from the checkpoint"
+        );
+        // The newest checkpoint was unreadable: the next attempt resumed from 60.
+        r.start(1, t(120));
+        r.report(report(61, 60, 125, Some(60)), t(126));
+        assert_eq!(r.attempts[0].lost_steps, Some(40));
+        assert_eq!(r.lost_steps, 40);
+    }
+
+    #[test]
+    fn a_success_loses_nothing_and_the_clock_stops_at_the_end() {
+        let mut r = Recovery::default();
+        r.start(0, t(0));
+        r.report(report(50, 0, 4, None), t(54));
+        r.end(AttemptEnd {
+            cause: EndCause::Succeeded,
+            reason: "Succeeded".into(),
+            rank: None,
+            exit_code: None,
+            node: None,
+            failed_at: t(54),
+            detected_at: t(55),
+        });
+        r.update(t(999));
+        assert_eq!(r.lost_steps, 0);
+        assert_eq!(r.total_seconds, 55.0);
+        assert_eq!(r.productive_seconds, 50.0);
+        assert_eq!(
+            r.mean_detect_seconds, None,
+            "a success is no failure to detect"
+        );
+    }
+
+    #[test]
+    fn the_history_is_bounded_but_the_totals_keep_every_attempt() {
+        let mut r = Recovery::default();
+        for i in 0..15 {
+            let base = i * 100;
+            r.start(i, t(base));
+            let resumed = 5 * i as u64;
+            r.report(
+                report(resumed + 10, resumed, base + 5, Some(resumed + 5)),
+                t(base + 15),
+            );
+            r.end(failure(base + 15, base + 16));
+        }
+        assert_eq!(r.attempts.len(), MAX_ATTEMPTS);
+        assert_eq!(r.attempts[0].attempt, 5);
+        assert_eq!(r.retired.attempts, 5);
+        assert_eq!(r.ends_by_cause.get("Failure"), Some(&15));
+        // Every attempt lost 5 steps: the next resumed from its checkpoint, 5 before its end.
+        assert_eq!(r.lost_steps, 15 * 5);
+        assert_eq!(r.mean_detect_seconds, Some(1.0));
+        let json = serde_json::to_string(&r).unwrap();
+        let back: Recovery = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn a_restart_of_a_known_attempt_is_not_a_new_one() {
+        let mut r = two_attempts();
+        let before = r.clone();
+        r.start(1, t(300));
+        r.update(t(245));
+        assert_eq!(r, before);
+    }
+}
