@@ -58,3 +58,8 @@ pub const FERROTRAIN_RANK_PROGRAM: &str = "FERROTRAIN_RANK_PROGRAM";
 pub const TERMINATION_LOG: &str = "/dev/termination-log";
 /// Overrides TERMINATION_LOG (tests, local runs).
 pub const FERROTRAIN_TERMINATION_LOG: &str = "FERROTRAIN_TERMINATION_LOG";
+/// Set by `ferrotrain launch`: rank 0 keeps its progress report there (JSON, replaced
+/// atomically about once a second), for the launcher's recovery ledger.
+pub const FERROTRAIN_PROGRESS_FILE: &str = "FERROTRAIN_PROGRESS_FILE";
+/// `ferrotrain launch --recovery-file`: where the launcher keeps its recovery ledger (JSON).
+pub const FERROTRAIN_RECOVERY_FILE: &str = "FERROTRAIN_RECOVERY_FILE";

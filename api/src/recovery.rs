@@ -20,7 +20,7 @@
 
 use std::collections::BTreeMap;
 
-use jiff::Timestamp;
+pub use jiff::Timestamp;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -107,6 +107,10 @@ pub struct AttemptRecord {
     /// The last step it reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_step: Option<u64>,
+    /// When that step was first seen: training ends there, not at the failure (a rank that
+    /// hangs until the collective timeout trains nothing meanwhile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_step_at: Option<Timestamp>,
     /// The last complete checkpoint it reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_step: Option<u64>,
@@ -139,6 +143,7 @@ impl AttemptRecord {
             return 0.0;
         };
         let end = self.end.as_ref().map_or(until, |e| e.failed_at);
+        let end = self.last_step_at.map_or(end, |t| t.min(end));
         let training = seconds(first, end);
         let done = self.steps_done();
         if done == 0 {
@@ -264,6 +269,7 @@ impl Recovery {
             first_step_at: None,
             resumed_from_step: None,
             last_step: None,
+            last_step_at: None,
             checkpoint_step: None,
             end: None,
             lost_steps: None,
@@ -280,7 +286,8 @@ impl Recovery {
         }
     }
 
-    /// Rank 0 reported `r` at `at` for the current attempt.
+    /// Rank 0 reported `r` at `at` (when its step completed, as near as the supervisor
+    /// knows) for the current attempt.
     pub fn report(&mut self, r: StepReport, at: Timestamp) {
         let Some(a) = self.current_mut() else {
             return;
@@ -291,6 +298,9 @@ impl Recovery {
         let from = a.resumed_from_step.unwrap_or(0);
         if r.step > from && a.first_step_at.is_none() {
             a.first_step_at = Some(r.first_step_at.unwrap_or(at));
+        }
+        if a.last_step != Some(r.step) {
+            a.last_step_at = Some(at);
         }
         a.last_step = Some(r.step);
         if r.checkpoint_step.is_some() {

@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
-use ferrotrain_api::{env, exit};
+use ferrotrain_api::recovery::{AttemptEnd, EndCause, StepReport, Timestamp};
+use ferrotrain_api::{Progress, Recovery, env, exit};
 
 use crate::dist::auth::random_token;
 use crate::signals;
@@ -58,6 +59,10 @@ pub struct LaunchArgs {
     /// first. Keep it below the pod's terminationGracePeriodSeconds (default 30).
     #[arg(long, env = env::FERROTRAIN_STOP_GRACE_SECONDS, default_value_t = 25.0)]
     pub stop_grace_seconds: f64,
+    /// Keep the recovery ledger here (JSON, rewritten after every change): each attempt's
+    /// start, first step, end and lost steps, and the run's goodput (docs/observability.md).
+    #[arg(long, env = env::FERROTRAIN_RECOVERY_FILE)]
+    pub recovery_file: Option<PathBuf>,
     /// The program each rank runs (default: this executable). For tests and wrappers.
     #[arg(long, env = env::FERROTRAIN_RANK_PROGRAM, hide = true)]
     pub rank_program: Option<PathBuf>,
@@ -84,6 +89,8 @@ pub struct RankFailure {
     pub code: i32,
     /// The rank's termination message, or a description of its exit.
     pub reason: String,
+    /// When the launcher saw it exit (before stopping the others).
+    pub seen_at: Timestamp,
 }
 
 fn exit_code(status: ExitStatus) -> i32 {
@@ -170,6 +177,7 @@ impl Group {
                 }
             }
             if !failures.is_empty() {
+                let seen_at = Timestamp::now();
                 // A rank killed by a signal is the likelier cause than the peers that
                 // noticed its death in the same instant.
                 failures.sort_by_key(|(rank, status, _)| (status.code().is_some(), *rank));
@@ -186,6 +194,7 @@ impl Group {
                     rank,
                     code: exit_code(status),
                     reason,
+                    seen_at,
                 });
             }
             if done.iter().all(|&d| d) {
@@ -251,7 +260,8 @@ fn start_group(a: &Attempt<'_>) -> std::io::Result<Group> {
             .env(env::TORCHELASTIC_RESTART_COUNT, a.attempt.to_string())
             .env(env::FERROTRAIN_RDZV_TOKEN, a.token)
             .env(env::FERROTRAIN_CONFIG, &args.config)
-            .env(env::FERROTRAIN_TERMINATION_LOG, &log);
+            .env(env::FERROTRAIN_TERMINATION_LOG, &log)
+            .env(env::FERROTRAIN_PROGRESS_FILE, a.logs.join(PROGRESS_FILE));
         if let Some(t) = &a.omp_threads {
             cmd.env("OMP_NUM_THREADS", t);
         }
@@ -393,6 +403,151 @@ fn forward_final_report(logs: &Path) {
     }
 }
 
+/// Rank 0's progress file in the launcher's scratch directory.
+const PROGRESS_FILE: &str = "rank-0.progress.json";
+
+/// The launcher's recovery ledger ([`ferrotrain_api::recovery`]): fed with the group's starts
+/// and exits and rank 0's progress file, logged at every attempt's end and kept in
+/// `--recovery-file`.
+struct Ledger {
+    recovery: Recovery,
+    progress_file: PathBuf,
+    out: Option<PathBuf>,
+    node: Option<String>,
+}
+
+impl Ledger {
+    fn new(logs: &Path, out: Option<PathBuf>) -> Self {
+        let node = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty());
+        Ledger {
+            recovery: Recovery::default(),
+            progress_file: logs.join(PROGRESS_FILE),
+            out,
+            node,
+        }
+    }
+
+    fn started(&mut self, attempt: u64) {
+        let _ = std::fs::remove_file(&self.progress_file);
+        let now = Timestamp::now();
+        self.recovery.start(attempt as i64, now);
+        // The launcher's ranks run once spawned: no scheduling, no image pull.
+        self.recovery.running(now);
+        self.save();
+    }
+
+    /// The attempt's last report, read when it ended; rank 0 rewrites it after every step,
+    /// so its modification time is when the last step completed.
+    fn read_progress(&mut self) {
+        let report = std::fs::read(&self.progress_file)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Progress>(&b).ok());
+        let written = std::fs::metadata(&self.progress_file)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| Timestamp::try_from(t).ok())
+            .unwrap_or_else(Timestamp::now);
+        if let Some(p) = report {
+            self.recovery.report(StepReport::of(&p), written);
+        }
+    }
+
+    fn ended(&mut self, outcome: &GroupOutcome) {
+        self.read_progress();
+        let now = Timestamp::now();
+        let (cause, reason, rank, code, at) = match outcome {
+            GroupOutcome::Finished => (EndCause::Succeeded, "Succeeded", None, Some(0), now),
+            GroupOutcome::Signalled(s) => {
+                (EndCause::Stopped, "Signalled", None, Some(128 + s), now)
+            }
+            GroupOutcome::Failed(f) => {
+                let reason = if f.code >= 128 { "Killed" } else { "ExitCode" };
+                (
+                    EndCause::Failure,
+                    reason,
+                    Some(f.rank as i64),
+                    Some(f.code),
+                    f.seen_at,
+                )
+            }
+        };
+        self.recovery.end(AttemptEnd {
+            cause,
+            reason: reason.into(),
+            rank,
+            exit_code: code,
+            node: self.node.clone(),
+            failed_at: at,
+            detected_at: at,
+        });
+        self.save();
+        self.log();
+    }
+
+    fn save(&self) {
+        let Some(out) = &self.out else { return };
+        let tmp = out.with_extension("tmp");
+        let written = serde_json::to_vec_pretty(&self.recovery)
+            .map_err(std::io::Error::other)
+            .and_then(|json| std::fs::write(&tmp, json))
+            .and_then(|()| std::fs::rename(&tmp, out));
+        if let Err(e) = written {
+            tracing::warn!(path = %out.display(), error = %e, "recovery file not written");
+        }
+    }
+
+    /// One line per attempt and one for the run.
+    fn log(&self) {
+        let r = &self.recovery;
+        for line in recovery_lines(r) {
+            tracing::info!("launch: {line}");
+        }
+    }
+}
+
+/// The ledger in words: each attempt, then the totals.
+pub fn recovery_lines(r: &Recovery) -> Vec<String> {
+    let mut lines = Vec::new();
+    for a in &r.attempts {
+        let to_first = a
+            .seconds_to_first_step()
+            .map_or("no step".to_string(), |s| {
+                format!("first step after {s:.1} s")
+            });
+        let end = a.end.as_ref().map_or("running".to_string(), |e| {
+            let who = e.rank.map_or(String::new(), |r| format!(" rank {r}"));
+            let code = e.exit_code.map_or(String::new(), |c| format!(" exit {c}"));
+            format!("{:?} ({}{who}{code})", e.cause, e.reason)
+        });
+        let lost = a
+            .lost_steps
+            .map_or(String::new(), |l| format!(", {l} steps lost"));
+        lines.push(format!(
+            "attempt {}: resumed from step {}, {to_first}, reached step {}, {end}{lost}",
+            a.attempt,
+            a.resumed_from_step.unwrap_or(0),
+            a.last_step.unwrap_or(0),
+        ));
+    }
+    let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2} s"));
+    lines.push(format!(
+        "recovery: {} attempt(s), {:.1} s in all, {:.1} s productive, goodput {}, {} steps lost, \
+         detect {}, failure to next first step {}",
+        r.attempts.len() + r.retired.attempts as usize,
+        r.total_seconds,
+        r.productive_seconds,
+        r.goodput_percent
+            .map_or("-".to_string(), |g| format!("{g:.1}%")),
+        r.lost_steps,
+        opt(r.mean_detect_seconds),
+        opt(r.mean_recovery_seconds),
+    ));
+    lines
+}
+
 fn supervise_attempts(
     args: &LaunchArgs,
     program: &Path,
@@ -402,6 +557,7 @@ fn supervise_attempts(
     logs: &Path,
 ) -> Result<i32, LaunchError> {
     let multi_node = args.nnodes > 1;
+    let mut ledger = Ledger::new(logs, args.recovery_file.clone());
     let mut restarts: u32 = 0;
     let mut backoff = Duration::from_secs_f64(args.restart_backoff_seconds.max(0.0));
     let max_backoff = Duration::from_secs_f64(args.restart_backoff_max_seconds.max(0.0));
@@ -430,8 +586,10 @@ fn supervise_attempts(
             "cannot start {}",
             program.display()
         )))?;
+        ledger.started(attempt);
         let outcome = group.supervise();
         drop(group);
+        ledger.ended(&outcome);
         match outcome {
             GroupOutcome::Finished => {
                 forward_final_report(logs);

@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use ferrotrain_api::config::{DeviceKind, Precision, Task};
+use ferrotrain_api::progress::GangResources;
+use ferrotrain_api::recovery::Timestamp;
 use ferrotrain_api::{CheckpointInfo, TrainerConfig, TrainerPhase};
 use tch::{Device, Kind, Tensor, nn};
 
@@ -25,6 +27,7 @@ use crate::error::{Result, TrainError};
 use crate::metrics::{MetricsServer, Reporter, SharedProgress};
 use crate::model::{self, Transformer};
 use crate::optim::{self, AdamW};
+use crate::resources::ResourceSampler;
 use crate::signals;
 
 /// File (under the job's checkpoint directory) with one JSON line per optimizer step.
@@ -705,6 +708,11 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     // maxSeconds and a time-horizon schedule count training, not start-up (data, vocabulary,
     // rendezvous), which differs between machines and restarts.
     let loop_started = Instant::now();
+    // Every rank's CPU, memory and GPU, summed into rank 0's view with the step's all-reduce
+    // every logEverySteps (a first sample now, so the first summary has a utilisation).
+    let mut sampler = crate::resources::ResourceSampler::default();
+    sampler.sample();
+    let mut gang_resources = None;
     while step < config.max_steps && !stop {
         let t0 = Instant::now();
         let micro: Vec<Vec<usize>> = (0..config.batch.accumulate)
@@ -740,14 +748,21 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         let loss;
         let grad_norm;
         let mut train_seconds = earlier_seconds + loop_started.elapsed().as_secs_f64();
+        // The same on every rank: the step number decides.
+        let summarise_resources = (step + 1) % config.log_every_steps.max(1) == 0;
         if let Some(sync) = grad_sync.as_mut() {
             comm_seconds += sync.sync(comm.as_mut())?;
             let c0 = Instant::now();
-            // Sums: the loss, rank 0's clock (the others add 0), how many ranks were signalled.
+            // Sums: the loss, rank 0's clock (the others add 0), how many ranks were signalled,
+            // and (some steps) each rank's resources in its own slots.
             // f32 like every collective (the clock to a few ms over weeks).
             let clock = if leader { train_seconds } else { 0.0 };
             let flag = f32::from(u8::from(signal != 0));
-            let mut scalars = comm.upload(&[0.0, clock as f32, flag])?;
+            let mut host = vec![0.0, clock as f32, flag];
+            if summarise_resources {
+                host.extend(resource_slots(&mut sampler, rank, world));
+            }
+            let mut scalars = comm.upload(&host)?;
             tch::no_grad(|| scalars.narrow(0, 0, 1).f_copy_(&loss_local.reshape([1])))?;
             comm.all_reduce_sum(&mut scalars)?;
             // The step's one host read: the summed scalars and the (summed) gradients' norm.
@@ -758,7 +773,10 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
             comm_seconds += c0.elapsed().as_secs_f64();
             loss = v[0] / global_tokens as f64;
             train_seconds = v[1];
-            grad_norm = v.get(3).copied().unwrap_or(0.0);
+            grad_norm = v.get(host.len()).copied().unwrap_or(0.0);
+            if summarise_resources {
+                gang_resources = GangResources::from_slots(&v[3..host.len()]);
+            }
             if v[2] > 0.0 {
                 // Some rank was signalled: all stop here, and exit the way it would.
                 interrupted_by = Some(if signal != 0 { signal } else { libc::SIGTERM });
@@ -771,6 +789,13 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
             let v = comm.download(Tensor::cat(&parts, 0))?;
             loss = v[0] / global_tokens as f64;
             grad_norm = v.get(1).copied().unwrap_or(0.0);
+            if summarise_resources {
+                let mine: Vec<f64> = resource_slots(&mut sampler, 0, 1)
+                    .into_iter()
+                    .map(f64::from)
+                    .collect();
+                gang_resources = GangResources::from_slots(&mine);
+            }
         }
         let over_budget = total_seconds_budget.is_some_and(|b| train_seconds >= b);
         stop = over_budget || interrupted_by.is_some();
@@ -910,6 +935,12 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
             p.last_checkpoint = store.last_completed();
         }
         p.peak_memory_bytes = peak_memory_bytes();
+        if p.attempt_first_step_time.is_none() {
+            p.attempt_first_step_time = Some(Timestamp::now());
+        }
+        if let Some(g) = gang_resources.take() {
+            p.gang_resources = Some(g);
+        }
         reporter.step(&p, loss, grad_norm);
         if leader && (step % config.log_every_steps == 0 || step == 1 || final_step) {
             tracing::info!(
@@ -949,6 +980,14 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         interrupted_by,
         final_progress: progress.lock().expect("progress lock").clone(),
     })
+}
+
+/// This rank's resources in its slots of the step's all-reduce (the other ranks' slots 0).
+fn resource_slots(sampler: &mut ResourceSampler, rank: usize, world: usize) -> Vec<f32> {
+    let mut slots = vec![0.0f32; world * GangResources::SLOTS];
+    let mine = GangResources::slots(sampler.sample().as_ref());
+    slots[rank * GangResources::SLOTS..][..GangResources::SLOTS].copy_from_slice(&mine);
+    slots
 }
 
 fn set_phase(progress: &SharedProgress, phase: TrainerPhase) {

@@ -50,7 +50,7 @@ checkpoint:
 distributed:
   collectiveTimeoutSeconds: {COLLECTIVE_TIMEOUT}
   rendezvousTimeoutSeconds: 30
-logEverySteps: 1000
+logEverySteps: 40
 "
     )
 }
@@ -77,6 +77,8 @@ impl Job {
             .args(["--nproc-per-node", &nproc.to_string(), "--master-port", "0"])
             .args(["--max-restarts", "2", "--restart-backoff-seconds", "0.2"])
             .args(["--stop-grace-seconds", "3"])
+            .arg("--recovery-file")
+            .arg(self.recovery_file())
             .env("FERROTRAIN_CHECKPOINT_DIR", self.dir.path().join("runs"))
             .env(
                 "FERROTRAIN_TERMINATION_LOG",
@@ -90,6 +92,15 @@ impl Job {
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&stderr).unwrap());
         ProcessGroup::spawn(cmd, Some(stderr))
+    }
+
+    fn recovery_file(&self) -> PathBuf {
+        self.dir.path().join("recovery.json")
+    }
+
+    fn recovery(&self) -> ferrotrain_api::Recovery {
+        let text = std::fs::read_to_string(self.recovery_file()).expect("the recovery file");
+        serde_json::from_str(&text).expect("a recovery ledger")
     }
 
     fn job_dir(&self) -> PathBuf {
@@ -213,11 +224,22 @@ fn interrupt_and_recover(signal: i32) {
     // finished, is rank 0's final report.
     let report = ferrotrain_api::Progress::from_termination_message(&job.termination_log());
     assert_eq!(
-        report.map(|r| r.step),
+        report.as_ref().map(|r| r.step),
         Some(MAX_STEPS),
         "{}",
         job.termination_log()
     );
+    // Both ranks' resources reached rank 0 with the step's all-reduce (every logEverySteps).
+    let gang = report
+        .and_then(|r| r.gang_resources)
+        .expect("gang resources");
+    assert_eq!(gang.ranks, 2, "{gang:?}");
+    let rss = gang.rss_bytes.expect("resident memory");
+    assert!(rss.min > 10e6 && rss.max < 4e9, "{rss:?}");
+    let cpu = gang.cpu_utilization.expect("CPU utilisation");
+    assert!(cpu.max > 0.0 && cpu.max < 64.0, "{cpu:?}");
+    assert!(gang.gpu_utilization.is_none(), "no GPU here");
+    check_the_ledger(&job.recovery(), signal, before, lost);
     let reason = log;
     if signal == libc::SIGSTOP {
         // Nobody died: rank 0 noticed rank 1's silence at the collective timeout.
@@ -237,6 +259,41 @@ fn interrupt_and_recover(signal: i32) {
             "{reason}"
         );
     }
+}
+
+/// The launcher's ledger agrees with rank 0's own log: the attempt that failed, the step the
+/// next resumed from, the steps lost (the ledger sees rank 0's progress file, up to a second
+/// old, so it may count fewer), and it adds the times and the goodput.
+fn check_the_ledger(r: &ferrotrain_api::Recovery, signal: i32, before: u64, lost: u64) {
+    for line in ferrotrain_trainer::launch::recovery_lines(r) {
+        eprintln!("ledger: {line}");
+    }
+    use ferrotrain_api::recovery::EndCause;
+    assert_eq!(r.attempts.len(), 2, "{r:#?}");
+    let (a0, a1) = (&r.attempts[0], &r.attempts[1]);
+    let end = a0.end.as_ref().expect("attempt 0 ended");
+    assert_eq!(end.cause, EndCause::Failure, "{r:#?}");
+    if signal == libc::SIGKILL {
+        assert_eq!(
+            (end.rank, end.exit_code),
+            (Some(1), Some(128 + 9)),
+            "{r:#?}"
+        );
+    }
+    assert_eq!(a1.resumed_from_step, Some(before - lost), "{r:#?}");
+    let seen = a0.last_step.expect("attempt 0's steps were seen");
+    assert!(seen <= before && seen >= 50, "{r:#?}");
+    assert_eq!(a0.lost_steps, Some(seen - (before - lost)), "{r:#?}");
+    assert_eq!(a1.end.as_ref().map(|e| e.cause), Some(EndCause::Succeeded));
+    assert_eq!(a1.last_step, Some(MAX_STEPS));
+    let first = a1.seconds_to_first_step().expect("attempt 1 stepped");
+    assert!(first < 30.0, "{first}");
+    assert!(r.mean_detect_seconds.unwrap() < 1.0, "{r:#?}");
+    let recovery = r.mean_recovery_seconds.expect("a recovery time");
+    assert!(recovery >= first, "{r:#?}");
+    let goodput = r.goodput_percent.expect("goodput");
+    assert!(goodput > 0.0 && goodput < 100.0, "{r:#?}");
+    assert!(r.productive_seconds < r.total_seconds, "{r:#?}");
 }
 
 #[test]

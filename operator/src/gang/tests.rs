@@ -2024,9 +2024,10 @@ fn the_recovery_ledger_follows_a_killed_rank_through_the_restart() {
         "failure at 70, next first step at 212"
     );
     assert_eq!(r.ends_by_cause.get("Failure"), Some(&1));
-    // Attempt 0 kept 80 of 100 steps of its 55 s of training; attempt 1 trained 1 s.
-    assert_eq!(r.productive_seconds, 44.0 + 1.0);
+    // Attempt 0 trained from 15 to its last step seen at 60 and kept 80 of 100 steps; the
+    // 10 s from there to the failure trained nothing kept. Attempt 1 trained 1 s.
+    assert_eq!(r.productive_seconds, 36.0 + 1.0);
     assert_eq!(r.total_seconds, 213.0);
     let goodput = r.goodput_percent.unwrap();
-    assert!((goodput - 100.0 * 45.0 / 213.0).abs() < 0.01, "{goodput}");
+    assert!((goodput - 100.0 * 37.0 / 213.0).abs() < 0.01, "{goodput}");
 }
