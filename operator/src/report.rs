@@ -58,6 +58,19 @@ pub fn rounded(report: &Progress) -> Progress {
             g.peak_memory_used_bytes = significant_u64(g.peak_memory_used_bytes, 3);
         }
     }
+    if let Some(g) = p.gang_resources.as_mut() {
+        let spreads = [
+            &mut g.cpu_utilization,
+            &mut g.rss_bytes,
+            &mut g.gpu_utilization,
+            &mut g.gpu_memory_used_bytes,
+        ];
+        for s in spreads.into_iter().flatten() {
+            for v in [&mut s.mean, &mut s.min, &mut s.max] {
+                *v = significant(*v, 3).unwrap_or(0.0);
+            }
+        }
+    }
     p
 }
 
@@ -67,12 +80,13 @@ fn significant_u64(value: u64, digits: i32) -> u64 {
 
 /// True when `new` shows a user something `shown` (the report in the status) does not: a
 /// step, a loss, a rate, an eval, a checkpoint, a phase. Rank 0's `resources` are read from
-/// /proc and NVML at request time (CPU seconds tick, RSS and GPU use wobble), so they alone
-/// never count: they are a snapshot refreshed whenever the report changes for another
+/// /proc and NVML at request time (CPU seconds tick, RSS and GPU use wobble), and the gang's
+/// `gangResources` wobble the same way, so they alone never count: they are a snapshot refreshed whenever the report changes for another
 /// reason. Without this a running job's status was written at every poll.
 pub fn changed_for_a_user(shown: &Progress, new: &Progress) -> bool {
     let without_resources = |p: &Progress| Progress {
         resources: None,
+        gang_resources: None,
         ..p.clone()
     };
     without_resources(shown) != without_resources(new)
@@ -153,6 +167,16 @@ mod tests {
         let at = |step: u64, cpu_seconds: f64, rss_bytes: u64| {
             rounded(&Progress {
                 step,
+                gang_resources: Some(ferrotrain_api::progress::GangResources {
+                    ranks: 2,
+                    rss_bytes: Some(ferrotrain_api::progress::Spread {
+                        mean: rss_bytes as f64,
+                        min: rss_bytes as f64 - 1234.0,
+                        max: rss_bytes as f64 + 1234.0,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
                 resources: Some(ResourceUsage {
                     cpu_seconds,
                     cpu_utilization: Some(1.93 + cpu_seconds / 1000.0),
@@ -180,6 +204,8 @@ mod tests {
             at(1, 0.0, 812_345_678).resources.unwrap().rss_bytes,
             812_000_000
         );
+        let gang = at(1, 0.0, 812_345_678).gang_resources.unwrap();
+        assert_eq!(gang.rss_bytes.unwrap().max, 812_000_000.0);
     }
 
     #[test]

@@ -41,6 +41,26 @@ enum Command {
         #[arg(long)]
         reference: PathBuf,
     },
+    /// Time all-reduce between the ranks of a gang (started with the env contract: RANK,
+    /// WORLD_SIZE, MASTER_ADDR, MASTER_PORT, FERROTRAIN_RDZV_TOKEN); rank 0 prints one JSON
+    /// line per size. bench/collectives.sh runs it.
+    BenchCollective(BenchArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct BenchArgs {
+    /// Buffer sizes in MB (10^6 bytes), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "4,16,40,100,400")]
+    sizes_mb: Vec<f64>,
+    /// Untimed all-reduces before the timed ones, per size.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Timed all-reduces per size (the median is reported).
+    #[arg(long, default_value_t = 10)]
+    iters: usize,
+    /// `cpu`: the TCP ring; `cuda`: NCCL, on GPU LOCAL_RANK (modulo the visible GPUs).
+    #[arg(long, default_value = "cpu")]
+    device: String,
 }
 
 #[derive(clap::Args, Debug)]
@@ -396,6 +416,29 @@ fn score_bleu(reference: &Path) -> Result<()> {
     Ok(())
 }
 
+fn bench_collective(args: &BenchArgs) -> Result<()> {
+    init_logging(0);
+    let device = match args.device.as_str() {
+        "cpu" => tch::Device::Cpu,
+        "cuda" => {
+            let local: usize = std::env::var(env::LOCAL_RANK)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let count = tch::Cuda::device_count().max(1) as usize;
+            tch::Device::Cuda(local % count)
+        }
+        other => {
+            return Err(TrainError::Config(format!(
+                "--device {other}: expected cpu or cuda"
+            )));
+        }
+    };
+    let sizes: Vec<u64> = args.sizes_mb.iter().map(|mb| (mb * 1e6) as u64).collect();
+    let config = ferrotrain_api::config::DistributedConfig::default();
+    ferrotrain_trainer::dist::bench::run(device, &config, &sizes, args.warmup, args.iters)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -419,6 +462,7 @@ fn main() -> ExitCode {
         Command::Validate { config } => validate(&config),
         Command::Translate(args) => translate(args),
         Command::Bleu { reference } => score_bleu(&reference),
+        Command::BenchCollective(args) => bench_collective(&args),
     };
     match result {
         Ok(()) => ExitCode::from(exit::SUCCESS as u8),

@@ -5,6 +5,7 @@
 //! See docs/distributed.md for the protocol, the ring algorithm and the timeouts.
 
 pub mod auth;
+pub mod bench;
 #[cfg(feature = "cuda")]
 pub mod nccl;
 #[cfg(feature = "cuda")]
