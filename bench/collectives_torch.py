@@ -14,10 +14,14 @@ import os
 import socket
 import statistics
 import time
+import warnings
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+# The venv has no numpy; torch warns about it on import and nothing here needs it.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
 
 
 def free_port():
