@@ -44,7 +44,7 @@ class Model(nn.Module):
         return self.drop(self.embed(x) * self.scale + self.pe[: x.size(1)])
 
     def forward(self, src, tgt):
-        mask = self.core.generate_square_subsequent_mask(tgt.size(1))
+        mask = self.core.generate_square_subsequent_mask(tgt.size(1), device=src.device)
         h = self.core(self.emb(src), self.emb(tgt), tgt_mask=mask, tgt_is_causal=True,
                       src_key_padding_mask=src.eq(PAD), memory_key_padding_mask=src.eq(PAD))
         return h @ self.embed.weight.t()
@@ -80,22 +80,27 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=2000)
     ap.add_argument("--bf16", action="store_true",
-                    help="torch.autocast(cpu, bfloat16) around forward and loss")
+                    help="torch.autocast(bfloat16) around forward and loss")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (fused AdamW on cuda)")
     args = ap.parse_args()
+    device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     torch.manual_seed(1)
     tok = Tokenizer.from_file(args.tokenizer)
     en, de = read(f"{args.data}/train.en.gz"), read(f"{args.data}/train.de.gz")
     pairs = [(tok.encode(s).ids, tok.encode(t).ids) for s, t in zip(en, de)]
     pairs = [p for p in pairs if 0 < len(p[0]) <= 100 and 0 < len(p[1]) <= 100]
-    model = Model(tok.get_vocab_size())
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.01)
+    model = Model(tok.get_vocab_size()).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.01,
+                            fused=device.type == "cuda")
     loss_fn = nn.CrossEntropyLoss(ignore_index=PAD, label_smoothing=0.1, reduction="sum")
     plan = batches(pairs, args.max_tokens, 1)
     tokens = 0
     start = None
     for step, b in enumerate(plan[: args.steps + args.warmup_steps], 1):
         if step == args.warmup_steps + 1:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
             start, tokens = time.perf_counter(), 0
         ls = max(len(pairs[i][0]) for i in b) + 1
         lt = max(len(pairs[i][1]) for i in b) + 1
@@ -103,9 +108,10 @@ def main():
         tin = torch.tensor([[BOS] + pairs[i][1] + [PAD] * (lt - len(pairs[i][1]) - 1) for i in b])
         tout = torch.tensor([pairs[i][1] + [EOS] + [PAD] * (lt - len(pairs[i][1]) - 1) for i in b])
         ntgt = int(tout.ne(PAD).sum())
+        src, tin, tout = src.to(device), tin.to(device), tout.to(device)
         for g in opt.param_groups:
             g["lr"] = 2e-3 * min(step / 300, math.sqrt(300 / step))
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
             logits = model(src, tin)
             loss = loss_fn(logits.view(-1, logits.size(-1)).float(), tout.view(-1)) / ntgt
         opt.zero_grad()
@@ -113,8 +119,11 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         tokens += sum(len(pairs[i][0]) + len(pairs[i][1]) + 2 for i in b)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     secs = time.perf_counter() - start
-    print(f"pytorch {torch.__version__} threads={args.threads} bf16={args.bf16}: {args.steps} steps in {secs:.1f}s = "
+    print(f"pytorch {torch.__version__} {device.type} threads={args.threads} bf16={args.bf16} "
+          f"max_tokens={args.max_tokens}: {args.steps} steps in {secs:.1f}s = "
           f"{args.steps / secs:.2f} steps/s, {tokens / secs:.0f} tokens/s (source+target, with BOS/EOS), loss {loss.item():.3f}")
 
 

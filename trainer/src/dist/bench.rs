@@ -78,7 +78,47 @@ pub fn all_reduce(
     Ok(rows)
 }
 
-/// The subcommand: meets the other ranks on `device` and prints rank 0's rows as JSON lines.
+/// Every collective once, with values that show a wrong result: the sum of ones is the world
+/// size, a broadcast from rank 0 gives rank 0's value, a barrier returns.
+pub fn check(comm: &mut dyn Collective) -> Result<()> {
+    let world = comm.world_size() as f64;
+    let mut ones = comm.upload(&[1.0; 1000])?;
+    comm.all_reduce_sum(&mut ones)?;
+    let sums = comm.download(ones)?;
+    let mut mine = comm.upload(&[comm.rank() as f32 + 7.0; 10])?;
+    comm.broadcast(&mut mine, 0)?;
+    let got = comm.download(mine)?;
+    comm.barrier()?;
+    if sums.iter().any(|&v| v != world) || got.iter().any(|&v| v != 7.0) {
+        return Err(crate::error::TrainError::Distributed(format!(
+            "collective check failed: all-reduce of ones gave {:?} (want {world}), broadcast \
+             gave {:?} (want 7)",
+            &sums[..3],
+            &got[..3]
+        )));
+    }
+    Ok(())
+}
+
+/// The backend for `device`: what training uses, except that one rank on a GPU gets a real
+/// NCCL communicator (training would skip it), so a single-GPU machine still runs NCCL's
+/// init and every collective.
+fn backend(
+    env: &RankEnv,
+    config: &DistributedConfig,
+    device: Device,
+) -> Result<Box<dyn Collective>> {
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() && env.world_size == 1 {
+        let mut meeting = super::Rendezvous::meet(env, config)?;
+        let comm = super::nccl::Nccl::init(env, config, device, &mut meeting)?;
+        return Ok(Box::new(comm));
+    }
+    super::init(env, config, device)
+}
+
+/// The subcommand: meets the other ranks on `device`, checks every collective, and prints
+/// rank 0's rows as JSON lines.
 pub fn run(
     device: Device,
     config: &DistributedConfig,
@@ -87,7 +127,15 @@ pub fn run(
     iters: usize,
 ) -> Result<()> {
     let env = RankEnv::from_env()?;
-    let mut comm = super::init(&env, config, device)?;
+    let mut comm = backend(&env, config, device)?;
+    check(comm.as_mut())?;
+    if env.rank == 0 {
+        eprintln!(
+            "bench-collective: all-reduce, broadcast and barrier correct on {} rank(s), {:?}",
+            env.world_size,
+            comm.device()
+        );
+    }
     let rows = all_reduce(comm.as_mut(), sizes_bytes, warmup, iters)?;
     comm.barrier()?;
     if env.rank == 0 {

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# The GPU path end to end, on a machine with an NVIDIA GPU (issue 13); prints one table.
+#
+#   bench/gpu-validate.sh --bin BIN --python PY [--data DIR] [--out DIR] [--quick]
+#
+# BIN: a trainer built elsewhere with the CUDA libtorch and the cuda feature:
+#   FERROTRAIN_CUDA_TARGET_DIR=... scripts/setup-libtorch.sh --cuda   (the libtorch layout)
+#   LIBTORCH=<that dir> cargo build --release -p ferrotrain-trainer --features cuda
+# PY: a Python with torch 2.11.0 (CUDA 13) and tokenizers: the libraries of its torch and
+# nvidia-* packages (libtorch_cuda, cuDNN, cuBLAS, NCCL's libnccl.so.2) are what BIN loads
+# here, so no libtorch needs to be copied to the GPU machine.
+# DIR: the Multi30k corpus (train/val .en.gz/.de.gz); default ../shared/data/multi30k.
+#
+# It checks, in order: (a) BIN links libtorch_cuda and every library resolves, and a run picks
+# the GPU; (b) the copy task converges on one GPU in fp32 and in bf16; (c) NCCL's init and
+# every collective (all-reduce, broadcast, barrier) on one rank, and NCCL all-reduce
+# bandwidth; (d) two ranks over the TCP ring on the one GPU reach the loss of one rank;
+# (e) Multi30k tokens/s in bf16 at 2k and 16k tokens per batch, against
+# bench/pytorch_transformer.py (PyTorch eager, fused AdamW, bf16 autocast) on the same GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin="" py="" data=../shared/data/multi30k out="" steps=70
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --bin) bin="$2"; shift 2 ;;
+    --python) py="$2"; shift 2 ;;
+    --data) data="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    --quick) steps=20; shift ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[[ -x "$bin" && -x "$py" ]] || { echo "usage: $0 --bin BIN --python PY [--data DIR] [--out DIR]" >&2; exit 2; }
+bin=$(realpath "$bin")
+out=${out:-$(mktemp -d)}
+mkdir -p "$out"
+export OMP_WAIT_POLICY=PASSIVE RUST_LOG=info
+
+# The torch wheel's libraries and every nvidia-* wheel's, for the dynamic loader.
+libs=$("$py" - <<'PY'
+import glob, os, torch
+site = os.path.dirname(os.path.dirname(torch.__file__))
+dirs = [os.path.join(os.path.dirname(torch.__file__), "lib")]
+dirs += sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib")))
+dirs += sorted(glob.glob(os.path.join(site, "nvidia", "cu*", "lib")))
+print(":".join(d for d in dirs if os.path.isdir(d)))
+PY
+)
+export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+declare -a rows=()
+row() { rows+=("$(printf '%-44s %-8s %s' "$1" "$2" "$3")"); printf '%-44s %-8s %s\n' "$1" "$2" "$3" >&2; }
+
+# A copy of examples/copy.yaml (or multi30k.yaml) with `key: value` lines replaced or added.
+config() {
+  local src="$1" dst="$2"; shift 2
+  cp "$src" "$dst"
+  local kv key
+  for kv in "$@"; do
+    key="${kv%%:*}"
+    if grep -q "^$key:" "$dst"; then sed -i "s|^$key:.*|$kv|" "$dst"; else echo "$kv" >> "$dst"; fi
+  done
+}
+last_eval_loss() { grep -o 'eval_loss=[0-9.e+-]*' "$1" | tail -1 | cut -d= -f2; }
+last_loss() { grep -o 'step [0-9]*/[0-9]* loss [0-9.]*' "$1" | tail -1 | awk '{print $4}'; }
+tokens_per_second() { grep -o '[0-9.]* tok/s' "$1" | tail -1 | awk '{print $1}'; }
+
+# (a) link and device
+if readelf -d "$bin" | grep -q 'NEEDED.*libtorch_cuda'; then row "a. links libtorch_cuda" PASS ""; else row "a. links libtorch_cuda" FAIL "readelf -d shows no libtorch_cuda"; fi
+missing=$(ldd "$bin" | grep 'not found' || true)
+if [[ -z "$missing" ]]; then row "a. every library resolves" PASS ""; else row "a. every library resolves" FAIL "$(echo "$missing" | tr '\n' ' ')"; fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2 || true
+
+# (b) the copy task on one GPU, fp32 and bf16
+for precision in fp32 bf16; do
+  c="$out/copy-$precision.yaml" log="$out/copy-$precision.log"
+  config examples/copy.yaml "$c" "device: cuda" "precision: $precision"
+  if "$bin" run --config "$c" --checkpoint-dir "$out/runs" --job "copy-$precision" > "$log" 2>&1; then
+    device_line=$(grep -o 'device Cuda([0-9]*)[^"]*' "$log" | head -1 || true)
+    loss=$(last_eval_loss "$log")
+    verdict=$(awk -v l="${loss:-99}" 'BEGIN { print (l < 0.5) ? "PASS" : "FAIL" }')
+    row "b. copy task, 1 GPU, $precision" "$verdict" "eval loss $loss, $(tokens_per_second "$log") tok/s; ${device_line:-no cuda device line}"
+  else
+    row "b. copy task, 1 GPU, $precision" FAIL "exit $?: $(tail -1 "$log")"
+  fi
+done
+
+# (c) NCCL: init, every collective, bandwidth (one rank: NCCL refuses two ranks on one GPU)
+port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+if RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+   "$bin" bench-collective --device cuda --sizes-mb 4,40,400 > "$out/nccl.jsonl" 2> "$out/nccl.log"; then
+  row "c. NCCL init + all-reduce/broadcast/barrier" PASS "$(grep -o 'correct on.*' "$out/nccl.log" | head -1)"
+else
+  row "c. NCCL init + all-reduce/broadcast/barrier" FAIL "$(tail -1 "$out/nccl.log")"
+fi
+
+# (d) two ranks over the TCP ring on the one GPU vs one rank: same global batches
+for world in 1 2; do
+  c="$out/copy-ring-$world.yaml" log="$out/copy-ring-$world.log"
+  config examples/copy.yaml "$c" "device: cuda" "precision: fp32" "maxSteps: 300" "logEverySteps: 300"
+  sed -i 's/^distributed:$/distributed:\n  backend: ring/' "$c"
+  FERROTRAIN_CHECKPOINT_DIR="$out/runs" FERROTRAIN_JOB="ring-$world" \
+    "$bin" launch --config "$c" --nproc-per-node "$world" --master-port 0 --max-restarts 0 > "$log" 2>&1 || true
+done
+l1=$(last_loss "$out/copy-ring-1.log") l2=$(last_loss "$out/copy-ring-2.log")
+verdict=$(awk -v a="${l1:-99}" -v b="${l2:-0}" 'BEGIN { d = a - b; if (d < 0) d = -d; print (d < 0.05 * a + 0.01) ? "PASS" : "FAIL" }')
+row "d. ring on 1 GPU: 2 ranks vs 1 rank" "$verdict" "train loss at step 300: 1 rank $l1, 2 ranks $l2"
+
+# (e) Multi30k tokens/s, bf16, 2k and 16k tokens per batch, ferrotrain vs PyTorch eager
+for tokens in 2000 16000; do
+  c="$out/m30k-$tokens.yaml" log="$out/m30k-$tokens.log"
+  config examples/multi30k.yaml "$c" "device: cuda" "maxSteps: $steps" "logEverySteps: $steps" \
+    "maxSeconds: 100000"
+  sed -i -e "s|^  maxTokens: .*|  maxTokens: $tokens|" -e 's/horizon: time/horizon: steps/' \
+    -e 's/^  everySteps: 1000/  everySteps: 0/' -e 's/bleu: true/bleu: false/' \
+    -e "s|\.\./shared/data/multi30k|$(realpath "$data")|g" "$c"
+  mkdir -p "$out/runs/m30k-$tokens"
+  [[ -f "$out/runs/m30k-2000/tokenizer.json" ]] && cp "$out/runs/m30k-2000/tokenizer.json" "$out/runs/m30k-$tokens/"
+  "$bin" run --config "$c" --checkpoint-dir "$out/runs" --job "m30k-$tokens" > "$log" 2>&1 || true
+  ours=$(tokens_per_second "$log")
+  theirs=$("$py" bench/pytorch_transformer.py --device cuda --bf16 --data "$data" --steps "$steps" \
+    --max-tokens "$tokens" --tokenizer "$out/runs/m30k-2000/tokenizer.json" 2>/dev/null \
+    | grep -o '[0-9]* tokens/s' | awk '{print $1}' || true)
+  ratio=$(awk -v a="${ours:-0}" -v b="${theirs:-0}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }')
+  verdict=$(awk -v r="$ratio" -v t="$tokens" 'BEGIN { if (r == "-") print "FAIL"; else if (t < 16000 || r >= 0.9) print "PASS"; else print "BELOW" }')
+  row "e. Multi30k bf16, $tokens tokens/batch" "$verdict" "ferrotrain ${ours:-?} tok/s, PyTorch ${theirs:-?} tok/s, ratio $ratio (target >= 0.9 at 16k)"
+done
+
+echo
+echo "GPU validation ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)); logs in $out"
+printf '%s\n' "${rows[@]}"
+grep -h '"backend"' "$out/nccl.jsonl" 2>/dev/null | sed 's/^/  nccl: /' || true
