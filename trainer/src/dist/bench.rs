@@ -39,10 +39,10 @@ pub fn all_reduce(
     iters: usize,
 ) -> Result<Vec<BenchRow>> {
     let world = comm.world_size();
-    let backend = if comm.device().is_cuda() {
-        "nccl"
-    } else {
-        "ring"
+    let backend = match (comm.device().is_cuda(), world) {
+        (true, _) => "nccl",
+        (false, 1) => "none",
+        (false, _) => "ring",
     };
     let mut rows = Vec::new();
     for &bytes in sizes_bytes {
