@@ -206,10 +206,41 @@ async fn deleting_a_pod_after_a_checkpoint_restarts_the_gang_from_that_checkpoin
         "claim resume-checkpoints"
     );
     // And it trains on from there.
-    wait_status(&jobs, "resume", "steps after the resume", WAIT, |s| {
+    let trained_on = wait_status(&jobs, "resume", "steps after the resume", WAIT, |s| {
         s.attempt == 1 && s.progress.as_ref().is_some_and(|p| p.report.step > from)
     })
     .await;
+    // The ledger: attempt 0 ended with the deleted pod, attempt 1 resumed where the gang did.
+    let recovery = trained_on.recovery.as_ref().expect("status.recovery");
+    let (a0, a1) = (&recovery.attempts[0], &recovery.attempts[1]);
+    let end = a0.end.as_ref().expect("attempt 0 ended");
+    assert_eq!(
+        end.cause,
+        ferrotrain_api::recovery::EndCause::Failure,
+        "{recovery:?}"
+    );
+    assert!(end.detected_at >= end.failed_at, "{recovery:?}");
+    assert!(end.node.is_some(), "the failed pod's node: {recovery:?}");
+    assert_eq!(a1.resumed_from_step, Some(from), "{recovery:?}");
+    assert!(
+        a1.first_step_at.is_some_and(|t| t > end.failed_at),
+        "{recovery:?}"
+    );
+    assert!(
+        a0.lost_steps.is_some_and(|l| l <= CHECKPOINT_EVERY),
+        "{recovery:?}"
+    );
+    assert!(recovery.mean_recovery_seconds.is_some(), "{recovery:?}");
+    assert!(
+        recovery
+            .goodput_percent
+            .is_some_and(|g| g > 0.0 && g < 100.0),
+        "{recovery:?}"
+    );
+    eprintln!(
+        "recovery: detect {:?} s, failure to next first step {:?} s, goodput {:?} %",
+        recovery.mean_detect_seconds, recovery.mean_recovery_seconds, recovery.goodput_percent
+    );
 }
 
 #[tokio::test]
