@@ -582,11 +582,13 @@ fn supervise_attempts(
             args.nproc_per_node,
             args.master_addr
         );
+        // Before the ranks exist: the last attempt's progress file must be gone before the
+        // new rank 0 can write its own.
+        ledger.started(attempt);
         let mut group = start_group(&a).map_err(LaunchError::io(format!(
             "cannot start {}",
             program.display()
         )))?;
-        ledger.started(attempt);
         let outcome = group.supervise();
         drop(group);
         ledger.ended(&outcome);
