@@ -7,7 +7,7 @@
 //! optimizer state, so other ranks never need the checkpoint volume.
 
 use std::collections::VecDeque;
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -433,9 +433,22 @@ fn evaluate(
     Ok((loss, bleu_score))
 }
 
-/// A sliding window of recent steps for rates.
+/// A sliding window of recent steps for rates and the reported loss.
+#[derive(Default)]
 struct Window {
     steps: VecDeque<(f64, f64, i64, u64)>, // (seconds, comm seconds, tokens, samples)
+    losses: VecDeque<f64>,
+}
+
+/// Rates over the window's steps.
+#[derive(Clone, Copy, Debug)]
+struct Rates {
+    steps_per_second: f64,
+    samples_per_second: f64,
+    tokens_per_second: f64,
+    step_time_seconds: f64,
+    /// Seconds in collectives per second of step (not clamped).
+    comm_fraction: f64,
 }
 
 impl Window {
@@ -446,7 +459,17 @@ impl Window {
         }
         self.steps.push_back((seconds, comm, tokens, samples));
     }
-    fn rates(&self) -> Option<(f64, f64, f64, f64, f64)> {
+    fn push_loss(&mut self, loss: f64) {
+        if self.losses.len() == Self::LEN {
+            self.losses.pop_front();
+        }
+        self.losses.push_back(loss);
+    }
+    /// The mean loss of the recent steps (the progress report's loss).
+    fn mean_loss(&self) -> f64 {
+        self.losses.iter().sum::<f64>() / self.losses.len() as f64
+    }
+    fn rates(&self) -> Option<Rates> {
         let secs: f64 = self.steps.iter().map(|s| s.0).sum();
         if secs <= 0.0 {
             return None;
@@ -455,13 +478,13 @@ impl Window {
         let comm: f64 = self.steps.iter().map(|s| s.1).sum();
         let tokens: i64 = self.steps.iter().map(|s| s.2).sum();
         let samples: u64 = self.steps.iter().map(|s| s.3).sum();
-        Some((
-            n / secs,
-            samples as f64 / secs,
-            tokens as f64 / secs,
-            secs / n,
-            comm / secs,
-        ))
+        Some(Rates {
+            steps_per_second: n / secs,
+            samples_per_second: samples as f64 / secs,
+            tokens_per_second: tokens as f64 / secs,
+            step_time_seconds: secs / n,
+            comm_fraction: comm / secs,
+        })
     }
 }
 
@@ -574,7 +597,19 @@ fn resume(
 
 /// Trains until `maxSteps` (or `maxSeconds`), resuming from the job's latest checkpoint.
 pub fn run(opts: &RunOptions) -> Result<Summary> {
-    let started = Instant::now();
+    let mut t = Trainer::start(opts)?;
+    while !t.done() {
+        let s = t.step()?;
+        t.evaluate_if_due(&s)?;
+        t.checkpoint_if_due(&s)?;
+        t.report(&s);
+    }
+    t.finish()
+}
+
+/// Checks the data files, picks the device, meets the other ranks and (rank 0) writes the
+/// job's config.
+fn open_gang(opts: &RunOptions) -> Result<(Device, Box<dyn Collective>)> {
     let config = &opts.config;
     preflight_data(config)?;
     let device = select_device(
@@ -584,9 +619,8 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         visible_gpus(),
     )?;
     tracing::info!(rank = opts.rank.rank, "{}", startup_line(device));
-    let mut comm = dist::init(&opts.rank, &config.distributed, device)?;
-    let (rank, world) = (comm.rank(), comm.world_size());
-    let leader = rank == 0;
+    let comm = dist::init(&opts.rank, &config.distributed, device)?;
+    let leader = comm.rank() == 0;
     if leader && config.precision == Precision::Bf16 && device == Device::Cpu {
         let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         if !cpu_has_bf16_units(&flags) {
@@ -600,54 +634,51 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         std::fs::create_dir_all(&opts.job_dir)?;
         std::fs::write(opts.job_dir.join(CONFIG_FILE), config.to_yaml())?;
     }
+    Ok((device, comm))
+}
 
-    let corpus = load_corpus(opts, comm.as_mut())?;
-    if corpus.train.is_empty() {
-        return Err(TrainError::Data(
-            "the training set is empty after filtering".into(),
-        ));
+/// The model, its parameters and what updates them.
+struct Net {
+    // Dropped in this order (the reverse of making them).
+    grad_sync: Option<GradSync>,
+    optimizer: AdamW,
+    params: Vec<(String, Tensor)>,
+    model: Transformer,
+    vs: nn::VarStore,
+}
+
+impl Net {
+    /// Seeds libtorch with the run's seed first: the initial weights follow from it.
+    fn new(config: &TrainerConfig, device: Device, vocab: i64, world: usize, bucket: usize) -> Net {
+        tch::manual_seed(config.seed as i64);
+        let vs = nn::VarStore::new(device);
+        let model = Transformer::new(&vs.root(), &config.model, vocab, config.precision);
+        let params = model::named_parameters(&vs);
+        let optimizer = AdamW::new(&params, &config.optimizer);
+        let tensors: Vec<Tensor> = params.iter().map(|(_, t)| t.shallow_clone()).collect();
+        let grad_sync = (world > 1).then(|| GradSync::new(&tensors, bucket));
+        Net {
+            grad_sync,
+            optimizer,
+            params,
+            model,
+            vs,
+        }
     }
+}
 
-    tch::manual_seed(config.seed as i64);
-    let vs = nn::VarStore::new(device);
-    let model = Transformer::new(
-        &vs.root(),
-        &config.model,
-        corpus.vocab.size() as i64,
-        config.precision,
-    );
-    let params = model::named_parameters(&vs);
-    let mut optimizer = AdamW::new(&params, &config.optimizer);
-    let tensors: Vec<Tensor> = params.iter().map(|(_, t)| t.shallow_clone()).collect();
-    let bucket_bytes = config.distributed.bucket_mib as usize * 1024 * 1024;
-    let mut grad_sync = (world > 1).then(|| GradSync::new(&tensors, bucket_bytes));
-
-    let mut store = if leader {
-        Some(CheckpointStore::open_writer(
-            &opts.job_dir,
-            config.checkpoint.clone(),
-            WriterId::of_rank(&opts.rank),
-        )?)
-    } else {
-        None
-    };
-    let Start {
-        mut step,
-        mut samples,
-        earlier_seconds,
-        resumed_from_step,
-    } = resume(
-        store.as_ref(),
-        config,
-        &params,
-        &mut optimizer,
-        grad_sync.as_mut(),
-        comm.as_mut(),
-        bucket_bytes,
-    )?;
-
+/// Rank 0's progress (served on /metrics, /progress and /healthz when `metrics_port` is set),
+/// filled with where the run starts.
+fn serve_progress(
+    opts: &RunOptions,
+    leader: bool,
+    world: usize,
+    start: &Start,
+    net: &Net,
+    store: Option<&CheckpointStore>,
+) -> Result<(SharedProgress, Option<MetricsServer>)> {
     let progress: SharedProgress = Default::default();
-    let _server = match (leader, opts.metrics_port) {
+    let server = match (leader, opts.metrics_port) {
         (true, Some(port)) => {
             let server = MetricsServer::start(port, progress.clone())?;
             tracing::info!(addr = %server.local_addr(), "serving /metrics, /progress, /healthz");
@@ -658,291 +689,601 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     {
         let mut p = progress.lock().expect("progress lock");
         p.phase = TrainerPhase::Training;
-        p.step = step;
-        p.total_steps = config.max_steps;
-        p.samples = samples;
+        p.step = start.step;
+        p.total_steps = opts.config.max_steps;
+        p.samples = start.samples;
         p.world_size = world as u32;
-        p.resumed_from_step = resumed_from_step;
-        p.parameters = model::parameter_count(&vs);
-        p.last_checkpoint = store.as_ref().and_then(|s| s.last_completed());
+        p.resumed_from_step = start.resumed_from_step;
+        p.parameters = model::parameter_count(&net.vs);
+        p.last_checkpoint = store.and_then(|s| s.last_completed());
     }
-    let mut reporter = Reporter::start(
-        &progress,
-        leader,
+    Ok((progress, server))
+}
+
+/// Rank 0's checkpoint store: it alone loads and writes checkpoints.
+fn open_store(opts: &RunOptions, leader: bool) -> Result<Option<CheckpointStore>> {
+    if !leader {
+        return Ok(None);
+    }
+    Ok(Some(CheckpointStore::open_writer(
         &opts.job_dir,
-        &config.tensorboard,
-        &corpus.stats,
-    );
+        opts.config.checkpoint.clone(),
+        WriterId::of_rank(&opts.rank),
+    )?))
+}
 
-    let mut stream = BatchStream::new(&corpus.train, config.batch.max_tokens as usize, config.seed);
-    stream.seek(samples)?;
-    let mut log = if leader {
-        Some(
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(opts.job_dir.join(TRAIN_LOG))?,
-        )
-    } else {
-        None
-    };
+/// Rank 0's step log (`train-log.jsonl`), appended to across restarts.
+fn open_log(leader: bool, job_dir: &Path) -> Result<Option<File>> {
+    if !leader {
+        return Ok(None);
+    }
+    Ok(Some(
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(job_dir.join(TRAIN_LOG))?,
+    ))
+}
 
-    let mut window = Window {
-        steps: VecDeque::new(),
-    };
-    let mut recent_loss: VecDeque<f64> = VecDeque::new();
-    let mut last_eval: Option<(f64, Option<f64>)> = None;
-    let mut best_eval: Option<f64> = None;
-    let mut last_eval_step = step;
-    let mut last_save_step = step;
-    let mut last_save_time = Instant::now();
-    let mut stop = false;
-    let mut interrupted_by = None;
-    let mut last_eval_seconds = 0.0;
-    let total_seconds_budget = config.max_seconds.map(|s| s as f64);
-    let mut train_loss = None;
+/// Training time, which `maxSeconds` and a time-horizon schedule count: the job's earlier
+/// runs plus this run's loop, not its start-up (data, vocabulary, rendezvous), which differs
+/// between machines and restarts.
+struct Clock {
+    loop_started: Instant,
+    earlier_seconds: f64,
+    /// `maxSeconds`.
+    budget: Option<f64>,
+}
 
-    // From here a SIGTERM (pod deletion, node drain) or SIGINT stops every rank at the same
-    // step and saves a checkpoint instead of losing the work since the last one.
-    signals::arm();
-    // maxSeconds and a time-horizon schedule count training, not start-up (data, vocabulary,
-    // rendezvous), which differs between machines and restarts.
-    let loop_started = Instant::now();
-    // Every rank's CPU, memory and GPU, summed into rank 0's view with the step's all-reduce
-    // every logEverySteps (a first sample now, so the first summary has a utilisation).
-    let mut sampler = crate::resources::ResourceSampler::default();
-    sampler.sample();
-    let mut gang_resources = None;
-    while step < config.max_steps && !stop {
+impl Clock {
+    /// This rank's count; the step's all-reduce gives every rank rank 0's.
+    fn train_seconds(&self) -> f64 {
+        self.earlier_seconds + self.loop_started.elapsed().as_secs_f64()
+    }
+    fn over_budget(&self, train_seconds: f64) -> bool {
+        self.budget.is_some_and(|b| train_seconds >= b)
+    }
+    /// The share of the budget spent (0 without one), for a time-horizon schedule.
+    fn time_used(&self, train_seconds: f64) -> f64 {
+        self.budget.map_or(0.0, |b| train_seconds / b)
+    }
+}
+
+/// What the evaluations of this run found.
+struct EvalState {
+    /// The last evaluation that had a loss: (loss, BLEU).
+    last: Option<(f64, Option<f64>)>,
+    best: Option<f64>,
+    /// The step evaluated last (the starting step before the first evaluation).
+    last_step: u64,
+    /// How long the last evaluation took (the ETA adds the ones to come).
+    last_seconds: f64,
+}
+
+/// When rank 0 last saved a checkpoint.
+struct SaveState {
+    /// The starting step before the first save.
+    last_step: u64,
+    last_time: Instant,
+}
+
+/// The step's global batch: `batch.accumulate` micro-batches of the stream (every rank
+/// draws all of them and trains on its shard of each).
+struct GlobalBatch {
+    micro: Vec<Vec<usize>>,
+    /// Target tokens (with EOS): the loss is per target token of the global batch.
+    target_tokens: i64,
+    samples: u64,
+    /// Source and target tokens, each with its EOS (tokens/s).
+    tokens: i64,
+}
+
+/// The step's one host read, the same on every rank.
+struct Synced {
+    loss: f64,
+    grad_norm: f64,
+    /// Rank 0's training seconds.
+    train_seconds: f64,
+    comm_seconds: f64,
+    gang_resources: Option<GangResources>,
+    /// Set when some rank was signalled.
+    interrupted_by: Option<i32>,
+}
+
+/// What one optimizer step did.
+struct StepOutcome {
+    /// The step just taken (the first is 1).
+    step: u64,
+    /// Per target token of the global batch.
+    loss: f64,
+    grad_norm: f64,
+    lr: f64,
+    seconds: f64,
+    comm_seconds: f64,
+    /// Source and target tokens of the global batch, each with its EOS.
+    tokens: i64,
+    /// Examples in the global batch.
+    samples: u64,
+    /// Rank 0's training seconds at the step's all-reduce.
+    train_seconds: f64,
+    /// Every rank's resources, on the steps that summarise them (every logEverySteps).
+    gang_resources: Option<GangResources>,
+    /// The run's last step: maxSteps reached, the time budget spent or a signal received.
+    final_step: bool,
+}
+
+/// One rank's training run: `start`, then `step`, `evaluate_if_due`, `checkpoint_if_due` and
+/// `report` until `done`, then `finish`.
+struct Trainer<'a> {
+    config: &'a TrainerConfig,
+    device: Device,
+    rank: usize,
+    world: usize,
+    leader: bool,
+    /// When `run` began (the summary's seconds).
+    started: Instant,
+    /// Optimizer steps taken, of the job (not only this run).
+    step: u64,
+    /// Examples consumed, of the job.
+    samples: u64,
+    resumed_from_step: Option<u64>,
+    clock: Clock,
+    window: Window,
+    eval: EvalState,
+    save: SaveState,
+    /// The last step's loss.
+    train_loss: Option<f64>,
+    /// The last step was the run's last (time budget or signal).
+    stop: bool,
+    interrupted_by: Option<i32>,
+    /// Every rank's CPU, memory and GPU, summed into rank 0's view with the step's all-reduce
+    /// every logEverySteps.
+    sampler: ResourceSampler,
+    // Dropped in this order, the reverse of making them (as when they were `run`'s locals):
+    // the metrics server stops and a save in flight completes before the collective closes.
+    log: Option<File>,
+    stream: BatchStream,
+    reporter: Reporter,
+    _server: Option<MetricsServer>,
+    progress: SharedProgress,
+    store: Option<CheckpointStore>,
+    net: Net,
+    corpus: Corpus,
+    comm: Box<dyn Collective>,
+}
+
+impl<'a> Trainer<'a> {
+    /// Everything before the first step: device and rendezvous, data, model and optimizer,
+    /// resume, progress server and reporter, batch stream and step log; then the signal
+    /// handlers and the training clock.
+    fn start(opts: &'a RunOptions) -> Result<Self> {
+        let started = Instant::now();
+        let config = &opts.config;
+        let (device, mut comm) = open_gang(opts)?;
+        let (rank, world) = (comm.rank(), comm.world_size());
+        let leader = rank == 0;
+        let corpus = load_corpus(opts, comm.as_mut())?;
+        if corpus.train.is_empty() {
+            return Err(TrainError::Data(
+                "the training set is empty after filtering".into(),
+            ));
+        }
+        let bucket_bytes = config.distributed.bucket_mib as usize * 1024 * 1024;
+        let vocab = corpus.vocab.size() as i64;
+        let mut net = Net::new(config, device, vocab, world, bucket_bytes);
+        let store = open_store(opts, leader)?;
+        let start = resume(
+            store.as_ref(),
+            config,
+            &net.params,
+            &mut net.optimizer,
+            net.grad_sync.as_mut(),
+            comm.as_mut(),
+            bucket_bytes,
+        )?;
+        let (progress, server) = serve_progress(opts, leader, world, &start, &net, store.as_ref())?;
+        let reporter = Reporter::start(
+            &progress,
+            leader,
+            &opts.job_dir,
+            &config.tensorboard,
+            &corpus.stats,
+        );
+        let mut stream =
+            BatchStream::new(&corpus.train, config.batch.max_tokens as usize, config.seed);
+        stream.seek(start.samples)?;
+        let log = open_log(leader, &opts.job_dir)?;
+        let (eval, save) = Self::first_marks(start.step);
+        // From here a SIGTERM (pod deletion, node drain) or SIGINT stops every rank at the
+        // same step and saves a checkpoint instead of losing the work since the last one.
+        signals::arm();
+        let clock = Clock {
+            loop_started: Instant::now(),
+            earlier_seconds: start.earlier_seconds,
+            budget: config.max_seconds.map(|s| s as f64),
+        };
+        // A first sample now, so the first summary has a utilisation.
+        let mut sampler = ResourceSampler::default();
+        sampler.sample();
+        Ok(Trainer {
+            config,
+            device,
+            rank,
+            world,
+            leader,
+            started,
+            step: start.step,
+            samples: start.samples,
+            resumed_from_step: start.resumed_from_step,
+            clock,
+            window: Window::default(),
+            eval,
+            save,
+            train_loss: None,
+            stop: false,
+            interrupted_by: None,
+            sampler,
+            log,
+            stream,
+            reporter,
+            _server: server,
+            progress,
+            store,
+            net,
+            corpus,
+            comm,
+        })
+    }
+
+    /// No evaluation or save yet in this run: both count from the starting step.
+    fn first_marks(step: u64) -> (EvalState, SaveState) {
+        let eval = EvalState {
+            last: None,
+            best: None,
+            last_step: step,
+            last_seconds: 0.0,
+        };
+        let save = SaveState {
+            last_step: step,
+            last_time: Instant::now(),
+        };
+        (eval, save)
+    }
+
+    /// `maxSteps` reached, or the last step stopped the run (time budget or signal).
+    fn done(&self) -> bool {
+        self.step >= self.config.max_steps || self.stop
+    }
+
+    /// One optimizer step, like the paper: batch -> forward -> loss -> backward -> all-reduce
+    /// (with the step's one host read) -> clip -> AdamW at the schedule's rate.
+    fn step(&mut self) -> Result<StepOutcome> {
         let t0 = Instant::now();
-        let micro: Vec<Vec<usize>> = (0..config.batch.accumulate)
-            .map(|_| stream.next_batch())
-            .collect();
-        let global_tokens: i64 = micro.iter().map(|b| target_tokens(&corpus.train, b)).sum();
-        let step_samples: u64 = micro.iter().map(|b| b.len() as u64).sum();
-        let mut step_tokens = 0i64;
-        optimizer.zero_grad();
-        // The loss stays on the device until the step's one host read below.
-        let mut loss_local = Tensor::zeros([], (Kind::Double, device));
-        for (i, batch) in micro.iter().enumerate() {
-            let mine = data::shard(batch, &corpus.train, rank, world);
-            step_tokens += batch
-                .iter()
-                .map(|&j| (corpus.train[j].src.len() + corpus.train[j].tgt.len() + 2) as i64)
-                .sum::<i64>();
-            if mine.is_empty() {
-                continue;
-            }
-            let tb = data::to_tensors(&corpus.train, &mine, device);
-            tch::manual_seed(step_seed(config.seed, step, rank, i));
-            loss_local += model.train_loss_backward(
-                &tb.src,
-                &tb.tgt_in,
-                &tb.tgt_out,
-                config.label_smoothing,
-                1.0 / global_tokens as f64,
-            );
+        let config = self.config;
+        let batch = self.next_batch();
+        let loss_local = self.forward_backward(&batch);
+        let synced = self.exchange(&loss_local, batch.target_tokens)?;
+        if synced.interrupted_by.is_some() {
+            self.interrupted_by = synced.interrupted_by;
         }
-        let mut comm_seconds = 0.0;
-        let signal = signals::received();
-        let loss;
-        let grad_norm;
-        let mut train_seconds = earlier_seconds + loop_started.elapsed().as_secs_f64();
-        // The same on every rank: the step number decides.
-        let summarise_resources = (step + 1) % config.log_every_steps.max(1) == 0;
-        if let Some(sync) = grad_sync.as_mut() {
-            comm_seconds += sync.sync(comm.as_mut())?;
-            let c0 = Instant::now();
-            // Sums: the loss, rank 0's clock (the others add 0), how many ranks were signalled,
-            // and (some steps) each rank's resources in its own slots.
-            // f32 like every collective (the clock to a few ms over weeks).
-            let clock = if leader { train_seconds } else { 0.0 };
-            let flag = f32::from(u8::from(signal != 0));
-            let mut host = vec![0.0, clock as f32, flag];
-            if summarise_resources {
-                host.extend(resource_slots(&mut sampler, rank, world));
-            }
-            let mut scalars = comm.upload(&host)?;
-            tch::no_grad(|| scalars.narrow(0, 0, 1).f_copy_(&loss_local.reshape([1])))?;
-            comm.all_reduce_sum(&mut scalars)?;
-            // The step's one host read: the summed scalars and the (summed) gradients' norm.
-            let norm = optimizer.grad_norm();
-            let mut parts = vec![scalars.to_kind(Kind::Double)];
-            parts.extend(norm.map(|n| n.reshape([1])));
-            let v = comm.download(Tensor::cat(&parts, 0))?;
-            comm_seconds += c0.elapsed().as_secs_f64();
-            loss = v[0] / global_tokens as f64;
-            train_seconds = v[1];
-            grad_norm = v.get(host.len()).copied().unwrap_or(0.0);
-            if summarise_resources {
-                gang_resources = GangResources::from_slots(&v[3..host.len()]);
-            }
-            if v[2] > 0.0 {
-                // Some rank was signalled: all stop here, and exit the way it would.
-                interrupted_by = Some(if signal != 0 { signal } else { libc::SIGTERM });
-            }
-        } else {
-            interrupted_by = (signal != 0).then_some(signal);
-            // The step's one host read: the loss and the gradients' norm.
-            let mut parts = vec![loss_local.reshape([1])];
-            parts.extend(optimizer.grad_norm().map(|n| n.reshape([1])));
-            let v = comm.download(Tensor::cat(&parts, 0))?;
-            loss = v[0] / global_tokens as f64;
-            grad_norm = v.get(1).copied().unwrap_or(0.0);
-            if summarise_resources {
-                let mine: Vec<f64> = resource_slots(&mut sampler, 0, 1)
-                    .into_iter()
-                    .map(f64::from)
-                    .collect();
-                gang_resources = GangResources::from_slots(&mine);
-            }
-        }
-        let over_budget = total_seconds_budget.is_some_and(|b| train_seconds >= b);
-        stop = over_budget || interrupted_by.is_some();
-        optimizer.clip_to(grad_norm, config.optimizer.clip_norm);
-        let time_used = total_seconds_budget.map_or(0.0, |b| train_seconds / b);
+        self.stop = self.clock.over_budget(synced.train_seconds) || self.interrupted_by.is_some();
+        let optimizer = &mut self.net.optimizer;
+        optimizer.clip_to(synced.grad_norm, config.optimizer.clip_norm);
         let lr = optim::learning_rate(
             config.optimizer.lr,
             &config.schedule,
             config.max_steps,
-            step + 1,
-            time_used,
+            self.step + 1,
+            self.clock.time_used(synced.train_seconds),
         );
         optimizer.step(lr);
-        step += 1;
-        samples += step_samples;
-        train_loss = Some(loss);
-        let seconds = t0.elapsed().as_secs_f64();
-        window.push(seconds, comm_seconds, step_tokens, step_samples);
-        if recent_loss.len() == Window::LEN {
-            recent_loss.pop_front();
+        self.step += 1;
+        self.samples += batch.samples;
+        self.train_loss = Some(synced.loss);
+        let outcome = StepOutcome {
+            step: self.step,
+            loss: synced.loss,
+            grad_norm: synced.grad_norm,
+            lr,
+            seconds: t0.elapsed().as_secs_f64(),
+            comm_seconds: synced.comm_seconds,
+            tokens: batch.tokens,
+            samples: batch.samples,
+            train_seconds: synced.train_seconds,
+            gang_resources: synced.gang_resources,
+            final_step: self.step >= config.max_steps || self.stop,
+        };
+        self.record(&outcome)?;
+        Ok(outcome)
+    }
+
+    /// The step's micro-batches, drawn from the stream.
+    fn next_batch(&mut self) -> GlobalBatch {
+        let micro: Vec<Vec<usize>> = (0..self.config.batch.accumulate)
+            .map(|_| self.stream.next_batch())
+            .collect();
+        let train = &self.corpus.train;
+        let targets: i64 = micro.iter().map(|b| target_tokens(train, b)).sum();
+        let samples: u64 = micro.iter().map(|b| b.len() as u64).sum();
+        let tokens: i64 = micro
+            .iter()
+            .map(|b| {
+                b.iter()
+                    .map(|&j| (train[j].src.len() + train[j].tgt.len() + 2) as i64)
+                    .sum::<i64>()
+            })
+            .sum();
+        GlobalBatch {
+            micro,
+            target_tokens: targets,
+            samples,
+            tokens,
         }
-        recent_loss.push_back(loss);
+    }
+
+    /// Forward and backward over this rank's shard of each micro-batch, with dropout seeded
+    /// by (seed, step, rank, micro-batch); returns this rank's summed loss, on the device.
+    fn forward_backward(&mut self, batch: &GlobalBatch) -> Tensor {
+        let config = self.config;
+        let train = &self.corpus.train;
+        self.net.optimizer.zero_grad();
+        // The loss stays on the device until the step's one host read.
+        let mut loss_local = Tensor::zeros([], (Kind::Double, self.device));
+        for (i, micro) in batch.micro.iter().enumerate() {
+            let mine = data::shard(micro, train, self.rank, self.world);
+            if mine.is_empty() {
+                continue;
+            }
+            let tb = data::to_tensors(train, &mine, self.device);
+            tch::manual_seed(step_seed(config.seed, self.step, self.rank, i));
+            loss_local += self.net.model.train_loss_backward(
+                &tb.src,
+                &tb.tgt_in,
+                &tb.tgt_out,
+                config.label_smoothing,
+                1.0 / batch.target_tokens as f64,
+            );
+        }
+        loss_local
+    }
+
+    /// The step's collectives and its one host read: the gradients, loss, clock, signals
+    /// and (some steps) resources of every rank.
+    fn exchange(&mut self, loss_local: &Tensor, target_tokens: i64) -> Result<Synced> {
+        let signal = signals::received();
+        let train_seconds = self.clock.train_seconds();
+        // The same on every rank: the step number decides.
+        let summarise = (self.step + 1).is_multiple_of(self.config.log_every_steps.max(1));
+        if self.net.grad_sync.is_some() {
+            self.exchange_gang(loss_local, target_tokens, signal, train_seconds, summarise)
+        } else {
+            self.exchange_alone(loss_local, target_tokens, signal, train_seconds, summarise)
+        }
+    }
+
+    /// `exchange` with other ranks: the gradient buckets, then one all-reduce of the
+    /// step's scalars.
+    fn exchange_gang(
+        &mut self,
+        loss_local: &Tensor,
+        target_tokens: i64,
+        signal: i32,
+        train_seconds: f64,
+        summarise: bool,
+    ) -> Result<Synced> {
+        let sync = self.net.grad_sync.as_mut().expect("world > 1");
+        let mut comm_seconds = sync.sync(self.comm.as_mut())?;
+        let c0 = Instant::now();
+        // Sums: the loss, rank 0's clock (the others add 0), how many ranks were signalled,
+        // and (some steps) each rank's resources in its own slots.
+        // f32 like every collective (the clock to a few ms over weeks).
+        let clock = if self.leader { train_seconds } else { 0.0 };
+        let flag = f32::from(u8::from(signal != 0));
+        let mut host = vec![0.0, clock as f32, flag];
+        if summarise {
+            host.extend(resource_slots(&mut self.sampler, self.rank, self.world));
+        }
+        let mut scalars = self.comm.upload(&host)?;
+        tch::no_grad(|| scalars.narrow(0, 0, 1).f_copy_(&loss_local.reshape([1])))?;
+        self.comm.all_reduce_sum(&mut scalars)?;
+        // The step's one host read: the summed scalars and the (summed) gradients' norm.
+        let norm = self.net.optimizer.grad_norm();
+        let mut parts = vec![scalars.to_kind(Kind::Double)];
+        parts.extend(norm.map(|n| n.reshape([1])));
+        let v = self.comm.download(Tensor::cat(&parts, 0))?;
+        comm_seconds += c0.elapsed().as_secs_f64();
+        Ok(Synced {
+            loss: v[0] / target_tokens as f64,
+            grad_norm: v.get(host.len()).copied().unwrap_or(0.0),
+            train_seconds: v[1],
+            comm_seconds,
+            gang_resources: summarise
+                .then(|| GangResources::from_slots(&v[3..host.len()]))
+                .flatten(),
+            // Some rank was signalled: all stop here, and exit the way it would.
+            interrupted_by: (v[2] > 0.0).then_some(if signal != 0 {
+                signal
+            } else {
+                libc::SIGTERM
+            }),
+        })
+    }
+
+    /// `exchange` on a single rank: no collective, the same one host read.
+    fn exchange_alone(
+        &mut self,
+        loss_local: &Tensor,
+        target_tokens: i64,
+        signal: i32,
+        train_seconds: f64,
+        summarise: bool,
+    ) -> Result<Synced> {
+        // The step's one host read: the loss and the gradients' norm.
+        let mut parts = vec![loss_local.reshape([1])];
+        parts.extend(self.net.optimizer.grad_norm().map(|n| n.reshape([1])));
+        let v = self.comm.download(Tensor::cat(&parts, 0))?;
+        let gang_resources = if summarise {
+            let mine: Vec<f64> = resource_slots(&mut self.sampler, 0, 1)
+                .into_iter()
+                .map(f64::from)
+                .collect();
+            GangResources::from_slots(&mine)
+        } else {
+            None
+        };
+        Ok(Synced {
+            loss: v[0] / target_tokens as f64,
+            grad_norm: v.get(1).copied().unwrap_or(0.0),
+            train_seconds,
+            comm_seconds: 0.0,
+            gang_resources,
+            interrupted_by: (signal != 0).then_some(signal),
+        })
+    }
+
+    /// Keeps the step for the rates and the reported loss, refuses a loss that is not
+    /// finite, and (rank 0) appends the step's line to the train log.
+    fn record(&mut self, s: &StepOutcome) -> Result<()> {
+        self.window
+            .push(s.seconds, s.comm_seconds, s.tokens, s.samples);
+        self.window.push_loss(s.loss);
+        let (step, loss) = (s.step, s.loss);
         if !loss.is_finite() {
             return Err(TrainError::Other(format!(
                 "loss became {loss} at step {step}: lower optimizer.lr or raise schedule.warmupSteps"
             )));
         }
-
-        if let Some(log) = log.as_mut() {
+        if let Some(log) = self.log.as_mut() {
             let line = serde_json::json!({
-                "step": step, "loss": loss, "lr": lr, "gradNorm": grad_norm, "samples": samples,
-                "tokens": step_tokens, "seconds": seconds, "commSeconds": comm_seconds,
+                "step": step, "loss": loss, "lr": s.lr, "gradNorm": s.grad_norm, "samples": self.samples,
+                "tokens": s.tokens, "seconds": s.seconds, "commSeconds": s.comm_seconds,
             });
             writeln!(log, "{line}")?;
         }
+        Ok(())
+    }
 
-        let final_step = step >= config.max_steps || stop;
+    /// Every `eval.everySteps` steps and after the last (every rank: `evaluate` all-reduces).
+    fn evaluate_if_due(&mut self, s: &StepOutcome) -> Result<()> {
+        let step = s.step;
+        let every = self.config.eval.every_steps;
         // A signalled rank has seconds before SIGKILL: checkpoint, do not evaluate.
-        let eval_due = ((config.eval.every_steps > 0 && step % config.eval.every_steps == 0)
-            || final_step)
-            && interrupted_by.is_none();
-        if eval_due && last_eval_step != step {
-            set_phase(&progress, TrainerPhase::Evaluating);
-            let e0 = Instant::now();
-            let (eval_loss, eval_bleu) = evaluate(&model, &corpus, config, comm.as_mut(), device)?;
-            last_eval_step = step;
-            last_eval_seconds = e0.elapsed().as_secs_f64();
-            if let Some(l) = eval_loss {
-                best_eval = Some(best_eval.map_or(l, |b: f64| b.min(l)));
-                last_eval = Some((l, eval_bleu));
-            }
-            if leader {
-                tracing::info!(
-                    step,
-                    eval_loss = eval_loss.unwrap_or(f64::NAN),
-                    eval_bleu = eval_bleu.unwrap_or(f64::NAN),
-                    seconds = e0.elapsed().as_secs_f64(),
-                    "evaluation"
-                );
-                if let Some(log) = log.as_mut() {
-                    let line = serde_json::json!({"step": step, "evalLoss": eval_loss, "evalBleu": eval_bleu, "evalSeconds": e0.elapsed().as_secs_f64()});
-                    writeln!(log, "{line}")?;
-                }
-            }
-            let mut p = progress.lock().expect("progress lock");
-            p.eval_loss = eval_loss;
-            p.eval_bleu = eval_bleu;
-            p.eval_step = Some(step);
-            p.best_eval_loss = best_eval;
-            p.phase = TrainerPhase::Training;
+        let eval_due = ((every > 0 && step.is_multiple_of(every)) || s.final_step)
+            && self.interrupted_by.is_none();
+        if !eval_due || self.eval.last_step == step {
+            return Ok(());
         }
-
-        if let Some(store) = store.as_mut() {
-            let every = config.checkpoint.every_steps;
-            let by_steps = every > 0 && step % every == 0;
-            let by_time = config
-                .checkpoint
-                .every_seconds
-                .is_some_and(|s| last_save_time.elapsed().as_secs() >= s);
-            // Every evaluated step is saved when the best checkpoints are kept, so "best by
-            // eval loss" always has the evaluated weights to keep.
-            let evaluated = last_eval_step == step && config.checkpoint.keep_best > 0;
-            if (by_steps || by_time || evaluated || final_step) && last_save_step != step {
-                let state = TrainerState {
-                    step,
-                    samples,
-                    epoch: stream.position().epoch,
-                    seed: config.seed,
-                    config_digest: config.digest(),
-                    world_size: world as u32,
-                    train_loss,
-                    eval_loss: (last_eval_step == step)
-                        .then(|| last_eval.map(|e| e.0))
-                        .flatten(),
-                    eval_bleu: (last_eval_step == step)
-                        .then(|| last_eval.and_then(|e| e.1))
-                        .flatten(),
-                    time: rfc3339_now(),
-                    train_seconds,
-                };
-                let blocked = store.save(&params, &optimizer.state(), state)?;
-                tracing::debug!(step, blocked, "checkpoint started");
-                last_save_step = step;
-                last_save_time = Instant::now();
+        set_phase(&self.progress, TrainerPhase::Evaluating);
+        let e0 = Instant::now();
+        let (eval_loss, eval_bleu) = evaluate(
+            &self.net.model,
+            &self.corpus,
+            self.config,
+            self.comm.as_mut(),
+            self.device,
+        )?;
+        let eval = &mut self.eval;
+        eval.last_step = step;
+        eval.last_seconds = e0.elapsed().as_secs_f64();
+        if let Some(l) = eval_loss {
+            eval.best = Some(eval.best.map_or(l, |b: f64| b.min(l)));
+            eval.last = Some((l, eval_bleu));
+        }
+        if self.leader {
+            tracing::info!(
+                step,
+                eval_loss = eval_loss.unwrap_or(f64::NAN),
+                eval_bleu = eval_bleu.unwrap_or(f64::NAN),
+                seconds = e0.elapsed().as_secs_f64(),
+                "evaluation"
+            );
+            if let Some(log) = self.log.as_mut() {
+                let line = serde_json::json!({"step": step, "evalLoss": eval_loss, "evalBleu": eval_bleu, "evalSeconds": e0.elapsed().as_secs_f64()});
+                writeln!(log, "{line}")?;
             }
         }
+        let mut p = self.progress.lock().expect("progress lock");
+        p.eval_loss = eval_loss;
+        p.eval_bleu = eval_bleu;
+        p.eval_step = Some(step);
+        p.best_eval_loss = self.eval.best;
+        p.phase = TrainerPhase::Training;
+        Ok(())
+    }
 
-        let rates = window.rates();
-        let mut p = progress.lock().expect("progress lock");
+    /// Rank 0 starts a background save every `checkpoint.everySteps` steps or
+    /// `everySeconds` seconds, after an evaluation when the best are kept, and at the end.
+    fn checkpoint_if_due(&mut self, s: &StepOutcome) -> Result<()> {
+        let config = self.config;
+        let step = s.step;
+        let Some(store) = self.store.as_mut() else {
+            return Ok(());
+        };
+        let every = config.checkpoint.every_steps;
+        let by_steps = every > 0 && step.is_multiple_of(every);
+        let by_time = config
+            .checkpoint
+            .every_seconds
+            .is_some_and(|secs| self.save.last_time.elapsed().as_secs() >= secs);
+        // Every evaluated step is saved when the best checkpoints are kept, so "best by
+        // eval loss" always has the evaluated weights to keep.
+        let evaluated = self.eval.last_step == step && config.checkpoint.keep_best > 0;
+        if !(by_steps || by_time || evaluated || s.final_step) || self.save.last_step == step {
+            return Ok(());
+        }
+        let (last_eval, evaluated_now) = (self.eval.last, self.eval.last_step == step);
+        let state = TrainerState {
+            step,
+            samples: self.samples,
+            epoch: self.stream.position().epoch,
+            seed: config.seed,
+            config_digest: config.digest(),
+            world_size: self.world as u32,
+            train_loss: self.train_loss,
+            eval_loss: evaluated_now.then(|| last_eval.map(|e| e.0)).flatten(),
+            eval_bleu: evaluated_now.then(|| last_eval.and_then(|e| e.1)).flatten(),
+            time: rfc3339_now(),
+            train_seconds: s.train_seconds,
+        };
+        let blocked = store.save(&self.net.params, &self.net.optimizer.state(), state)?;
+        tracing::debug!(step, blocked, "checkpoint started");
+        self.save.last_step = step;
+        self.save.last_time = Instant::now();
+        Ok(())
+    }
+
+    /// The step in the progress report (/progress, /metrics, the launcher's progress file),
+    /// in TensorBoard, and (rank 0, every logEverySteps) in a log line.
+    fn report(&mut self, s: &StepOutcome) {
+        let config = self.config;
+        let (step, lr) = (s.step, s.lr);
+        let rates = self.window.rates();
+        let mut p = self.progress.lock().expect("progress lock");
         p.step = step;
-        p.samples = samples;
-        p.epoch = stream.position().epoch;
-        p.loss = Some(recent_loss.iter().sum::<f64>() / recent_loss.len() as f64);
+        p.samples = self.samples;
+        p.epoch = self.stream.position().epoch;
+        p.loss = Some(self.window.mean_loss());
         p.learning_rate = Some(lr);
-        if let Some((sps, samples_ps, tps, step_time, comm_fraction)) = rates {
-            p.steps_per_second = Some(sps);
-            p.samples_per_second = Some(samples_ps);
-            p.tokens_per_second = Some(tps);
-            p.step_time_seconds = Some(step_time);
-            p.comm_fraction = (world > 1).then_some(comm_fraction.clamp(0.0, 1.0));
-            let remaining = config.max_steps - step;
-            let mut eta = remaining as f64 / sps;
-            // Evaluations still to come pause training: every `every` steps and at the end.
-            let every = config.eval.every_steps;
-            if let (Some(total), Some(done)) =
-                (config.max_steps.checked_div(every), step.checked_div(every))
-            {
-                let evals = total - done + u64::from(!config.max_steps.is_multiple_of(every));
-                eta += evals as f64 * last_eval_seconds;
-            }
-            if let Some(budget) = total_seconds_budget {
-                eta = eta.min((budget - train_seconds).max(0.0));
-            }
-            p.eta_seconds = Some(eta);
+        if let Some(r) = rates {
+            p.steps_per_second = Some(r.steps_per_second);
+            p.samples_per_second = Some(r.samples_per_second);
+            p.tokens_per_second = Some(r.tokens_per_second);
+            p.step_time_seconds = Some(r.step_time_seconds);
+            p.comm_fraction = (self.world > 1).then_some(r.comm_fraction.clamp(0.0, 1.0));
+            p.eta_seconds = Some(self.eta(s, r.steps_per_second));
         }
-        if let Some(store) = store.as_ref() {
+        if let Some(store) = self.store.as_ref() {
             p.last_checkpoint = store.last_completed();
         }
         p.peak_memory_bytes = peak_memory_bytes();
         if p.attempt_first_step_time.is_none() {
             p.attempt_first_step_time = Some(Timestamp::now());
         }
-        if let Some(g) = gang_resources.take() {
-            p.gang_resources = Some(g);
+        if let Some(g) = &s.gang_resources {
+            p.gang_resources = Some(g.clone());
         }
-        reporter.step(&p, loss, grad_norm);
-        if leader && (step % config.log_every_steps == 0 || step == 1 || final_step) {
+        self.reporter.step(&p, s.loss, s.grad_norm);
+        if self.leader && (step % config.log_every_steps == 0 || step == 1 || s.final_step) {
             tracing::info!(
                 "step {step}/{} loss {:.4} lr {lr:.3e} {:.2} steps/s {:.0} tok/s comm {:.0}% eta {:.0}s",
                 config.max_steps,
@@ -955,31 +1296,55 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         }
     }
 
-    let last_checkpoint = match store.as_mut() {
-        Some(store) => store.wait()?,
-        None => None,
-    };
-    {
-        let mut p = progress.lock().expect("progress lock");
-        if interrupted_by.is_none() {
-            p.phase = TrainerPhase::Finished;
-            p.eta_seconds = Some(0.0);
+    /// Seconds to the end at `steps_per_second`, with the evaluations still to come, within
+    /// the time budget.
+    fn eta(&self, s: &StepOutcome, steps_per_second: f64) -> f64 {
+        let config = self.config;
+        let remaining = config.max_steps - s.step;
+        let mut eta = remaining as f64 / steps_per_second;
+        // Evaluations still to come pause training: every `every` steps and at the end.
+        let every = config.eval.every_steps;
+        if let (Some(total), Some(done)) = (
+            config.max_steps.checked_div(every),
+            s.step.checked_div(every),
+        ) {
+            let evals = total - done + u64::from(!config.max_steps.is_multiple_of(every));
+            eta += evals as f64 * self.eval.last_seconds;
         }
-        p.last_checkpoint = last_checkpoint.clone();
+        if let Some(budget) = self.clock.budget {
+            eta = eta.min((budget - s.train_seconds).max(0.0));
+        }
+        eta
     }
-    reporter.finish(&progress);
-    comm.barrier()?;
-    Ok(Summary {
-        step,
-        resumed_from_step,
-        loss: train_loss,
-        eval_loss: last_eval.map(|e| e.0),
-        eval_bleu: last_eval.and_then(|e| e.1),
-        last_checkpoint,
-        seconds: started.elapsed().as_secs_f64(),
-        interrupted_by,
-        final_progress: progress.lock().expect("progress lock").clone(),
-    })
+
+    /// Waits for the last save, reports the end, and meets the other ranks once more.
+    fn finish(mut self) -> Result<Summary> {
+        let last_checkpoint = match self.store.as_mut() {
+            Some(store) => store.wait()?,
+            None => None,
+        };
+        {
+            let mut p = self.progress.lock().expect("progress lock");
+            if self.interrupted_by.is_none() {
+                p.phase = TrainerPhase::Finished;
+                p.eta_seconds = Some(0.0);
+            }
+            p.last_checkpoint = last_checkpoint.clone();
+        }
+        self.reporter.finish(&self.progress);
+        self.comm.barrier()?;
+        Ok(Summary {
+            step: self.step,
+            resumed_from_step: self.resumed_from_step,
+            loss: self.train_loss,
+            eval_loss: self.eval.last.map(|e| e.0),
+            eval_bleu: self.eval.last.and_then(|e| e.1),
+            last_checkpoint,
+            seconds: self.started.elapsed().as_secs_f64(),
+            interrupted_by: self.interrupted_by,
+            final_progress: self.progress.lock().expect("progress lock").clone(),
+        })
+    }
 }
 
 /// This rank's resources in its slots of the step's all-reduce (the other ranks' slots 0).
@@ -1090,17 +1455,20 @@ mod tests {
 
     #[test]
     fn window_rates() {
-        let mut w = Window {
-            steps: VecDeque::new(),
-        };
+        let mut w = Window::default();
         assert!(w.rates().is_none());
         w.push(0.5, 0.1, 1000, 10);
         w.push(0.5, 0.1, 1000, 10);
-        let (sps, samples, tps, step_time, comm) = w.rates().unwrap();
-        assert!((sps - 2.0).abs() < 1e-9);
-        assert!((samples - 20.0).abs() < 1e-9);
-        assert!((tps - 2000.0).abs() < 1e-9);
-        assert!((step_time - 0.5).abs() < 1e-9);
-        assert!((comm - 0.2).abs() < 1e-9);
+        let r = w.rates().unwrap();
+        assert!((r.steps_per_second - 2.0).abs() < 1e-9);
+        assert!((r.samples_per_second - 20.0).abs() < 1e-9);
+        assert!((r.tokens_per_second - 2000.0).abs() < 1e-9);
+        assert!((r.step_time_seconds - 0.5).abs() < 1e-9);
+        assert!((r.comm_fraction - 0.2).abs() < 1e-9);
+        for loss in 0..=Window::LEN {
+            w.push_loss(loss as f64);
+        }
+        // The first loss left the window: the mean of 1..=20.
+        assert!((w.mean_loss() - 10.5).abs() < 1e-9);
     }
 }
