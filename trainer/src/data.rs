@@ -806,10 +806,32 @@ pub struct TensorBatch {
     pub tgt_in: Tensor,
     /// [B, T] decoder output: target + EOS, PAD-padded.
     pub tgt_out: Tensor,
+    /// [N] positions in the flattened `tgt_out` that are not PAD, computed on the host with
+    /// the batch: the loss reads only those rows, and finding them on the device (`nonzero`)
+    /// would wait for the GPU every micro-batch.
+    pub real: Tensor,
     /// Real (non-pad) target tokens (the loss denominator).
     pub tgt_tokens: i64,
     /// Real source + target tokens (for throughput).
     pub tokens: i64,
+}
+
+impl TensorBatch {
+    /// A batch from tensors made elsewhere (tests, tools): `real` is found with `nonzero`,
+    /// which waits for the device; the training loop's batches come from [`to_tensors`].
+    pub fn from_tensors(src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> Self {
+        let real = tgt_out.ne(PAD).reshape([-1]).nonzero().squeeze_dim(1);
+        let tgt_tokens = real.size()[0];
+        let src_tokens = src.ne(PAD).sum(tch::Kind::Int64).int64_value(&[]);
+        TensorBatch {
+            src,
+            tgt_in,
+            tgt_out,
+            real,
+            tgt_tokens,
+            tokens: src_tokens + tgt_tokens,
+        }
+    }
 }
 
 /// `tgt_tokens` counts the target tokens plus EOS (the positions the loss sees); `tokens`
@@ -830,6 +852,7 @@ pub fn to_tensors(examples: &[Example], indices: &[usize], device: Device) -> Te
     let mut tgt_in = vec![PAD; rows * tgt_width];
     let mut tgt_out = vec![PAD; rows * tgt_width];
     let (mut src_tokens, mut tgt_tokens) = (0i64, 0i64);
+    let mut real = Vec::new();
     for (row, &i) in indices.iter().enumerate() {
         let e = &examples[i];
         let s = &mut src[row * src_width..(row + 1) * src_width];
@@ -847,6 +870,7 @@ pub fn to_tensors(examples: &[Example], indices: &[usize], device: Device) -> Te
             *slot = i64::from(id);
         }
         to[e.tgt.len()] = EOS;
+        real.extend((0..=e.tgt.len()).map(|col| (row * tgt_width + col) as i64));
         src_tokens += e.src.len() as i64 + 1;
         tgt_tokens += e.tgt.len() as i64 + 1;
     }
@@ -859,6 +883,7 @@ pub fn to_tensors(examples: &[Example], indices: &[usize], device: Device) -> Te
         src: tensor(&src, src_width),
         tgt_in: tensor(&tgt_in, tgt_width),
         tgt_out: tensor(&tgt_out, tgt_width),
+        real: Tensor::from_slice(&real).to_device(device),
         tgt_tokens,
         tokens: src_tokens + tgt_tokens,
     }
@@ -1392,8 +1417,14 @@ mod tests {
         );
         assert_eq!(b.src.kind(), tch::Kind::Int64);
         assert_eq!((b.tgt_tokens, b.tokens), (6, 12));
+        // The non-PAD positions of tgt_out, found on the host, are what nonzero finds.
+        assert_eq!(Vec::<i64>::try_from(&b.real).unwrap(), [0, 1, 2, 3, 4, 5]);
+        let found = TensorBatch::from_tensors(b.src.copy(), b.tgt_in.copy(), b.tgt_out.copy());
+        assert!(found.real.equal(&b.real));
+        assert_eq!((found.tgt_tokens, found.tokens), (b.tgt_tokens, b.tokens));
         let empty = to_tensors(&examples, &[], Device::Cpu);
         assert_eq!(empty.src.size(), [0, 1]);
+        assert_eq!(empty.real.size(), [0]);
     }
     /// The real corpus, end to end: learn the joint 8k BPE on Multi30k's 29k training pairs,
     /// encode train and validation. Prints the measured numbers (`--nocapture`).

@@ -14,7 +14,7 @@ use ferrotrain_api::config::{ModelConfig, Precision};
 use tch::nn;
 use tch::{Kind, Tensor};
 
-use crate::data::PAD;
+use crate::data::{PAD, TensorBatch};
 
 /// Multi-head attention. Self-attention projects q, k, v with one matrix; cross-attention
 /// projects q from the decoder and k, v (one matrix) from the encoder output.
@@ -478,14 +478,14 @@ impl Transformer {
     /// that part of the step.
     pub fn train_loss_backward(
         &self,
-        src: &Tensor,
-        tgt_in: &Tensor,
-        tgt_out: &Tensor,
+        batch: &TensorBatch,
         label_smoothing: f64,
         grad_scale: f64,
     ) -> Tensor {
-        let (h, targets) = real_positions(&self.decoder_states(src, tgt_in, true), tgt_out);
-        self.projection_loss_backward(&h, &targets, label_smoothing, grad_scale, LOSS_CHUNK_ROWS)
+        let states = self.decoder_states(&batch.src, &batch.tgt_in, true);
+        let (h, targets) = real_positions(&states, &batch.tgt_out, &batch.real);
+        let rows = loss_chunk_rows(h.device());
+        self.projection_loss_backward(&h, &targets, label_smoothing, grad_scale, rows)
     }
 
     /// The output projection and loss of `train_loss_backward` for decoder states `h`
@@ -591,21 +591,26 @@ pub fn loss_sum(logits: &Tensor, tgt_out: &Tensor, label_smoothing: f64) -> Tens
 /// Decoder states [N, D] and targets [N] at the N real (non-PAD) positions of `tgt_out`
 /// [B, T], from states [B, T, D]: about 14% of a length-bucketed batch is padding, which
 /// the loss ignores anyway, so it is never projected onto the vocabulary.
-fn real_positions(h: &Tensor, tgt_out: &Tensor) -> (Tensor, Tensor) {
+/// `real` [N] holds the flattened positions, found on the host (`TensorBatch::real`): the
+/// number of rows is then known without asking the device.
+fn real_positions(h: &Tensor, tgt_out: &Tensor, real: &Tensor) -> (Tensor, Tensor) {
     let d = *h.size().last().expect("[B, T, D]");
-    let real = tgt_out.ne(PAD).reshape([-1]).nonzero().squeeze_dim(1);
     (
-        h.reshape([-1, d]).index_select(0, &real),
-        tgt_out.reshape([-1]).index_select(0, &real),
+        h.reshape([-1, d]).index_select(0, real),
+        tgt_out.reshape([-1]).index_select(0, real),
     )
 }
 
-/// Rows of logits `fused_projection_loss` holds at a time: 256 x 8k vocabulary = 8 MB in
-/// fp32, which stays in cache while it is read and written six times. Measured on the
-/// Multi30k recipe (2 threads): 64 rows 153 ms, 256 rows 85 ms, 1024 rows 114 ms, all
-/// 1,750 rows at once (what autograd does) 198 ms for the projection and loss, forward and
-/// backward.
-const LOSS_CHUNK_ROWS: i64 = 256;
+/// Rows of logits `fused_projection_loss` holds at a time, by device. On a CPU, 256 rows x 8k
+/// vocabulary = 8 MB in fp32, which stays in cache while it is read and written six times.
+/// Measured on the Multi30k recipe (2 threads): 64 rows 153 ms, 256 rows 85 ms, 1024 rows
+/// 114 ms, all 1,750 rows at once (what autograd does) 198 ms for the projection and loss,
+/// forward and backward. On a GPU the cache argument is gone and each chunk costs kernel
+/// launches: 8192 rows (256 MB of fp32 logits at 8k) take a 16k-token batch in two chunks.
+/// (The GPU value is not measured yet: no GPU has been lent to this project's sessions.)
+fn loss_chunk_rows(device: tch::Device) -> i64 {
+    if device.is_cuda() { 8192 } else { 256 }
+}
 
 /// The label-smoothed loss of an output projection and its gradients.
 struct FusedLoss {
@@ -949,7 +954,8 @@ mod tests {
         for (_, p) in &params {
             let _ = p.grad().zero_();
         }
-        let (h, targets) = real_positions(&m.decoder_states(&src, &tgt_in, false), &tgt_out);
+        let real = TensorBatch::from_tensors(src.copy(), tgt_in.copy(), tgt_out.copy()).real;
+        let (h, targets) = real_positions(&m.decoder_states(&src, &tgt_in, false), &tgt_out, &real);
         let loss = m
             .projection_loss_backward(&h, &targets, 0.1, 0.5, rows)
             .double_value(&[]);
@@ -998,9 +1004,8 @@ mod tests {
         let tgt_out = Tensor::from_slice(&[4i64, 5, 2, PAD]).unsqueeze(0);
         // Dropout is 0 in tiny(), so the training pass equals the evaluation pass.
         let expected = loss_sum(&m.forward(&src, &tgt_in, false), &tgt_out, 0.1).double_value(&[]);
-        let loss = m
-            .train_loss_backward(&src, &tgt_in, &tgt_out, 0.1, 1.0)
-            .double_value(&[]);
+        let batch = TensorBatch::from_tensors(src.copy(), tgt_in.copy(), tgt_out.copy());
+        let loss = m.train_loss_backward(&batch, 0.1, 1.0).double_value(&[]);
         assert!((loss - expected).abs() < 1e-4, "{loss} vs {expected}");
         let embed = named_parameters(&vs)
             .into_iter()

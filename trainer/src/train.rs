@@ -1037,9 +1037,7 @@ impl<'a> Trainer<'a> {
             let tb = data::to_tensors(train, &mine, self.device);
             tch::manual_seed(step_seed(config.seed, self.step, self.rank, i));
             loss_local += self.net.model.train_loss_backward(
-                &tb.src,
-                &tb.tgt_in,
-                &tb.tgt_out,
+                &tb,
                 config.label_smoothing,
                 1.0 / batch.target_tokens as f64,
             );
