@@ -1,4 +1,4 @@
-//! Issue 12's goal, kept: no non-test function in operator/ or api/ over 120 lines
+//! Issue 12's goal, kept: no non-test function in operator/, api/ or trainer/ over 120 lines
 //! (`scripts/longest-fns.py` prints the longest ones).
 
 use std::path::{Path, PathBuf};
@@ -64,10 +64,10 @@ fn functions(text: &str) -> Vec<(usize, String, usize)> {
 }
 
 #[test]
-fn no_function_in_operator_or_api_is_over_120_lines() {
+fn no_function_in_operator_api_or_trainer_is_over_120_lines() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut files = Vec::new();
-    for dir in ["operator/src", "api/src"] {
+    for dir in ["operator/src", "api/src", "trainer/src"] {
         rust_files(&root.join(dir), &mut files);
     }
     let mut long = Vec::new();
@@ -82,7 +82,7 @@ fn no_function_in_operator_or_api_is_over_120_lines() {
         }
     }
     assert!(long.is_empty(), "split these: {long:#?}");
-    // The scan saw the code (the longest today is about 75 lines).
+    // The scan saw the code (the longest today is about 100 lines).
     assert!(longest > 40, "{} files, longest {longest}", files.len());
 }
 

@@ -88,41 +88,21 @@ pub fn beam_search(
         let src = source_tensor(sources, device);
         let batch = src.size()[0];
         let limits = output_limits(model, sources);
-        let b = batch as usize;
         let k = beam;
         let expand = Tensor::arange(batch, (Kind::Int64, device))
             .repeat_interleave_self_int(k as i64, 0, None);
         let mut state = model.start_decoding(&src.index_select(0, &expand));
-        // Alive beams: tokens so far and cumulative log-probability.
-        let mut tokens: Vec<Vec<i64>> = vec![Vec::new(); b * k];
-        let mut scores: Vec<f64> = (0..b * k)
-            .map(|i| if i % k == 0 { 0.0 } else { f64::NEG_INFINITY })
-            .collect();
-        let mut prev = vec![BOS; b * k];
-        let mut done: Vec<Vec<(f64, Vec<i64>)>> = vec![Vec::new(); b];
+        let mut beams = Beams::new(batch as usize, k);
         for t in 0..=limits.iter().copied().max().unwrap_or(0) {
-            // A sentence at its length limit ends its alive beams here (forced EOS).
-            for s in 0..b {
-                if done[s].len() < k && t == limits[s] {
-                    for slot in s * k..(s + 1) * k {
-                        if scores[slot] > f64::NEG_INFINITY {
-                            let len = (tokens[slot].len() + 1) as f64;
-                            done[s].push((scores[slot] / len, tokens[slot].clone()));
-                        }
-                    }
-                    while done[s].len() < k {
-                        done[s].push((f64::NEG_INFINITY, Vec::new()));
-                    }
-                }
-            }
-            if done.iter().all(|d| d.len() >= k) {
+            beams.finish_at_limits(t, &limits);
+            if beams.all_done() {
                 break;
             }
-            let prev_t = Tensor::from_slice(&prev).to_device(device);
+            let prev_t = Tensor::from_slice(&beams.prev).to_device(device);
             let logp = model.decode_step(&mut state, &prev_t);
             let vocab = logp.size()[1];
             let total = logp
-                + Tensor::from_slice(&scores)
+                + Tensor::from_slice(&beams.scores)
                     .to_device(device)
                     .to_kind(Kind::Float)
                     .unsqueeze(1);
@@ -134,53 +114,141 @@ pub fn beam_search(
                 Vec::try_from(top_scores.to_device(Device::Cpu)).expect("float matrix");
             let top_index: Vec<Vec<i64>> =
                 Vec::try_from(top_index.to_device(Device::Cpu)).expect("int64 matrix");
-            let mut reorder = Vec::with_capacity(b * k);
-            let mut next_tokens = vec![Vec::new(); b * k];
-            let mut next_scores = vec![f64::NEG_INFINITY; b * k];
-            let mut next_prev = vec![PAD; b * k];
-            for s in 0..b {
-                let mut alive = 0;
-                let sentence_done = done[s].len() >= k;
-                for (j, (&score, &index)) in top_scores[s].iter().zip(&top_index[s]).enumerate() {
-                    if alive == k {
-                        break;
+            let reorder = beams.advance(&top_scores, &top_index, vocab);
+            state.select(&Tensor::from_slice(&reorder).to_device(device));
+        }
+        beams.best()
+    })
+}
+
+/// A finished hypothesis: its length-normalised score and its tokens.
+type Finished = (f64, Vec<i64>);
+
+/// The state of a beam search over `b` sentences with `k` beams each; beam slot `s * k + i`
+/// is sentence `s`'s `i`-th alive hypothesis.
+struct Beams {
+    b: usize,
+    k: usize,
+    /// Alive beams: tokens so far and cumulative log-probability.
+    tokens: Vec<Vec<i64>>,
+    scores: Vec<f64>,
+    /// The last token of each alive beam (the next decoder input).
+    prev: Vec<i64>,
+    /// Each sentence's finished hypotheses; `k` of them end its search.
+    done: Vec<Vec<Finished>>,
+}
+
+impl Beams {
+    /// One live beam per sentence (the others -inf), all at BOS.
+    fn new(b: usize, k: usize) -> Self {
+        Beams {
+            b,
+            k,
+            tokens: vec![Vec::new(); b * k],
+            scores: (0..b * k)
+                .map(|i| if i % k == 0 { 0.0 } else { f64::NEG_INFINITY })
+                .collect(),
+            prev: vec![BOS; b * k],
+            done: vec![Vec::new(); b],
+        }
+    }
+
+    /// A sentence at its length limit (one limit per sentence) ends its alive beams here
+    /// (forced EOS).
+    fn finish_at_limits(&mut self, t: i64, limits: &[i64]) {
+        let k = self.k;
+        for (s, &limit) in limits.iter().enumerate() {
+            if self.done[s].len() < k && t == limit {
+                for slot in s * k..(s + 1) * k {
+                    if self.scores[slot] > f64::NEG_INFINITY {
+                        let len = (self.tokens[slot].len() + 1) as f64;
+                        self.done[s].push((self.scores[slot] / len, self.tokens[slot].clone()));
                     }
-                    let origin = s * k + (index / vocab) as usize;
-                    let token = index % vocab;
-                    let score = f64::from(score);
-                    if sentence_done || score == f64::NEG_INFINITY {
-                        break;
-                    }
-                    if token == EOS {
-                        // Only candidates ranked within the beam may finish (fairseq).
-                        if j < k {
-                            let hyp = tokens[origin].clone();
-                            let len = (hyp.len() + 1) as f64;
-                            done[s].push((score / len, hyp));
-                        }
-                        continue;
-                    }
-                    let slot = s * k + alive;
-                    let mut hyp = tokens[origin].clone();
-                    hyp.push(token);
-                    next_tokens[slot] = hyp;
-                    next_scores[slot] = score;
-                    next_prev[slot] = token;
-                    reorder.push(origin as i64);
-                    alive += 1;
                 }
-                // Keep the cache shape: dead slots copy row s*k and are scored -inf.
-                while alive < k {
-                    reorder.push((s * k) as i64);
-                    alive += 1;
+                while self.done[s].len() < k {
+                    self.done[s].push((f64::NEG_INFINITY, Vec::new()));
                 }
             }
-            state.select(&Tensor::from_slice(&reorder).to_device(device));
-            tokens = next_tokens;
-            scores = next_scores;
-            prev = next_prev;
         }
-        done.into_iter()
+    }
+
+    fn all_done(&self) -> bool {
+        self.done.iter().all(|d| d.len() >= self.k)
+    }
+
+    /// One decoding step from each sentence's top `2k` candidates (`top_index` over
+    /// `k * vocab` beam-token pairs): EOS candidates finish, the best `k` others become the
+    /// new alive beams. Returns the old beam each new slot continues (the cache reorder).
+    fn advance(&mut self, top_scores: &[Vec<f32>], top_index: &[Vec<i64>], vocab: i64) -> Vec<i64> {
+        let (b, k) = (self.b, self.k);
+        let mut next = Alive {
+            reorder: Vec::with_capacity(b * k),
+            tokens: vec![Vec::new(); b * k],
+            scores: vec![f64::NEG_INFINITY; b * k],
+            prev: vec![PAD; b * k],
+        };
+        for s in 0..b {
+            self.expand_sentence(s, &top_scores[s], &top_index[s], vocab, &mut next);
+        }
+        self.tokens = next.tokens;
+        self.scores = next.scores;
+        self.prev = next.prev;
+        next.reorder
+    }
+
+    /// Sentence `s`'s part of `advance`.
+    fn expand_sentence(
+        &mut self,
+        s: usize,
+        top_scores: &[f32],
+        top_index: &[i64],
+        vocab: i64,
+        next: &mut Alive,
+    ) {
+        let k = self.k;
+        let mut alive = 0;
+        let sentence_done = self.done[s].len() >= k;
+        for (j, (&score, &index)) in top_scores.iter().zip(top_index).enumerate() {
+            if alive == k {
+                break;
+            }
+            let origin = s * k + (index / vocab) as usize;
+            let token = index % vocab;
+            let score = f64::from(score);
+            if sentence_done || score == f64::NEG_INFINITY {
+                break;
+            }
+            if token == EOS {
+                // Only candidates ranked within the beam may finish (fairseq).
+                if j < k {
+                    let hyp = self.tokens[origin].clone();
+                    let len = (hyp.len() + 1) as f64;
+                    self.done[s].push((score / len, hyp));
+                }
+                continue;
+            }
+            let slot = s * k + alive;
+            let mut hyp = self.tokens[origin].clone();
+            hyp.push(token);
+            next.tokens[slot] = hyp;
+            next.scores[slot] = score;
+            next.prev[slot] = token;
+            next.reorder.push(origin as i64);
+            alive += 1;
+        }
+        // Keep the cache shape: dead slots copy row s*k and are scored -inf.
+        while alive < k {
+            next.reorder.push((s * k) as i64);
+            alive += 1;
+        }
+    }
+
+    /// Each sentence's best finished hypothesis, ids without BOS/EOS.
+    fn best(self) -> Vec<Vec<u32>> {
+        let k = self.k;
+        let (tokens, scores) = (self.tokens, self.scores);
+        self.done
+            .into_iter()
             .enumerate()
             .map(|(s, mut hyps)| {
                 if hyps.is_empty() {
@@ -194,7 +262,15 @@ pub fn beam_search(
                 strip(&hyps[0].1)
             })
             .collect()
-    })
+    }
+}
+
+/// The alive beams being built by one step, and the cache rows they continue.
+struct Alive {
+    reorder: Vec<i64>,
+    tokens: Vec<Vec<i64>>,
+    scores: Vec<f64>,
+    prev: Vec<i64>,
 }
 
 /// Translates many sentences: sorts by length, decodes in batches of about

@@ -162,171 +162,17 @@ async fn metrics(State(state): State<ServerState>) -> impl IntoResponse {
 /// as 0.
 pub fn prometheus_text(p: &Progress) -> String {
     let mut r = Registry::with_prefix("ferrotrain");
-
-    let phases = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
-    for (phase, label) in [
-        (TrainerPhase::Starting, "starting"),
-        (TrainerPhase::Training, "training"),
-        (TrainerPhase::Evaluating, "evaluating"),
-        (TrainerPhase::Finished, "finished"),
-    ] {
-        phases
-            .get_or_create(&vec![("phase", label)])
-            .set(i64::from(p.phase == phase));
+    phase_metrics(&mut r, p.phase);
+    for (name, help, v) in int_gauges(p) {
+        if let Some(v) = v {
+            r.register(name, help, ConstGauge::new(v));
+        }
     }
-    r.register(
-        "phase",
-        "What the trainer is doing (1 for the current phase)",
-        phases,
-    );
-
-    let int = |r: &mut Registry, name: &str, help: &str, v: Option<u64>| {
+    for (name, help, v) in float_gauges(p) {
         if let Some(v) = v {
             r.register(name, help, ConstGauge::new(v));
         }
-    };
-    int(&mut r, "step", "Optimizer steps completed", Some(p.step));
-    int(
-        &mut r,
-        "total_steps",
-        "Steps the run will take (maxSteps)",
-        Some(p.total_steps),
-    );
-    int(
-        &mut r,
-        "epoch",
-        "Passes over the training data started so far (0-based)",
-        Some(p.epoch),
-    );
-    int(
-        &mut r,
-        "samples",
-        "Training examples consumed so far over all ranks (the global data position)",
-        Some(p.samples),
-    );
-    int(
-        &mut r,
-        "world_size",
-        "Ranks exchanging gradients",
-        Some(u64::from(p.world_size)),
-    );
-    int(
-        &mut r,
-        "eval_step",
-        "Step of the last evaluation",
-        p.eval_step,
-    );
-    let ckpt = p.last_checkpoint.as_ref();
-    int(
-        &mut r,
-        "last_checkpoint_step",
-        "Step held by the newest complete checkpoint",
-        ckpt.map(|c| c.step),
-    );
-    int(
-        &mut r,
-        "last_checkpoint_bytes",
-        "Size on disk of the newest complete checkpoint",
-        ckpt.map(|c| c.size_bytes),
-    );
-    int(
-        &mut r,
-        "last_checkpoint_timestamp_seconds",
-        "Unix time the newest checkpoint became complete",
-        ckpt.and_then(|c| unix_seconds(&c.time)),
-    );
-    int(
-        &mut r,
-        "resumed_from_step",
-        "Step this run resumed from (absent for a fresh start)",
-        p.resumed_from_step,
-    );
-    int(&mut r, "parameters", "Model parameters", Some(p.parameters));
-    int(
-        &mut r,
-        "peak_memory_bytes",
-        "Peak resident memory of rank 0",
-        p.peak_memory_bytes,
-    );
-
-    let float = |r: &mut Registry, name: &str, help: &str, v: Option<f64>| {
-        if let Some(v) = v {
-            r.register(name, help, ConstGauge::new(v));
-        }
-    };
-    float(
-        &mut r,
-        "steps_per_second",
-        "Optimizer steps per second, recent average",
-        p.steps_per_second,
-    );
-    float(
-        &mut r,
-        "samples_per_second",
-        "Training examples per second over all ranks, recent average",
-        p.samples_per_second,
-    );
-    float(
-        &mut r,
-        "tokens_per_second",
-        "Source+target tokens (no padding) per second over all ranks, recent average",
-        p.tokens_per_second,
-    );
-    float(
-        &mut r,
-        "step_time_seconds",
-        "Wall-clock seconds per optimizer step, recent average",
-        p.step_time_seconds,
-    );
-    float(
-        &mut r,
-        "comm_fraction",
-        "Share of step time spent waiting on gradient exchange (0..1)",
-        p.comm_fraction,
-    );
-    float(
-        &mut r,
-        "loss",
-        "Training loss (label-smoothed cross-entropy per target token), recent average",
-        p.loss,
-    );
-    float(
-        &mut r,
-        "eval_loss",
-        "Validation loss (cross-entropy per target token) at the last evaluation",
-        p.eval_loss,
-    );
-    float(
-        &mut r,
-        "eval_bleu",
-        "Corpus BLEU on the validation set at the last evaluation (sacreBLEU 13a, cased)",
-        p.eval_bleu,
-    );
-    float(
-        &mut r,
-        "best_eval_loss",
-        "Lowest validation loss so far",
-        p.best_eval_loss,
-    );
-    float(
-        &mut r,
-        "learning_rate",
-        "Current learning rate",
-        p.learning_rate,
-    );
-    float(
-        &mut r,
-        "eta_seconds",
-        "Seconds until totalSteps at the current rate",
-        p.eta_seconds,
-    );
-    float(
-        &mut r,
-        "last_checkpoint_blocking_seconds",
-        "Seconds the newest checkpoint blocked training (the rest is written in the background)",
-        ckpt.and_then(|c| c.blocking_seconds),
-    );
-
+    }
     if let Some(res) = &p.resources {
         resource_metrics(&mut r, res);
     }
@@ -341,6 +187,148 @@ pub fn prometheus_text(p: &Progress) -> String {
     // Writing to a String cannot fail.
     let _ = encode(&mut out, &r);
     out
+}
+
+/// One family `phase` with a 1 for the current phase and a 0 for each other.
+fn phase_metrics(r: &mut Registry, current: TrainerPhase) {
+    let phases = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
+    for (phase, label) in [
+        (TrainerPhase::Starting, "starting"),
+        (TrainerPhase::Training, "training"),
+        (TrainerPhase::Evaluating, "evaluating"),
+        (TrainerPhase::Finished, "finished"),
+    ] {
+        phases
+            .get_or_create(&vec![("phase", label)])
+            .set(i64::from(current == phase));
+    }
+    r.register(
+        "phase",
+        "What the trainer is doing (1 for the current phase)",
+        phases,
+    );
+}
+
+/// A gauge's name, help and value (`None`: not known yet, left out).
+type Entry<T> = (&'static str, &'static str, Option<T>);
+
+/// The whole-number gauges in exposition order: the run's position (step, epoch, samples,
+/// ranks, last evaluation), its checkpoints, and its size.
+fn int_gauges(p: &Progress) -> [Entry<u64>; 12] {
+    let ckpt = p.last_checkpoint.as_ref();
+    [
+        ("step", "Optimizer steps completed", Some(p.step)),
+        (
+            "total_steps",
+            "Steps the run will take (maxSteps)",
+            Some(p.total_steps),
+        ),
+        (
+            "epoch",
+            "Passes over the training data started so far (0-based)",
+            Some(p.epoch),
+        ),
+        (
+            "samples",
+            "Training examples consumed so far over all ranks (the global data position)",
+            Some(p.samples),
+        ),
+        (
+            "world_size",
+            "Ranks exchanging gradients",
+            Some(u64::from(p.world_size)),
+        ),
+        ("eval_step", "Step of the last evaluation", p.eval_step),
+        (
+            "last_checkpoint_step",
+            "Step held by the newest complete checkpoint",
+            ckpt.map(|c| c.step),
+        ),
+        (
+            "last_checkpoint_bytes",
+            "Size on disk of the newest complete checkpoint",
+            ckpt.map(|c| c.size_bytes),
+        ),
+        (
+            "last_checkpoint_timestamp_seconds",
+            "Unix time the newest checkpoint became complete",
+            ckpt.and_then(|c| unix_seconds(&c.time)),
+        ),
+        (
+            "resumed_from_step",
+            "Step this run resumed from (absent for a fresh start)",
+            p.resumed_from_step,
+        ),
+        ("parameters", "Model parameters", Some(p.parameters)),
+        (
+            "peak_memory_bytes",
+            "Peak resident memory of rank 0",
+            p.peak_memory_bytes,
+        ),
+    ]
+}
+
+/// The fractional gauges in exposition order: speed, loss and evaluation, the schedule, and
+/// the newest checkpoint's cost.
+fn float_gauges(p: &Progress) -> [Entry<f64>; 12] {
+    [
+        (
+            "steps_per_second",
+            "Optimizer steps per second, recent average",
+            p.steps_per_second,
+        ),
+        (
+            "samples_per_second",
+            "Training examples per second over all ranks, recent average",
+            p.samples_per_second,
+        ),
+        (
+            "tokens_per_second",
+            "Source+target tokens (no padding) per second over all ranks, recent average",
+            p.tokens_per_second,
+        ),
+        (
+            "step_time_seconds",
+            "Wall-clock seconds per optimizer step, recent average",
+            p.step_time_seconds,
+        ),
+        (
+            "comm_fraction",
+            "Share of step time spent waiting on gradient exchange (0..1)",
+            p.comm_fraction,
+        ),
+        (
+            "loss",
+            "Training loss (label-smoothed cross-entropy per target token), recent average",
+            p.loss,
+        ),
+        (
+            "eval_loss",
+            "Validation loss (cross-entropy per target token) at the last evaluation",
+            p.eval_loss,
+        ),
+        (
+            "eval_bleu",
+            "Corpus BLEU on the validation set at the last evaluation (sacreBLEU 13a, cased)",
+            p.eval_bleu,
+        ),
+        (
+            "best_eval_loss",
+            "Lowest validation loss so far",
+            p.best_eval_loss,
+        ),
+        ("learning_rate", "Current learning rate", p.learning_rate),
+        (
+            "eta_seconds",
+            "Seconds until totalSteps at the current rate",
+            p.eta_seconds,
+        ),
+        (
+            "last_checkpoint_blocking_seconds",
+            "Seconds the newest checkpoint blocked training (the rest is written in the background)",
+            p.last_checkpoint.as_ref().and_then(|c| c.blocking_seconds),
+        ),
+    ]
 }
 
 fn resource_metrics(r: &mut Registry, res: &ResourceUsage) {

@@ -419,131 +419,217 @@ impl Ring {
         scratch: &mut [f32],
         plan: &Plan,
     ) -> std::result::Result<(), String> {
-        let (mut si, mut so, mut ri, mut ro) = (0usize, 0usize, 0usize, 0usize);
-        let mut last_send = Instant::now();
-        let mut last_recv = last_send;
+        let mut bufs = Buffers {
+            ours,
+            theirs,
+            data,
+            scratch,
+        };
+        let now = Instant::now();
+        let mut at = Cursor {
+            si: 0,
+            so: 0,
+            ri: 0,
+            ro: 0,
+            last_send: now,
+            last_recv: now,
+        };
         loop {
-            let mut progressed = false;
-            // Send whatever is ready until the socket is full.
-            while si < plan.sends.len() && ri >= plan.sends[si].after {
-                let unit = plan.sends[si];
-                let bytes = match unit.what {
-                    Target::Header => &ours[..],
-                    Target::Data(p) => &data[p.start..p.start + p.len],
-                };
-                if bytes.is_empty() {
-                    si += 1;
-                    continue;
-                }
-                match self.next.write(&bytes[so..]) {
-                    Ok(0) => {
-                        let e = std::io::Error::new(ErrorKind::WriteZero, "wrote 0 bytes");
-                        return Err(self.io_failure(true, what, &e));
-                    }
-                    Ok(n) => {
-                        so += n;
-                        progressed = true;
-                        last_send = Instant::now();
-                        if so == bytes.len() {
-                            si += 1;
-                            so = 0;
-                        }
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                    Err(e) => return Err(self.io_failure(true, what, &e)),
-                }
-            }
-            // Receive until the socket is empty or a unit completes (which may unblock a send).
-            while ri < plan.recvs.len() {
-                let unit = plan.recvs[ri];
-                let len = match unit.what {
-                    Target::Header => HEADER,
-                    Target::Data(p) => p.len,
-                };
-                let buf: &mut [u8] = match (unit.what, unit.reduce) {
-                    (Target::Header, _) => &mut theirs[..],
-                    (Target::Data(p), true) => {
-                        // SAFETY: the scratch floats viewed as bytes, exclusively borrowed.
-                        unsafe {
-                            std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u8>(), p.len)
-                        }
-                    }
-                    (Target::Data(p), false) => &mut data[p.start..p.start + p.len],
-                };
-                let n = match self.prev.read(&mut buf[ro..len]) {
-                    Ok(0) => {
-                        let e = std::io::Error::new(ErrorKind::UnexpectedEof, "end of stream");
-                        return Err(self.io_failure(false, what, &e));
-                    }
-                    Ok(n) => n,
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(self.io_failure(false, what, &e)),
-                };
-                ro += n;
-                progressed = true;
-                last_recv = Instant::now();
-                if ro < len {
-                    continue;
-                }
-                match unit.what {
-                    Target::Header => {
-                        if theirs != ours {
-                            return Err(format!(
-                                "{} called {} while this rank called {}: ranks disagree on the \
-                                 sequence of collectives",
-                                self.peer(false),
-                                describe(theirs),
-                                describe(ours)
-                            ));
-                        }
-                    }
-                    Target::Data(p) if unit.reduce => {
-                        add_into(&mut data[p.start..p.start + p.len], &scratch[..p.len / 4]);
-                    }
-                    Target::Data(_) => {}
-                }
-                ri += 1;
-                ro = 0;
-                break;
-            }
-            let sending = si < plan.sends.len();
-            let receiving = ri < plan.recvs.len();
+            let sent = self.send_ready(what, &bufs, plan, &mut at)?;
+            let received = self.receive_ready(what, &mut bufs, plan, &mut at)?;
+            let sending = at.si < plan.sends.len();
+            let receiving = at.ri < plan.recvs.len();
             if !sending && !receiving {
                 return Ok(());
             }
-            if progressed {
+            if sent || received {
                 continue;
             }
-            let can_send = sending && ri >= plan.sends[si].after;
-            let quiet_since = if can_send && receiving {
-                last_send.max(last_recv)
-            } else if can_send {
-                last_send
-            } else {
-                last_recv
-            };
-            let idle = quiet_since.elapsed();
-            if idle >= self.timeout {
-                // Blame the link that has been silent longest.
-                let blame_next = can_send && (!receiving || last_send <= last_recv);
-                return Err(format!(
-                    "{} did not answer within {} s during {what}",
-                    self.peer(blame_next),
-                    self.timeout.as_secs_f64()
-                ));
-            }
-            let send_events = if can_send { libc::POLLOUT } else { 0 };
-            let recv_events = if receiving { libc::POLLIN } else { 0 };
-            poll2(
-                (self.next.as_raw_fd(), send_events),
-                (self.prev.as_raw_fd(), recv_events),
-                self.timeout - idle,
-            )
-            .map_err(|e| format!("poll failed during {what}: {e}"))?;
+            self.wait_for_links(what, plan, &at, sending, receiving)?;
         }
     }
+
+    /// Sends whatever is ready until the socket is full; returns whether any byte went.
+    fn send_ready(
+        &mut self,
+        what: &str,
+        bufs: &Buffers,
+        plan: &Plan,
+        at: &mut Cursor,
+    ) -> std::result::Result<bool, String> {
+        let mut progressed = false;
+        while at.si < plan.sends.len() && at.ri >= plan.sends[at.si].after {
+            let unit = plan.sends[at.si];
+            let bytes = match unit.what {
+                Target::Header => &bufs.ours[..],
+                Target::Data(p) => &bufs.data[p.start..p.start + p.len],
+            };
+            if bytes.is_empty() {
+                at.si += 1;
+                continue;
+            }
+            match self.next.write(&bytes[at.so..]) {
+                Ok(0) => {
+                    let e = std::io::Error::new(ErrorKind::WriteZero, "wrote 0 bytes");
+                    return Err(self.io_failure(true, what, &e));
+                }
+                Ok(n) => {
+                    at.so += n;
+                    progressed = true;
+                    at.last_send = Instant::now();
+                    if at.so == bytes.len() {
+                        at.si += 1;
+                        at.so = 0;
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.io_failure(true, what, &e)),
+            }
+        }
+        Ok(progressed)
+    }
+
+    /// Receives until the socket is empty or a unit completes (which may unblock a send);
+    /// returns whether any byte came.
+    fn receive_ready(
+        &mut self,
+        what: &str,
+        bufs: &mut Buffers,
+        plan: &Plan,
+        at: &mut Cursor,
+    ) -> std::result::Result<bool, String> {
+        let mut progressed = false;
+        while at.ri < plan.recvs.len() {
+            let unit = plan.recvs[at.ri];
+            let len = match unit.what {
+                Target::Header => HEADER,
+                Target::Data(p) => p.len,
+            };
+            let buf = bufs.receive_buffer(unit);
+            let n = match self.prev.read(&mut buf[at.ro..len]) {
+                Ok(0) => {
+                    let e = std::io::Error::new(ErrorKind::UnexpectedEof, "end of stream");
+                    return Err(self.io_failure(false, what, &e));
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(self.io_failure(false, what, &e)),
+            };
+            at.ro += n;
+            progressed = true;
+            at.last_recv = Instant::now();
+            if at.ro < len {
+                continue;
+            }
+            self.received(unit, bufs)?;
+            at.ri += 1;
+            at.ro = 0;
+            break;
+        }
+        Ok(progressed)
+    }
+
+    /// A receive unit is complete: checks a header against ours, adds a reduced piece in.
+    fn received(&self, unit: RecvUnit, bufs: &mut Buffers) -> std::result::Result<(), String> {
+        match unit.what {
+            Target::Header => {
+                if bufs.theirs != bufs.ours {
+                    return Err(format!(
+                        "{} called {} while this rank called {}: ranks disagree on the \
+                         sequence of collectives",
+                        self.peer(false),
+                        describe(bufs.theirs),
+                        describe(bufs.ours)
+                    ));
+                }
+            }
+            Target::Data(p) if unit.reduce => {
+                add_into(
+                    &mut bufs.data[p.start..p.start + p.len],
+                    &bufs.scratch[..p.len / 4],
+                );
+            }
+            Target::Data(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Nothing moved: fails if the link waited on has been silent for the timeout, else polls
+    /// both links for the rest of it.
+    fn wait_for_links(
+        &self,
+        what: &str,
+        plan: &Plan,
+        at: &Cursor,
+        sending: bool,
+        receiving: bool,
+    ) -> std::result::Result<(), String> {
+        let can_send = sending && at.ri >= plan.sends[at.si].after;
+        let quiet_since = if can_send && receiving {
+            at.last_send.max(at.last_recv)
+        } else if can_send {
+            at.last_send
+        } else {
+            at.last_recv
+        };
+        let idle = quiet_since.elapsed();
+        if idle >= self.timeout {
+            // Blame the link that has been silent longest.
+            let blame_next = can_send && (!receiving || at.last_send <= at.last_recv);
+            return Err(format!(
+                "{} did not answer within {} s during {what}",
+                self.peer(blame_next),
+                self.timeout.as_secs_f64()
+            ));
+        }
+        let send_events = if can_send { libc::POLLOUT } else { 0 };
+        let recv_events = if receiving { libc::POLLIN } else { 0 };
+        poll2(
+            (self.next.as_raw_fd(), send_events),
+            (self.prev.as_raw_fd(), recv_events),
+            self.timeout - idle,
+        )
+        .map_err(|e| format!("poll failed during {what}: {e}"))?;
+        Ok(())
+    }
+}
+
+/// The buffers of one collective: the headers, the caller's data, the reduce scratch.
+struct Buffers<'a> {
+    ours: &'a [u8; HEADER],
+    theirs: &'a mut [u8; HEADER],
+    data: &'a mut [u8],
+    scratch: &'a mut [f32],
+}
+
+impl Buffers<'_> {
+    /// Where a receive unit's bytes go: the peer's header, the scratch (to be added into the
+    /// data) or the data itself.
+    fn receive_buffer(&mut self, unit: RecvUnit) -> &mut [u8] {
+        match (unit.what, unit.reduce) {
+            (Target::Header, _) => &mut self.theirs[..],
+            (Target::Data(p), true) => {
+                // SAFETY: the scratch floats viewed as bytes, exclusively borrowed.
+                unsafe {
+                    std::slice::from_raw_parts_mut(self.scratch.as_mut_ptr().cast::<u8>(), p.len)
+                }
+            }
+            (Target::Data(p), false) => &mut self.data[p.start..p.start + p.len],
+        }
+    }
+}
+
+/// How far a collective has got: the next send and receive units, the bytes of each already
+/// moved, and when each link last moved data.
+struct Cursor {
+    si: usize,
+    so: usize,
+    ri: usize,
+    ro: usize,
+    last_send: Instant,
+    last_recv: Instant,
 }
 
 impl Drop for Ring {
