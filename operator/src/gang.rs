@@ -1301,7 +1301,9 @@ impl<'a, 'o> Decider<'a, 'o> {
                 report: rounded,
             });
             // With the status written anyway: the ledger's clock moves with the progress.
-            self.recovery().report(StepReport::of(report), now);
+            if let Some(r) = self.status.recovery.as_mut() {
+                r.report(StepReport::of(report), now);
+            }
             if self.status.is_true(condition::STALLED) {
                 self.set_condition(condition::STALLED, false, "ProgressResumed", String::new());
             }
