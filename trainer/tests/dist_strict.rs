@@ -6,7 +6,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{ProcessGroup, copy_config, write};
@@ -14,21 +13,8 @@ use common::{ProcessGroup, copy_config, write};
 /// Runs `ferrotrain launch` with 2 ranks through the strict twin; returns its stderr.
 fn launch_strict(dir: &Path, config: &Path, name: &str) -> String {
     let log = dir.join(format!("{name}.log"));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferrotrain"));
-    cmd.arg("launch")
-        .arg("--config")
-        .arg(config)
-        .args(["--nproc-per-node", "2", "--master-port", "0"])
-        .args(["--max-restarts", "0"])
-        .env("FERROTRAIN_CHECKPOINT_DIR", dir.join("runs"))
-        .env("FERROTRAIN_STRICT_COLLECTIVES", "1")
-        .env("OMP_NUM_THREADS", "1")
-        .env("RUST_LOG", "info")
-        .env_remove("RANK")
-        .env_remove("WORLD_SIZE")
-        .env_remove("FERROTRAIN_METRICS_PORT")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap());
+    let mut cmd = common::launch_command(config, 2, &dir.join("runs"), &log);
+    cmd.env("FERROTRAIN_STRICT_COLLECTIVES", "1");
     let mut run = ProcessGroup::spawn(cmd, Some(log));
     let status = run.wait(Duration::from_secs(180));
     let text = run.log();

@@ -5,7 +5,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use common::ProcessGroup;
@@ -59,23 +59,15 @@ fn losses(dir: &Path, ranks: usize) -> Vec<f64> {
     let runs = dir.join(format!("runs-{ranks}"));
     let config = dir.join("job.yaml");
     let log = dir.join(format!("stderr-{ranks}.log"));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferrotrain"));
-    if ranks == 1 {
-        cmd.arg("run").arg("--config").arg(&config);
+    let cmd = if ranks == 1 {
+        let mut cmd = common::run_command(&config, &runs);
+        cmd.env("OMP_NUM_THREADS", "1")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        cmd
     } else {
-        cmd.arg("launch")
-            .arg("--config")
-            .arg(&config)
-            .args(["--nproc-per-node", &ranks.to_string(), "--master-port", "0"])
-            .args(["--max-restarts", "0"]);
-    }
-    cmd.env("FERROTRAIN_CHECKPOINT_DIR", &runs)
-        .env("OMP_NUM_THREADS", "1")
-        .env_remove("RANK")
-        .env_remove("WORLD_SIZE")
-        .env_remove("FERROTRAIN_METRICS_PORT")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap());
+        common::launch_command(&config, ranks, &runs, &log)
+    };
     let mut run = ProcessGroup::spawn(cmd, Some(log));
     let status = run.wait(Duration::from_secs(120));
     assert!(status.success(), "{ranks} rank(s) failed: {}", run.log());

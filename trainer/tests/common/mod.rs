@@ -34,6 +34,23 @@ pub fn run_command(config: &Path, ckpt: &Path) -> Command {
     cmd
 }
 
+/// `ferrotrain launch --config <config>`: `nproc` local ranks on an ephemeral port, no
+/// restarts, one OpenMP thread each, checkpoints under `ckpt`, stderr to `log` (what the
+/// multi-rank tests start).
+pub fn launch_command(config: &Path, nproc: usize, ckpt: &Path, log: &Path) -> Command {
+    let mut cmd = ferrotrain();
+    cmd.arg("launch")
+        .arg("--config")
+        .arg(config)
+        .args(["--nproc-per-node", &nproc.to_string(), "--master-port", "0"])
+        .args(["--max-restarts", "0"])
+        .env("FERROTRAIN_CHECKPOINT_DIR", ckpt)
+        .env("OMP_NUM_THREADS", "1")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).expect("the log file"));
+    cmd
+}
+
 /// A child process that is killed (SIGKILL) and reaped when dropped.
 pub struct Guard(pub Option<Child>);
 
