@@ -358,11 +358,11 @@ impl Recovery {
             r.attempts += 1;
             r.productive_seconds += old.productive_seconds;
             r.lost_steps += old.lost_steps.unwrap_or(0);
-            if let Some(e) = &old.end {
-                r.detect_seconds += e.detect_seconds();
+            if let Some((detect, recovery)) = failure_costs(&old, next_first_step) {
+                r.detect_seconds += detect;
                 r.detections += 1;
-                if let Some(t) = next_first_step {
-                    r.recovery_seconds += seconds(e.failed_at, t);
+                if let Some(s) = recovery {
+                    r.recovery_seconds += s;
                     r.recoveries += 1;
                 }
             }
@@ -378,13 +378,14 @@ impl Recovery {
         let (mut detect, mut detections) = (r.detect_seconds, r.detections);
         let (mut recovery, mut recoveries) = (r.recovery_seconds, r.recoveries);
         for (i, a) in self.attempts.iter().enumerate() {
-            let Some(e) = a.end.as_ref().filter(|e| e.cause != EndCause::Succeeded) else {
+            let next_first_step = self.attempts.get(i + 1).and_then(|n| n.first_step_at);
+            let Some((d, rec)) = failure_costs(a, next_first_step) else {
                 continue;
             };
-            detect += e.detect_seconds();
+            detect += d;
             detections += 1;
-            if let Some(t) = self.attempts.get(i + 1).and_then(|n| n.first_step_at) {
-                recovery += seconds(e.failed_at, t);
+            if let Some(s) = rec {
+                recovery += s;
                 recoveries += 1;
             }
         }
@@ -412,6 +413,18 @@ impl Recovery {
         self.goodput_percent = (self.total_seconds > 0.0)
             .then(|| round3(100.0 * self.productive_seconds / self.total_seconds).min(100.0));
     }
+}
+
+/// What an attempt that ended without succeeding cost: seconds from its failure to its
+/// detection, and (once the next attempt stepped, at `next_first_step`) to that first step.
+/// None for an attempt that runs or succeeded.
+fn failure_costs(
+    a: &AttemptRecord,
+    next_first_step: Option<Timestamp>,
+) -> Option<(f64, Option<f64>)> {
+    let e = a.end.as_ref().filter(|e| e.cause != EndCause::Succeeded)?;
+    let recovery = next_first_step.map(|t| seconds(e.failed_at, t));
+    Some((e.detect_seconds(), recovery))
 }
 
 fn seconds(from: Timestamp, to: Timestamp) -> f64 {
