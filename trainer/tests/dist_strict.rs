@@ -86,40 +86,10 @@ fn two_ranks_train_resume_and_evaluate_through_the_strict_collective() {
     );
 }
 
-/// A tiny parallel corpus (one word list mapped to another) for the translation task.
-fn corpus(dir: &Path) -> (String, String) {
-    let en = [
-        "the", "cat", "sees", "a", "dog", "red", "house", "big", "runs", "home",
-    ];
-    let de = [
-        "die", "katze", "sieht", "einen", "hund", "rot", "haus", "groß", "läuft", "heim",
-    ];
-    let (mut src, mut tgt) = (String::new(), String::new());
-    let mut x: u64 = 99;
-    for _ in 0..300 {
-        let mut s = Vec::new();
-        let mut t = Vec::new();
-        for _ in 0..3 + (x % 4) as usize {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let w = (x >> 33) as usize % en.len();
-            s.push(en[w]);
-            t.push(de[w]);
-        }
-        src += &format!("{} .\n", s.join(" "));
-        tgt += &format!("{} .\n", t.join(" "));
-    }
-    let (s, t) = (dir.join("train.en"), dir.join("train.de"));
-    std::fs::write(&s, src).unwrap();
-    std::fs::write(&t, tgt).unwrap();
-    (s.display().to_string(), t.display().to_string())
-}
-
 #[test]
 fn the_learned_vocabulary_reaches_rank_1_through_the_strict_collective() {
     let dir = tempfile::tempdir().unwrap();
-    let (src, tgt) = corpus(dir.path());
+    let (src, tgt) = common::write_corpus(dir.path(), 300);
     let config = format!(
         "task: translation\nseed: 3\nmaxSteps: 4\nthreads: 1\n\
          data:\n  train: {{source: '{src}', target: '{tgt}'}}\n  valid: {{source: '{src}', target: '{tgt}'}}\n  tokenizer: {{vocabSize: 100, minFrequency: 1}}\n  maxSentenceTokens: 30\n\

@@ -216,3 +216,36 @@ pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     std::fs::write(&path, text).expect("write test file");
     path
 }
+
+/// A parallel corpus the tests can learn: a tiny word-for-word "English -> German".
+pub fn write_corpus(dir: &Path, pairs: usize) -> (String, String) {
+    let en = [
+        "the", "a", "red", "small", "dog", "cat", "runs", "sleeps", "in", "park", "house", "big",
+    ];
+    let de = [
+        "der", "ein", "rote", "kleine", "Hund", "Katze", "läuft", "schläft", "im", "Park", "Haus",
+        "große",
+    ];
+    let mut src = String::new();
+    let mut tgt = String::new();
+    let mut x: u64 = 12345;
+    for _ in 0..pairs {
+        let len = 3 + (x % 5) as usize;
+        let mut s = Vec::new();
+        let mut t = Vec::new();
+        for _ in 0..len {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let w = (x >> 33) as usize % en.len();
+            s.push(en[w]);
+            t.push(de[w]);
+        }
+        src.push_str(&format!("{} .\n", s.join(" ")));
+        tgt.push_str(&format!("{} .\n", t.join(" ")));
+    }
+    let (s, t) = (dir.join("train.en"), dir.join("train.de"));
+    std::fs::write(&s, src).unwrap();
+    std::fs::write(&t, tgt).unwrap();
+    (s.display().to_string(), t.display().to_string())
+}
