@@ -1,6 +1,9 @@
 // Embed libtorch's directory as an rpath so `ferrotrain` and the test binaries run without
 // LD_LIBRARY_PATH. torch-sys (links = "tch") exports the directory it linked against.
 //
+// csrc/autograd.cpp is compiled against the same libtorch headers and C++ ABI as
+// torch-sys's own shim.
+//
 // With the `cuda` feature and a CUDA libtorch (scripts/setup-libtorch.sh --cuda), link
 // libtorch_cuda.so with --no-as-needed: nothing in the binary calls it directly, so the
 // linker's default --as-needed would drop it, and without it loaded libtorch has no CUDA
@@ -19,6 +22,10 @@ fn main() {
         .map(|v| v.trim().to_string())
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=FERROTRAIN_LIBTORCH_VERSION={version}");
+    compile_autograd_shim(
+        lib.as_deref()
+            .expect("torch-sys did not say where libtorch is (DEP_TCH_LIBTORCH_LIB); set LIBTORCH"),
+    );
     if let Some(lib) = lib {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
         let cuda = std::path::Path::new(&lib).join("libtorch_cuda.so");
@@ -27,4 +34,23 @@ fn main() {
             println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
         }
     }
+}
+
+/// Compiles csrc/autograd.cpp (see its header) against `lib`/../include.
+fn compile_autograd_shim(lib: &str) {
+    println!("cargo:rerun-if-changed=csrc/autograd.cpp");
+    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
+    let include = std::path::Path::new(lib).join("../include");
+    let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
+    cc::Build::new()
+        .cpp(true)
+        .pic(true)
+        .warnings(false)
+        .include(&include)
+        .include(include.join("torch/csrc/api/include"))
+        .flag("-std=c++17")
+        .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
+        .flag("-DGLOG_USE_GLOG_EXPORT")
+        .file("csrc/autograd.cpp")
+        .compile("ferrotrain_autograd");
 }

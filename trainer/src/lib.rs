@@ -6,6 +6,7 @@
 //! `dist` (rendezvous and collectives), `train` (the training loop), `launch` (the local
 //! process supervisor), `signals` (SIGTERM/SIGINT handling for both).
 
+pub mod autograd;
 pub mod bleu;
 pub mod checkpoint;
 pub mod data;
@@ -15,6 +16,7 @@ pub mod error;
 pub mod launch;
 pub mod metrics;
 pub mod model;
+pub mod net;
 pub mod optim;
 pub mod resources;
 pub mod signals;

@@ -18,16 +18,29 @@ struct Slot {
 }
 
 /// Parameters that share a kind, a device and weight decay, laid end to end: the
-/// parameters (the model's own tensors, re-pointed with `set_data`) and their moments are
-/// views of one buffer each, so an update is a handful of kernels per group, not several
-/// per parameter (a transformer has ~200).
+/// parameters (the model's own tensors, re-pointed with `set_data`), their gradients
+/// (each parameter's `.grad` is a view, see `autograd::set_grad`) and their moments are
+/// views of one buffer each, so an update, the gradient norm, zeroing and the gradient
+/// exchange are a handful of kernels per group, not several per parameter (a transformer
+/// has ~200).
 struct Group {
     decay: bool,
     /// Indices into `AdamW::slots`, in buffer order.
     members: Vec<usize>,
     param: Tensor,
+    grad: Tensor,
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
+}
+
+/// A group's gradient buffer and where each parameter's gradient sits in it, for the
+/// gradient exchange (`dist::GradSync`).
+pub struct GradLayout {
+    /// The flat gradient buffer.
+    pub flat: Tensor,
+    /// (parameter index in the order given to `AdamW::new`, offset, elements), in buffer
+    /// order.
+    pub members: Vec<(usize, i64, i64)>,
 }
 
 /// AdamW over a fixed, named list of parameters.
@@ -50,10 +63,15 @@ fn decays(name: &str) -> bool {
     !(name.ends_with(".bias") || name.contains("norm"))
 }
 
-/// `params` split by (decay, kind, device), each group's members in the given order.
-fn group_members(params: &[(String, Tensor)]) -> Vec<((bool, Kind, tch::Device), Vec<usize>)> {
+/// The parameters taken in `order`, split by (decay, kind, device); each group's members
+/// keep that order.
+fn group_members(
+    params: &[(String, Tensor)],
+    order: &[usize],
+) -> Vec<((bool, Kind, tch::Device), Vec<usize>)> {
     let mut groups: Vec<((bool, Kind, tch::Device), Vec<usize>)> = Vec::new();
-    for (i, (name, p)) in params.iter().enumerate() {
+    for &i in order {
+        let (name, p) = &params[i];
         let key = (decays(name), p.kind(), p.device());
         match groups.iter_mut().find(|(k, _)| *k == key) {
             Some((_, members)) => members.push(i),
@@ -64,24 +82,57 @@ fn group_members(params: &[(String, Tensor)]) -> Vec<((bool, Kind, tch::Device),
 }
 
 impl AdamW {
-    /// `params` in the order every rank agrees on (sorted by name). Each parameter's data
-    /// moves into its group's buffer (its values unchanged): the model keeps training the
-    /// same tensors, which now share storage with the optimizer's flat view.
+    /// `params` in the order every rank agrees on (sorted by name), laid out in that order.
     pub fn new(params: &[(String, Tensor)], c: &OptimizerConfig) -> Self {
+        let order: Vec<usize> = (0..params.len()).collect();
+        let mut alloc =
+            |n: i64, kind: Kind, device: tch::Device| Ok(Tensor::f_zeros([n], (kind, device))?);
+        Self::with_layout(params, &order, c, &mut alloc).expect("zeros on the parameters' device")
+    }
+
+    /// Like `new`, with the buffers laid out in `order` (a permutation of the parameter
+    /// indices; the trainer passes the order backward completes the gradients in, so the
+    /// gradient exchange can start on the first buffers while backward runs). Each
+    /// parameter's data and any gradient it has move into its group's buffers (values
+    /// unchanged): the model keeps training the same tensors, which now share storage with
+    /// the optimizer's flat views. `alloc(elements, kind, device)` gives each buffer, zeroed.
+    pub fn with_layout(
+        params: &[(String, Tensor)],
+        order: &[usize],
+        c: &OptimizerConfig,
+        alloc: &mut dyn FnMut(i64, Kind, tch::Device) -> Result<Tensor>,
+    ) -> Result<Self> {
+        assert_eq!(
+            order.len(),
+            params.len(),
+            "the layout orders every parameter"
+        );
         let mut slots: Vec<Option<Slot>> = (0..params.len()).map(|_| None).collect();
         let mut groups = Vec::new();
-        for ((decay, kind, device), members) in group_members(params) {
+        for ((decay, kind, device), members) in group_members(params, order) {
             let total: i64 = members.iter().map(|&i| params[i].1.numel() as i64).sum();
-            let flat = Tensor::zeros([total], (kind, device));
-            let (exp_avg, exp_avg_sq) = (flat.zeros_like(), flat.zeros_like());
+            let flat = alloc(total, kind, device)?;
+            let (grad, exp_avg, exp_avg_sq) = (
+                alloc(total, kind, device)?,
+                alloc(total, kind, device)?,
+                alloc(total, kind, device)?,
+            );
             let mut offset = 0;
             for &i in &members {
                 let (name, p) = &params[i];
                 let (n, shape) = (p.numel() as i64, p.size());
                 let view = |t: &Tensor| t.narrow(0, offset, n).view(shape.as_slice());
                 let mut data = view(&flat);
-                tch::no_grad(|| data.copy_(p));
+                let mut grad_view = view(&grad);
+                tch::no_grad(|| {
+                    data.copy_(p);
+                    let old = p.grad();
+                    if old.defined() {
+                        grad_view.copy_(&old);
+                    }
+                });
                 p.shallow_clone().set_data(&data);
+                crate::autograd::set_grad(p, &grad_view)?;
                 slots[i] = Some(Slot {
                     name: name.clone(),
                     param: p.shallow_clone(),
@@ -94,11 +145,12 @@ impl AdamW {
                 decay,
                 members,
                 param: flat,
+                grad,
                 exp_avg,
                 exp_avg_sq,
             });
         }
-        AdamW {
+        Ok(AdamW {
             slots: slots
                 .into_iter()
                 .map(|s| s.expect("every parameter grouped"))
@@ -110,34 +162,46 @@ impl AdamW {
             weight_decay: c.weight_decay,
             grad_scale: 1.0,
             steps: 0,
-        }
+        })
     }
 
-    /// A group's gradients end to end (one `cat`; undefined gradients count as zero), or
-    /// None when none of its parameters has one.
-    fn flat_grad(&self, g: &Group) -> Option<Tensor> {
-        let grads: Vec<Tensor> = g
-            .members
+    /// Each group's gradient buffer and its members' places in it.
+    pub fn grad_layout(&self) -> Vec<GradLayout> {
+        self.groups
             .iter()
-            .map(|&i| self.slots[i].param.grad())
-            .collect();
-        if grads.iter().all(|t| !t.defined()) {
-            return None;
-        }
-        let parts: Vec<Tensor> = grads
-            .iter()
-            .zip(&g.members)
-            .map(|(grad, &i)| match grad.defined() {
-                true => grad.reshape([-1]),
-                false => self.slots[i].param.zeros_like().reshape([-1]),
+            .map(|g| {
+                let mut offset = 0;
+                let members = g
+                    .members
+                    .iter()
+                    .map(|&i| {
+                        let n = self.slots[i].param.numel() as i64;
+                        offset += n;
+                        (i, offset - n, n)
+                    })
+                    .collect();
+                GradLayout {
+                    flat: g.grad.shallow_clone(),
+                    members,
+                }
             })
-            .collect();
-        Some(Tensor::cat(&parts, 0))
+            .collect()
     }
 
-    /// One update at learning rate `lr` from the parameters' current gradients (undefined
-    /// gradients count as zero, like PyTorch's `zero_grad(set_to_none=False)`), scaled by
-    /// what `clip_to` decided. PyTorch's AdamW, element by element, on each group's buffers.
+    /// The flat buffers a new rank must take from rank 0: every group's parameters and
+    /// moments.
+    pub fn state_buffers(&self) -> Vec<Tensor> {
+        self.groups
+            .iter()
+            .flat_map(|g| [&g.param, &g.exp_avg, &g.exp_avg_sq])
+            .map(Tensor::shallow_clone)
+            .collect()
+    }
+
+    /// One update at learning rate `lr` from the gradient buffers (a parameter no backward
+    /// reached has a zero gradient, like PyTorch's `zero_grad(set_to_none=False)`), scaled
+    /// by what `clip_to` decided. PyTorch's AdamW, element by element, on each group's
+    /// buffers.
     pub fn step(&mut self, lr: f64) {
         self.steps += 1;
         let t = self.steps as i32;
@@ -147,15 +211,15 @@ impl AdamW {
         let scale = std::mem::replace(&mut self.grad_scale, 1.0);
         tch::no_grad(|| {
             for g in &self.groups {
-                let mut grad = self.flat_grad(g).unwrap_or_else(|| g.param.zeros_like());
-                if scale != 1.0 {
-                    let _ = grad.g_mul_scalar_(scale);
-                }
-                let (mut param, mut exp_avg, mut exp_avg_sq) = (
+                let (mut grad, mut param, mut exp_avg, mut exp_avg_sq) = (
+                    g.grad.shallow_clone(),
                     g.param.shallow_clone(),
                     g.exp_avg.shallow_clone(),
                     g.exp_avg_sq.shallow_clone(),
                 );
+                if scale != 1.0 {
+                    let _ = grad.g_mul_scalar_(scale);
+                }
                 if g.decay && self.weight_decay != 0.0 {
                     let _ = param.g_mul_scalar_(1.0 - lr * self.weight_decay);
                 }
@@ -168,14 +232,11 @@ impl AdamW {
         });
     }
 
-    /// Sets every gradient to zero (keeps the buffers: no re-allocation per step).
+    /// Sets every gradient to zero: one kernel per group buffer, no re-allocation.
     pub fn zero_grad(&mut self) {
         self.grad_scale = 1.0;
-        for s in &mut self.slots {
-            let mut g = s.param.grad();
-            if g.defined() {
-                let _ = g.zero_();
-            }
+        for g in &self.groups {
+            let _ = g.grad.shallow_clone().zero_();
         }
     }
 
@@ -188,21 +249,19 @@ impl AdamW {
     }
 
     /// The global L2 norm of the gradients as a 0-dim f64 tensor on their device (None
-    /// without gradients); the trainer reads it with the step's other scalars in one go.
-    /// One norm per group.
+    /// without parameters); the trainer reads it with the step's other scalars in one go.
+    /// One norm per group buffer.
     pub fn grad_norm(&self) -> Option<Tensor> {
         let norms: Vec<Tensor> = self
             .groups
             .iter()
-            .filter_map(|g| self.flat_grad(g))
-            .map(|g| g.norm().to_kind(Kind::Double))
+            .map(|g| g.grad.norm().to_kind(Kind::Double))
             .collect();
         (!norms.is_empty()).then(|| Tensor::stack(&norms, 0).norm())
     }
 
     /// Clips the gradients to `max_norm` when their norm `total` is above it: the next
-    /// `step` scales each group's gradient buffer once (the parameters' own `.grad` tensors
-    /// are left as they are).
+    /// `step` scales each group's gradient buffer in place, once.
     pub fn clip_to(&mut self, total: f64, max_norm: f64) {
         self.grad_scale = if max_norm > 0.0 && total > max_norm {
             max_norm / (total + 1e-6)
@@ -223,14 +282,6 @@ impl AdamW {
         }
         out.push(("step".to_string(), Tensor::from_slice(&[self.steps as i64])));
         out
-    }
-
-    /// The moment tensors in parameter order (for broadcasting them from rank 0).
-    pub fn moments(&self) -> Vec<Tensor> {
-        self.slots
-            .iter()
-            .flat_map(|s| [s.exp_avg.shallow_clone(), s.exp_avg_sq.shallow_clone()])
-            .collect()
     }
 
     /// Restores a state saved by `state`; every tensor must be present with the right shape.

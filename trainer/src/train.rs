@@ -16,16 +16,17 @@ use ferrotrain_api::config::{DeviceKind, Precision, Task};
 use ferrotrain_api::progress::GangResources;
 use ferrotrain_api::recovery::Timestamp;
 use ferrotrain_api::{CheckpointInfo, TrainerConfig, TrainerPhase};
-use tch::{Device, Kind, Tensor, nn};
+use tch::{Device, Kind, Tensor};
 
 use crate::bleu::BleuStats;
 use crate::checkpoint::{CheckpointStore, Named, TrainerState, WriterId};
 use crate::data::{self, BatchStream, Corpus, Example};
 use crate::decode;
-use crate::dist::{self, Collective, GradSync, RankEnv};
+use crate::dist::{self, Collective, RankEnv};
 use crate::error::{Result, TrainError};
 use crate::metrics::{MetricsServer, Reporter, SharedProgress};
 use crate::model::{self, Transformer};
+use crate::net::Net;
 use crate::optim::{self, AdamW};
 use crate::resources::ResourceSampler;
 use crate::signals;
@@ -177,7 +178,7 @@ pub fn preflight_data(config: &TrainerConfig) -> Result<()> {
 
 /// Broadcasts unsigned integers from rank 0, exactly: each travels as four 16-bit limbs,
 /// which f32 represents without rounding.
-fn broadcast_u64s(comm: &mut dyn Collective, values: &[u64]) -> Result<Vec<u64>> {
+pub(crate) fn broadcast_u64s(comm: &mut dyn Collective, values: &[u64]) -> Result<Vec<u64>> {
     let limbs: Vec<f32> = values
         .iter()
         .flat_map(|v| (0..4).map(move |i| ((v >> (16 * i)) & 0xffff) as f32))
@@ -519,7 +520,6 @@ fn resume(
     config: &TrainerConfig,
     params: &[(String, Tensor)],
     optimizer: &mut AdamW,
-    grad_sync: Option<&mut GradSync>,
     comm: &mut dyn Collective,
     bucket_bytes: usize,
 ) -> Result<Start> {
@@ -579,10 +579,8 @@ fn resume(
                 )
             }));
         }
-        let sync = grad_sync.expect("world > 1");
-        sync.broadcast_params(comm)?;
-        // The moments travel through device buckets like the parameters.
-        GradSync::new(&optimizer.moments(), bucket_bytes).broadcast_params(comm)?;
+        // Rank 0's parameters and moments, straight from the optimizer's flat buffers.
+        dist::broadcast_buffers(comm, &optimizer.state_buffers(), bucket_bytes)?;
     } else if let Some(e) = incompatible {
         return Err(e);
     }
@@ -635,36 +633,6 @@ fn open_gang(opts: &RunOptions) -> Result<(Device, Box<dyn Collective>)> {
         std::fs::write(opts.job_dir.join(CONFIG_FILE), config.to_yaml())?;
     }
     Ok((device, comm))
-}
-
-/// The model, its parameters and what updates them.
-struct Net {
-    // Dropped in this order (the reverse of making them).
-    grad_sync: Option<GradSync>,
-    optimizer: AdamW,
-    params: Vec<(String, Tensor)>,
-    model: Transformer,
-    vs: nn::VarStore,
-}
-
-impl Net {
-    /// Seeds libtorch with the run's seed first: the initial weights follow from it.
-    fn new(config: &TrainerConfig, device: Device, vocab: i64, world: usize, bucket: usize) -> Net {
-        tch::manual_seed(config.seed as i64);
-        let vs = nn::VarStore::new(device);
-        let model = Transformer::new(&vs.root(), &config.model, vocab, config.precision);
-        let params = model::named_parameters(&vs);
-        let optimizer = AdamW::new(&params, &config.optimizer);
-        let tensors: Vec<Tensor> = params.iter().map(|(_, t)| t.shallow_clone()).collect();
-        let grad_sync = (world > 1).then(|| GradSync::new(&tensors, bucket));
-        Net {
-            grad_sync,
-            optimizer,
-            params,
-            model,
-            vs,
-        }
-    }
 }
 
 /// Rank 0's progress (served on /metrics, /progress and /healthz when `metrics_port` is set),
@@ -870,14 +838,13 @@ impl<'a> Trainer<'a> {
         }
         let bucket_bytes = config.distributed.bucket_mib as usize * 1024 * 1024;
         let vocab = corpus.vocab.size() as i64;
-        let mut net = Net::new(config, device, vocab, world, bucket_bytes);
+        let mut net = Net::new(config, device, vocab, comm.as_mut(), bucket_bytes)?;
         let store = open_store(opts, leader)?;
         let start = resume(
             store.as_ref(),
             config,
             &net.params,
             &mut net.optimizer,
-            net.grad_sync.as_mut(),
             comm.as_mut(),
             bucket_bytes,
         )?;
@@ -1023,18 +990,30 @@ impl<'a> Trainer<'a> {
 
     /// Forward and backward over this rank's shard of each micro-batch, with dropout seeded
     /// by (seed, step, rank, micro-batch); returns this rank's summed loss, on the device.
+    /// The gradient exchange is armed before the last backward: its buckets start as that
+    /// backward completes them (`exchange` waits for them).
     fn forward_backward(&mut self, batch: &GlobalBatch) -> Tensor {
         let config = self.config;
         let train = &self.corpus.train;
         self.net.optimizer.zero_grad();
+        let shards: Vec<Vec<usize>> = batch
+            .micro
+            .iter()
+            .map(|micro| data::shard(micro, train, self.rank, self.world))
+            .collect();
+        let last = shards.iter().rposition(|s| !s.is_empty());
         // The loss stays on the device until the step's one host read.
         let mut loss_local = Tensor::zeros([], (Kind::Double, self.device));
-        for (i, micro) in batch.micro.iter().enumerate() {
-            let mine = data::shard(micro, train, self.rank, self.world);
+        for (i, mine) in shards.iter().enumerate() {
             if mine.is_empty() {
                 continue;
             }
-            let tb = data::to_tensors(train, &mine, self.device);
+            let tb = data::to_tensors(train, mine, self.device);
+            if Some(i) == last
+                && let Some(sync) = self.net.grad_sync.as_mut()
+            {
+                sync.arm(self.comm.as_mut());
+            }
             tch::manual_seed(step_seed(config.seed, self.step, self.rank, i));
             loss_local += self.net.model.train_loss_backward(
                 &tb,
@@ -1070,7 +1049,7 @@ impl<'a> Trainer<'a> {
         summarise: bool,
     ) -> Result<Synced> {
         let sync = self.net.grad_sync.as_mut().expect("world > 1");
-        let mut comm_seconds = sync.sync(self.comm.as_mut())?;
+        let mut comm_seconds = sync.finish(self.comm.as_mut())?;
         let c0 = Instant::now();
         // Sums: the loss, rank 0's clock (the others add 0), how many ranks were signalled,
         // and (some steps) each rank's resources in its own slots.

@@ -4,8 +4,9 @@
 use std::net::TcpListener;
 use std::time::Duration;
 
-use ferrotrain_api::config::DistributedConfig;
+use ferrotrain_api::config::{DistributedConfig, OptimizerConfig};
 use ferrotrain_trainer::dist::{self, Collective, GradSync, RankEnv};
+use ferrotrain_trainer::optim::AdamW;
 use tch::{Device, Kind, Tensor};
 
 fn free_port() -> u16 {
@@ -77,31 +78,47 @@ fn tensors_are_summed_and_broadcast_in_place() {
 }
 
 #[test]
-fn grad_sync_sums_in_buckets_and_treats_missing_grads_as_zeros() {
+fn grad_sync_sums_in_buckets_during_backward_and_treats_unused_parameters_as_zeros() {
     let out = gang(3, |rank, mut comm| {
         let sizes = [7i64, 100, 3, 50];
-        let params: Vec<Tensor> = sizes
+        let params: Vec<(String, Tensor)> = sizes
             .iter()
-            .map(|&n| {
-                Tensor::full([n], rank as f64, (Kind::Float, Device::Cpu)).set_requires_grad(true)
+            .enumerate()
+            .map(|(i, &n)| {
+                let t = Tensor::full([n], rank as f64, (Kind::Float, Device::Cpu))
+                    .set_requires_grad(true);
+                (format!("p{i}.weight"), t)
             })
             .collect();
-        // Small buckets: several all-reduces per sync.
-        let mut sync = GradSync::new(&params, 256);
-        assert!(sync.bucket_sizes().len() >= 3);
-        sync.broadcast_params(comm.as_mut()).unwrap();
-        // Rank 1 does not use parameter 2 this step: its grad stays undefined.
+        let config: OptimizerConfig = serde_json::from_str("{}").unwrap();
+        let order = [3usize, 2, 1, 0];
+        let mut alloc = |n: i64, kind: Kind, _: Device| comm.zeros(n, kind);
+        let opt = AdamW::with_layout(&params, &order, &config, &mut alloc).unwrap();
+        let tensors: Vec<Tensor> = params.iter().map(|(_, t)| t.shallow_clone()).collect();
+        // Small buckets: several all-reduces per exchange, started in completion order.
+        let completion = [3, 2, 1, 0];
+        let mut sync = GradSync::new(&tensors, &opt.grad_layout(), 256, &completion).unwrap();
+        assert!(sync.bucket_sizes().len() >= 3, "{:?}", sync.bucket_sizes());
+        dist::broadcast_buffers(comm.as_mut(), &opt.state_buffers(), 64).unwrap();
+        // Rank 1 does not use parameter 2 this step: its gradient stays zero there.
         let mut loss = Tensor::zeros([], (Kind::Float, Device::Cpu));
-        for (i, p) in params.iter().enumerate() {
+        for (i, p) in tensors.iter().enumerate() {
             if rank == 1 && i == 2 {
                 continue;
             }
             loss += (p * (rank as f64 + 1.0)).sum(Kind::Float);
         }
+        sync.arm(comm.as_mut());
         loss.backward();
-        let seconds = sync.sync(comm.as_mut()).unwrap();
+        let seconds = sync.finish(comm.as_mut()).unwrap();
         assert!(seconds >= 0.0);
-        params
+        // A second step without arming: everything starts at `finish`.
+        let mut opt = opt;
+        opt.zero_grad();
+        (&tensors[0] * 2.0).sum(Kind::Float).backward();
+        sync.sync(comm.as_mut()).unwrap();
+        let second = Vec::<f32>::try_from(tensors[0].grad()).unwrap();
+        let grads = tensors
             .iter()
             .map(|p| {
                 (
@@ -109,12 +126,51 @@ fn grad_sync_sums_in_buckets_and_treats_missing_grads_as_zeros() {
                     Vec::<f32>::try_from(p.grad()).unwrap(),
                 )
             })
+            .collect::<Vec<_>>();
+        (grads, second)
+    });
+    for (per_rank, second) in &out {
+        assert!(second.iter().all(|&g| g == 6.0), "{second:?}");
+        for (i, (value, _)) in per_rank.iter().enumerate() {
+            // Rank 0's parameters (zeros) everywhere.
+            assert!(value.iter().all(|&x| x == 0.0), "param {i}");
+        }
+    }
+}
+
+#[test]
+fn grad_sync_sums_the_first_steps_gradients() {
+    let out = gang(3, |rank, mut comm| {
+        let params: Vec<(String, Tensor)> = [7i64, 100, 3, 50]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let t = Tensor::ones([n], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+                (format!("p{i}.weight"), t)
+            })
+            .collect();
+        let config: OptimizerConfig = serde_json::from_str("{}").unwrap();
+        let mut alloc = |n: i64, kind: Kind, _: Device| comm.zeros(n, kind);
+        let opt = AdamW::with_layout(&params, &[0, 1, 2, 3], &config, &mut alloc).unwrap();
+        let tensors: Vec<Tensor> = params.iter().map(|(_, t)| t.shallow_clone()).collect();
+        let mut sync = GradSync::new(&tensors, &opt.grad_layout(), 256, &[0, 1, 2, 3]).unwrap();
+        let mut loss = Tensor::zeros([], (Kind::Float, Device::Cpu));
+        for (i, p) in tensors.iter().enumerate() {
+            if rank == 1 && i == 2 {
+                continue;
+            }
+            loss += (p * (rank as f64 + 1.0)).sum(Kind::Float);
+        }
+        sync.arm(comm.as_mut());
+        loss.backward();
+        sync.finish(comm.as_mut()).unwrap();
+        tensors
+            .iter()
+            .map(|p| Vec::<f32>::try_from(p.grad()).unwrap())
             .collect::<Vec<_>>()
     });
     for per_rank in &out {
-        for (i, (value, grad)) in per_rank.iter().enumerate() {
-            // Rank 0's parameters (zeros) everywhere.
-            assert!(value.iter().all(|&x| x == 0.0), "param {i}");
+        for (i, grad) in per_rank.iter().enumerate() {
             let expected = if i == 2 { 1.0 + 3.0 } else { 1.0 + 2.0 + 3.0 };
             assert!(grad.iter().all(|&g| g == expected), "param {i}: {grad:?}");
         }

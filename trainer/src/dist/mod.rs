@@ -6,6 +6,7 @@
 
 pub mod auth;
 pub mod bench;
+pub mod grads;
 #[cfg(feature = "cuda")]
 pub mod nccl;
 #[cfg(feature = "cuda")]
@@ -23,6 +24,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::{Result, TrainError};
 use auth::Auth;
+pub use grads::{GradSync, broadcast_buffers};
 use ring::Ring;
 use store::{StoreClient, StoreServer};
 
@@ -135,6 +137,18 @@ pub trait Collective: Send {
     }
     /// Element-wise sum over ranks, in place. `tensor` is contiguous f32 on `device()`.
     fn all_reduce_sum(&mut self, tensor: &mut Tensor) -> Result<()>;
+    /// Starts `all_reduce_sum` of `tensor` and may return before it is done (the gradient
+    /// exchange overlaps backward with it); the sum is in `tensor` once `finish_started`
+    /// returns. Until then the caller leaves `tensor` alone and calls no other collective
+    /// but `start_all_reduce_sum`. By default the sum is done at once.
+    fn start_all_reduce_sum(&mut self, tensor: &Tensor) -> Result<()> {
+        self.all_reduce_sum(&mut tensor.shallow_clone())
+    }
+    /// Waits until every started all-reduce is done (on a GPU: until work queued after this
+    /// call sees their results); reports the first failure among them.
+    fn finish_started(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// Copies root's tensor into every rank's, in place.
     fn broadcast(&mut self, tensor: &mut Tensor, root: usize) -> Result<()>;
     /// Returns when every rank has called it.
@@ -198,8 +212,8 @@ pub fn init(
     }
     let ring = meeting.ring(config)?;
     let ring = Box::new(RingCollective {
-        ring,
         _store: meeting.server,
+        ..RingCollective::new(ring)
     });
     if strict::requested() {
         // Tests only: every tensor must come from the collective's own buffers, as NCCL
@@ -335,14 +349,56 @@ fn bind_until(addr: SocketAddr, deadline: Instant) -> Result<TcpListener> {
 
 /// The TCP ring on CPU tensors (tensors elsewhere go through a CPU copy).
 pub struct RingCollective {
-    ring: Ring,
+    rank: usize,
+    world: usize,
+    /// None while a worker thread holds it for started all-reduces.
+    ring: Option<Ring>,
+    worker: Option<RingWorker>,
     /// Rank 0 keeps serving the store while the ring lives.
     _store: Option<StoreServer>,
 }
 
+/// A thread that owns the ring while started all-reduces run, one after the other, in the
+/// order started; it gives the ring back when its queue is closed.
+struct RingWorker {
+    queue: std::sync::mpsc::Sender<Tensor>,
+    thread: std::thread::JoinHandle<(Ring, Result<()>)>,
+}
+
+impl RingWorker {
+    fn spawn(mut ring: Ring) -> Result<Self> {
+        let (queue, jobs) = std::sync::mpsc::channel::<Tensor>();
+        let thread = std::thread::Builder::new()
+            .name("ring-all-reduce".into())
+            .spawn(move || {
+                let mut result = Ok(());
+                for mut tensor in jobs {
+                    // After a failure the ring stays failed: the rest are not started.
+                    if result.is_ok() {
+                        result = with_f32(&mut tensor, |data| ring.all_reduce_sum(data));
+                    }
+                }
+                (ring, result)
+            })?;
+        Ok(RingWorker { queue, thread })
+    }
+}
+
 impl RingCollective {
     pub fn new(ring: Ring) -> Self {
-        RingCollective { ring, _store: None }
+        RingCollective {
+            rank: ring.rank(),
+            world: ring.world_size(),
+            ring: Some(ring),
+            worker: None,
+            _store: None,
+        }
+    }
+
+    /// The ring, once the started all-reduces are done (their first failure, if any).
+    fn ring(&mut self) -> Result<&mut Ring> {
+        self.finish_started()?;
+        Ok(self.ring.as_mut().expect("the worker gave the ring back"))
     }
 }
 
@@ -390,155 +446,45 @@ fn with_bytes(tensor: &mut Tensor, f: impl FnOnce(&mut [u8]) -> Result<()>) -> R
 
 impl Collective for RingCollective {
     fn rank(&self) -> usize {
-        self.ring.rank()
+        self.rank
     }
     fn world_size(&self) -> usize {
-        self.ring.world_size()
+        self.world
     }
     fn device(&self) -> Device {
         Device::Cpu
     }
     fn all_reduce_sum(&mut self, tensor: &mut Tensor) -> Result<()> {
-        let ring = &mut self.ring;
+        let ring = self.ring()?;
         with_f32(tensor, |data| ring.all_reduce_sum(data))
     }
+    fn start_all_reduce_sum(&mut self, tensor: &Tensor) -> Result<()> {
+        if self.worker.is_none() {
+            let ring = self.ring.take().expect("no worker holds the ring");
+            self.worker = Some(RingWorker::spawn(ring)?);
+        }
+        let worker = self.worker.as_ref().expect("just set");
+        // The worker ends only when the queue closes: a send cannot fail before that.
+        let _ = worker.queue.send(tensor.shallow_clone());
+        Ok(())
+    }
+    fn finish_started(&mut self) -> Result<()> {
+        let Some(RingWorker { queue, thread }) = self.worker.take() else {
+            return Ok(());
+        };
+        drop(queue);
+        let (ring, result) = thread
+            .join()
+            .map_err(|_| TrainError::Other("the ring's all-reduce thread panicked".into()))?;
+        self.ring = Some(ring);
+        result
+    }
     fn broadcast(&mut self, tensor: &mut Tensor, root: usize) -> Result<()> {
-        let ring = &mut self.ring;
+        let ring = self.ring()?;
         with_bytes(tensor, |data| ring.broadcast(data, root))
     }
     fn barrier(&mut self) -> Result<()> {
-        self.ring.barrier()
-    }
-}
-
-/// One flat buffer holding consecutive parameters' values or gradients.
-struct Bucket {
-    /// (parameter index, offset in the bucket, elements)
-    members: Vec<(usize, i64, i64)>,
-    numel: i64,
-    kind: Kind,
-    device: Device,
-    /// On the collective's device (allocated by it on first use).
-    flat: Option<Tensor>,
-}
-
-impl Bucket {
-    fn flat(&mut self, comm: &mut dyn Collective) -> Result<&mut Tensor> {
-        if self.flat.is_none() {
-            self.flat = Some(comm.zeros(self.numel, self.kind)?);
-        }
-        Ok(self.flat.as_mut().expect("just set"))
-    }
-}
-
-/// Sums gradients over ranks: flattens them (in parameter order) into buckets of about
-/// `bucket_bytes`, all-reduces each bucket and copies the sums back. The trainer normalizes
-/// the loss by the global token count, so `GradSync` sums rather than averages.
-pub struct GradSync {
-    params: Vec<Tensor>,
-    buckets: Vec<Bucket>,
-}
-
-impl GradSync {
-    /// `params` are the trainable variables in a fixed order identical on every rank.
-    pub fn new(params: &[Tensor], bucket_bytes: usize) -> Self {
-        let mut buckets: Vec<Bucket> = Vec::new();
-        for (i, p) in params.iter().enumerate() {
-            let (kind, device, n) = (p.kind(), p.device(), p.numel() as i64);
-            let bytes = n as usize * kind.elt_size_in_bytes();
-            let fits = buckets.last().is_some_and(|b| {
-                b.kind == kind
-                    && b.device == device
-                    && (b.numel as usize * kind.elt_size_in_bytes() + bytes <= bucket_bytes
-                        || b.numel == 0)
-            });
-            if !fits {
-                buckets.push(Bucket {
-                    members: Vec::new(),
-                    numel: 0,
-                    kind,
-                    device,
-                    flat: None,
-                });
-            }
-            let b = buckets.last_mut().expect("pushed");
-            b.members.push((i, b.numel, n));
-            b.numel += n;
-        }
-        GradSync {
-            params: params.iter().map(|p| p.shallow_clone()).collect(),
-            buckets,
-        }
-    }
-
-    /// Buckets and their sizes in elements (for logs and tests).
-    pub fn bucket_sizes(&self) -> Vec<usize> {
-        self.buckets.iter().map(|b| b.numel as usize).collect()
-    }
-
-    /// Sums every parameter's gradient over ranks in place; returns the seconds spent.
-    /// A parameter without a gradient (unused this step) counts as zeros on this rank and
-    /// gets the summed gradient afterwards, so every rank ends with the same gradients.
-    pub fn sync(&mut self, comm: &mut dyn Collective) -> Result<f64> {
-        let start = Instant::now();
-        if comm.world_size() == 1 {
-            return Ok(0.0);
-        }
-        for p in &self.params {
-            if !p.grad().defined() {
-                // tch cannot assign `.grad`; a zero backward defines it.
-                p.f_mul_scalar(0.0)?.f_sum(None::<Kind>)?.f_backward()?;
-            }
-        }
-        for bucket in &mut self.buckets {
-            let members = bucket.members.clone();
-            let flat = bucket.flat(comm)?;
-            tch::no_grad(|| -> Result<()> {
-                for &(i, off, n) in &members {
-                    let g = self.params[i].grad();
-                    flat.f_narrow(0, off, n)?.f_copy_(&g.f_reshape([-1])?)?;
-                }
-                Ok(())
-            })?;
-            comm.all_reduce_sum(flat)?;
-            tch::no_grad(|| -> Result<()> {
-                for &(i, off, n) in &members {
-                    let mut g = self.params[i].grad();
-                    let src = flat.f_narrow(0, off, n)?.f_view_as(&g)?;
-                    g.f_copy_(&src)?;
-                }
-                Ok(())
-            })?;
-        }
-        Ok(start.elapsed().as_secs_f64())
-    }
-
-    /// Makes every rank's parameters equal to rank 0's.
-    pub fn broadcast_params(&mut self, comm: &mut dyn Collective) -> Result<()> {
-        if comm.world_size() == 1 {
-            return Ok(());
-        }
-        for bucket in &mut self.buckets {
-            let members = bucket.members.clone();
-            let flat = bucket.flat(comm)?;
-            tch::no_grad(|| -> Result<()> {
-                for &(i, off, n) in &members {
-                    flat.f_narrow(0, off, n)?
-                        .f_copy_(&self.params[i].f_reshape([-1])?)?;
-                }
-                Ok(())
-            })?;
-            comm.broadcast(flat, 0)?;
-            tch::no_grad(|| -> Result<()> {
-                for &(i, off, n) in &members {
-                    let mut p = self.params[i].shallow_clone();
-                    let src = flat.f_narrow(0, off, n)?.f_view_as(&p)?;
-                    p.f_copy_(&src)?;
-                }
-                Ok(())
-            })?;
-        }
-        Ok(())
+        self.ring()?.barrier()
     }
 }
 
@@ -617,16 +563,5 @@ mod tests {
             err.to_string().contains("built without the `cuda` feature"),
             "{err}"
         );
-    }
-
-    #[test]
-    fn buckets_respect_the_size_and_keep_order() {
-        let params: Vec<Tensor> = [10i64, 10, 30, 5, 1]
-            .iter()
-            .map(|&n| Tensor::zeros([n], (Kind::Float, Device::Cpu)))
-            .collect();
-        let sync = GradSync::new(&params, 80);
-        // 20 floats = 80 bytes; a 30-float parameter gets a bucket of its own.
-        assert_eq!(sync.bucket_sizes(), vec![20, 30, 6]);
     }
 }

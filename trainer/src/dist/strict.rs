@@ -182,6 +182,18 @@ impl Collective for Strict {
         let r = self.inner.all_reduce_sum(tensor);
         self.done(r)
     }
+    fn start_all_reduce_sum(&mut self, tensor: &Tensor) -> Result<()> {
+        self.check_tensor(tensor)?;
+        let r = self.inner.start_all_reduce_sum(tensor);
+        self.done(r)
+    }
+    fn finish_started(&mut self) -> Result<()> {
+        let r = self.inner.finish_started();
+        if let Err(e) = &r {
+            self.broken = Some(e.to_string());
+        }
+        r
+    }
     fn broadcast(&mut self, tensor: &mut Tensor, root: usize) -> Result<()> {
         self.check_tensor(tensor)?;
         let r = self.inner.broadcast(tensor, root);
@@ -298,26 +310,54 @@ mod tests {
         assert_eq!(c.downloads.load(Ordering::Relaxed), 2);
     }
 
+    fn adamw_on(comm: &mut Strict, params: &[(String, Tensor)]) -> crate::optim::AdamW {
+        let config: ferrotrain_api::config::OptimizerConfig = serde_json::from_str("{}").unwrap();
+        let order: Vec<usize> = (0..params.len()).collect();
+        let mut alloc = |n: i64, kind: Kind, _: Device| comm.zeros(n, kind);
+        crate::optim::AdamW::with_layout(params, &order, &config, &mut alloc).unwrap()
+    }
+
     #[test]
-    fn grad_sync_runs_on_device_buckets() {
+    fn grad_sync_runs_on_the_optimizers_device_buffers_without_copies() {
         let mut comm = strict();
-        let params: Vec<Tensor> = [3i64, 5]
+        let params: Vec<(String, Tensor)> = [3i64, 5]
             .iter()
-            .map(|&n| Tensor::ones([n], (Kind::Float, Device::Cpu)).set_requires_grad(true))
+            .enumerate()
+            .map(|(i, &n)| {
+                let t = Tensor::ones([n], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+                (format!("p{i}.weight"), t)
+            })
             .collect();
-        let loss = params[0].sum(Kind::Float) * 2.0 + params[1].sum(Kind::Float);
+        let opt = adamw_on(&mut comm, &params);
+        let tensors: Vec<Tensor> = params.iter().map(|(_, t)| t.shallow_clone()).collect();
+        let mut sync = GradSync::new(&tensors, &opt.grad_layout(), 16, &[0, 1]).unwrap();
+        assert_eq!(sync.bucket_sizes(), vec![3, 5]);
+        sync.arm(&mut comm);
+        let loss = tensors[0].sum(Kind::Float) * 2.0 + tensors[1].sum(Kind::Float);
         loss.backward();
-        let mut sync = GradSync::new(&params, 16);
-        sync.sync(&mut comm).unwrap();
+        sync.finish(&mut comm).unwrap();
         assert_eq!(
-            Vec::<f32>::try_from(&params[0].grad()).unwrap(),
+            Vec::<f32>::try_from(&tensors[0].grad()).unwrap(),
             vec![4.0; 3]
         );
         assert_eq!(
-            Vec::<f32>::try_from(&params[1].grad()).unwrap(),
+            Vec::<f32>::try_from(&tensors[1].grad()).unwrap(),
             vec![2.0; 5]
         );
-        sync.broadcast_params(&mut comm).unwrap();
-        assert_eq!(Vec::<f32>::try_from(&params[1]).unwrap(), vec![1.0; 5]);
+        crate::dist::broadcast_buffers(&mut comm, &opt.state_buffers(), 8).unwrap();
+        assert_eq!(Vec::<f32>::try_from(&tensors[1]).unwrap(), vec![1.0; 5]);
+    }
+
+    #[test]
+    fn gradients_in_buffers_the_collective_did_not_allocate_are_rejected() {
+        let mut comm = strict();
+        let w = Tensor::ones([4], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let params = vec![("w".to_string(), w.shallow_clone())];
+        let config: ferrotrain_api::config::OptimizerConfig = serde_json::from_str("{}").unwrap();
+        // Host buffers, as a call site that forgot `Collective::zeros` would make.
+        let opt = crate::optim::AdamW::new(&params, &config);
+        let mut sync = GradSync::new(&[w], &opt.grad_layout(), 1 << 20, &[0]).unwrap();
+        let err = sync.finish(&mut comm).unwrap_err();
+        assert!(err.to_string().contains("did not allocate"), "{err}");
     }
 }
