@@ -98,6 +98,8 @@ for world in 1 2; do
   c="$out/copy-ring-$world.yaml" log="$out/copy-ring-$world.log"
   config examples/copy.yaml "$c" "device: cuda" "precision: fp32" "maxSteps: 300" "logEverySteps: 300"
   sed -i 's/^distributed:$/distributed:\n  backend: ring/' "$c"
+  # maxTokens is per rank: half each for two ranks gives the same global batches.
+  sed -i "s|^  maxTokens: .*|  maxTokens: $((1024 / world))|" "$c"
   FERROTRAIN_CHECKPOINT_DIR="$out/runs" FERROTRAIN_JOB="ring-$world" \
     "$bin" launch --config "$c" --nproc-per-node "$world" --master-port 0 --max-restarts 0 > "$log" 2>&1 || true
 done

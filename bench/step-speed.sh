@@ -7,6 +7,11 @@
 #
 #   bench/step-speed.sh JOB_DIR [STEPS] [BINARY]      (default 60 steps, target/debug/ferrotrain)
 #   e.g. bench/step-speed.sh runs/bench/multi30k-20261122-041007
+#
+# RANKS=N runs N ranks under `ferrotrain launch` (one thread each when the config says
+# `threads: 0`) and also prints the share of a step spent waiting for the gradient exchange.
+# MAX_TOKENS=N overrides batch.maxTokens (per rank: 2 ranks at 1000 see the batches 1 rank
+# at 2000 sees; binaries before the change to per-rank maxTokens took it per gang).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
@@ -23,8 +28,18 @@ cp "$job/tokenizer.json" "$work/job/" 2>/dev/null || true
 sed -e "s/^maxSteps: .*/maxSteps: $((from + steps))/" -e 's/^maxSeconds: .*//' \
     -e 's/^  horizon: time/  horizon: steps/' -e 's/^  everySteps: .*/  everySteps: 0/' \
     -e 's/^  bleu: true/  bleu: false/' "$job/config.yaml" > "$work/job.yaml"
-"$binary" run --config "$work/job.yaml" --checkpoint-dir "$work" --job job > "$work/log" 2>&1 \
-  || { cat "$work/log"; exit 1; }
+if [ -n "${MAX_TOKENS:-}" ]; then
+  sed -i "s/^  maxTokens: .*/  maxTokens: $MAX_TOKENS/" "$work/job.yaml"
+fi
+ranks="${RANKS:-1}"
+if [ "$ranks" -gt 1 ]; then
+  "$binary" launch --config "$work/job.yaml" --nproc-per-node "$ranks" --master-port 0 \
+    --max-restarts 0 -- --checkpoint-dir "$work" --job job > "$work/log" 2>&1 \
+    || { cat "$work/log"; exit 1; }
+else
+  "$binary" run --config "$work/job.yaml" --checkpoint-dir "$work" --job job > "$work/log" 2>&1 \
+    || { cat "$work/log"; exit 1; }
+fi
 python3 - "$work/job/train-log.jsonl" "$from" <<'PY'
 import json, sys
 path, start = sys.argv[1], int(sys.argv[2])
@@ -32,5 +47,7 @@ rows = [json.loads(l) for l in open(path)]
 rows = [r for r in rows if "loss" in r and r.get("step", 0) > start + 5]
 secs = sum(r["seconds"] for r in rows)
 toks = sum(r["tokens"] for r in rows)
-print(f"from step {start}: {len(rows)} steps, {secs / len(rows):.3f} s/step, {toks / secs:.0f} tokens/s")
+comm = sum(r.get("commSeconds", 0.0) for r in rows)
+print(f"from step {start}: {len(rows)} steps, {secs / len(rows):.3f} s/step, "
+      f"{toks / secs:.0f} tokens/s, exchange wait {comm / len(rows) * 1000:.1f} ms/step")
 PY

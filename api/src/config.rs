@@ -230,8 +230,9 @@ pub struct ModelConfig {
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BatchConfig {
-    /// Upper bound on padded tokens per side (source or target) of one global micro-batch,
-    /// summed over all ranks. Sentences are bucketed by length so padding stays small.
+    /// Upper bound on padded tokens per side (source or target) of one rank's micro-batch: per
+    /// GPU, like fairseq's --max-tokens. A step of N ranks takes about N x maxTokens x
+    /// accumulate tokens per side. Sentences are bucketed by length so padding stays small.
     #[serde(default = "defaults::max_tokens")]
     #[schemars(range(min = 8))]
     pub max_tokens: u32,
@@ -389,7 +390,10 @@ pub struct DistributedConfig {
     /// Collective backend.
     #[serde(default)]
     pub backend: Backend,
-    /// Gradients are flattened into buckets of about this many MiB for exchange.
+    /// Gradients are exchanged in buckets of about this many MiB, each started as soon as
+    /// backward has completed its gradients (the first bucket is at most 1 MiB, so the
+    /// exchange starts early). Smaller buckets overlap more of the exchange with backward;
+    /// larger ones send fewer, bigger messages.
     #[serde(default = "defaults::bucket_mib")]
     #[schemars(range(min = 1, max = 4096))]
     pub bucket_mib: u32,

@@ -856,8 +856,9 @@ impl<'a> Trainer<'a> {
             &config.tensorboard,
             &corpus.stats,
         );
-        let mut stream =
-            BatchStream::new(&corpus.train, config.batch.max_tokens as usize, config.seed);
+        // `maxTokens` is per rank: the global micro-batch holds `world` ranks' worth.
+        let global_tokens = config.batch.max_tokens as usize * world;
+        let mut stream = BatchStream::new(&corpus.train, global_tokens, config.seed);
         stream.seek(start.samples)?;
         let log = open_log(leader, &opts.job_dir)?;
         let (eval, save) = Self::first_marks(start.step);

@@ -1,6 +1,6 @@
 //! Data parallelism preserves the training run: 1, 2 and 4 ranks on 127.0.0.1 with the same
-//! config (same global batches and seed, no dropout) log the same loss curve, up to float
-//! summation order.
+//! global batches (`batch.maxTokens` is per rank: 600, 300 and 150), seed and no dropout log
+//! the same loss curve, up to float summation order.
 
 mod common;
 
@@ -35,7 +35,7 @@ model:
   dropout: 0.0
   maxPositions: 16
 batch:
-  maxTokens: 600
+  maxTokens: MAX_TOKENS
 optimizer:
   lr: 0.003
 schedule:
@@ -57,7 +57,12 @@ logEverySteps: 1000
 /// Runs the job with `ranks` processes (1 = plain `ferrotrain run`); returns the losses.
 fn losses(dir: &Path, ranks: usize) -> Vec<f64> {
     let runs = dir.join(format!("runs-{ranks}"));
-    let config = dir.join("job.yaml");
+    // The job is named after the file: one directory per rank count, each with job.yaml.
+    let config_dir = dir.join(format!("config-{ranks}"));
+    std::fs::create_dir_all(&config_dir).unwrap();
+    let config = config_dir.join("job.yaml");
+    let per_rank = 600 / ranks;
+    std::fs::write(&config, CONFIG.replace("MAX_TOKENS", &per_rank.to_string())).unwrap();
     let log = dir.join(format!("stderr-{ranks}.log"));
     let cmd = if ranks == 1 {
         let mut cmd = common::run_command(&config, &runs);
@@ -84,7 +89,6 @@ fn losses(dir: &Path, ranks: usize) -> Vec<f64> {
 #[test]
 fn one_two_and_four_ranks_follow_the_same_loss_curve() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("job.yaml"), CONFIG).unwrap();
     let single = losses(dir.path(), 1);
     assert!(
         single[STEPS as usize - 1] < single[0] - 0.3,

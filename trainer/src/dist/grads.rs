@@ -24,6 +24,10 @@ use crate::autograd;
 use crate::error::{Result, TrainError};
 use crate::optim::GradLayout;
 
+/// The size cap of each gradient buffer's first bucket (PyTorch DDP's
+/// `_DEFAULT_FIRST_BUCKET_BYTES`).
+pub const FIRST_BUCKET_BYTES: usize = 1 << 20;
+
 /// Sums gradients over ranks in buckets of about `bucket_bytes`.
 pub struct GradSync {
     /// The hooks' context: its address must not change while the hooks are set.
@@ -108,7 +112,8 @@ extern "C" fn gradient_ready(context: *mut c_void, index: usize) {
 impl GradSync {
     /// `params` are the trainable variables in the order every rank agrees on, `layout` the
     /// optimizer's gradient buffers (whose members index `params`). Buckets never straddle
-    /// a parameter, and start in the order backward completes them: by the latest position
+    /// a parameter, a buffer's first bucket holds at most `FIRST_BUCKET_BYTES` (unless one
+    /// parameter is bigger), and buckets start in the order backward completes them: by the latest position
     /// in `completion` (a parameter's place in the order backward completes its gradient)
     /// of their members.
     pub fn new(
@@ -133,10 +138,14 @@ impl GradSync {
                 }
                 current.clear();
             };
+            // As in PyTorch DDP, a group's first bucket is small, so the exchange starts
+            // early in backward rather than when a whole `bucket_bytes` is complete.
+            let mut limit = bucket_bytes.min(FIRST_BUCKET_BYTES);
             for &m in &group.members {
                 let bytes: i64 = current.iter().map(|c| c.2).sum::<i64>() + m.2;
-                if !current.is_empty() && bytes as usize * elt > bucket_bytes {
+                if !current.is_empty() && bytes as usize * elt > limit {
                     flush(&mut current);
+                    limit = bucket_bytes;
                 }
                 current.push(m);
             }
@@ -366,5 +375,13 @@ mod tests {
         sync.finish(&mut comm).unwrap();
         // Bucket 0 (parameter 0) completes last; bucket 1 waited for it, inside backward.
         assert_eq!(comm.started, vec![(4, true), (4, true)]);
+    }
+
+    #[test]
+    fn the_first_bucket_is_small_so_the_exchange_starts_early() {
+        // Three 800 KB parameters with 25 MiB buckets: the first bucket holds one of them.
+        let (params, group) = layout(&[200_000, 200_000, 200_000]);
+        let sync = GradSync::new(&params, &[group], 25 << 20, &[0, 1, 2]).unwrap();
+        assert_eq!(sync.bucket_sizes(), vec![200_000, 400_000]);
     }
 }

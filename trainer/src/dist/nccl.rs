@@ -1,10 +1,19 @@
 //! NCCL between GPUs, through cudarc (libcuda and libnccl are loaded at run time).
 //!
 //! Rank 0 creates the NCCL unique id and publishes it in the rendezvous store; every rank
-//! joins the communicator on the GPU libtorch picked for it (`local_rank % visible GPUs`). Collectives are enqueued on the CUDA legacy
-//! default stream (libtorch's current stream unless the caller set another), then this rank
-//! polls the stream and NCCL's asynchronous error until done or the collective timeout, when
-//! it aborts the communicator so a dead or hung peer never hangs the gang.
+//! joins the communicator on the GPU libtorch picked for it (`local_rank % visible GPUs`).
+//!
+//! Collectives run on a side stream of their own, ordered against libtorch's stream (the
+//! legacy default stream, where the model's kernels run) by events: a collective waits for
+//! the work queued before it, and `finish_started` makes libtorch's later work wait for the
+//! collectives, all on the GPU. Nothing here blocks the host except `download` and
+//! `barrier`, which poll an event recorded on libtorch's stream, and NCCL's asynchronous
+//! error, until done or the collective timeout, when they abort the communicator so a dead
+//! or hung peer never hangs the gang. The trainer's step reads the host once, at its end,
+//! so a step has one such wait; gradient buckets started during backward run on the side
+//! stream while backward's kernels run on libtorch's. Every CUDA call first makes the
+//! communicator's context current on the calling thread (the backward hooks run on
+//! libtorch's device thread).
 
 use std::ffi::{CStr, c_void};
 use std::time::{Duration, Instant};
@@ -96,6 +105,101 @@ pub struct Nccl {
     bf16: bool,
     timeout: Duration,
     broken: Option<String>,
+    streams: Streams,
+    /// Started all-reduces not finished yet: (the caller's tensor, what went over the wire
+    /// when that is a bf16 copy), kept alive until libtorch's stream waits for them.
+    started: Vec<(Tensor, Option<Tensor>)>,
+}
+
+/// The CUDA objects of a communicator: the GPU's primary context, the side stream its
+/// collectives run on and the events that order that stream against libtorch's.
+struct Streams {
+    context: cu::CUcontext,
+    side: cu::CUstream,
+    /// Recorded on libtorch's stream before a collective: its input is ready.
+    ready: cu::CUevent,
+    /// Recorded on the side stream after the started collectives.
+    done: cu::CUevent,
+    /// Recorded on libtorch's stream for the host to wait on.
+    host: cu::CUevent,
+}
+
+fn cuda(what: &str, r: cu::CUresult) -> Result<()> {
+    match r {
+        cu::CUresult::CUDA_SUCCESS => Ok(()),
+        other => Err(TrainError::Distributed(format!(
+            "CUDA {what} failed: {other:?}"
+        ))),
+    }
+}
+
+impl Streams {
+    /// The side stream and events on GPU `ordinal`'s primary context.
+    fn new(ordinal: i32) -> Result<Self> {
+        // SAFETY: driver calls with valid out-pointers; the context is retained for the
+        // process's life (libtorch uses the same primary context).
+        unsafe {
+            let mut dev = 0;
+            let mut context = std::ptr::null_mut();
+            cuda("cuDeviceGet", cu::cuDeviceGet(&mut dev, ordinal))?;
+            cuda(
+                "cuDevicePrimaryCtxRetain",
+                cu::cuDevicePrimaryCtxRetain(&mut context, dev),
+            )?;
+            cuda("cuCtxSetCurrent", cu::cuCtxSetCurrent(context))?;
+            let mut side = std::ptr::null_mut();
+            let flags = cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+            cuda("cuStreamCreate", cu::cuStreamCreate(&mut side, flags))?;
+            let event = || -> Result<cu::CUevent> {
+                let mut e = std::ptr::null_mut();
+                let flags = cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+                cuda("cuEventCreate", cu::cuEventCreate(&mut e, flags))?;
+                Ok(e)
+            };
+            Ok(Streams {
+                context,
+                side,
+                ready: event()?,
+                done: event()?,
+                host: event()?,
+            })
+        }
+    }
+
+    /// Makes the communicator's context current on this thread.
+    fn current(&self) -> Result<()> {
+        // SAFETY: a context retained in `new`.
+        cuda("cuCtxSetCurrent", unsafe {
+            cu::cuCtxSetCurrent(self.context)
+        })
+    }
+
+    /// The side stream waits for the work queued so far on libtorch's stream.
+    fn side_waits_for_libtorch(&self) -> Result<()> {
+        // SAFETY: our events and stream; the null stream is the context's legacy stream.
+        unsafe {
+            cuda(
+                "cuEventRecord",
+                cu::cuEventRecord(self.ready, std::ptr::null_mut()),
+            )?;
+            cuda(
+                "cuStreamWaitEvent",
+                cu::cuStreamWaitEvent(self.side, self.ready, 0),
+            )
+        }
+    }
+
+    /// libtorch's stream waits for the work queued so far on the side stream.
+    fn libtorch_waits_for_side(&self) -> Result<()> {
+        // SAFETY: as above.
+        unsafe {
+            cuda("cuEventRecord", cu::cuEventRecord(self.done, self.side))?;
+            cuda(
+                "cuStreamWaitEvent",
+                cu::cuStreamWaitEvent(std::ptr::null_mut(), self.done, 0),
+            )
+        }
+    }
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one at a time (&mut self).
@@ -201,40 +305,77 @@ impl Nccl {
             bf16: config.bf16_gradients,
             timeout: Duration::from_secs(config.collective_timeout_seconds),
             broken: None,
+            streams: Streams::new(ordinal)?,
+            started: Vec::new(),
         })
     }
 
-    /// Waits until the stream's work is done, an NCCL error shows, or the timeout passes.
-    fn wait(&mut self, what: &str) -> Result<()> {
+    /// Waits until the work queued so far on libtorch's stream (which includes every
+    /// finished collective) is done, an NCCL error shows, or the timeout passes. Polls an
+    /// event: a hung peer must not block this thread in a synchronising call.
+    fn host_wait(&mut self, what: &str) -> Result<()> {
+        self.streams.current()?;
+        // SAFETY: our event; the null stream is the context's legacy stream.
+        let r = unsafe { cu::cuEventRecord(self.streams.host, std::ptr::null_mut()) };
+        if let Err(e) = cuda("cuEventRecord", r) {
+            return self.abort(e.to_string());
+        }
         let start = Instant::now();
-        let mut pause = Duration::from_micros(20);
         loop {
-            // SAFETY: queries on the legacy default stream and our live communicator.
-            let (stream, async_error) = unsafe {
-                let s = cu::cuStreamQuery(std::ptr::null_mut());
+            // SAFETY: a query of our event and of our live communicator.
+            let (event, async_error) = unsafe {
+                let q = cu::cuEventQuery(self.streams.host);
                 let mut e = nc::ncclResult_t::ncclSuccess;
                 (self.lib.comm_get_async_error)(self.comm, &mut e);
-                (s, e)
+                (q, e)
             };
             if async_error != nc::ncclResult_t::ncclSuccess
                 && async_error != nc::ncclResult_t::ncclInProgress
             {
                 return self.abort(nccl_error(what, async_error).to_string());
             }
-            match stream {
+            match event {
                 cu::CUresult::CUDA_SUCCESS => return Ok(()),
                 cu::CUresult::CUDA_ERROR_NOT_READY => {}
                 other => return self.abort(format!("CUDA error during {what}: {other:?}")),
             }
-            if start.elapsed() >= self.timeout {
+            let waited = start.elapsed();
+            if waited >= self.timeout {
                 return self.abort(format!(
                     "NCCL {what} did not complete within {} s: a peer rank died or hangs",
                     self.timeout.as_secs_f64()
                 ));
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(5));
+            // Spin briefly (a step's end is usually microseconds away), then yield the core
+            // in short naps: at most 100 us late, never the 5 ms of a doubling backoff.
+            if waited > Duration::from_micros(200) {
+                std::thread::sleep(Duration::from_micros(50));
+            } else {
+                std::thread::yield_now();
+            }
         }
+    }
+
+    /// Queues `op` (an NCCL call on the given stream) on the side stream after the work
+    /// queued so far on libtorch's stream.
+    fn enqueue(
+        &mut self,
+        what: &str,
+        op: impl FnOnce(cu::CUstream) -> nc::ncclResult_t,
+    ) -> Result<()> {
+        self.check()?;
+        if let Err(e) = self
+            .streams
+            .current()
+            .and_then(|_| self.streams.side_waits_for_libtorch())
+        {
+            return self.abort(e.to_string());
+        }
+        let r = op(self.streams.side);
+        if r != nc::ncclResult_t::ncclSuccess {
+            return self.abort(nccl_error(what, r).to_string());
+        }
+        Ok(())
     }
 
     fn abort<T>(&mut self, message: String) -> Result<T> {
@@ -280,68 +421,112 @@ impl Collective for Nccl {
     }
 
     fn all_reduce_sum(&mut self, tensor: &mut Tensor) -> Result<()> {
+        self.start_all_reduce_sum(tensor)?;
+        self.finish_started()
+    }
+
+    fn start_all_reduce_sum(&mut self, tensor: &Tensor) -> Result<()> {
         self.check()?;
         Self::check_tensor(tensor)?;
         let exchange_bf16 = self.bf16 && tensor.kind() == Kind::Float;
+        // The bf16 copy is made on libtorch's stream, before the side stream's wait.
         let wire = if exchange_bf16 {
-            tensor.f_to_kind(Kind::BFloat16)?
+            Some(tensor.f_to_kind(Kind::BFloat16)?)
         } else {
-            tensor.shallow_clone()
+            None
         };
-        let ptr = wire.data_ptr();
-        // SAFETY: `wire` is a contiguous CUDA tensor of numel elements, alive until `wait`
-        // has seen the stream finish.
-        let r = unsafe {
-            (self.lib.all_reduce)(
+        let on_wire = wire.as_ref().unwrap_or(tensor);
+        let (ptr, numel, kind) = (
+            on_wire.data_ptr(),
+            on_wire.numel(),
+            data_type(on_wire.kind())?,
+        );
+        let (lib, comm) = (self.lib, self.comm);
+        // SAFETY: `on_wire` is a contiguous CUDA tensor of `numel` elements, kept alive in
+        // `started` until libtorch's stream waits for the side stream (`finish_started`).
+        self.enqueue("AllReduce", |stream| unsafe {
+            (lib.all_reduce)(
                 ptr as *const c_void,
                 ptr,
-                wire.numel(),
-                data_type(wire.kind())?,
+                numel,
+                kind,
                 nc::ncclRedOp_t::ncclSum,
-                self.comm,
-                std::ptr::null_mut(),
+                comm,
+                stream as _,
             )
-        };
-        if r != nc::ncclResult_t::ncclSuccess {
-            return self.abort(nccl_error("AllReduce", r).to_string());
+        })?;
+        self.started.push((tensor.shallow_clone(), wire));
+        Ok(())
+    }
+
+    fn finish_started(&mut self) -> Result<()> {
+        if self.started.is_empty() {
+            return self.check();
         }
-        self.wait("all-reduce")?;
-        if exchange_bf16 {
-            tch::no_grad(|| tensor.f_copy_(&wire))?;
+        if let Err(e) = self
+            .streams
+            .current()
+            .and_then(|_| self.streams.libtorch_waits_for_side())
+        {
+            return self.abort(e.to_string());
+        }
+        // Queued on libtorch's stream after its wait: the bf16 sums back into the tensors.
+        for (tensor, wire) in std::mem::take(&mut self.started) {
+            if let Some(wire) = wire {
+                tch::no_grad(|| tensor.shallow_clone().f_copy_(&wire))?;
+            }
         }
         Ok(())
     }
 
     fn broadcast(&mut self, tensor: &mut Tensor, root: usize) -> Result<()> {
-        self.check()?;
+        self.finish_started()?;
         Self::check_tensor(tensor)?;
-        let ptr = tensor.data_ptr();
-        // SAFETY: as in all_reduce_sum.
-        let r = unsafe {
-            (self.lib.broadcast)(
+        let (ptr, numel, kind) = (tensor.data_ptr(), tensor.numel(), data_type(tensor.kind())?);
+        let (lib, comm) = (self.lib, self.comm);
+        // SAFETY: as in start_all_reduce_sum; `tensor` is the caller's, alive past the
+        // wait below.
+        self.enqueue("Broadcast", |stream| unsafe {
+            (lib.broadcast)(
                 ptr as *const c_void,
                 ptr,
-                tensor.numel(),
-                data_type(tensor.kind())?,
+                numel,
+                kind,
                 root as i32,
-                self.comm,
-                std::ptr::null_mut(),
+                comm,
+                stream as _,
             )
-        };
-        if r != nc::ncclResult_t::ncclSuccess {
-            return self.abort(nccl_error("Broadcast", r).to_string());
-        }
-        self.wait("broadcast")
+        })?;
+        self.started.push((tensor.shallow_clone(), None));
+        self.finish_started()
     }
 
     fn barrier(&mut self) -> Result<()> {
         let mut one = Tensor::f_ones([1], (Kind::Float, self.device))?;
-        self.all_reduce_sum(&mut one)
+        self.all_reduce_sum(&mut one)?;
+        self.host_wait("barrier")
+    }
+
+    /// The step's one host wait: everything queued so far, collectives included, under the
+    /// collective timeout; then the copy (which no longer waits).
+    fn download(&mut self, tensor: Tensor) -> Result<Vec<f64>> {
+        self.finish_started()?;
+        self.host_wait("the step's collectives")?;
+        let host = tensor.f_to_device(Device::Cpu)?.f_to_kind(Kind::Double)?;
+        Ok(Vec::try_from(&host)?)
     }
 }
 
 impl Drop for Nccl {
     fn drop(&mut self) {
+        // SAFETY: our stream and events, not used afterwards.
+        unsafe {
+            let _ = self.streams.current();
+            for e in [self.streams.ready, self.streams.done, self.streams.host] {
+                cu::cuEventDestroy_v2(e);
+            }
+            cu::cuStreamDestroy_v2(self.streams.side);
+        }
         if !self.comm.is_null() {
             // SAFETY: our communicator, not used afterwards.
             unsafe {
