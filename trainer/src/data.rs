@@ -874,18 +874,39 @@ pub fn to_tensors(examples: &[Example], indices: &[usize], device: Device) -> Te
         src_tokens += e.src.len() as i64 + 1;
         tgt_tokens += e.tgt.len() as i64 + 1;
     }
-    let tensor = |data: &[i64], width: usize| {
-        Tensor::from_slice(data)
-            .view([rows as i64, width as i64])
-            .to_device(device)
-    };
+    // One upload for the four tensors: views of it on the device.
+    let (n_src, n_tgt, n_real) = (src.len() as i64, tgt_in.len() as i64, real.len() as i64);
+    let mut host = src;
+    host.extend(tgt_in);
+    host.extend(tgt_out);
+    host.extend(real);
+    let all = ids_on(device, &host);
+    let part = |start: i64, n: i64| all.narrow(0, start, n);
     TensorBatch {
-        src: tensor(&src, src_width),
-        tgt_in: tensor(&tgt_in, tgt_width),
-        tgt_out: tensor(&tgt_out, tgt_width),
-        real: Tensor::from_slice(&real).to_device(device),
+        src: part(0, n_src).view([rows as i64, src_width as i64]),
+        tgt_in: part(n_src, n_tgt).view([rows as i64, tgt_width as i64]),
+        tgt_out: part(n_src + n_tgt, n_tgt).view([rows as i64, tgt_width as i64]),
+        real: part(n_src + 2 * n_tgt, n_real),
         tgt_tokens,
         tokens: src_tokens + tgt_tokens,
+    }
+}
+
+/// Host ids as one tensor on `device`, queued (see `to_device_queued`).
+fn ids_on(device: Device, host: &[i64]) -> Tensor {
+    to_device_queued(&Tensor::from_slice(host), device)
+}
+
+/// A host tensor copied to `device`. On a GPU the copy is asynchronous, from pinned memory:
+/// a plain `to_device` would wait until the GPU has finished all the work queued before it
+/// (a host synchronisation); this copy is queued behind that work instead, and libtorch
+/// keeps the pinned block until the copy is done.
+pub fn to_device_queued(host: &Tensor, device: Device) -> Tensor {
+    match device {
+        Device::Cuda(_) => host
+            .pin_memory(device)
+            .to_device_(device, host.kind(), true, false),
+        _ => host.to_device(device),
     }
 }
 

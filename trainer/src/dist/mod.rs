@@ -125,9 +125,11 @@ pub trait Collective: Send {
     fn zeros(&mut self, numel: i64, kind: Kind) -> Result<Tensor> {
         Ok(Tensor::f_zeros([numel], (kind, self.device()))?)
     }
-    /// Host values copied onto `device()` as one flat f32 tensor, for collectives.
+    /// Host values copied onto `device()` as one flat f32 tensor, for collectives (on a GPU
+    /// without waiting for the GPU: `data::to_device_queued`).
     fn upload(&mut self, values: &[f32]) -> Result<Tensor> {
-        Ok(Tensor::from_slice(values).f_to_device(self.device())?)
+        let host = Tensor::f_from_slice(values)?;
+        Ok(crate::data::to_device_queued(&host, self.device()))
     }
     /// A result copied back to the host as f64 (exact for f32 values): one synchronisation
     /// on a GPU, so the trainer reads what it needs of a step at once.
