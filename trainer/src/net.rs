@@ -93,7 +93,13 @@ pub fn completion_order(
     }
     let seen: Mutex<Vec<usize>> = Mutex::new(Vec::new());
     let context = &seen as *const Mutex<Vec<usize>> as *mut c_void;
-    for (i, (_, p)) in params.iter().enumerate() {
+    let trained = || {
+        params
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, p))| p.requires_grad())
+    };
+    for (i, (_, p)) in trained() {
         // SAFETY: `seen` outlives the hooks (cleared below, before it goes out of scope).
         unsafe { autograd::set_ready_hook(p, record, context, i)? };
     }
@@ -102,7 +108,7 @@ pub fn completion_order(
     let probe = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         model.train_loss_backward(&batch, 0.0, 1.0)
     }));
-    for (_, p) in params {
+    for (_, (_, p)) in trained() {
         autograd::clear_ready_hook(p)?;
         let mut g = p.grad();
         if g.defined() {

@@ -174,7 +174,13 @@ impl GradSync {
             shared,
         };
         let context = &*sync.shared as *const Shared as *mut c_void;
-        for (i, p) in sync.params.iter().enumerate() {
+        // A parameter that needs no gradient gets no hook: its bucket starts at `finish`.
+        for (i, p) in sync
+            .params
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.requires_grad())
+        {
             // SAFETY: `shared` is boxed (a stable address) and outlives the hooks, which
             // `drop` clears; `gradient_ready` only locks it.
             unsafe { autograd::set_ready_hook(p, gradient_ready, context, i)? };
@@ -235,7 +241,7 @@ impl GradSync {
 
 impl Drop for GradSync {
     fn drop(&mut self) {
-        for p in &self.params {
+        for p in self.params.iter().filter(|p| p.requires_grad()) {
             let _ = autograd::clear_ready_hook(p);
         }
     }
