@@ -74,6 +74,14 @@ fn two_ranks_train_resume_and_evaluate_through_the_strict_collective() {
         "{downloads:?}: more than one host read per step: {log}"
     );
 
+    // The gradient buckets go through start/finish (the twin checks nothing wrote to them
+    // in between): at least one per step.
+    let started = strict_counts(&log, "started");
+    assert!(
+        started.len() == 2 && started.iter().all(|&n| n >= 6),
+        "{started:?}: {log}"
+    );
+
     // Second run resumes: rank 0 broadcasts the restored weights and optimizer moments.
     let second = write(dir.path(), "job.yaml", &config(9));
     let log = launch_strict(dir.path(), &second, "second");

@@ -10,6 +10,10 @@
 //!
 //! Like `Nccl`, the twin also checks the declared device and contiguity, refuses kinds NCCL
 //! cannot exchange, and stays failed after the first error (NCCL aborts its communicator).
+//! It holds started all-reduces to their contract: it keeps a copy of each tensor when it is
+//! started and sums it at `finish_started` only if nothing wrote to it in between (under
+//! NCCL the side stream reads it while the caller goes on: a write would be summed
+//! half-done), and it refuses any other collective or host read while some are started.
 //! It counts collectives and host reads (`download`, one host synchronisation each on a GPU)
 //! and logs the counts when dropped, so tests can check it was in the path.
 //!
@@ -38,6 +42,8 @@ pub struct Counters {
     pub collectives: AtomicU64,
     /// Host reads of collective results.
     pub downloads: AtomicU64,
+    /// All-reduces started (`start_all_reduce_sum`), summed later by `finish_started`.
+    pub started: AtomicU64,
 }
 
 /// The device-strict collective: checks, then delegates to `inner`.
@@ -48,6 +54,10 @@ pub struct Strict {
     resident: Vec<(Tensor, usize, usize)>,
     broken: Option<String>,
     counters: Arc<Counters>,
+    /// Started all-reduces, each with a copy of its tensor as it was when started: summed
+    /// at `finish_started`, after checking nothing wrote to them in between (on a GPU the
+    /// side stream reads them while the caller goes on).
+    started: Vec<(Tensor, Tensor)>,
 }
 
 impl Strict {
@@ -60,6 +70,7 @@ impl Strict {
             resident: Vec::new(),
             broken: None,
             counters: Arc::default(),
+            started: Vec::new(),
         }
     }
 
@@ -128,6 +139,21 @@ impl Strict {
         }
     }
 
+    /// Fails (and stays failed) when all-reduces are started and not finished: the
+    /// contract allows nothing but more starts until `finish_started`.
+    fn check_nothing_started(&mut self, what: &str) -> Result<()> {
+        if self.started.is_empty() {
+            return Ok(());
+        }
+        let message = format!(
+            "{what} called with {} started all-reduce(s) not finished (call finish_started \
+             first)",
+            self.started.len()
+        );
+        self.broken = Some(message.clone());
+        Err(TrainError::Distributed(message))
+    }
+
     fn done(&mut self, result: Result<()>) -> Result<()> {
         match result {
             Ok(()) => {
@@ -163,6 +189,7 @@ impl Collective for Strict {
         Ok(t)
     }
     fn download(&mut self, tensor: Tensor) -> Result<Vec<f64>> {
+        self.check_nothing_started("download")?;
         if tensor.device() != self.device {
             return Err(TrainError::Distributed(format!(
                 "download of a tensor on {:?}, the communicator's device is {:?}",
@@ -178,23 +205,37 @@ impl Collective for Strict {
         Ok(Vec::try_from(&host)?)
     }
     fn all_reduce_sum(&mut self, tensor: &mut Tensor) -> Result<()> {
+        self.check_nothing_started("all_reduce_sum")?;
         self.check_tensor(tensor)?;
         let r = self.inner.all_reduce_sum(tensor);
         self.done(r)
     }
     fn start_all_reduce_sum(&mut self, tensor: &Tensor) -> Result<()> {
         self.check_tensor(tensor)?;
-        let r = self.inner.start_all_reduce_sum(tensor);
-        self.done(r)
+        let snapshot = tensor.f_detach_copy()?;
+        self.started.push((tensor.shallow_clone(), snapshot));
+        self.counters.started.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
     fn finish_started(&mut self) -> Result<()> {
-        let r = self.inner.finish_started();
-        if let Err(e) = &r {
-            self.broken = Some(e.to_string());
+        for (i, (mut tensor, snapshot)) in std::mem::take(&mut self.started).into_iter().enumerate()
+        {
+            if !tensor.equal(&snapshot) {
+                let message = format!(
+                    "started all-reduce {i} ({} elements): its tensor changed before \
+                     finish_started (on a GPU the side stream would have read it mid-write)",
+                    tensor.numel()
+                );
+                self.broken = Some(message.clone());
+                return Err(TrainError::Distributed(message));
+            }
+            let r = self.inner.all_reduce_sum(&mut tensor);
+            self.done(r)?;
         }
-        r
+        Ok(())
     }
     fn broadcast(&mut self, tensor: &mut Tensor, root: usize) -> Result<()> {
+        self.check_nothing_started("broadcast")?;
         self.check_tensor(tensor)?;
         let r = self.inner.broadcast(tensor, root);
         self.done(r)
@@ -207,6 +248,7 @@ impl Collective for Strict {
                 "the strict communicator was aborted by an earlier failure: {b}"
             )));
         }
+        self.check_nothing_started("barrier")?;
         let r = self.inner.barrier();
         self.done(r)
     }
@@ -217,6 +259,7 @@ impl Drop for Strict {
         tracing::info!(
             collectives = self.counters.collectives.load(Ordering::Relaxed),
             downloads = self.counters.downloads.load(Ordering::Relaxed),
+            started = self.counters.started.load(Ordering::Relaxed),
             "strict collectives checked"
         );
     }
@@ -359,5 +402,36 @@ mod tests {
         let mut sync = GradSync::new(&[w], &opt.grad_layout(), 1 << 20, &[0]).unwrap();
         let err = sync.finish(&mut comm).unwrap_err();
         assert!(err.to_string().contains("did not allocate"), "{err}");
+    }
+
+    #[test]
+    fn a_started_tensor_written_before_finish_is_caught() {
+        let mut comm = strict();
+        let flat = comm.zeros(4, Kind::Float).unwrap();
+        comm.start_all_reduce_sum(&flat.narrow(0, 0, 2)).unwrap();
+        comm.start_all_reduce_sum(&flat.narrow(0, 2, 2)).unwrap();
+        // Another collective before finish_started breaks the contract.
+        let mut other = strict();
+        let t = other.zeros(2, Kind::Float).unwrap();
+        other.start_all_reduce_sum(&t).unwrap();
+        let err = other.download(t.shallow_clone()).unwrap_err();
+        assert!(err.to_string().contains("not finished"), "{err}");
+        // Written after its start: refused at finish.
+        let _ = flat.shallow_clone().fill_(1.0);
+        let err = comm.finish_started().unwrap_err();
+        assert!(
+            err.to_string().contains("changed before finish_started"),
+            "{err}"
+        );
+        // Left alone: summed at finish (Loopback doubles).
+        let mut fresh = strict();
+        let flat = fresh.zeros(4, Kind::Float).unwrap();
+        let _ = flat.shallow_clone().fill_(1.0);
+        fresh.start_all_reduce_sum(&flat.narrow(0, 1, 2)).unwrap();
+        fresh.finish_started().unwrap();
+        assert_eq!(
+            Vec::<f32>::try_from(&flat).unwrap(),
+            vec![1.0, 2.0, 2.0, 1.0]
+        );
     }
 }
