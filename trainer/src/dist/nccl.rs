@@ -314,6 +314,7 @@ impl Nccl {
     /// finished collective) is done, an NCCL error shows, or the timeout passes. Polls an
     /// event: a hung peer must not block this thread in a synchronising call.
     fn host_wait(&mut self, what: &str) -> Result<()> {
+        self.check()?;
         self.streams.current()?;
         // SAFETY: our event; the null stream is the context's legacy stream.
         let r = unsafe { cu::cuEventRecord(self.streams.host, std::ptr::null_mut()) };
@@ -379,9 +380,11 @@ impl Nccl {
     }
 
     fn abort<T>(&mut self, message: String) -> Result<T> {
-        // SAFETY: aborting our own communicator; it is not used afterwards.
-        unsafe {
-            (self.lib.comm_abort)(self.comm);
+        if !self.comm.is_null() {
+            // SAFETY: aborting our own communicator; it is not used afterwards.
+            unsafe {
+                (self.lib.comm_abort)(self.comm);
+            }
         }
         self.comm = std::ptr::null_mut();
         self.broken = Some(message.clone());
