@@ -6,6 +6,9 @@
 # BIN: a trainer built elsewhere with the CUDA libtorch and the cuda feature:
 #   FERROTRAIN_CUDA_TARGET_DIR=... scripts/setup-libtorch.sh --cuda   (the libtorch layout)
 #   LIBTORCH=<that dir> cargo build --release -p ferrotrain-trainer --features cuda
+#   strip -o ferrotrain-cuda target/release/ferrotrain   (144 MB with line tables, 11 MB
+#   stripped: the device tool carries at most 64 MiB; carry the corpus too, into an ignored
+#   path, since ../shared is not on the GPU machine)
 # PY: a Python with torch 2.11.0 (CUDA 13) and tokenizers: the libraries of its torch and
 # nvidia-* packages (libtorch_cuda, cuDNN, cuBLAS, NCCL's libnccl.so.2) are what BIN loads
 # here, so no libtorch needs to be copied to the GPU machine.

@@ -26,14 +26,18 @@ fn main() {
         lib.as_deref()
             .expect("torch-sys did not say where libtorch is (DEP_TCH_LIBTORCH_LIB); set LIBTORCH"),
     );
+    let mut build = "CPU";
     if let Some(lib) = lib {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
         let cuda = std::path::Path::new(&lib).join("libtorch_cuda.so");
         if std::env::var_os("CARGO_FEATURE_CUDA").is_some() && cuda.exists() {
             println!("cargo:rustc-link-arg=-L{lib}");
             println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
+            build = "CUDA";
         }
     }
+    // What the start-up line calls the build (libtorch cannot tell without a GPU).
+    println!("cargo:rustc-env=FERROTRAIN_LIBTORCH_BUILD={build}");
 }
 
 /// Compiles csrc/autograd.cpp (see its header) against `lib`/../include.

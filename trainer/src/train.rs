@@ -127,10 +127,10 @@ pub fn select_device(
 
 /// One line on what this process computes with: the device, the libtorch build, CUDA.
 pub fn startup_line(device: Device) -> String {
-    let build = if tch::utils::has_cuda() {
-        "CUDA"
-    } else {
-        "CPU"
+    // Linked against libtorch_cuda (build.rs); libtorch itself says CUDA only with a GPU.
+    let build = match (env!("FERROTRAIN_LIBTORCH_BUILD"), tch::utils::has_cuda()) {
+        ("CUDA", _) | (_, true) => "CUDA",
+        _ => "CPU",
     };
     let mut line = format!(
         "device {device:?}; libtorch {} ({build} build, tch {}); {} CUDA device(s) visible",
@@ -1395,6 +1395,9 @@ mod tests {
             line.contains("CPU build") || line.contains("CUDA build"),
             "{line}"
         );
+        if !cfg!(feature = "cuda") {
+            assert!(line.contains("CPU build"), "{line}");
+        }
     }
 
     #[test]
