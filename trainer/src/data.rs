@@ -880,7 +880,7 @@ pub fn to_tensors(examples: &[Example], indices: &[usize], device: Device) -> Te
     host.extend(tgt_in);
     host.extend(tgt_out);
     host.extend(real);
-    let all = ids_on(device, &host);
+    let all = to_device_queued(&Tensor::from_slice(&host), device);
     let part = |start: i64, n: i64| all.narrow(0, start, n);
     TensorBatch {
         src: part(0, n_src).view([rows as i64, src_width as i64]),
@@ -890,11 +890,6 @@ pub fn to_tensors(examples: &[Example], indices: &[usize], device: Device) -> Te
         tgt_tokens,
         tokens: src_tokens + tgt_tokens,
     }
-}
-
-/// Host ids as one tensor on `device`, queued (see `to_device_queued`).
-fn ids_on(device: Device, host: &[i64]) -> Tensor {
-    to_device_queued(&Tensor::from_slice(host), device)
 }
 
 /// A host tensor copied to `device`. On a GPU the copy is asynchronous, from pinned memory:

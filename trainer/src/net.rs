@@ -105,6 +105,8 @@ pub fn completion_order(
     }
     let ids = |v: &[i64]| Tensor::from_slice(v).reshape([1, -1]).to_device(device);
     let batch = TensorBatch::from_tensors(ids(&[UNK, EOS]), ids(&[BOS, UNK]), ids(&[UNK, EOS]));
+    // The hooks point at `seen` on this stack frame: they must be cleared even if libtorch
+    // panics, or a later backward would call them with a dangling context.
     let probe = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         model.train_loss_backward(&batch, 0.0, 1.0)
     }));

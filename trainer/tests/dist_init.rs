@@ -116,7 +116,7 @@ fn grad_sync_sums_in_buckets_during_backward_and_treats_unused_parameters_as_zer
         let mut opt = opt;
         opt.zero_grad();
         (&tensors[0] * 2.0).sum(Kind::Float).backward();
-        sync.sync(comm.as_mut()).unwrap();
+        sync.finish(comm.as_mut()).unwrap();
         let second = Vec::<f32>::try_from(tensors[0].grad()).unwrap();
         let grads = tensors
             .iter()

@@ -206,9 +206,9 @@ impl GradSync {
         *self.shared.armed.lock().unwrap_or_else(|e| e.into_inner()) = Some(armed);
     }
 
-    /// Starts the buckets not started yet (all of them if `arm` was not called) and waits
-    /// until every bucket is summed into the gradients. Returns the seconds spent here:
-    /// the exchange that backward did not hide.
+    /// Starts the buckets not started yet (all of them if `arm` was not called: no overlap)
+    /// and waits until every bucket is summed into the gradients. Returns the seconds spent
+    /// here: the exchange that backward did not hide.
     pub fn finish(&mut self, comm: &mut (dyn Collective + 'static)) -> Result<f64> {
         let start = Instant::now();
         let taken = self
@@ -231,11 +231,6 @@ impl GradSync {
         }
         finished?;
         Ok(start.elapsed().as_secs_f64())
-    }
-
-    /// `arm` and `finish` at once, after backward (no overlap).
-    pub fn sync(&mut self, comm: &mut (dyn Collective + 'static)) -> Result<f64> {
-        self.finish(comm)
     }
 }
 
