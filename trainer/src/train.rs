@@ -746,6 +746,20 @@ struct GlobalBatch {
     tokens: i64,
 }
 
+/// What `Trainer::exchange` reads at the end of a step's backward, for its gang and
+/// single-rank halves.
+struct StepEnd<'t> {
+    /// This rank's summed loss, on the device.
+    loss_local: &'t Tensor,
+    /// The global batch's target tokens (the loss's denominator).
+    target_tokens: i64,
+    /// The signal this rank received, or 0.
+    signal: i32,
+    train_seconds: f64,
+    /// Whether this step reports resources (every `logEverySteps`).
+    summarise: bool,
+}
+
 /// The step's one host read, the same on every rank.
 struct Synced {
     loss: f64,
@@ -1032,23 +1046,30 @@ impl<'a> Trainer<'a> {
         let train_seconds = self.clock.train_seconds();
         // The same on every rank: the step number decides.
         let summarise = (self.step + 1).is_multiple_of(self.config.log_every_steps.max(1));
+        let end = StepEnd {
+            loss_local,
+            target_tokens,
+            signal,
+            train_seconds,
+            summarise,
+        };
         if self.net.grad_sync.is_some() {
-            self.exchange_gang(loss_local, target_tokens, signal, train_seconds, summarise)
+            self.exchange_gang(end)
         } else {
-            self.exchange_alone(loss_local, target_tokens, signal, train_seconds, summarise)
+            self.exchange_alone(end)
         }
     }
 
     /// `exchange` with other ranks: the gradient buckets, then one all-reduce of the
     /// step's scalars.
-    fn exchange_gang(
-        &mut self,
-        loss_local: &Tensor,
-        target_tokens: i64,
-        signal: i32,
-        train_seconds: f64,
-        summarise: bool,
-    ) -> Result<Synced> {
+    fn exchange_gang(&mut self, end: StepEnd) -> Result<Synced> {
+        let StepEnd {
+            loss_local,
+            target_tokens,
+            signal,
+            train_seconds,
+            summarise,
+        } = end;
         let sync = self.net.grad_sync.as_mut().expect("world > 1");
         let mut comm_seconds = sync.finish(self.comm.as_mut())?;
         let c0 = Instant::now();
@@ -1088,14 +1109,14 @@ impl<'a> Trainer<'a> {
     }
 
     /// `exchange` on a single rank: no collective, the same one host read.
-    fn exchange_alone(
-        &mut self,
-        loss_local: &Tensor,
-        target_tokens: i64,
-        signal: i32,
-        train_seconds: f64,
-        summarise: bool,
-    ) -> Result<Synced> {
+    fn exchange_alone(&mut self, end: StepEnd) -> Result<Synced> {
+        let StepEnd {
+            loss_local,
+            target_tokens,
+            signal,
+            train_seconds,
+            summarise,
+        } = end;
         // The step's one host read: the loss and the gradients' norm.
         let mut parts = vec![loss_local.reshape([1])];
         parts.extend(self.net.optimizer.grad_norm().map(|n| n.reshape([1])));
