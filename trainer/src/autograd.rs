@@ -39,20 +39,25 @@ fn check(error: *mut c_char, what: &str) -> Result<()> {
         ft_free_error(error);
         m
     };
-    Err(TrainError::Other(format!("libtorch {what}: {message}")))
+    Err(TrainError::Other(
+        format!("libtorch {what}: {message}").into(),
+    ))
 }
 
 /// Makes `grad` the gradient of `param` (same shape, kind and device): later backward
 /// passes accumulate into `grad`'s memory.
 pub fn set_grad(param: &Tensor, grad: &Tensor) -> Result<()> {
     if param.size() != grad.size() || param.kind() != grad.kind() {
-        return Err(TrainError::Other(format!(
-            "set_grad: a {:?} {:?} gradient for a {:?} {:?} parameter",
-            grad.kind(),
-            grad.size(),
-            param.kind(),
-            param.size()
-        )));
+        return Err(TrainError::Other(
+            format!(
+                "set_grad: a {:?} {:?} gradient for a {:?} {:?} parameter",
+                grad.kind(),
+                grad.size(),
+                param.kind(),
+                param.size()
+            )
+            .into(),
+        ));
     }
     // SAFETY: both pointers are live torch::Tensor objects owned by the Rust tensors.
     check(

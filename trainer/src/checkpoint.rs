@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
 use crate::dist::RankEnv;
-use crate::error::{Result, TrainError};
+use crate::error::{Reason, Result, TrainError};
 
 /// The model's weights, by variable path.
 pub const MODEL_FILE: &str = "model.safetensors";
@@ -246,18 +246,23 @@ impl CheckpointStore {
             .file_name()
             .and_then(|n| n.to_str())
             .and_then(parse_step_dir_name);
-        let state = read_state(dir).map_err(TrainError::Other)?;
+        let state = read_state(dir).map_err(|e| TrainError::Other(e.into()))?;
         if let Some(step) = step
             && step != state.step
         {
-            return Err(TrainError::Other(format!(
-                "checkpoint {}: trainer.json says step {} but the directory is step {step}",
-                dir.display(),
-                state.step
-            )));
+            return Err(TrainError::Other(
+                format!(
+                    "checkpoint {}: trainer.json says step {} but the directory is step {step}",
+                    dir.display(),
+                    state.step
+                )
+                .into(),
+            ));
         }
-        let model = read_safetensors(&dir.join(MODEL_FILE)).map_err(TrainError::Other)?;
-        let optimizer = read_safetensors(&dir.join(OPTIMIZER_FILE)).map_err(TrainError::Other)?;
+        let model =
+            read_safetensors(&dir.join(MODEL_FILE)).map_err(|e| TrainError::Other(e.into()))?;
+        let optimizer =
+            read_safetensors(&dir.join(OPTIMIZER_FILE)).map_err(|e| TrainError::Other(e.into()))?;
         Ok(Loaded {
             dir: dir.to_path_buf(),
             model,
@@ -297,7 +302,9 @@ impl CheckpointStore {
                 *lock(&last) = Some(info.clone());
                 Ok(info)
             })
-            .map_err(|e| TrainError::Other(format!("cannot start the checkpoint writer: {e}")))?;
+            .map_err(|e| {
+                TrainError::Other(Reason::caused("cannot start the checkpoint writer", e))
+            })?;
         self.in_flight = Some(handle);
         Ok(blocking)
     }
@@ -396,9 +403,9 @@ fn snapshot(tensors: &Named) -> Result<Vec<Snapshot>> {
     for (name, tensor) in tensors {
         let kind = tensor.f_kind()?;
         let dtype = dtype_of(kind).ok_or_else(|| {
-            TrainError::Other(format!(
-                "checkpoint: tensor {name} has unsupported kind {kind:?}"
-            ))
+            TrainError::Other(
+                format!("checkpoint: tensor {name} has unsupported kind {kind:?}").into(),
+            )
         })?;
         let numel = tensor.numel();
         let mut bytes = vec![0u8; numel * kind.elt_size_in_bytes()];
@@ -480,8 +487,9 @@ impl SaveJob {
             temp_dir: &temp,
             file: OPTIMIZER_FILE,
         });
-        let json = serde_json::to_vec_pretty(&self.state)
-            .map_err(|e| TrainError::Other(format!("checkpoint: encoding trainer.json: {e}")))?;
+        let json = serde_json::to_vec_pretty(&self.state).map_err(|e| {
+            TrainError::Other(Reason::caused("checkpoint: encoding trainer.json", e))
+        })?;
         size += write_synced(&temp.join(STATE_FILE), |w| w.write_all(&json))?;
         hook(SaveEvent::FileWritten {
             step,
@@ -568,9 +576,9 @@ fn read_fence(root: &Path) -> Result<Option<Fence>> {
     let path = root.join(FENCE_FILE);
     match fs::read(&path) {
         Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-            TrainError::Other(format!(
-                "checkpoint: {} is not a fence: {e}",
-                path.display()
+            TrainError::Other(Reason::caused(
+                format!("checkpoint: {} is not a fence", path.display()),
+                e,
             ))
         }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -579,16 +587,19 @@ fn read_fence(root: &Path) -> Result<Option<Fence>> {
 }
 
 fn stale_writer_error(root: &Path, ours: &WriterId, fence: &Fence) -> TrainError {
-    TrainError::Other(format!(
-        "checkpoint: attempt {} of this job took over {} (host {}, pid {}, {}); this rank 0 \
+    TrainError::Other(
+        format!(
+            "checkpoint: attempt {} of this job took over {} (host {}, pid {}, {}); this rank 0 \
          of attempt {} is stale and writes no checkpoint",
-        fence.writer.attempt,
-        root.display(),
-        fence.host,
-        fence.pid,
-        fence.time,
-        ours.attempt
-    ))
+            fence.writer.attempt,
+            root.display(),
+            fence.host,
+            fence.pid,
+            fence.time,
+            ours.attempt
+        )
+        .into(),
+    )
 }
 
 /// Writes the fence for `writer` unless a later attempt holds it. The file is replaced
@@ -614,7 +625,7 @@ fn claim_fence(root: &Path, writer: &WriterId) -> Result<()> {
             time: now_rfc3339(),
         };
         let json = serde_json::to_vec(&fence)
-            .map_err(|e| TrainError::Other(format!("checkpoint: encoding the fence: {e}")))?;
+            .map_err(|e| TrainError::Other(Reason::caused("checkpoint: encoding the fence", e)))?;
         let temp = root.join(format!(".{FENCE_FILE}.{}", std::process::id()));
         write_synced(&temp, |w| w.write_all(&json))?;
         let path = root.join(FENCE_FILE);
@@ -629,10 +640,13 @@ fn claim_fence(root: &Path, writer: &WriterId) -> Result<()> {
             _ => continue,
         }
     }
-    Err(TrainError::Other(format!(
-        "checkpoint: cannot claim {}: other writers keep replacing {FENCE_FILE}",
-        root.display()
-    )))
+    Err(TrainError::Other(
+        format!(
+            "checkpoint: cannot claim {}: other writers keep replacing {FENCE_FILE}",
+            root.display()
+        )
+        .into(),
+    ))
 }
 
 /// Ok while `writer` holds the fence; the error names the writer that took over.
@@ -640,11 +654,14 @@ fn still_owner(root: &Path, writer: &WriterId) -> Result<()> {
     match read_fence(root)? {
         Some(fence) if fence.writer == *writer => Ok(()),
         Some(fence) => Err(stale_writer_error(root, writer, &fence)),
-        None => Err(TrainError::Other(format!(
-            "checkpoint: {} vanished from {}; not committing",
-            FENCE_FILE,
-            root.display()
-        ))),
+        None => Err(TrainError::Other(
+            format!(
+                "checkpoint: {} vanished from {}; not committing",
+                FENCE_FILE,
+                root.display()
+            )
+            .into(),
+        )),
     }
 }
 
@@ -799,10 +816,9 @@ fn write_safetensors(path: &Path, tensors: &[Snapshot]) -> Result<u64> {
     let mut offset = 0usize;
     for t in tensors {
         if header.contains_key(&t.name) {
-            return Err(TrainError::Other(format!(
-                "checkpoint: duplicate tensor name {}",
-                t.name
-            )));
+            return Err(TrainError::Other(
+                format!("checkpoint: duplicate tensor name {}", t.name).into(),
+            ));
         }
         let end = offset + t.bytes.len();
         header.insert(
@@ -812,7 +828,7 @@ fn write_safetensors(path: &Path, tensors: &[Snapshot]) -> Result<u64> {
         offset = end;
     }
     let mut json = serde_json::to_vec(&header)
-        .map_err(|e| TrainError::Other(format!("checkpoint: encoding a header: {e}")))?;
+        .map_err(|e| TrainError::Other(Reason::caused("checkpoint: encoding a header", e)))?;
     // Pad so the data starts 8-byte aligned, as the reference writer does.
     while json.len() % 8 != 0 {
         json.push(b' ');
@@ -1006,7 +1022,10 @@ fn modified_rfc3339(path: &Path) -> Option<String> {
 }
 
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> TrainError {
-    TrainError::Other(format!("checkpoint: {what} {}: {e}", path.display()))
+    TrainError::Other(Reason::caused(
+        format!("checkpoint: {what} {}", path.display()),
+        e,
+    ))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -20,7 +20,7 @@ use tokenizers::{
     Tokenizer, TokenizerBuilder,
 };
 
-use crate::error::{Result, TrainError};
+use crate::error::{Reason, Result, TrainError};
 
 pub const PAD: i64 = 0;
 pub const BOS: i64 = 1;
@@ -77,16 +77,19 @@ impl Vocabulary {
     /// Reads a vocabulary saved by `save` (or any tokenizer.json).
     pub fn load(path: &Path) -> Result<Self> {
         let tokenizer = Tokenizer::from_file(path).map_err(|e| {
-            TrainError::Data(format!("cannot load tokenizer {}: {e}", path.display()))
+            TrainError::Data(Reason::caused(
+                format!("cannot load tokenizer {}", path.display()),
+                e,
+            ))
         })?;
         Self::checked(tokenizer, &path.display().to_string())
     }
     /// Writes it atomically (temp file + rename).
     pub fn save(&self, path: &Path) -> Result<()> {
         let json = self.tokenizer.to_string(false).map_err(|e| {
-            TrainError::Other(format!(
-                "cannot serialize tokenizer for {}: {e}",
-                path.display()
+            TrainError::Other(Reason::caused(
+                format!("cannot serialize tokenizer for {}", path.display()),
+                e,
             ))
         })?;
         write_atomically(path, json.as_bytes())
@@ -103,7 +106,7 @@ impl Vocabulary {
         let model = BPE::builder()
             .unk_token(SPECIAL_TOKENS[UNK as usize].to_string())
             .build()
-            .map_err(|e| TrainError::Other(format!("cannot build BPE model: {e}")))?;
+            .map_err(|e| TrainError::Other(Reason::caused("cannot build BPE model", e)))?;
         let metaspace = Metaspace::new('▁', PrependScheme::Always, true);
         let mut tokenizer = TokenizerBuilder::<
             BPE,
@@ -116,7 +119,7 @@ impl Vocabulary {
         .with_pre_tokenizer(Some(metaspace.clone().into()))
         .with_decoder(Some(metaspace.into()))
         .build()
-        .map_err(|e| TrainError::Other(format!("cannot build tokenizer: {e}")))?;
+        .map_err(|e| TrainError::Other(Reason::caused("cannot build tokenizer", e)))?;
         let mut trainer = BpeTrainerBuilder::new()
             .vocab_size(vocab_size)
             .min_frequency(min_frequency)
@@ -130,7 +133,7 @@ impl Vocabulary {
             .build();
         tokenizer
             .train(&mut trainer, lines)
-            .map_err(|e| TrainError::Data(format!("cannot learn a BPE vocabulary: {e}")))?;
+            .map_err(|e| TrainError::Data(Reason::caused("cannot learn a BPE vocabulary", e)))?;
         Self::checked(Tokenizer::from(tokenizer), "the learned vocabulary")
     }
 
@@ -174,24 +177,30 @@ impl Vocabulary {
             match tokenizer.token_to_id(token) {
                 Some(found) if found as usize == id => {}
                 Some(found) => {
-                    return Err(TrainError::Data(format!(
-                        "{origin}: special token {token} has id {found}, ferrotrain needs {id} \
+                    return Err(TrainError::Data(
+                        format!(
+                            "{origin}: special token {token} has id {found}, ferrotrain needs {id} \
                          (<pad>=0 <s>=1 </s>=2 <unk>=3)"
-                    )));
+                        )
+                        .into(),
+                    ));
                 }
                 None => {
-                    return Err(TrainError::Data(format!(
-                        "{origin}: lacks the special token {token} (ferrotrain needs \
+                    return Err(TrainError::Data(
+                        format!(
+                            "{origin}: lacks the special token {token} (ferrotrain needs \
                          <pad>=0 <s>=1 </s>=2 <unk>=3)"
-                    )));
+                        )
+                        .into(),
+                    ));
                 }
             }
         }
         let vocab = Self { tokenizer };
         if vocab.size() <= SPECIAL_TOKENS.len() {
-            return Err(TrainError::Data(format!(
-                "{origin}: has no tokens besides the special ones"
-            )));
+            return Err(TrainError::Data(
+                format!("{origin}: has no tokens besides the special ones").into(),
+            ));
         }
         Ok(vocab)
     }
@@ -210,7 +219,10 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "file".into());
     let io = |what: &str, e: std::io::Error| {
-        TrainError::Other(format!("cannot {what} {}: {e}", path.display()))
+        TrainError::Other(Reason::caused(
+            format!("cannot {what} {}", path.display()),
+            e,
+        ))
     };
     std::fs::create_dir_all(&dir).map_err(|e| io("create the directory of", e))?;
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
@@ -234,13 +246,19 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
 /// The lines of a text file (gzip-compressed or not, detected by content), without their
 /// line terminators ("\n" or "\r\n") and without a leading UTF-8 byte-order mark.
 pub fn read_lines(path: &Path) -> Result<Vec<String>> {
-    let raw = std::fs::read(path)
-        .map_err(|e| TrainError::Data(format!("cannot read {}: {e}", path.display())))?;
+    let raw = std::fs::read(path).map_err(|e| {
+        TrainError::Data(Reason::caused(format!("cannot read {}", path.display()), e))
+    })?;
     let bytes = if raw.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::with_capacity(raw.len() * 3);
         flate2::read::MultiGzDecoder::new(&raw[..])
             .read_to_end(&mut out)
-            .map_err(|e| TrainError::Data(format!("cannot decompress {}: {e}", path.display())))?;
+            .map_err(|e| {
+                TrainError::Data(Reason::caused(
+                    format!("cannot decompress {}", path.display()),
+                    e,
+                ))
+            })?;
         out
     } else {
         raw
@@ -252,10 +270,7 @@ pub fn read_lines(path: &Path) -> Result<Vec<String>> {
             .filter(|&&b| b == b'\n')
             .count()
             + 1;
-        TrainError::Data(format!(
-            "{}: line {line} is not valid UTF-8 text",
-            path.display()
-        ))
+        TrainError::Data(format!("{}: line {line} is not valid UTF-8 text", path.display()).into())
     })?;
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     let mut lines: Vec<String> = text
@@ -322,11 +337,11 @@ pub fn load_corpus(config: &TrainerConfig, vocab_path: &Path) -> Result<Corpus> 
 fn read_parallel(files: &ParallelFiles, field: &str) -> Result<(Vec<String>, Vec<String>)> {
     let read = |side: &str, file: &str| -> Result<Vec<String>> {
         let lines = read_lines(Path::new(file))
-            .map_err(|e| TrainError::Data(format!("{field}.{side}: {e}")))?;
+            .map_err(|e| TrainError::Data(Reason::caused(format!("{field}.{side}"), e)))?;
         if lines.is_empty() {
-            return Err(TrainError::Data(format!(
-                "{field}.{side}: {file} is empty (one sentence a line expected)"
-            )));
+            return Err(TrainError::Data(
+                format!("{field}.{side}: {file} is empty (one sentence a line expected)").into(),
+            ));
         }
         Ok(lines)
     };
@@ -339,7 +354,7 @@ fn read_parallel(files: &ParallelFiles, field: &str) -> Result<(Vec<String>, Vec
             source.len(),
             files.target,
             target.len()
-        )));
+        ).into()));
     }
     Ok((source, target))
 }
@@ -360,7 +375,7 @@ fn translation_vocabulary(
     let tok = &config.data.tokenizer;
     let vocab = if let Some(path) = &tok.path {
         let vocab = Vocabulary::load(Path::new(path))
-            .map_err(|e| TrainError::Data(format!("data.tokenizer.path: {e}")))?;
+            .map_err(|e| TrainError::Data(Reason::caused("data.tokenizer.path", e)))?;
         tracing::info!(path, size = vocab.size(), "loaded the configured tokenizer");
         vocab
     } else {
@@ -435,7 +450,7 @@ fn translation_corpus(config: &TrainerConfig, vocab_path: &Path) -> Result<Corpu
             train_src.len(),
             train_files.source,
             train_files.target
-        )));
+        ).into()));
     }
 
     let (mut valid, mut valid_sources, mut valid_references) = (Vec::new(), Vec::new(), Vec::new());
@@ -509,23 +524,24 @@ pub fn token_stats(examples: &[Example]) -> TokenStats {
 /// the seed (train and validation from separate random streams).
 fn copy_corpus(config: &TrainerConfig, vocab_path: &Path) -> Result<Corpus> {
     let c = &config.copy;
-    let vocab = if vocab_path.exists() {
-        let vocab = Vocabulary::load(vocab_path)?;
-        let expected = c.symbols as usize + SPECIAL_TOKENS.len();
-        if vocab.size() != expected || vocab.tokenizer.token_to_id("s0") != Some(4) {
-            return Err(TrainError::Data(format!(
+    let vocab =
+        if vocab_path.exists() {
+            let vocab = Vocabulary::load(vocab_path)?;
+            let expected = c.symbols as usize + SPECIAL_TOKENS.len();
+            if vocab.size() != expected || vocab.tokenizer.token_to_id("s0") != Some(4) {
+                return Err(TrainError::Data(format!(
                 "{}: has {} tokens, not the {expected} of a copy task with copy.symbols = {}",
                 vocab_path.display(),
                 vocab.size(),
                 c.symbols
-            )));
-        }
-        vocab
-    } else {
-        let vocab = Vocabulary::symbols(c.symbols);
-        vocab.save(vocab_path)?;
-        vocab
-    };
+            ).into()));
+            }
+            vocab
+        } else {
+            let vocab = Vocabulary::symbols(c.symbols);
+            vocab.save(vocab_path)?;
+            vocab
+        };
     let generate = |stream: u64, count: u64| -> Vec<Example> {
         let mut rng = data_rng(config.seed, DOMAIN_COPY, stream);
         (0..count)
@@ -705,9 +721,10 @@ impl BatchStream {
             return if samples == 0 {
                 Ok(())
             } else {
-                Err(TrainError::IncompatibleCheckpoint(format!(
-                    "data position {samples} cannot be resumed: the training set is empty"
-                )))
+                Err(TrainError::IncompatibleCheckpoint(
+                    format!("data position {samples} cannot be resumed: the training set is empty")
+                        .into(),
+                ))
             };
         }
         let epoch = samples / n;
@@ -720,13 +737,16 @@ impl BatchStream {
             batch += 1;
         }
         if consumed != within {
-            return Err(TrainError::IncompatibleCheckpoint(format!(
-                "data position {samples} (epoch {epoch}, example {within} of {n}) is not on a \
+            return Err(TrainError::IncompatibleCheckpoint(
+                format!(
+                    "data position {samples} (epoch {epoch}, example {within} of {n}) is not on a \
                  batch boundary of this run (the nearest are {} and {}): the training data, \
                  data.maxSentenceTokens, batch.maxTokens or seed differ from the checkpoint's",
-                samples - within + consumed - batches[batch - 1].len() as u64,
-                samples - within + consumed,
-            )));
+                    samples - within + consumed - batches[batch - 1].len() as u64,
+                    samples - within + consumed,
+                )
+                .into(),
+            ));
         }
         self.batches = batches;
         self.position = DataPosition {
@@ -934,7 +954,7 @@ mod tests {
 
     fn data_error(result: Result<impl Sized>) -> String {
         match result {
-            Err(TrainError::Data(message)) => message,
+            Err(TrainError::Data(message)) => message.to_string(),
             Err(other) => panic!("expected a data error, got {other:?}"),
             Ok(_) => panic!("expected a data error, got Ok"),
         }
@@ -1353,7 +1373,10 @@ mod tests {
         let mut resumed = BatchStream::new(&examples, 250, 3);
         match resumed.seek(inside) {
             Err(TrainError::IncompatibleCheckpoint(message)) => {
-                assert!(message.contains(&inside.to_string()), "{message}")
+                assert!(
+                    message.to_string().contains(&inside.to_string()),
+                    "{message}"
+                )
             }
             other => panic!("expected IncompatibleCheckpoint, got {:?}", other.err()),
         }

@@ -2,22 +2,86 @@
 
 use ferrotrain_api::exit;
 
+/// An error the caller could have caused.
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What went wrong, in words, and the error that caused it when there is one: it is the
+/// `source()` of the `TrainError` (and its text follows the words in `Display`).
+#[derive(Debug)]
+pub struct Reason {
+    message: String,
+    cause: Option<Cause>,
+}
+
+impl Reason {
+    /// `message` caused by `cause`, e.g. `Reason::caused("cannot read x.gz", io_error)`.
+    pub fn caused(message: impl Into<String>, cause: impl Into<Cause>) -> Self {
+        Reason {
+            message: message.into(),
+            cause: Some(cause.into()),
+        }
+    }
+
+    /// An error that says it all itself: its text is the reason's.
+    pub fn of(cause: impl Into<Cause>) -> Self {
+        Reason::caused(String::new(), cause)
+    }
+
+    /// The words alone, without the cause.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.cause {
+            Some(cause) if self.message.is_empty() => write!(f, "{cause}"),
+            Some(cause) => write!(f, "{}: {cause}", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+impl std::error::Error for Reason {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause
+            .as_deref()
+            .map(|c| c as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl From<String> for Reason {
+    fn from(message: String) -> Self {
+        Reason {
+            message,
+            cause: None,
+        }
+    }
+}
+
+impl From<&str> for Reason {
+    fn from(message: &str) -> Self {
+        message.to_string().into()
+    }
+}
+
 /// Why a rank stopped. The variant decides the exit code, and so whether the operator or
-/// the launcher restarts the gang.
+/// the launcher restarts the gang; the error that caused it, if any, is its `source()`.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
     /// The configuration is invalid (permanent, exit 2).
-    #[error("{0}")]
-    Config(String),
+    #[error(transparent)]
+    Config(Reason),
     /// The data is missing, empty or unusable (permanent, exit 3).
-    #[error("{0}")]
-    Data(String),
+    #[error(transparent)]
+    Data(Reason),
     /// The checkpoint does not fit this configuration (permanent, exit 4).
-    #[error("{0}")]
-    IncompatibleCheckpoint(String),
+    #[error(transparent)]
+    IncompatibleCheckpoint(Reason),
     /// A peer died or hung, the rendezvous failed, ... (retryable).
-    #[error("{0}")]
-    Distributed(String),
+    #[error(transparent)]
+    Distributed(Reason),
     /// A libtorch call failed (retryable); the source is kept for the error chain.
     #[error("libtorch: {0}")]
     Torch(#[source] tch::TchError),
@@ -25,8 +89,8 @@ pub enum TrainError {
     #[error("I/O: {0}")]
     Io(#[source] std::io::Error),
     /// Anything else (retryable).
-    #[error("{0}")]
-    Other(String),
+    #[error(transparent)]
+    Other(Reason),
 }
 
 impl TrainError {
@@ -58,7 +122,7 @@ impl From<std::io::Error> for TrainError {
 
 impl From<ferrotrain_api::ConfigError> for TrainError {
     fn from(e: ferrotrain_api::ConfigError) -> Self {
-        TrainError::Config(e.to_string())
+        TrainError::Config(Reason::of(e))
     }
 }
 
@@ -94,6 +158,15 @@ mod tests {
         assert_eq!(e.exit_code(), exit::RETRYABLE);
         let source = e.source().expect("the io::Error is the source");
         assert_eq!(source.to_string(), "gone");
+
+        // A reason keeps what caused it as the source, and its text.
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let e = TrainError::Data(Reason::caused("cannot read train.en", io));
+        assert_eq!(e.to_string(), "cannot read train.en: no such file");
+        assert_eq!(e.exit_code(), exit::INVALID_DATA);
+        assert_eq!(e.source().expect("the cause").to_string(), "no such file");
+        let plain = TrainError::Config("distributed.bucketMib: must be at least 1".into());
+        assert!(plain.source().is_none());
 
         let t = tch::Tensor::from_slice(&[1.0f32]).f_view([2]).unwrap_err();
         let e = TrainError::from(t);

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use ferrotrain_api::config::Precision;
 use ferrotrain_api::{TrainerConfig, env, exit};
-use ferrotrain_trainer::error::{Result, TrainError, write_termination_message};
+use ferrotrain_trainer::error::{Reason, Result, TrainError, write_termination_message};
 use ferrotrain_trainer::{bleu, checkpoint, data, decode, dist, launch, model, signals, train};
 
 #[derive(Parser, Debug)]
@@ -174,7 +174,7 @@ fn flush_denormals() {
 }
 
 fn load_config(path: &Path) -> Result<TrainerConfig> {
-    TrainerConfig::load(path).map_err(|e| TrainError::Config(e.to_string()))
+    TrainerConfig::load(path).map_err(TrainError::from)
 }
 
 /// Trains; returns the signal that stopped the run early (after its checkpoint), if any.
@@ -255,10 +255,9 @@ fn resolve_checkpoint(path: &Path) -> Result<(PathBuf, PathBuf)> {
         return Ok((job, path.to_path_buf()));
     }
     if !path.is_dir() {
-        return Err(TrainError::Data(format!(
-            "--checkpoint {}: no such directory",
-            path.display()
-        )));
+        return Err(TrainError::Data(
+            format!("--checkpoint {}: no such directory", path.display()).into(),
+        ));
     }
     let store = checkpoint::CheckpointStore::new(path, Default::default())?;
     match store.latest()? {
@@ -266,7 +265,7 @@ fn resolve_checkpoint(path: &Path) -> Result<(PathBuf, PathBuf)> {
         None => Err(TrainError::Data(format!(
             "--checkpoint {}: neither a checkpoint directory nor a job directory with a complete checkpoint",
             path.display()
-        ))),
+        ).into())),
     }
 }
 
@@ -353,8 +352,8 @@ fn averaged_weights(
         steps.push(loaded.state.step);
         models.push(loaded.model);
     }
-    let weights =
-        checkpoint::average_weights(models).map_err(TrainError::IncompatibleCheckpoint)?;
+    let weights = checkpoint::average_weights(models)
+        .map_err(|e| TrainError::IncompatibleCheckpoint(e.into()))?;
     steps.sort_unstable();
     Ok((weights, steps))
 }
@@ -362,19 +361,23 @@ fn averaged_weights(
 /// A checkpoint must come from the job's own config (same model, same vocabulary).
 fn check_digest(loaded: &checkpoint::Loaded, job_dir: &Path, config: &TrainerConfig) -> Result<()> {
     if loaded.state.config_digest != config.digest() {
-        return Err(TrainError::IncompatibleCheckpoint(format!(
-            "{} does not belong to the config in {}",
-            loaded.dir.display(),
-            job_dir.display()
-        )));
+        return Err(TrainError::IncompatibleCheckpoint(
+            format!(
+                "{} does not belong to the config in {}",
+                loaded.dir.display(),
+                job_dir.display()
+            )
+            .into(),
+        ));
     }
     Ok(())
 }
 
 /// Lines of a text file, `.gz` decompressed.
 fn read_text_lines(path: &Path) -> Result<Vec<String>> {
-    let file = std::fs::File::open(path)
-        .map_err(|e| TrainError::Data(format!("cannot read {}: {e}", path.display())))?;
+    let file = std::fs::File::open(path).map_err(|e| {
+        TrainError::Data(Reason::caused(format!("cannot read {}", path.display()), e))
+    })?;
     let reader: Box<dyn std::io::Read> = if path.extension().is_some_and(|e| e == "gz") {
         Box::new(flate2::read::MultiGzDecoder::new(file))
     } else {
@@ -383,7 +386,7 @@ fn read_text_lines(path: &Path) -> Result<Vec<String>> {
     std::io::BufReader::new(reader)
         .lines()
         .collect::<std::io::Result<Vec<_>>>()
-        .map_err(|e| TrainError::Data(format!("cannot read {}: {e}", path.display())))
+        .map_err(|e| TrainError::Data(Reason::caused(format!("cannot read {}", path.display()), e)))
 }
 
 fn score_bleu(reference: &Path) -> Result<()> {
@@ -393,12 +396,15 @@ fn score_bleu(reference: &Path) -> Result<()> {
         .lines()
         .collect::<std::io::Result<_>>()?;
     if hyps.len() != refs.len() {
-        return Err(TrainError::Data(format!(
-            "{} hypotheses on stdin but {} references in {}",
-            hyps.len(),
-            refs.len(),
-            reference.display()
-        )));
+        return Err(TrainError::Data(
+            format!(
+                "{} hypotheses on stdin but {} references in {}",
+                hyps.len(),
+                refs.len(),
+                reference.display()
+            )
+            .into(),
+        ));
     }
     let b = bleu::corpus_bleu(&hyps, &refs);
     println!(
@@ -429,9 +435,9 @@ fn bench_collective(args: &BenchArgs) -> Result<()> {
             tch::Device::Cuda(local % count)
         }
         other => {
-            return Err(TrainError::Config(format!(
-                "--device {other}: expected cpu or cuda"
-            )));
+            return Err(TrainError::Config(
+                format!("--device {other}: expected cpu or cuda").into(),
+            ));
         }
     };
     let sizes: Vec<u64> = args.sizes_mb.iter().map(|mb| (mb * 1e6) as u64).collect();

@@ -26,7 +26,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
 
-use crate::error::{Result, TrainError};
+use crate::error::{Reason, Result, TrainError};
 use crate::resources::ResourceSampler;
 use crate::tensorboard::{self, TrainingBoard};
 
@@ -53,7 +53,9 @@ pub struct MetricsServer {
 impl MetricsServer {
     /// Binds `0.0.0.0:port` (port 0 = ephemeral) and serves until dropped.
     pub fn start(port: u16, progress: SharedProgress) -> Result<Self> {
-        let err = |e: std::io::Error| TrainError::Other(format!("metrics: port {port}: {e}"));
+        let err = |e: std::io::Error| {
+            TrainError::Other(Reason::caused(format!("metrics: port {port}"), e))
+        };
         let listener = std::net::TcpListener::bind(("0.0.0.0", port)).map_err(err)?;
         listener.set_nonblocking(true).map_err(err)?;
         let addr = listener.local_addr().map_err(err)?;

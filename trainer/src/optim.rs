@@ -292,9 +292,9 @@ impl AdamW {
                 .find(|(n, _)| n == name)
                 .map(|(_, t)| t)
                 .ok_or_else(|| {
-                    TrainError::IncompatibleCheckpoint(format!(
-                        "optimizer state has no tensor {name}"
-                    ))
+                    TrainError::IncompatibleCheckpoint(
+                        format!("optimizer state has no tensor {name}").into(),
+                    )
                 })
         };
         for s in &mut self.slots {
@@ -305,11 +305,14 @@ impl AdamW {
                 let name = format!("{}.{suffix}", s.name);
                 let src = find(&name)?;
                 if src.size() != dst.size() {
-                    return Err(TrainError::IncompatibleCheckpoint(format!(
-                        "optimizer tensor {name} has shape {:?}, the model needs {:?}",
-                        src.size(),
-                        dst.size()
-                    )));
+                    return Err(TrainError::IncompatibleCheckpoint(
+                        format!(
+                            "optimizer tensor {name} has shape {:?}, the model needs {:?}",
+                            src.size(),
+                            dst.size()
+                        )
+                        .into(),
+                    ));
                 }
                 tch::no_grad(|| dst.copy_(src));
             }

@@ -77,10 +77,9 @@ pub fn visible_gpus() -> usize {
 pub fn expected_gpus() -> Result<u32> {
     let name = ferrotrain_api::env::FERROTRAIN_EXPECT_GPUS;
     match std::env::var(name) {
-        Ok(v) if !v.trim().is_empty() => v
-            .trim()
-            .parse()
-            .map_err(|_| TrainError::Config(format!("{name}={v:?} is not a number of GPUs"))),
+        Ok(v) if !v.trim().is_empty() => v.trim().parse().map_err(|_| {
+            TrainError::Config(format!("{name}={v:?} is not a number of GPUs").into())
+        }),
         _ => Ok(0),
     }
 }
@@ -112,16 +111,18 @@ pub fn select_device(
         }
         _ if visible > 0 => Ok(Device::Cuda(local_rank % visible)),
         DeviceKind::Auto if expect_gpus == 0 => Ok(Device::Cpu),
-        DeviceKind::Auto => Err(TrainError::Config(format!(
-            "device: auto on a pod given {expect_gpus} GPU(s) ({}), but {}: refusing to \
+        DeviceKind::Auto => Err(TrainError::Config(
+            format!(
+                "device: auto on a pod given {expect_gpus} GPU(s) ({}), but {}: refusing to \
              train on the CPU (set device: cpu to do so on purpose)",
-            ferrotrain_api::env::FERROTRAIN_EXPECT_GPUS,
-            why()
-        ))),
-        DeviceKind::Cuda => Err(TrainError::Config(format!(
-            "device: cuda requested but {}",
-            why()
-        ))),
+                ferrotrain_api::env::FERROTRAIN_EXPECT_GPUS,
+                why()
+            )
+            .into(),
+        )),
+        DeviceKind::Cuda => Err(TrainError::Config(
+            format!("device: cuda requested but {}", why()).into(),
+        )),
     }
 }
 
@@ -168,9 +169,9 @@ pub fn preflight_data(config: &TrainerConfig) -> Result<()> {
     }
     for (field, file) in files {
         if !Path::new(&file).is_file() {
-            return Err(TrainError::Data(format!(
-                "{field}: file {file} does not exist or is not a file"
-            )));
+            return Err(TrainError::Data(
+                format!("{field}: file {file} does not exist or is not a file").into(),
+            ));
         }
     }
     Ok(())
@@ -225,19 +226,18 @@ impl ResumeHeader {
 
     fn decode(v: &[u64]) -> Result<Self> {
         let &[status, step, samples, optimizer_steps] = v else {
-            return Err(TrainError::Distributed(format!(
-                "resume header: {} values, expected 4",
-                v.len()
-            )));
+            return Err(TrainError::Distributed(
+                format!("resume header: {} values, expected 4", v.len()).into(),
+            ));
         };
         let status = match status {
             0 => ResumeStatus::Fresh,
             1 => ResumeStatus::Resumed,
             4 => ResumeStatus::Incompatible,
             other => {
-                return Err(TrainError::Distributed(format!(
-                    "resume header: unknown status {other} from rank 0"
-                )));
+                return Err(TrainError::Distributed(
+                    format!("resume header: unknown status {other} from rank 0").into(),
+                ));
             }
         };
         Ok(ResumeHeader {
@@ -305,16 +305,19 @@ pub fn restore_model(vars: &[(String, Tensor)], saved: &Named) -> Result<()> {
             .find(|(n, _)| n == name)
             .map(|(_, t)| t)
             .ok_or_else(|| {
-                TrainError::IncompatibleCheckpoint(format!(
-                    "checkpoint has no tensor {name} that the model needs"
-                ))
+                TrainError::IncompatibleCheckpoint(
+                    format!("checkpoint has no tensor {name} that the model needs").into(),
+                )
             })?;
         if src.size() != var.size() {
-            return Err(TrainError::IncompatibleCheckpoint(format!(
-                "checkpoint tensor {name} has shape {:?}, the model needs {:?}",
-                src.size(),
-                var.size()
-            )));
+            return Err(TrainError::IncompatibleCheckpoint(
+                format!(
+                    "checkpoint tensor {name} has shape {:?}, the model needs {:?}",
+                    src.size(),
+                    var.size()
+                )
+                .into(),
+            ));
         }
         let mut dst = var.shallow_clone();
         tch::no_grad(|| dst.copy_(src));
@@ -539,7 +542,7 @@ fn resume(
                 dir.display(),
                 loaded.state.config_digest,
                 config.digest()
-            )))
+            ).into()))
         } else {
             restore_model(params, &loaded.model)
                 .and_then(|_| optimizer.load_state(&loaded.optimizer))
@@ -1150,7 +1153,7 @@ impl<'a> Trainer<'a> {
         if !loss.is_finite() {
             return Err(TrainError::Other(format!(
                 "loss became {loss} at step {step}: lower optimizer.lr or raise schedule.warmupSteps"
-            )));
+            ).into()));
         }
         if let Some(log) = self.log.as_mut() {
             let line = serde_json::json!({

@@ -90,12 +90,15 @@ pub fn check(comm: &mut dyn Collective) -> Result<()> {
     let got = comm.download(mine)?;
     comm.barrier()?;
     if sums.iter().any(|&v| v != world) || got.iter().any(|&v| v != 7.0) {
-        return Err(crate::error::TrainError::Distributed(format!(
-            "collective check failed: all-reduce of ones gave {:?} (want {world}), broadcast \
+        return Err(crate::error::TrainError::Distributed(
+            format!(
+                "collective check failed: all-reduce of ones gave {:?} (want {world}), broadcast \
              gave {:?} (want 7)",
-            &sums[..3],
-            &got[..3]
-        )));
+                &sums[..3],
+                &got[..3]
+            )
+            .into(),
+        ));
     }
     Ok(())
 }

@@ -22,7 +22,7 @@ use ferrotrain_api::config::{Backend, DistributedConfig};
 use ferrotrain_api::env;
 use tch::{Device, Kind, Tensor};
 
-use crate::error::{Result, TrainError};
+use crate::error::{Reason, Result, TrainError};
 use auth::Auth;
 pub use grads::{GradSync, broadcast_buffers};
 use ring::Ring;
@@ -60,10 +60,9 @@ impl RankEnv {
             match var(name) {
                 None => Ok(default),
                 Some(v) if v.trim().is_empty() => Ok(default),
-                Some(v) => v
-                    .trim()
-                    .parse()
-                    .map_err(|_| TrainError::Config(format!("{name}={v:?} is not a valid number"))),
+                Some(v) => v.trim().parse().map_err(|_| {
+                    TrainError::Config(format!("{name}={v:?} is not a valid number").into())
+                }),
             }
         }
         let world_size: usize = parse(&var, env::WORLD_SIZE, 1)?;
@@ -83,21 +82,25 @@ impl RankEnv {
             return Err(TrainError::Config("WORLD_SIZE must be at least 1".into()));
         }
         if rank >= world_size {
-            return Err(TrainError::Config(format!(
-                "RANK={rank} is not below WORLD_SIZE={world_size}"
-            )));
+            return Err(TrainError::Config(
+                format!("RANK={rank} is not below WORLD_SIZE={world_size}").into(),
+            ));
         }
         if local_world_size == 0 || local_rank >= local_world_size {
-            return Err(TrainError::Config(format!(
-                "LOCAL_RANK={local_rank} is not below LOCAL_WORLD_SIZE={local_world_size}"
-            )));
+            return Err(TrainError::Config(
+                format!("LOCAL_RANK={local_rank} is not below LOCAL_WORLD_SIZE={local_world_size}")
+                    .into(),
+            ));
         }
         if world_size > 1 && token.is_empty() {
-            return Err(TrainError::Config(format!(
-                "{} must be set when WORLD_SIZE > 1: every rendezvous connection proves it \
+            return Err(TrainError::Config(
+                format!(
+                    "{} must be set when WORLD_SIZE > 1: every rendezvous connection proves it \
                  knows it (`ferrotrain launch` and the operator set it)",
-                env::FERROTRAIN_RDZV_TOKEN
-            )));
+                    env::FERROTRAIN_RDZV_TOKEN
+                )
+                .into(),
+            ));
         }
         Ok(RankEnv {
             rank,
@@ -341,8 +344,9 @@ fn bind_until(addr: SocketAddr, deadline: Instant) -> Result<TcpListener> {
                 std::thread::sleep(Duration::from_millis(200));
             }
             Err(e) => {
-                return Err(TrainError::Distributed(format!(
-                    "rendezvous: rank 0 cannot listen on {addr} (MASTER_PORT): {e}"
+                return Err(TrainError::Distributed(Reason::caused(
+                    format!("rendezvous: rank 0 cannot listen on {addr} (MASTER_PORT)"),
+                    e,
                 )));
             }
         }

@@ -44,18 +44,24 @@ pub fn check_available(ordinal: usize) -> Result<&'static NcclLib> {
     unsafe {
         let r = cu::cuInit(0);
         if r != cu::CUresult::CUDA_SUCCESS {
-            return Err(TrainError::Config(format!(
-                "distributed.backend nccl: the CUDA driver failed to initialize ({r:?}): no \
+            return Err(TrainError::Config(
+                format!(
+                    "distributed.backend nccl: the CUDA driver failed to initialize ({r:?}): no \
                  usable GPU"
-            )));
+                )
+                .into(),
+            ));
         }
         let mut count = 0;
         let r = cu::cuDeviceGetCount(&mut count);
         if r != cu::CUresult::CUDA_SUCCESS || (count as usize) <= ordinal {
-            return Err(TrainError::Config(format!(
-                "distributed.backend nccl: this rank's device is GPU {ordinal} but {count} \
+            return Err(TrainError::Config(
+                format!(
+                    "distributed.backend nccl: this rank's device is GPU {ordinal} but {count} \
                  GPU(s) are visible"
-            )));
+                )
+                .into(),
+            ));
         }
     }
     nccl()
@@ -74,7 +80,7 @@ fn nccl_error(what: &str, r: nc::ncclResult_t) -> TrainError {
             CStr::from_ptr(p).to_string_lossy().into_owned()
         }
     };
-    TrainError::Distributed(format!("NCCL {what} failed: {r:?} {text}"))
+    TrainError::Distributed(format!("NCCL {what} failed: {r:?} {text}").into())
 }
 
 fn data_type(kind: Kind) -> Result<nc::ncclDataType_t> {
@@ -88,9 +94,9 @@ fn data_type(kind: Kind) -> Result<nc::ncclDataType_t> {
         Kind::Uint8 | Kind::Bool => nc::ncclDataType_t::ncclUint8,
         Kind::Int8 => nc::ncclDataType_t::ncclInt8,
         other => {
-            return Err(TrainError::Distributed(format!(
-                "NCCL cannot exchange {other:?} tensors"
-            )));
+            return Err(TrainError::Distributed(
+                format!("NCCL cannot exchange {other:?} tensors").into(),
+            ));
         }
     })
 }
@@ -127,9 +133,9 @@ struct Streams {
 fn cuda(what: &str, r: cu::CUresult) -> Result<()> {
     match r {
         cu::CUresult::CUDA_SUCCESS => Ok(()),
-        other => Err(TrainError::Distributed(format!(
-            "CUDA {what} failed: {other:?}"
-        ))),
+        other => Err(TrainError::Distributed(
+            format!("CUDA {what} failed: {other:?}").into(),
+        )),
     }
 }
 
@@ -272,9 +278,9 @@ impl Nccl {
                     || cu::cuDevicePrimaryCtxRetain(&mut ctx, dev) != cu::CUresult::CUDA_SUCCESS
                     || cu::cuCtxSetCurrent(ctx) != cu::CUresult::CUDA_SUCCESS
                 {
-                    Err(TrainError::Distributed(format!(
-                        "cannot make GPU {ordinal} current"
-                    )))
+                    Err(TrainError::Distributed(
+                        format!("cannot make GPU {ordinal} current").into(),
+                    ))
                 } else {
                     let mut comm = std::ptr::null_mut();
                     let r = (lib.comm_init_rank)(&mut comm, world as i32, id, rank as i32);
@@ -287,15 +293,16 @@ impl Nccl {
             };
             let _ = tx.send(result);
         });
-        let comm = match rx.recv_timeout(meeting.left().max(Duration::from_secs(1))) {
-            Ok(r) => r? as nc::ncclComm_t,
-            Err(_) => {
-                return Err(TrainError::Distributed(format!(
+        let comm =
+            match rx.recv_timeout(meeting.left().max(Duration::from_secs(1))) {
+                Ok(r) => r? as nc::ncclComm_t,
+                Err(_) => {
+                    return Err(TrainError::Distributed(format!(
                     "NCCL: not all {world} ranks joined the communicator before the rendezvous \
                      timeout"
-                )));
-            }
-        };
+                ).into()));
+                }
+            };
         Ok(Nccl {
             lib,
             comm,
@@ -388,14 +395,14 @@ impl Nccl {
         }
         self.comm = std::ptr::null_mut();
         self.broken = Some(message.clone());
-        Err(TrainError::Distributed(message))
+        Err(TrainError::Distributed(message.into()))
     }
 
     fn check(&self) -> Result<()> {
         match &self.broken {
-            Some(b) => Err(TrainError::Distributed(format!(
-                "the NCCL communicator was aborted by an earlier failure: {b}"
-            ))),
+            Some(b) => Err(TrainError::Distributed(
+                format!("the NCCL communicator was aborted by an earlier failure: {b}").into(),
+            )),
             None => Ok(()),
         }
     }

@@ -84,12 +84,15 @@ impl NcclLib {
                 Err(e) => tried.push(format!("{name}: {e}")),
             }
         }
-        Err(TrainError::Config(format!(
-            "distributed.backend nccl: libnccl cannot be loaded (install NCCL 2, add its \
+        Err(TrainError::Config(
+            format!(
+                "distributed.backend nccl: libnccl cannot be loaded (install NCCL 2, add its \
              directory to LD_LIBRARY_PATH, or set {} to its path); tried {}",
-            env::FERROTRAIN_NCCL_LIBRARY,
-            tried.join("; ")
-        )))
+                env::FERROTRAIN_NCCL_LIBRARY,
+                tried.join("; ")
+            )
+            .into(),
+        ))
     }
 
     fn from_library(name: &str, lib: libloading::Library) -> std::result::Result<Self, String> {
@@ -145,7 +148,7 @@ pub fn nccl() -> Result<&'static NcclLib> {
         NcclLib::load(&candidates(over.as_deref())).map_err(|e| e.to_string())
     })
     .as_ref()
-    .map_err(|e| TrainError::Config(e.clone()))
+    .map_err(|e| TrainError::Config(e.clone().into()))
 }
 
 #[cfg(test)]

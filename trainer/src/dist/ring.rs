@@ -319,10 +319,9 @@ impl Ring {
     /// Copies `root`'s bytes into every rank's `data`, pipelined along the ring.
     pub fn broadcast(&mut self, data: &mut [u8], root: usize) -> Result<()> {
         if root >= self.world {
-            return Err(TrainError::Distributed(format!(
-                "broadcast from rank {root} in a world of {}",
-                self.world
-            )));
+            return Err(TrainError::Distributed(
+                format!("broadcast from rank {root} in a world of {}", self.world).into(),
+            ));
         }
         let plan = broadcast_plan(self.rank, self.world, data.len(), root, self.segment_bytes);
         self.run(OP_BROADCAST | ((root as u32) << 8), data, &plan)
@@ -349,7 +348,7 @@ impl Ring {
         let _ = self.next.shutdown(Shutdown::Both);
         let _ = self.prev.shutdown(Shutdown::Both);
         self.broken = Some(message.clone());
-        Err(TrainError::Distributed(message))
+        Err(TrainError::Distributed(message.into()))
     }
 
     fn peer(&self, next: bool) -> String {
@@ -379,9 +378,9 @@ impl Ring {
 
     fn run(&mut self, op: u32, data: &mut [u8], plan: &Plan) -> Result<()> {
         if let Some(b) = &self.broken {
-            return Err(TrainError::Distributed(format!(
-                "the ring is broken by an earlier failure: {b}"
-            )));
+            return Err(TrainError::Distributed(
+                format!("the ring is broken by an earlier failure: {b}").into(),
+            ));
         }
         let what = op_name(op);
         self.seq += 1;
@@ -669,9 +668,9 @@ fn accept_prev(
         }
         let now = Instant::now();
         if now >= deadline {
-            return Err(TrainError::Distributed(format!(
-                "ring: rank {prev} did not connect before the rendezvous timeout"
-            )));
+            return Err(TrainError::Distributed(
+                format!("ring: rank {prev} did not connect before the rendezvous timeout").into(),
+            ));
         }
         match listener.accept() {
             Ok((mut stream, addr)) => {
@@ -731,10 +730,13 @@ fn connect_next(
             Err(e) => e.to_string(),
         };
         if Instant::now() + backoff >= deadline {
-            return Err(TrainError::Distributed(format!(
-                "ring: cannot connect to rank {next} at {addr} before the rendezvous timeout: \
+            return Err(TrainError::Distributed(
+                format!(
+                    "ring: cannot connect to rank {next} at {addr} before the rendezvous timeout: \
                  {error}"
-            )));
+                )
+                .into(),
+            ));
         }
         std::thread::sleep(backoff);
         backoff = (backoff * 2).min(Duration::from_secs(1));

@@ -339,10 +339,13 @@ impl StoreClient {
             };
             let now = Instant::now();
             if now + backoff >= deadline {
-                return Err(TrainError::Distributed(format!(
-                    "rendezvous: could not reach rank 0's store at {server} in {attempts} \
+                return Err(TrainError::Distributed(
+                    format!(
+                        "rendezvous: could not reach rank 0's store at {server} in {attempts} \
                      attempts before the rendezvous timeout: {last_error}"
-                )));
+                    )
+                    .into(),
+                ));
             }
             tracing::debug!("rendezvous: {server} not ready ({last_error}); retrying");
             std::thread::sleep(backoff);
@@ -390,10 +393,13 @@ impl StoreClient {
 
     fn request(&mut self, payload: &[u8], wait: Duration) -> Result<Vec<u8>> {
         let fail = |what: &str, e: std::io::Error| {
-            TrainError::Distributed(format!(
-                "rendezvous store at {}: {what}: {e} (did rank 0 exit?)",
-                self.server
-            ))
+            TrainError::Distributed(
+                format!(
+                    "rendezvous store at {}: {what}: {e} (did rank 0 exit?)",
+                    self.server
+                )
+                .into(),
+            )
         };
         self.stream
             .set_read_timeout(Some(self.timeout + wait))
@@ -429,10 +435,13 @@ impl StoreClient {
         let r = self.request(&p, wait)?;
         match r[0] {
             OK => Ok(r[1..].to_vec()),
-            _ => Err(TrainError::Distributed(format!(
-                "rendezvous: `{key}` was not published within {} s (a rank did not join)",
-                wait.as_secs_f64()
-            ))),
+            _ => Err(TrainError::Distributed(
+                format!(
+                    "rendezvous: `{key}` was not published within {} s (a rank did not join)",
+                    wait.as_secs_f64()
+                )
+                .into(),
+            )),
         }
     }
 
@@ -443,10 +452,9 @@ impl StoreClient {
         p.extend_from_slice(key.as_bytes());
         let r = self.request(&p, Duration::ZERO)?;
         if r.len() != 9 || r[0] != OK {
-            return Err(TrainError::Distributed(format!(
-                "rendezvous store at {}: malformed ADD reply",
-                self.server
-            )));
+            return Err(TrainError::Distributed(
+                format!("rendezvous store at {}: malformed ADD reply", self.server).into(),
+            ));
         }
         Ok(i64::from_le_bytes(r[1..].try_into().expect("8 bytes")))
     }
@@ -460,11 +468,14 @@ impl StoreClient {
         self.get(&format!("barrier/{name}/done"), wait)
             .map(|_| ())
             .map_err(|_| {
-                TrainError::Distributed(format!(
-                    "rendezvous: barrier `{name}` incomplete after {} s: not all {world} ranks \
+                TrainError::Distributed(
+                    format!(
+                        "rendezvous: barrier `{name}` incomplete after {} s: not all {world} ranks \
                      arrived",
-                    wait.as_secs_f64()
-                ))
+                        wait.as_secs_f64()
+                    )
+                    .into(),
+                )
             })
     }
 }

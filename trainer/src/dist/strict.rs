@@ -95,9 +95,9 @@ impl Strict {
     /// The same refusals as `Nccl::check_tensor` and `nccl::data_type`, plus residency.
     fn check_tensor(&mut self, t: &Tensor) -> Result<()> {
         if let Some(b) = &self.broken {
-            return Err(TrainError::Distributed(format!(
-                "the strict communicator was aborted by an earlier failure: {b}"
-            )));
+            return Err(TrainError::Distributed(
+                format!("the strict communicator was aborted by an earlier failure: {b}").into(),
+            ));
         }
         let problem = if t.device() != self.device {
             Some(format!(
@@ -133,7 +133,7 @@ impl Strict {
             Some(p) => {
                 let message = format!("NCCL collectives need contiguous CUDA tensors: got {p}");
                 self.broken = Some(message.clone());
-                Err(TrainError::Distributed(message))
+                Err(TrainError::Distributed(message.into()))
             }
             None => Ok(()),
         }
@@ -151,7 +151,7 @@ impl Strict {
             self.started.len()
         );
         self.broken = Some(message.clone());
-        Err(TrainError::Distributed(message))
+        Err(TrainError::Distributed(message.into()))
     }
 
     fn done(&mut self, result: Result<()>) -> Result<()> {
@@ -191,11 +191,14 @@ impl Collective for Strict {
     fn download(&mut self, tensor: Tensor) -> Result<Vec<f64>> {
         self.check_nothing_started("download")?;
         if tensor.device() != self.device {
-            return Err(TrainError::Distributed(format!(
-                "download of a tensor on {:?}, the communicator's device is {:?}",
-                tensor.device(),
-                self.device
-            )));
+            return Err(TrainError::Distributed(
+                format!(
+                    "download of a tensor on {:?}, the communicator's device is {:?}",
+                    tensor.device(),
+                    self.device
+                )
+                .into(),
+            ));
         }
         self.counters.downloads.fetch_add(1, Ordering::Relaxed);
         // An upload's buffer is done with once read back.
@@ -227,7 +230,7 @@ impl Collective for Strict {
                     tensor.numel()
                 );
                 self.broken = Some(message.clone());
-                return Err(TrainError::Distributed(message));
+                return Err(TrainError::Distributed(message.into()));
             }
             let r = self.inner.all_reduce_sum(&mut tensor);
             self.done(r)?;
@@ -244,9 +247,9 @@ impl Collective for Strict {
         // `Nccl::barrier` all-reduces a buffer it allocates itself: nothing to check but the
         // communicator's state.
         if let Some(b) = &self.broken {
-            return Err(TrainError::Distributed(format!(
-                "the strict communicator was aborted by an earlier failure: {b}"
-            )));
+            return Err(TrainError::Distributed(
+                format!("the strict communicator was aborted by an earlier failure: {b}").into(),
+            ));
         }
         self.check_nothing_started("barrier")?;
         let r = self.inner.barrier();
