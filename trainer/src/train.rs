@@ -1066,27 +1066,24 @@ impl<'a> Trainer<'a> {
     /// `exchange` with other ranks: the gradient buckets, then one all-reduce of the
     /// step's scalars.
     fn exchange_gang(&mut self, end: StepEnd) -> Result<Synced> {
-        let StepEnd {
-            loss_local,
-            target_tokens,
-            signal,
-            train_seconds,
-            summarise,
-        } = end;
         let sync = self.net.grad_sync.as_mut().expect("world > 1");
         let mut comm_seconds = sync.finish(self.comm.as_mut())?;
         let c0 = Instant::now();
         // Sums: the loss, rank 0's clock (the others add 0), how many ranks were signalled,
         // and (some steps) each rank's resources in its own slots.
         // f32 like every collective (the clock to a few ms over weeks).
-        let clock = if self.leader { train_seconds } else { 0.0 };
-        let flag = f32::from(u8::from(signal != 0));
+        let clock = if self.leader { end.train_seconds } else { 0.0 };
+        let flag = f32::from(u8::from(end.signal != 0));
         let mut host = vec![0.0, clock as f32, flag];
-        if summarise {
+        if end.summarise {
             host.extend(resource_slots(&mut self.sampler, self.rank, self.world));
         }
         let mut scalars = self.comm.upload(&host)?;
-        tch::no_grad(|| scalars.narrow(0, 0, 1).f_copy_(&loss_local.reshape([1])))?;
+        tch::no_grad(|| {
+            scalars
+                .narrow(0, 0, 1)
+                .f_copy_(&end.loss_local.reshape([1]))
+        })?;
         self.comm.all_reduce_sum(&mut scalars)?;
         // The step's one host read: the summed scalars and the (summed) gradients' norm.
         let norm = self.net.optimizer.grad_norm();
@@ -1095,16 +1092,17 @@ impl<'a> Trainer<'a> {
         let v = self.comm.download(Tensor::cat(&parts, 0))?;
         comm_seconds += c0.elapsed().as_secs_f64();
         Ok(Synced {
-            loss: v[0] / target_tokens as f64,
+            loss: v[0] / end.target_tokens as f64,
             grad_norm: v.get(host.len()).copied().unwrap_or(0.0),
             train_seconds: v[1],
             comm_seconds,
-            gang_resources: summarise
+            gang_resources: end
+                .summarise
                 .then(|| GangResources::from_slots(&v[3..host.len()]))
                 .flatten(),
             // Some rank was signalled: all stop here, and exit the way it would.
-            interrupted_by: (v[2] > 0.0).then_some(if signal != 0 {
-                signal
+            interrupted_by: (v[2] > 0.0).then_some(if end.signal != 0 {
+                end.signal
             } else {
                 libc::SIGTERM
             }),
@@ -1113,18 +1111,11 @@ impl<'a> Trainer<'a> {
 
     /// `exchange` on a single rank: no collective, the same one host read.
     fn exchange_alone(&mut self, end: StepEnd) -> Result<Synced> {
-        let StepEnd {
-            loss_local,
-            target_tokens,
-            signal,
-            train_seconds,
-            summarise,
-        } = end;
         // The step's one host read: the loss and the gradients' norm.
-        let mut parts = vec![loss_local.reshape([1])];
+        let mut parts = vec![end.loss_local.reshape([1])];
         parts.extend(self.net.optimizer.grad_norm().map(|n| n.reshape([1])));
         let v = self.comm.download(Tensor::cat(&parts, 0))?;
-        let gang_resources = if summarise {
+        let gang_resources = if end.summarise {
             let mine: Vec<f64> = resource_slots(&mut self.sampler, 0, 1)
                 .into_iter()
                 .map(f64::from)
@@ -1134,12 +1125,12 @@ impl<'a> Trainer<'a> {
             None
         };
         Ok(Synced {
-            loss: v[0] / target_tokens as f64,
+            loss: v[0] / end.target_tokens as f64,
             grad_norm: v.get(1).copied().unwrap_or(0.0),
-            train_seconds,
+            train_seconds: end.train_seconds,
             comm_seconds: 0.0,
             gang_resources,
-            interrupted_by: (signal != 0).then_some(signal),
+            interrupted_by: (end.signal != 0).then_some(end.signal),
         })
     }
 
