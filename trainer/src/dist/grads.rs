@@ -65,6 +65,16 @@ struct Armed {
 unsafe impl Send for Armed {}
 
 impl Shared {
+    /// A backward pass's state before any gradient completes.
+    fn armed(&self, comm: &mut (dyn Collective + 'static)) -> Armed {
+        Armed {
+            comm: comm as *mut _,
+            missing: self.members.clone(),
+            next: 0,
+            error: None,
+        }
+    }
+
     /// Parameter `index`'s gradient is complete: starts every bucket that is now ready.
     fn ready(&self, index: usize) {
         let mut guard = self.armed.lock().unwrap_or_else(|e| e.into_inner());
@@ -197,12 +207,7 @@ impl GradSync {
     /// micro-batch's): buckets start on `comm` as that backward completes them. Nothing else
     /// may use `comm` until `finish`.
     pub fn arm(&mut self, comm: &mut (dyn Collective + 'static)) {
-        let armed = Armed {
-            comm: comm as *mut _,
-            missing: self.shared.members.clone(),
-            next: 0,
-            error: None,
-        };
+        let armed = self.shared.armed(comm);
         *self.shared.armed.lock().unwrap_or_else(|e| e.into_inner()) = Some(armed);
     }
 
@@ -217,13 +222,13 @@ impl GradSync {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        let mut armed = taken.unwrap_or(Armed {
-            comm: comm as *mut _,
-            missing: self.shared.members.clone(),
-            next: 0,
-            error: None,
-        });
-        armed.comm = comm as *mut _;
+        let mut armed = match taken {
+            Some(mut armed) => {
+                armed.comm = comm as *mut _;
+                armed
+            }
+            None => self.shared.armed(comm),
+        };
         self.shared.start_ready(&mut armed, true);
         let finished = comm.finish_started();
         if let Some(e) = armed.error {
