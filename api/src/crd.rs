@@ -464,6 +464,23 @@ pub struct FailureInfo {
     pub secondary_failures: i32,
 }
 
+/// Where one pod of the current attempt was placed (status.placement).
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    /// The pod's node rank.
+    pub node_rank: i32,
+    /// The attempt the pod belongs to.
+    pub attempt: i32,
+    /// The pod's name.
+    pub pod: String,
+    /// The pod's UID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// The node the scheduler bound the pod to.
+    pub node: String,
+}
+
 fn is_zero(n: &i32) -> bool {
     *n == 0
 }
@@ -535,6 +552,14 @@ pub struct DistributedTrainingStatus {
     /// and return with the next attempt's first report; step, losses and lastCheckpoint stay.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<TrainingProgress>,
+    /// Where each pod of the current attempt runs: its node rank, pod, UID and node, recorded
+    /// when the operator first sees the pod bound to a node and kept after the pod is gone, so
+    /// that a failure names the node even when the pod vanished before the operator saw it
+    /// terminate (and after an operator restart or a change of leader). Cleared when a new
+    /// attempt starts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["nodeRank"]))]
+    pub placement: Vec<Placement>,
     /// Recovery accounting: the last 10 attempts (why and when each ended, when the operator
     /// saw it, time to the next attempt's first step, steps resumed from and lost) and over
     /// the whole job the wall time, productive training time and goodput (docs/observability.md).

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ferrotrain_api::crd::{
-    DistributedTrainingSpec, DistributedTrainingStatus, FailureInfo, Phase, TrainingProgress,
-    condition,
+    DistributedTrainingSpec, DistributedTrainingStatus, FailureInfo, Phase, Placement,
+    TrainingProgress, condition,
 };
 use ferrotrain_api::recovery::{AttemptEnd, EndCause, StepReport};
 use ferrotrain_api::{Progress, Recovery, TrainerPhase};
@@ -67,6 +67,8 @@ pub struct PodView {
     pub node_lost_since: Option<Timestamp>,
     /// The node the pod was scheduled on.
     pub node: Option<String>,
+    /// The pod's UID.
+    pub uid: Option<String>,
     /// When the trainer container started running.
     pub running_since: Option<Timestamp>,
     /// When the pod was created (the start-up clock of `spec.startupTimeoutSeconds`).
@@ -438,6 +440,7 @@ impl<'a, 'o> Decider<'a, 'o> {
 
     fn run(mut self) -> Decision {
         let o = self.o;
+        self.record_placement();
         // Pods of a newer attempt than the status knows: the status we read predates our own
         // write. Acting on it would double-count a restart; wait for the fresh status.
         if o.pods.iter().any(|p| p.attempt > o.status.attempt) {
@@ -466,6 +469,7 @@ impl<'a, 'o> Decider<'a, 'o> {
             }
             _ => self.active(),
         }
+        self.record_placement();
         self.clean_up_old_attempts();
         self.force_delete_stuck();
         self.count_replicas();
@@ -1118,10 +1122,7 @@ impl<'a, 'o> Decider<'a, 'o> {
                     crate::labels::pod_name(self.o.job, self.status.attempt, rank)
                 })),
                 exit_code: None,
-                node: self
-                    .current_pods()
-                    .find(|p| p.node_rank == rank)
-                    .and_then(|p| p.node.clone()),
+                node: self.node_of(rank),
                 reason: reason.into(),
                 message,
                 time: Time(self.now()),
@@ -1133,6 +1134,52 @@ impl<'a, 'o> Decider<'a, 'o> {
             killed: false,
             suspect: false,
         }
+    }
+
+    /// The node rank `rank` of the current attempt runs (or ran) on: its pod's, else the one
+    /// recorded in status.placement when the pod was first seen bound (the pod may be gone
+    /// before the operator saw it terminate).
+    fn node_of(&self, rank: i32) -> Option<String> {
+        let attempt = self.status.attempt;
+        self.current_pods()
+            .find(|p| p.node_rank == rank)
+            .and_then(|p| p.node.clone())
+            .or_else(|| {
+                self.status
+                    .placement
+                    .iter()
+                    .find(|p| p.attempt == attempt && p.node_rank == rank)
+                    .map(|p| p.node.clone())
+            })
+    }
+
+    /// Keeps status.placement to the current attempt and records every pod of it that is
+    /// bound to a node (a pod seen on another node or with another UID under the same rank
+    /// replaces the entry). Idempotent: called before deciding and again after, since the
+    /// decision may start a new attempt.
+    fn record_placement(&mut self) {
+        let attempt = self.status.attempt;
+        let bound: Vec<Placement> = self
+            .current_pods()
+            .filter_map(|p| {
+                Some(Placement {
+                    node_rank: p.node_rank,
+                    attempt,
+                    pod: p.name.clone(),
+                    uid: p.uid.clone(),
+                    node: p.node.clone()?,
+                })
+            })
+            .collect();
+        let placement = &mut self.status.placement;
+        placement.retain(|p| p.attempt == attempt);
+        for seen in bound {
+            match placement.iter_mut().find(|p| p.node_rank == seen.node_rank) {
+                Some(known) => *known = seen,
+                None => placement.push(seen),
+            }
+        }
+        placement.sort_by_key(|p| p.node_rank);
     }
 
     /// A failure of the job as a whole (no pod to blame).

@@ -78,6 +78,7 @@ pub fn pod_view(pod: &Pod, node: Option<&Node>) -> Option<PodView> {
         deleting_since: meta.deletion_timestamp.as_ref().map(|t| t.0),
         node_lost_since,
         node: scheduled_on.map(str::to_string),
+        uid: meta.uid.clone(),
         running_since,
         created: meta.creation_timestamp.as_ref().map(|t| t.0),
         waiting,

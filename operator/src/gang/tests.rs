@@ -28,6 +28,7 @@ fn pod(attempt: i32, rank: i32, state: PodState) -> PodView {
         deleting_since: None,
         node_lost_since: None,
         node: Some(format!("node-{rank}")),
+        uid: Some(format!("uid-{attempt}-{rank}")),
         created: Some(t(0)),
         waiting: None,
         disruption: None,
@@ -2030,4 +2031,117 @@ fn the_recovery_ledger_follows_a_killed_rank_through_the_restart() {
     assert_eq!(r.total_seconds, 213.0);
     let goodput = r.goodput_percent.unwrap();
     assert!((goodput - 100.0 * 37.0 / 213.0).abs() < 0.01, "{goodput}");
+}
+
+/// A job of two ranks that launched at 0 and ran from 10 (both pods seen bound), through the
+/// decisions an operator makes: the status the next reconcile starts from.
+fn ran_with_both_pods_seen() -> DistributedTrainingStatus {
+    let step = |status: &DistributedTrainingStatus, pods: Vec<PodView>, now| {
+        run(&Row {
+            status: status.clone(),
+            pods,
+            now,
+            ..Row::default()
+        })
+        .status
+    };
+    let s = step(&DistributedTrainingStatus::default(), vec![], 0);
+    let s = step(&s, vec![pending(0, 0), pending(0, 1)], 1);
+    step(&s, vec![running(0, 0), running(0, 1)], 10)
+}
+
+fn assert_rank_1_blamed_on_node_1(d: &Decision) {
+    let f = d.status.last_failure.as_ref().expect("a failure");
+    assert_eq!(
+        (f.reason.as_str(), f.node_rank, f.node.as_deref()),
+        ("PodDeleted", Some(1), Some("node-1")),
+        "{f:?}"
+    );
+    let ledger = d.status.recovery.as_ref().expect("the ledger");
+    let end = ledger.attempts[0].end.as_ref().expect("attempt 0 ended");
+    assert_eq!((end.rank, end.node.as_deref()), (Some(1), Some("node-1")));
+}
+
+#[test]
+fn placement_records_each_bound_pod_once_and_is_cleared_by_the_next_attempt() {
+    let s = ran_with_both_pods_seen();
+    let placed: Vec<(i32, &str, Option<&str>, &str)> = s
+        .placement
+        .iter()
+        .map(|p| {
+            (
+                p.node_rank,
+                p.pod.as_str(),
+                p.uid.as_deref(),
+                p.node.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        placed,
+        [
+            (0, "mt-0-0", Some("uid-0-0"), "node-0"),
+            (1, "mt-0-1", Some("uid-0-1"), "node-1")
+        ]
+    );
+    // An unbound pod is not placed.
+    let mut unbound = pending(0, 1);
+    unbound.node = None;
+    let d = run(&Row {
+        status: status(Phase::Pending, 0, 0, vec![]),
+        pods: vec![pending(0, 0), unbound],
+        ..Row::default()
+    });
+    assert_eq!(d.status.placement.len(), 1);
+    // Attempt 1 starts: attempt 0's placement goes.
+    let mut restarting = restarting_status(0, 1, 0);
+    restarting.placement = s.placement.clone();
+    let d = run(&Row {
+        status: restarting,
+        pods: vec![],
+        now: 100,
+        ..Row::default()
+    });
+    assert_eq!(d.status.attempt, 1);
+    assert!(d.status.placement.is_empty(), "{:?}", d.status.placement);
+}
+
+#[test]
+fn a_pod_seen_terminating_names_its_node() {
+    let s = ran_with_both_pods_seen();
+    let d = run(&Row {
+        status: s,
+        pods: vec![running(0, 0), deleting(running(0, 1), 50)],
+        now: 51,
+        ..Row::default()
+    });
+    assert_rank_1_blamed_on_node_1(&d);
+}
+
+#[test]
+fn a_pod_gone_between_two_reconciles_still_names_its_node() {
+    // The trainer saved and exited on SIGTERM before the next reconcile: the pod is gone
+    // from the cache without ever being seen terminating.
+    let s = ran_with_both_pods_seen();
+    let d = run(&Row {
+        status: s,
+        pods: vec![running(0, 0)],
+        now: 51,
+        ..Row::default()
+    });
+    assert_rank_1_blamed_on_node_1(&d);
+}
+
+#[test]
+fn an_operator_restarted_between_the_pods_start_and_its_deletion_names_its_node() {
+    // The new operator reads the status from the API server (JSON) and never saw the pod.
+    let written = serde_json::to_value(ran_with_both_pods_seen()).unwrap();
+    let read: DistributedTrainingStatus = serde_json::from_value(written).unwrap();
+    let d = run(&Row {
+        status: read,
+        pods: vec![running(0, 0)],
+        now: 51,
+        ..Row::default()
+    });
+    assert_rank_1_blamed_on_node_1(&d);
 }
