@@ -226,6 +226,11 @@ build_image() {
   BUILD_SECONDS[$image]=$((SECONDS - started))
 }
 
+# Local mode fetches nothing while building (the base and the binaries are made here): its RUN
+# steps get no network, so a Docker engine without a bridge network (dockerd --bridge=none)
+# builds them too.
+LOCAL_ARGS=(--network=none)
+
 build_local() {
   local image="$1" ctx="$ROOT/target/images/$1" libtorch bin
   rm -rf "$ctx"
@@ -238,7 +243,7 @@ build_local() {
       stage_binary "$bin" "$ctx/prebuilt/bin/ferrotrain"
       stage_libtorch "$libtorch" "$ctx/prebuilt/lib"
       build_image trainer -f docker/trainer.Dockerfile --build-arg BINARIES=prebuilt \
-        --build-arg "BASE_IMAGE=$LOCAL_BASE" --build-arg LIBTORCH_VARIANT=cpu "$ctx"
+        --build-arg "BASE_IMAGE=$LOCAL_BASE" --build-arg LIBTORCH_VARIANT=cpu "${LOCAL_ARGS[@]}" "$ctx"
       ;;
     trainer-cuda)
       libtorch=$(scripts/setup-libtorch.sh --cuda | tail -n1)
@@ -252,13 +257,13 @@ build_local() {
       stage_binary "$bin" "$ctx/prebuilt/bin/ferrotrain"
       stage_libtorch "$libtorch" "$ctx/prebuilt/lib"
       build_image trainer-cuda -f docker/trainer.Dockerfile --build-arg BINARIES=prebuilt \
-        --build-arg "BASE_IMAGE=$LOCAL_BASE" --build-arg LIBTORCH_VARIANT=cuda "$ctx"
+        --build-arg "BASE_IMAGE=$LOCAL_BASE" --build-arg LIBTORCH_VARIANT=cuda "${LOCAL_ARGS[@]}" "$ctx"
       ;;
     operator)
       cargo_build -p ferrotrain-operator
       stage_binary "target/$(profile_dir "$PROFILE")/ferrotrain-operator" "$ctx/prebuilt/bin/ferrotrain-operator"
       build_image operator -f docker/operator.Dockerfile --build-arg BINARIES=prebuilt \
-        --build-arg "BASE_IMAGE=$LOCAL_BASE" "$ctx"
+        --build-arg "BASE_IMAGE=$LOCAL_BASE" "${LOCAL_ARGS[@]}" "$ctx"
       ;;
   esac
 }

@@ -48,29 +48,9 @@ skip() {
 }
 
 # --- a Docker engine ----------------------------------------------------------------------
-engine_up() { docker info >/dev/null 2>&1; }
-ensure_engine() {
-  engine_up && return 0
-  if ! command -v dockerd >/dev/null; then
-    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-      say "installing docker.io (Debian's Docker engine)"
-      { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 600 \
-          apt-get install -y -qq docker.io; } >/tmp/ferrotrain-apt-docker.log 2>&1 \
-        || { tail -n 20 /tmp/ferrotrain-apt-docker.log >&2; skip "apt-get install docker.io failed"; }
-    else
-      skip "no Docker engine answers and dockerd is not installed (not root, or no apt-get)"
-    fi
-  fi
-  command -v docker >/dev/null || skip "no docker client"
-  [[ $(id -u) == 0 ]] || skip "no Docker engine answers and only root can start dockerd here"
-  say "starting dockerd (log: /tmp/ferrotrain-dockerd.log; it keeps running afterwards)"
-  # setsid: dockerd outlives this script and is not in its process group.
-  setsid dockerd >/tmp/ferrotrain-dockerd.log 2>&1 < /dev/null &
-  if ! wait_for 60 engine_up; then
-    tail -n 20 /tmp/ferrotrain-dockerd.log >&2
-    skip "dockerd did not answer within 60 s (see /tmp/ferrotrain-dockerd.log)"
-  fi
-}
+# shellcheck source=lib/docker-engine.sh
+. scripts/lib/docker-engine.sh
+ensure_engine() { ensure_docker_engine || skip "$DOCKER_ENGINE_ERROR"; }
 
 # --- static checks (no engine needed) ------------------------------------------------------
 check_static() {

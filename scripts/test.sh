@@ -39,9 +39,24 @@ images_status=0
 FERROTRAIN_IMAGE_CARGO=0 scripts/test-images.sh || images_status=$?
 echo "container images: $((SECONDS - images_started)) s (exit $images_status)"
 
+# The end-to-end suite on a real cluster (scripts/e2e.sh, ../shared/cluster), where its
+# binaries are cached on this machine; it says plainly when it skips. With the dev profile the
+# images and the tests reuse what the unit tests just built.
+step "end-to-end tests on ../shared/cluster (scripts/e2e.sh)"
+e2e_started=$SECONDS
+e2e_status=0
+if [[ "${FERROTRAIN_E2E:-auto}" == 0 ]]; then
+  echo "SKIPPED: FERROTRAIN_E2E=0"
+elif [[ $(id -u) != 0 || ! -d ../shared/cluster ]]; then
+  echo "SKIPPED: the e2e suite needs root and ../shared/cluster"
+else
+  scripts/e2e.sh --profile dev --skip-if-no-cluster --down || e2e_status=$?
+fi
+echo "end-to-end tests: $((SECONDS - e2e_started)) s (exit $e2e_status)"
+
 echo "disk: target/ holds $(du -sh target 2>/dev/null | cut -f1); $(df -h . | awk 'NR==2 {print $4}') free"
 
-if [[ $tests_status != 0 || $images_status != 0 ]]; then
-  echo "FAILED: cargo nextest exit $tests_status, image tests exit $images_status" >&2
+if [[ $tests_status != 0 || $images_status != 0 || $e2e_status != 0 ]]; then
+  echo "FAILED: cargo nextest exit $tests_status, image tests exit $images_status, e2e exit $e2e_status" >&2
   exit 1
 fi

@@ -35,6 +35,12 @@ pub struct TestNamespace {
 impl TestNamespace {
     /// Creates `ft-e2e-<prefix>-<random>`.
     pub async fn create(prefix: &str) -> TestNamespace {
+        Self::create_labelled(prefix, json!({})).await
+    }
+
+    /// Creates `ft-e2e-<prefix>-<random>` with these labels too (Pod Security admission's
+    /// `pod-security.kubernetes.io/enforce`, ...).
+    pub async fn create_labelled(prefix: &str, labels: Value) -> TestNamespace {
         let client = Client::try_default()
             .await
             .expect("no cluster: set KUBECONFIG (e2e/kind.sh creates one)");
@@ -43,8 +49,12 @@ impl TestNamespace {
             .unwrap()
             .subsec_nanos();
         let name = format!("ft-e2e-{prefix}-{nanos:x}");
+        let mut all = json!({"ferrotrain.dev/e2e": "true"});
+        all.as_object_mut()
+            .unwrap()
+            .extend(labels.as_object().cloned().unwrap_or_default());
         let namespace: Namespace = serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": {"ferrotrain.dev/e2e": "true"}}
+            "metadata": {"name": name, "labels": all}
         }))
         .unwrap();
         Api::<Namespace>::all(client.clone())

@@ -61,7 +61,13 @@ pub async fn reconcile(dt: Arc<DistributedTraining>, ctx: Arc<Context>) -> Resul
 
 /// Transient errors: retry with exponential backoff (5s doubling to 5 min) per object.
 pub fn error_policy(dt: Arc<DistributedTraining>, error: &Error, ctx: Arc<Context>) -> Action {
-    warn!(job = %dt.name_any(), namespace = ?dt.namespace(), %error, "reconcile failed");
+    let namespace = dt.namespace().unwrap_or_default();
+    if error.is_namespace_terminating() {
+        // The namespace goes, and the job with it: nothing to retry soon, nothing to warn of.
+        debug!(job = %dt.name_any(), %namespace, %error, "namespace terminating");
+        return Action::requeue(Duration::from_secs(30));
+    }
+    warn!(job = %dt.name_any(), %namespace, %error, "reconcile failed");
     ctx.metrics
         .reconcile_errors
         .get_or_create(&ErrorLabels {
@@ -242,7 +248,7 @@ async fn launch_all(
                 let (s, note) = name_conflict(status, &message, now, dt.metadata.generation);
                 (s, note, true)
             }
-            Err(error) if error.is_refused_create() => {
+            Err(error) if error.is_refused_create() && !error.is_namespace_terminating() => {
                 warn!(job = %owner.name, namespace = %owner.namespace, %error, "the API refused a pod of the gang");
                 let (s, note) =
                     gang::launch_refused(status, &error.to_string(), now, dt.metadata.generation);
@@ -505,10 +511,16 @@ pub async fn run(
         .for_each(|result| async move {
             match result {
                 Ok((object, _)) => {
-                    debug!(job = %object.name, namespace = ?object.namespace, "reconciled")
+                    let namespace = object.namespace.as_deref().unwrap_or_default();
+                    debug!(job = %object.name, %namespace, "reconciled")
                 }
                 // error_policy has logged it, with the job.
                 Err(controller::Error::ReconcilerFailed(..)) => {}
+                // A job deleted while a reconcile of it was queued: nothing to do.
+                Err(controller::Error::ObjectNotFound(object)) => {
+                    let namespace = object.namespace.as_deref().unwrap_or_default();
+                    debug!(job = %object.name, %namespace, "deleted before its queued reconcile")
+                }
                 Err(e) => warn!(error = %e, "controller error"),
             }
         })

@@ -35,6 +35,23 @@ impl Error {
         }
     }
 
+    /// The API refused to create something because its namespace is being deleted (the
+    /// NamespaceLifecycle admission plugin's 403 with cause NamespaceTerminating): expected
+    /// while a namespace with jobs in it goes away, and the job goes with it.
+    pub fn is_namespace_terminating(&self) -> bool {
+        let source = match self {
+            Error::Api { source, .. } | Error::Event { source, .. } => source,
+            Error::Build(_) => return false,
+        };
+        let kube::Error::Api(s) = source else {
+            return false;
+        };
+        s.code == 403
+            && s.details
+                .as_ref()
+                .is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating"))
+    }
+
     /// A pod create the API refused for a reason a retry alone does not fix: a ResourceQuota
     /// or RBAC (403), a LimitRange or validation (422), an admission webhook's denial (400).
     pub fn is_refused_create(&self) -> bool {
@@ -66,4 +83,40 @@ pub fn api_err(
 /// True when the API answered with this HTTP status.
 pub fn is_status(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(code: u16, body: serde_json::Value) -> Error {
+        let status: kube::core::Status = serde_json::from_value(body).unwrap();
+        api_err("create", "Pod", "mt-0-0")(kube::Error::Api(Box::new(status.with_code(code))))
+    }
+
+    #[test]
+    fn a_create_in_a_terminating_namespace_is_told_apart_from_a_refusal() {
+        // What the NamespaceLifecycle admission plugin answers (k8s.io/apiserver
+        // pkg/admission/plugin/namespace/lifecycle).
+        let terminating = refused(
+            403,
+            serde_json::json!({
+                "status": "Failure", "reason": "Forbidden",
+                "message": "pods \"mt-0-0\" is forbidden: unable to create new content in namespace ns because it is being terminated",
+                "details": {"name": "mt-0-0", "kind": "pods", "causes": [
+                    {"reason": "NamespaceTerminating", "message": "namespace ns is being terminated", "field": "metadata.namespace"}
+                ]}
+            }),
+        );
+        assert!(terminating.is_namespace_terminating());
+        let quota = refused(
+            403,
+            serde_json::json!({
+                "status": "Failure", "reason": "Forbidden",
+                "message": "pods \"mt-0-0\" is forbidden: exceeded quota: gpus"
+            }),
+        );
+        assert!(!quota.is_namespace_terminating());
+        assert!(quota.is_refused_create());
+    }
 }

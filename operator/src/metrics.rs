@@ -61,6 +61,9 @@ pub struct Metrics {
     /// Per job, from status.recovery at scrape time.
     pub goodput: Family<JobLabels, Gauge<f64, AtomicU64>>,
     pub lost_steps: Family<JobLabels, Gauge>,
+    /// The operator process itself, read at scrape time.
+    pub resident_memory: Gauge,
+    pub cpu_seconds: Gauge<f64, AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -134,6 +137,20 @@ impl Metrics {
             "Steps a job trained twice because an attempt ended after its last checkpoint",
             lost_steps.clone(),
         );
+        let resident_memory = Gauge::default();
+        registry.register_with_unit(
+            "process_resident_memory",
+            "Resident memory of the operator process",
+            Unit::Bytes,
+            resident_memory.clone(),
+        );
+        let cpu_seconds = Gauge::<f64, AtomicU64>::default();
+        registry.register_with_unit(
+            "process_cpu",
+            "CPU time (user and system) the operator process has used since it started",
+            Unit::Seconds,
+            cpu_seconds.clone(),
+        );
         let metrics = Metrics {
             registry,
             reconciles,
@@ -147,6 +164,8 @@ impl Metrics {
             recovery,
             goodput,
             lost_steps,
+            resident_memory,
+            cpu_seconds,
         };
         // Expose every known series from the start (at 0), so rates and alerts work before
         // the first event.
@@ -198,6 +217,20 @@ impl Metrics {
         }
     }
 
+    /// Sets the process gauges from the kernel's accounting of this process (Linux).
+    pub fn set_process(&self) {
+        if let Some(rss) = resident_bytes() {
+            self.resident_memory.set(rss);
+        }
+        // SAFETY: getrusage writes into the zeroed struct it is given and reads nothing else.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } == 0 {
+            let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+            self.cpu_seconds
+                .set(seconds(usage.ru_utime) + seconds(usage.ru_stime));
+        }
+    }
+
     /// The text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -205,6 +238,14 @@ impl Metrics {
             .expect("writing to a String cannot fail");
         out
     }
+}
+
+/// VmRSS of /proc/self/status, in bytes.
+fn resident_bytes() -> Option<i64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: i64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 #[cfg(test)]
@@ -251,5 +292,24 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn the_process_reports_its_memory_and_cpu() {
+        let m = Metrics::new();
+        // Some CPU time to count.
+        let spin: u64 = (0..2_000_000u64).fold(0, |a, b| a.wrapping_add(b * b));
+        assert!(spin > 0);
+        m.set_process();
+        let rss = m.resident_memory.get();
+        assert!(rss > 1_000_000 && rss < 10_000_000_000, "{rss}");
+        assert!(m.cpu_seconds.get() > 0.0);
+        let text = m.encode();
+        for name in [
+            "ferrotrain_operator_process_resident_memory_bytes ",
+            "ferrotrain_operator_process_cpu_seconds ",
+        ] {
+            assert!(text.contains(name), "{name} in {text}");
+        }
     }
 }

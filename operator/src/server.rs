@@ -35,6 +35,7 @@ pub fn router(state: ServerState) -> Router {
 }
 
 async fn metrics(State(state): State<ServerState>) -> impl IntoResponse {
+    state.metrics.set_process();
     if let Some(jobs) = state.jobs.get() {
         let jobs = jobs.state();
         state.metrics.set_jobs(

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# The end-to-end suite on a real Kubernetes cluster on this machine (../shared/cluster: a
+# v1.36 control plane and real kubelets), in one command: builds the cluster's binaries once
+# (or finds them cached), starts it if it does not run, builds the images and loads them into
+# the nodes, installs the CRD and the chart as the README tells users, runs e2e/ and prints a
+# table of tests and seconds. The cluster stays up afterwards unless --down is given.
+#
+#   scripts/e2e.sh [--microshift GIT_DIR] [--repeat N] [--filter EXPR] [--down]
+#                  [--no-images] [--gates]
+#
+#   --microshift DIR  a git directory of openshift/microshift, for the one-time build of the
+#                     cluster's binaries (../shared/cluster/build.sh; 5-12 minutes); not needed
+#                     once they are cached (~/.cache/ferrotrain-cluster/bin)
+#   --repeat N        run the suite N times in a row (finds flakes); a table per run, and the
+#                     exit status is non-zero if any run failed
+#   --filter EXPR     a nextest filter expression, e.g. 'test(deleting_a_pod)'
+#   --down            stop the cluster at the end (down.sh; its state is kept)
+#   --no-images       test the images of the last run (no cargo build, no docker build)
+#   --gates           (re)start the cluster with the native gang-scheduling API on
+#                     (GenericWorkload, GangScheduling, scheduling.k8s.io/v1alpha2)
+#   --profile P       cargo profile of the images' binaries and of the tests (default release;
+#                     CI uses dev, which its unit tests have just built)
+#   --skip-if-no-cluster  exit 0, saying so, when the binaries are not cached (CI)
+#
+# Needs root (the cluster, Docker). Logs of the cluster's processes: /var/lib/ferrotrain-cluster/logs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+T0=$SECONDS
+
+KIT="${FERROTRAIN_CLUSTER_KIT:-$ROOT/../shared/cluster}"
+MICROSHIFT="${FERROTRAIN_MICROSHIFT:-}"
+REPEAT=1
+FILTER=()
+DOWN=0
+IMAGES=1
+GATES=0
+SKIP_IF_NO_CLUSTER=0
+PROFILE=release
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --microshift) MICROSHIFT="$2"; shift 2 ;;
+    --repeat) REPEAT="$2"; shift 2 ;;
+    --filter) FILTER=(-E "$2"); shift 2 ;;
+    --down) DOWN=1; shift ;;
+    --no-images) IMAGES=0; shift ;;
+    --gates) GATES=1; shift ;;
+    --skip-if-no-cluster) SKIP_IF_NO_CLUSTER=1; shift ;;
+    --profile) PROFILE="$2"; shift 2 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) echo "e2e.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+[[ "$REPEAT" =~ ^[1-9][0-9]*$ ]] || { echo "e2e.sh: --repeat must be a positive number, not $REPEAT" >&2; exit 2; }
+
+say() { printf '[e2e %4ds] %s\n' $((SECONDS - T0)) "$*"; }
+die() { printf '[e2e %4ds] error: %s\n' $((SECONDS - T0)) "$*" >&2; exit 1; }
+
+[[ -d "$KIT" ]] || die "no cluster kit at $KIT (set FERROTRAIN_CLUSTER_KIT)"
+[[ $(id -u) == 0 ]] || die "the cluster and Docker need root"
+# shellcheck source=/dev/null
+. "$KIT/common.sh"
+have_binaries() {
+  local b
+  for b in mini-etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet pause.c; do
+    [[ -e $FTC_BIN/$b ]] || return 1
+  done
+}
+
+# --- the cluster ----------------------------------------------------------------------------
+if ! have_binaries; then
+  if [[ -z "$MICROSHIFT" ]]; then
+    if [[ $SKIP_IF_NO_CLUSTER == 1 ]]; then
+      say "SKIPPED: the cluster's binaries are not cached in $FTC_BIN (build them once with scripts/e2e.sh --microshift GIT_DIR)"
+      exit 0
+    fi
+    die "the cluster's binaries are not in $FTC_BIN: pass --microshift GIT_DIR (a git directory of openshift/microshift) to build them once"
+  fi
+  say "building the cluster's binaries from $MICROSHIFT (once; 5-12 minutes)"
+  "$KIT/build.sh" "$MICROSHIFT"
+fi
+if [[ $GATES == 1 ]]; then
+  export FTC_FEATURE_GATES="${FTC_FEATURE_GATES:-GenericWorkload=true,GangScheduling=true}"
+  export FTC_RUNTIME_CONFIG="${FTC_RUNTIME_CONFIG:-scheduling.k8s.io/v1alpha2=true}"
+fi
+# Gates apply as the components start: a running cluster with other gates is restarted.
+gates_file="$FTC_DIR/run/ferrotrain-e2e-gates"
+want_gates="${FTC_FEATURE_GATES:-}|${FTC_RUNTIME_CONFIG:-}"
+if running kube-apiserver && [[ "$(cat "$gates_file" 2>/dev/null || echo '|')" != "$want_gates" ]]; then
+  say "restarting the cluster for feature gates '$want_gates'"
+  "$KIT/down.sh" >/dev/null
+fi
+cluster_started=$SECONDS
+"$KIT/up.sh" >/dev/null
+mkdir -p "$FTC_DIR/run" && echo "$want_gates" > "$gates_file"
+export KUBECONFIG="$ADMIN_KUBECONFIG"
+say "cluster up in $((SECONDS - cluster_started)) s (KUBECONFIG=$KUBECONFIG)"
+cleanup() { if [[ $DOWN == 1 ]]; then "$KIT/down.sh" >/dev/null 2>&1 || true; fi; }
+trap cleanup EXIT
+
+HELM="$(scripts/setup-helm.sh | tail -n1)"
+# The cluster's own kubectl matches its API server (the tests' `kubectl auth can-i` too).
+export PATH="$FTC_BIN:$(dirname "$HELM"):$PATH"
+
+# --- images ---------------------------------------------------------------------------------
+# A tag of the tree's content: a changed tree gets a new tag (pods with pullPolicy Never would
+# otherwise run what an earlier run loaded), an unchanged one reuses the loaded images.
+tree_tag() {
+  local diff
+  diff=$( (echo "$PROFILE"; git diff HEAD -- operator api trainer Cargo.lock docker; git ls-files --others --exclude-standard -- operator api trainer docker | xargs -r cat) 2>/dev/null | sha256sum | cut -c1-8)
+  echo "e2e-$(git rev-parse --short HEAD)-$diff"
+}
+TAG_FILE="$FTC_DIR/run/ferrotrain-e2e-tag"
+if [[ $IMAGES == 1 ]]; then
+  TAG=$(tree_tag)
+  . scripts/lib/docker-engine.sh
+  ensure_docker_engine || die "$DOCKER_ENGINE_ERROR"
+  images_started=$SECONDS
+  . scripts/env.sh
+  scripts/images.sh --mode local --tag "$TAG" --profile "$PROFILE" >/dev/null
+  "$KIT/load-image.sh" "ferrotrain/operator:$TAG" "ferrotrain/trainer:$TAG" 2>/dev/null
+  echo "$TAG" > "$TAG_FILE"
+  say "images ferrotrain/{operator,trainer}:$TAG built and loaded in $((SECONDS - images_started)) s"
+else
+  TAG=$(cat "$TAG_FILE" 2>/dev/null) || die "--no-images: no earlier run's images (run without it once)"
+  say "images of the last run: $TAG"
+fi
+
+# --- the CRD and the chart, as the README installs them --------------------------------------
+install_started=$SECONDS
+helm upgrade --install ferrotrain charts/ferrotrain -n ferrotrain-system --create-namespace \
+  --set image.tag="$TAG" --set image.pullPolicy=Never --set trainerImage.tag="$TAG" \
+  --wait --timeout 5m >/dev/null
+# Helm installs crds/ only on the first install: a changed CRD is applied as the upgrade notes say.
+kubectl apply --server-side --force-conflicts -f crds/distributedtrainings.yaml >/dev/null
+kubectl -n ferrotrain-system rollout status deployment/ferrotrain --timeout=5m >/dev/null
+say "chart installed in $((SECONDS - install_started)) s"
+
+# --- the suite ------------------------------------------------------------------------------
+. scripts/env.sh >/dev/null
+export FERROTRAIN_E2E_IMAGE="ferrotrain/trainer:$TAG"
+say "compiling the e2e tests"
+NEXTEST=(cargo nextest run --cargo-profile "$PROFILE" -p ferrotrain-e2e --run-ignored only --profile e2e)
+"${NEXTEST[@]}" --no-run >/dev/null 2>&1 || "${NEXTEST[@]}" --no-run
+JUNIT="$ROOT/target/nextest/e2e/junit.xml"
+failed_runs=0
+for run in $(seq "$REPEAT"); do
+  say "run $run of $REPEAT"
+  rm -f "$JUNIT"
+  run_started=$SECONDS
+  status=0
+  "${NEXTEST[@]}" "${FILTER[@]}" || status=$?
+  python3 scripts/lib/junit-table.py "$JUNIT" "run $run of $REPEAT" $((SECONDS - run_started)) \
+    || true
+  if [[ $status != 0 ]]; then
+    failed_runs=$((failed_runs + 1))
+    echo "==> operator log (run $run failed)"
+    kubectl -n ferrotrain-system logs deployment/ferrotrain --tail=200 || true
+  fi
+done
+say "$((REPEAT - failed_runs)) of $REPEAT runs passed; $((SECONDS - T0)) s in all"
+[[ $failed_runs == 0 ]]
