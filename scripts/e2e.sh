@@ -18,8 +18,8 @@
 #   --no-images       test the images of the last run (no cargo build, no docker build)
 #   --gates           (re)start the cluster with the native gang-scheduling API on
 #                     (GenericWorkload, GangScheduling, scheduling.k8s.io/v1alpha2)
-#   --profile P       cargo profile of the images' binaries and of the tests (default release;
-#                     CI uses dev, which its unit tests have just built)
+#   --profile P       cargo profile of the images' binaries (default release; CI uses dev,
+#                     which its unit tests have just built); the tests are built with dev
 #   --skip-if-no-cluster  exit 0, saying so, when the binaries are not cached (CI)
 #
 # Needs root (the cluster, Docker). Logs of the cluster's processes: /var/lib/ferrotrain-cluster/logs.
@@ -117,7 +117,11 @@ if [[ $IMAGES == 1 ]]; then
   ensure_docker_engine || die "$DOCKER_ENGINE_ERROR"
   images_started=$SECONDS
   . scripts/env.sh
-  scripts/images.sh --mode local --tag "$TAG" --profile "$PROFILE" >/dev/null
+  images_log="$FTC_DIR/logs/ferrotrain-e2e-images.log"
+  if ! scripts/images.sh --mode local --tag "$TAG" --profile "$PROFILE" >"$images_log" 2>&1; then
+    tail -n 40 "$images_log" >&2
+    die "building the images failed (log: $images_log)"
+  fi
   "$KIT/load-image.sh" "ferrotrain/operator:$TAG" "ferrotrain/trainer:$TAG" 2>/dev/null
   echo "$TAG" > "$TAG_FILE"
   say "images ferrotrain/{operator,trainer}:$TAG built and loaded in $((SECONDS - images_started)) s"
@@ -140,7 +144,9 @@ say "chart installed in $((SECONDS - install_started)) s"
 . scripts/env.sh >/dev/null
 export FERROTRAIN_E2E_IMAGE="ferrotrain/trainer:$TAG"
 say "compiling the e2e tests"
-NEXTEST=(cargo nextest run --cargo-profile "$PROFILE" -p ferrotrain-e2e --run-ignored only --profile e2e)
+# The tests themselves only talk to the API server: the dev profile (what the unit tests
+# built) whatever the images' profile.
+NEXTEST=(cargo nextest run -p ferrotrain-e2e --run-ignored only --profile e2e)
 "${NEXTEST[@]}" --no-run >/dev/null 2>&1 || "${NEXTEST[@]}" --no-run
 JUNIT="$ROOT/target/nextest/e2e/junit.xml"
 failed_runs=0

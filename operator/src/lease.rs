@@ -90,23 +90,36 @@ impl LeaseSettings {
 /// What a replica does next with the Lease, given what it last read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
-    /// It holds the Lease: renew it.
+    /// It holds the Lease and the renew period has passed: renew it.
     Renew,
     /// Nobody holds it (released, or never held) or its holder stopped renewing it: take it.
     Acquire,
-    /// Another replica holds it: wait, at most this long, for it to be released or to expire.
-    Follow(Duration),
+    /// Nothing to do for at most this long: it holds the Lease and renewed it recently, or
+    /// another replica holds it (wait for it to be released or to expire).
+    Wait(Duration),
 }
 
 /// The election rule (client-go's): a Lease is free when it has no holder, or when it did not
 /// change for its duration as *this* replica observed it (`unchanged_for`, measured with the
-/// local monotonic clock, so clocks that disagree between nodes do not matter).
-pub fn plan(holder: Option<&str>, me: &str, unchanged_for: Duration, duration: Duration) -> Step {
+/// local monotonic clock, so clocks that disagree between nodes do not matter). Its holder
+/// renews it once per renew period (`since_renewed`: since its own last write), not on every
+/// change it sees: its own renewal is a change too.
+pub fn plan(
+    holder: Option<&str>,
+    me: &str,
+    unchanged_for: Duration,
+    duration: Duration,
+    since_renewed: Option<Duration>,
+) -> Step {
+    let period = renew_period(duration);
     match holder.filter(|h| !h.is_empty()) {
-        Some(h) if h == me => Step::Renew,
+        Some(h) if h == me => match since_renewed {
+            Some(since) if since < period => Step::Wait(period - since),
+            _ => Step::Renew,
+        },
         None => Step::Acquire,
         Some(_) if unchanged_for >= duration => Step::Acquire,
-        Some(_) => Step::Follow(duration - unchanged_for),
+        Some(_) => Step::Wait(duration - unchanged_for),
     }
 }
 
@@ -290,16 +303,23 @@ impl Election {
             .lease_duration_seconds
             .map_or(self.duration, |d| Duration::from_secs(d.max(0) as u64));
         let holder = spec.holder_identity.as_deref();
-        match plan(holder, &self.settings.identity, unchanged_for, duration) {
-            Step::Follow(left) => {
-                self.set_leader(false);
+        let mine = holder == Some(self.settings.identity.as_str());
+        let since_renewed = self.renewed.map(|at| now - at);
+        match plan(
+            holder,
+            &self.settings.identity,
+            unchanged_for,
+            duration,
+            since_renewed,
+        ) {
+            Step::Wait(left) => {
+                if !mine {
+                    self.set_leader(false);
+                }
                 left.min(self.duration)
             }
             Step::Renew | Step::Acquire => {
-                if self
-                    .write(lease, holder == Some(self.settings.identity.as_str()))
-                    .await
-                {
+                if self.write(lease, mine).await {
                     self.renewed = Some(Instant::now());
                     self.set_leader(true);
                 } else {
@@ -391,14 +411,33 @@ mod tests {
     }
 
     #[test]
-    fn a_replica_renews_its_own_lease_takes_a_free_or_expired_one_and_follows_a_live_one() {
+    fn a_replica_renews_its_own_lease_once_a_period_takes_a_free_or_expired_one_and_follows_a_live_one()
+     {
         let d = Duration::from_secs(15);
         let s = Duration::from_secs;
-        assert_eq!(plan(Some("me"), "me", s(3), d), Step::Renew);
-        assert_eq!(plan(None, "me", s(0), d), Step::Acquire, "never held");
-        assert_eq!(plan(Some(""), "me", s(0), d), Step::Acquire, "released");
-        assert_eq!(plan(Some("op-1"), "me", s(4), d), Step::Follow(s(11)));
-        assert_eq!(plan(Some("op-1"), "me", s(15), d), Step::Acquire, "expired");
+        assert_eq!(plan(Some("me"), "me", s(3), d, Some(s(3))), Step::Renew);
+        assert_eq!(
+            plan(Some("me"), "me", s(0), d, None),
+            Step::Renew,
+            "a leader new to us"
+        );
+        // Its own renewal wakes the leader (a watch event): it waits out the period.
+        assert_eq!(
+            plan(Some("me"), "me", s(0), d, Some(s(1))),
+            Step::Wait(s(2))
+        );
+        assert_eq!(plan(None, "me", s(0), d, None), Step::Acquire, "never held");
+        assert_eq!(
+            plan(Some(""), "me", s(0), d, None),
+            Step::Acquire,
+            "released"
+        );
+        assert_eq!(plan(Some("op-1"), "me", s(4), d, None), Step::Wait(s(11)));
+        assert_eq!(
+            plan(Some("op-1"), "me", s(15), d, None),
+            Step::Acquire,
+            "expired"
+        );
         // The leader renews well inside the deadline, which ends before a follower may take over.
         assert_eq!(renew_period(d), s(3));
         assert_eq!(renew_deadline(d), s(10));
