@@ -51,6 +51,20 @@ pub const FERROTRAIN_RESTART_BACKOFF_SECONDS: &str = "FERROTRAIN_RESTART_BACKOFF
 pub const FERROTRAIN_RESTART_BACKOFF_MAX_SECONDS: &str = "FERROTRAIN_RESTART_BACKOFF_MAX_SECONDS";
 /// Seconds ranks get between the launcher's SIGTERM and SIGKILL.
 pub const FERROTRAIN_STOP_GRACE_SECONDS: &str = "FERROTRAIN_STOP_GRACE_SECONDS";
+/// `ferrotrain launch --restart-in-place`: on several nodes, restart the ranks in a new round
+/// after a retryable failure instead of exiting (the operator sets it for its pods).
+pub const FERROTRAIN_RESTART_IN_PLACE: &str = "FERROTRAIN_RESTART_IN_PLACE";
+/// How long the launchers wait for every node to join a round of in-place restarts.
+pub const FERROTRAIN_RENDEZVOUS_TIMEOUT_SECONDS: &str = "FERROTRAIN_RENDEZVOUS_TIMEOUT_SECONDS";
+/// Set by the launcher in in-place mode: the round (0, 1, ...) the rank belongs to; its
+/// rendezvous keys live under `round/<r>/` and its ring connections prove the round.
+pub const FERROTRAIN_ROUND: &str = "FERROTRAIN_ROUND";
+/// Set by the launcher in in-place mode: node 0's launcher hosts the rendezvous store, so
+/// rank 0 connects to it instead of starting one.
+pub const FERROTRAIN_STORE_HOSTED: &str = "FERROTRAIN_STORE_HOSTED";
+/// Set by the launcher in in-place mode: where node 0's launcher keeps the rounds' ledger
+/// (JSON `Recovery`), which rank 0 serves in its progress report.
+pub const FERROTRAIN_ROUNDS_FILE: &str = "FERROTRAIN_ROUNDS_FILE";
 /// The program each local rank runs (tests and wrappers; default: ferrotrain itself).
 pub const FERROTRAIN_RANK_PROGRAM: &str = "FERROTRAIN_RANK_PROGRAM";
 

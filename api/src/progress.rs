@@ -104,6 +104,15 @@ pub struct Progress {
     /// end there): the recovery ledger's time to first step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt_first_step_time: Option<jiff::Timestamp>,
+    /// In-place restarts: the round of the attempt these ranks run in (0 until the first
+    /// in-place restart; docs/distributed.md).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub round: u64,
+    /// In-place restarts: how each earlier round of this attempt ended, as node 0's launcher
+    /// recorded it. For the operator's recovery ledger; not kept in the status as such.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(skip)]
+    pub round_ends: Vec<crate::recovery::RoundEnd>,
     /// Model parameters.
     #[serde(default)]
     pub parameters: u64,
@@ -300,6 +309,10 @@ pub const TERMINATION_MESSAGE_LIMIT: usize = 4000;
 /// Marks a termination message that is a final [`Progress`] (rank 0 after finishing), not a
 /// one-line failure reason.
 pub const FINAL_PROGRESS_PREFIX: &str = "ferrotrain-progress ";
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
 
 impl Progress {
     /// The final report as a termination message: the prefix and compact JSON within

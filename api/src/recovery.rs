@@ -80,6 +80,23 @@ pub struct AttemptEnd {
     pub detected_at: Timestamp,
 }
 
+/// How a round of in-place restarts ended (`ferrotrain launch --restart-in-place`): node 0's
+/// launcher records one per round, rank 0 serves them in its progress report, and the
+/// operator turns each into an in-place restart of its ledger.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RoundEnd {
+    /// The round that ended (0 is the attempt's first).
+    pub round: u64,
+    /// Why, who, when it happened and when the agents saw it. `node` is the blamed pod's
+    /// host name.
+    #[serde(flatten)]
+    pub end: AttemptEnd,
+    /// For people: what happened to the blamed rank.
+    #[serde(default)]
+    pub message: String,
+}
+
 impl AttemptEnd {
     /// Seconds between the failure and its detection.
     pub fn detect_seconds(&self) -> f64 {

@@ -41,6 +41,10 @@ pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.
 struct ServerState {
     progress: SharedProgress,
     resources: Arc<Mutex<ResourceSampler>>,
+    /// In-place restarts: this process's round and where node 0's launcher keeps the rounds
+    /// that ended (read at every request: the launcher rewrites it between rounds).
+    round: u64,
+    round_ends: Option<std::path::PathBuf>,
 }
 
 /// A running server; dropping it stops it.
@@ -63,9 +67,14 @@ impl MetricsServer {
             .enable_all()
             .build()
             .map_err(err)?;
+        let env = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
         let state = ServerState {
             progress,
             resources: Default::default(),
+            round: env(ferrotrain_api::env::FERROTRAIN_ROUND)
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(0),
+            round_ends: env(ferrotrain_api::env::FERROTRAIN_ROUNDS_FILE).map(Into::into),
         };
         let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
@@ -132,6 +141,13 @@ fn snapshot(state: &ServerState) -> Progress {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .sample();
     p.resources = resources.or(p.resources);
+    p.round = state.round;
+    if let Some(path) = &state.round_ends {
+        p.round_ends = std::fs::read(path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+    }
     p
 }
 
@@ -677,6 +693,8 @@ mod tests {
             }),
             resumed_from_step: Some(500),
             attempt_first_step_time: Some("2026-01-02T03:00:00Z".parse().unwrap()),
+            round: 0,
+            round_ends: Vec::new(),
             gang_resources: Some(GangResources {
                 ranks: 4,
                 cpu_utilization: Some(ferrotrain_api::progress::Spread {

@@ -42,6 +42,8 @@ fn gang<T: Send + 'static>(
                     master_port: port,
                     attempt: 0,
                     token: "init-test".into(),
+                    round: 0,
+                    store_hosted: false,
                 };
                 let comm = dist::init(&env, &config(), Device::Cpu).expect("init");
                 assert_eq!((comm.rank(), comm.world_size()), (rank, world));
@@ -155,6 +157,8 @@ fn a_rank_that_never_arrives_fails_the_rendezvous_at_the_timeout() {
         master_port: port,
         attempt: 0,
         token: "t".into(),
+        round: 0,
+        store_hosted: false,
     };
     let start = std::time::Instant::now();
     let err = dist::init(&env, &config, Device::Cpu).err().unwrap();

@@ -31,6 +31,8 @@ fn env(rank: usize, port: u16) -> RankEnv {
         master_port: port,
         attempt: 0,
         token: "nccl-test".into(),
+        round: 0,
+        store_hosted: false,
     }
 }
 

@@ -158,6 +158,8 @@ fn hostile_connections_do_not_disturb_a_real_rendezvous() {
         master_port: port,
         attempt: 4,
         token: TOKEN.into(),
+        round: 0,
+        store_hosted: false,
     };
     let start = Instant::now();
     let rank0 = {

@@ -1,6 +1,8 @@
 //! `ferrotrain launch` with the real trainer on 127.0.0.1: a rank killed with SIGKILL or
 //! stopped with SIGSTOP mid-run makes the group restart and resume from the latest
 //! checkpoint, losing at most one checkpoint interval; a permanent failure is not restarted.
+//! On two "nodes" (two launchers) with `--restart-in-place`, a killed rank restarts every
+//! rank in a new round without either launcher exiting.
 
 mod common;
 
@@ -125,8 +127,17 @@ impl Job {
 
 /// The pid of the launcher's child with RANK=`rank` in attempt `attempt`, if running.
 fn rank_pid(launcher: i32, rank: usize, attempt: u64) -> Option<i32> {
-    let want_rank = format!("RANK={rank}");
-    let want_attempt = format!("FERROTRAIN_ATTEMPT={attempt}");
+    child_with(
+        launcher,
+        &[
+            format!("RANK={rank}"),
+            format!("FERROTRAIN_ATTEMPT={attempt}"),
+        ],
+    )
+}
+
+/// The pid of the launcher's child whose environment holds every one of `vars`.
+fn child_with(launcher: i32, vars: &[String]) -> Option<i32> {
     for entry in std::fs::read_dir("/proc").ok()? {
         let Ok(entry) = entry else { continue };
         let Some(pid) = entry
@@ -150,8 +161,8 @@ fn rank_pid(launcher: i32, rank: usize, attempt: u64) -> Option<i32> {
         let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
             continue;
         };
-        let vars: Vec<&[u8]> = environ.split(|&b| b == 0).collect();
-        if vars.contains(&want_rank.as_bytes()) && vars.contains(&want_attempt.as_bytes()) {
+        let env: Vec<&[u8]> = environ.split(|&b| b == 0).collect();
+        if vars.iter().all(|v| env.contains(&v.as_bytes())) {
             return Some(pid);
         }
     }
@@ -314,4 +325,112 @@ fn an_invalid_config_is_not_restarted() {
     assert_eq!(status.code(), Some(2), "{}", launcher.log());
     assert!(!launcher.log().contains("restarting the group"));
     assert!(!job.termination_log().is_empty());
+}
+
+/// Two launchers (nodes 0 and 1 of one rank each) with --restart-in-place on 127.0.0.1.
+fn launch_node(job: &Job, node: usize, port: u16) -> Launcher {
+    let stderr = job.dir.path().join(format!("node-{node}.log"));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferrotrain"));
+    cmd.arg("launch")
+        .arg("--config")
+        .arg(job.dir.path().join("job.yaml"))
+        .args(["--nnodes", "2", "--node-rank", &node.to_string()])
+        .args([
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            &port.to_string(),
+        ])
+        .args(["--restart-in-place", "--max-restarts", "2"])
+        .args([
+            "--stop-grace-seconds",
+            "3",
+            "--rendezvous-timeout-seconds",
+            "30",
+        ])
+        .arg("--recovery-file")
+        .arg(job.dir.path().join(format!("recovery-{node}.json")))
+        .env(
+            "FERROTRAIN_CHECKPOINT_DIR",
+            job.dir.path().join(format!("runs-{node}")),
+        )
+        .env(
+            "FERROTRAIN_TERMINATION_LOG",
+            job.dir.path().join(format!("termination-{node}")),
+        )
+        .env("FERROTRAIN_RDZV_TOKEN", "in-place-test")
+        .env("OMP_NUM_THREADS", "1")
+        .env("RUST_LOG", "info")
+        .env_remove("FERROTRAIN_ATTEMPT")
+        .env_remove("FERROTRAIN_METRICS_PORT")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr).unwrap());
+    ProcessGroup::spawn(cmd, Some(stderr))
+}
+
+#[test]
+fn in_place_a_killed_rank_restarts_every_rank_in_a_new_round_and_resumes() {
+    let job = Job::new(&config(MAX_STEPS));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut node0 = launch_node(&job, 0, port);
+    let mut node1 = launch_node(&job, 1, port);
+    let steps = || {
+        let text = std::fs::read_to_string(job.dir.path().join("runs-0/job/train-log.jsonl"))
+            .unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v.get("loss").is_some())
+            .filter_map(|v| v.get("step").and_then(|s| s.as_u64()))
+            .collect::<Vec<u64>>()
+    };
+    wait_for("training to pass step 50", Duration::from_secs(90), || {
+        steps().last().is_some_and(|&s| s >= 50).then_some(())
+    });
+    let round = |r: u64| vec!["RANK=1".to_string(), format!("FERROTRAIN_ROUND={r}")];
+    let victim = child_with(node1.pid(), &round(0)).expect("rank 1 of round 0 runs");
+    let (node0_pid, node1_pid) = (node0.pid(), node1.pid());
+    let killed_at = ferrotrain_api::recovery::Timestamp::now();
+    // SAFETY: signalling a rank process the launcher started for this test.
+    unsafe {
+        libc::kill(victim, libc::SIGKILL);
+    }
+    wait_for("rank 1 of round 1", Duration::from_secs(30), || {
+        child_with(node1_pid, &round(1))
+    });
+    let (s0, s1) = (
+        node0.wait(Duration::from_secs(120)),
+        node1.wait(Duration::from_secs(30)),
+    );
+    let logs = format!("node 0:\n{}\nnode 1:\n{}", node0.log(), node1.log());
+    assert_eq!((s0.code(), s1.code()), (Some(0), Some(0)), "{logs}");
+    assert_eq!(node0.pid(), node0_pid, "the launchers never exited mid-run");
+    let steps = steps();
+    assert_eq!(*steps.last().unwrap(), MAX_STEPS, "{logs}");
+    let (before, lost) = steps_lost(&steps);
+    assert!(lost <= CHECKPOINT_EVERY, "lost {lost} steps at {before}");
+    // Node 0's ledger has one record per round.
+    let text = std::fs::read_to_string(job.dir.path().join("recovery-0.json")).unwrap();
+    let r: ferrotrain_api::Recovery = serde_json::from_str(&text).unwrap();
+    assert_eq!(r.attempts.len(), 2, "{r:#?}");
+    let end = r.attempts[0].end.clone().expect("round 0 ended");
+    assert_eq!(
+        (end.reason.as_str(), end.rank, end.exit_code),
+        ("Killed", Some(1), Some(137)),
+        "{r:#?}"
+    );
+    let first = r.attempts[1].first_step_at.expect("round 1 stepped");
+    let to_step = first.duration_since(killed_at).as_secs_f64();
+    eprintln!(
+        "in place: kill -9 of rank 1 at step {before}; round 1's first step {to_step:.2} s later; {lost} steps redone"
+    );
+    assert!(to_step > 0.0 && to_step < 20.0, "{to_step}");
+    assert_eq!(
+        r.attempts[1].resumed_from_step,
+        Some(before - lost),
+        "{r:#?}"
+    );
 }

@@ -43,6 +43,8 @@ pub enum Channel {
 pub struct Auth {
     token: Vec<u8>,
     attempt: u64,
+    /// The in-place round (0 outside rounds): ring connections of another round fail.
+    round: u64,
 }
 
 impl std::fmt::Debug for Auth {
@@ -50,6 +52,7 @@ impl std::fmt::Debug for Auth {
         f.debug_struct("Auth")
             .field("token", &"<redacted>")
             .field("attempt", &self.attempt)
+            .field("round", &self.round)
             .finish()
     }
 }
@@ -63,7 +66,9 @@ pub enum HandshakeError {
     BadMagic,
     #[error("the peer expects another channel")]
     WrongChannel,
-    #[error("the peer failed to authenticate: FERROTRAIN_RDZV_TOKEN or FERROTRAIN_ATTEMPT differ")]
+    #[error(
+        "the peer failed to authenticate: FERROTRAIN_RDZV_TOKEN, FERROTRAIN_ATTEMPT or FERROTRAIN_ROUND differ"
+    )]
     BadMac,
 }
 
@@ -72,6 +77,16 @@ impl Auth {
         Auth {
             token: token.as_bytes().to_vec(),
             attempt,
+            round: 0,
+        }
+    }
+
+    /// The same token and attempt, proving the in-place round `round` too (the ring's
+    /// connections; the store, shared by every round, uses the attempt alone).
+    pub fn for_round(&self, round: u64) -> Self {
+        Auth {
+            round,
+            ..self.clone()
         }
     }
 
@@ -84,6 +99,7 @@ impl Auth {
         mac.update(nonces.0);
         mac.update(nonces.1);
         mac.update(&self.attempt.to_le_bytes());
+        mac.update(&self.round.to_le_bytes());
         mac.update(&hello.to_le_bytes());
         mac
     }

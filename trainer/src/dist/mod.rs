@@ -39,6 +39,11 @@ pub struct RankEnv {
     pub master_port: u16,
     pub attempt: u64,
     pub token: String,
+    /// The in-place round (FERROTRAIN_ROUND; 0 without in-place restarts).
+    pub round: u64,
+    /// Node 0's launcher hosts the rendezvous store (FERROTRAIN_STORE_HOSTED=1): rank 0
+    /// connects to it like every other rank.
+    pub store_hosted: bool,
 }
 
 /// MASTER_PORT when unset (torchrun's default).
@@ -78,6 +83,8 @@ impl RankEnv {
             .filter(|s| !s.trim().is_empty())
             .unwrap_or_else(|| "127.0.0.1".to_string());
         let token = var(env::FERROTRAIN_RDZV_TOKEN).unwrap_or_default();
+        let round: u64 = parse(&var, env::FERROTRAIN_ROUND, 0)?;
+        let store_hosted = var(env::FERROTRAIN_STORE_HOSTED).is_some_and(|v| v.trim() == "1");
         if world_size == 0 {
             return Err(TrainError::Config("WORLD_SIZE must be at least 1".into()));
         }
@@ -111,6 +118,8 @@ impl RankEnv {
             master_port,
             attempt,
             token,
+            round,
+            store_hosted,
         })
     }
 }
@@ -253,18 +262,20 @@ pub struct Rendezvous {
 }
 
 impl Rendezvous {
-    /// Rank 0 starts the store; every rank connects to it (retrying until the rendezvous
-    /// timeout).
+    /// Rank 0 starts the store (unless node 0's launcher hosts it); every rank connects to
+    /// it (retrying until the rendezvous timeout). In an in-place round the ranks' keys live
+    /// under `round/<r>/` and their ring connections prove the round.
     pub fn meet(env: &RankEnv, config: &DistributedConfig) -> Result<Self> {
         let deadline = Instant::now() + Duration::from_secs(config.rendezvous_timeout_seconds);
-        let auth = Auth::new(&env.token, env.attempt);
-        let server = if env.rank == 0 {
+        let store_auth = Auth::new(&env.token, env.attempt);
+        let auth = store_auth.for_round(env.round);
+        let server = if env.rank == 0 && !env.store_hosted {
             let listener = bind_until(
                 SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), env.master_port),
                 deadline,
             )?;
             let handshake = Duration::from_secs(config.rendezvous_timeout_seconds.min(10));
-            Some(StoreServer::start(listener, auth.clone(), handshake)?)
+            Some(StoreServer::start(listener, store_auth.clone(), handshake)?)
         } else {
             None
         };
@@ -274,7 +285,12 @@ impl Rendezvous {
         } else {
             env.master_addr.as_str()
         };
-        let client = StoreClient::connect(host, env.master_port, &auth, deadline)?;
+        let client = StoreClient::connect(host, env.master_port, &store_auth, deadline)?;
+        let client = if env.store_hosted {
+            client.with_prefix(format!("round/{}/", env.round))
+        } else {
+            client
+        };
         Ok(Rendezvous {
             env: env.clone(),
             client,
@@ -336,7 +352,7 @@ fn parse_addr(bytes: &[u8]) -> Result<SocketAddr> {
 }
 
 /// Binds `addr`, retrying while the port is still held (a previous attempt's rank 0 exiting).
-fn bind_until(addr: SocketAddr, deadline: Instant) -> Result<TcpListener> {
+pub(crate) fn bind_until(addr: SocketAddr, deadline: Instant) -> Result<TcpListener> {
     loop {
         match TcpListener::bind(addr) {
             Ok(l) => return Ok(l),

@@ -314,6 +314,8 @@ pub struct StoreClient {
     server: String,
     /// Bounds every request that does not carry its own wait.
     timeout: Duration,
+    /// Put before every key (the ranks of an in-place round use `round/<r>/`).
+    prefix: String,
 }
 
 impl StoreClient {
@@ -333,6 +335,7 @@ impl StoreClient {
                         stream,
                         server,
                         timeout: Duration::from_secs(60),
+                        prefix: String::new(),
                     });
                 }
                 Err(e) => e,
@@ -381,6 +384,16 @@ impl StoreClient {
         Err(last)
     }
 
+    /// Every key this client reads or writes from now on is `prefix` + key.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    fn key(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
     /// The address this rank reaches rank 0 from: the one other ranks can reach it at.
     pub fn local_ip(&self) -> Result<IpAddr> {
         Ok(self.stream.local_addr()?.ip())
@@ -419,6 +432,7 @@ impl StoreClient {
     }
 
     pub fn set(&mut self, key: &str, value: &[u8]) -> Result<()> {
+        let key = self.key(key);
         let mut p = vec![OP_SET];
         p.extend_from_slice(&(key.len() as u32).to_le_bytes());
         p.extend_from_slice(key.as_bytes());
@@ -429,24 +443,31 @@ impl StoreClient {
 
     /// Waits up to `wait` for `key` to be set.
     pub fn get(&mut self, key: &str, wait: Duration) -> Result<Vec<u8>> {
+        self.try_get(key, wait)?.ok_or_else(|| {
+            TrainError::Distributed(
+                format!(
+                    "rendezvous: `{}` was not published within {} s (a rank did not join)",
+                    self.key(key),
+                    wait.as_secs_f64()
+                )
+                .into(),
+            )
+        })
+    }
+
+    /// Waits up to `wait` for `key` to be set: None when it was not by then.
+    pub fn try_get(&mut self, key: &str, wait: Duration) -> Result<Option<Vec<u8>>> {
+        let key = self.key(key);
         let mut p = vec![OP_GET];
         p.extend_from_slice(&(wait.as_millis().min(u64::MAX as u128) as u64).to_le_bytes());
         p.extend_from_slice(key.as_bytes());
         let r = self.request(&p, wait)?;
-        match r[0] {
-            OK => Ok(r[1..].to_vec()),
-            _ => Err(TrainError::Distributed(
-                format!(
-                    "rendezvous: `{key}` was not published within {} s (a rank did not join)",
-                    wait.as_secs_f64()
-                )
-                .into(),
-            )),
-        }
+        Ok((r[0] == OK).then(|| r[1..].to_vec()))
     }
 
     /// Adds `delta` to the counter `key`; returns the new value.
     pub fn add(&mut self, key: &str, delta: i64) -> Result<i64> {
+        let key = self.key(key);
         let mut p = vec![OP_ADD];
         p.extend_from_slice(&delta.to_le_bytes());
         p.extend_from_slice(key.as_bytes());

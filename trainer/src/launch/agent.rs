@@ -1,0 +1,410 @@
+//! The pod's agent: `ferrotrain launch --restart-in-place` on several nodes. It outlives its
+//! ranks: when any rank of the gang fails, every node's agent stops its own ranks and starts
+//! them again in a new numbered round, from the latest complete checkpoint, without the pod
+//! ending (torchrun's elastic agent does the same with its rendezvous rounds).
+//!
+//! The agent of node 0 hosts the rendezvous store for the pod's whole life (its ranks connect
+//! to it: `FERROTRAIN_STORE_HOSTED`), so a crash of rank 0's trainer does not take the store
+//! down. Agents talk only through the store, under `agent/`:
+//!
+//! ```text
+//! agent/round                 the round node 0 started last
+//! barrier/agent/<r>/join      every node's agent joins round r before its ranks start
+//! agent/<r>/failures          ADD: failed nodes so far; the first one also sets
+//! agent/<r>/failed            ...which every agent's watcher thread waits on (one blocking GET):
+//!                             a failure anywhere stops every node's ranks within a poll (25 ms)
+//! agent/<r>/report/<node>     what each agent saw (blame::NodeReport), once its ranks stopped
+//! agent/<r>/verdict           node 0's ruling (blame::Verdict): who is blamed, permanent or not
+//! agent/done                  ADD: nodes whose ranks all finished
+//! ```
+//!
+//! The ranks' own keys live under `round/<r>/` (see dist::Rendezvous). A permanent failure
+//! (exit 2, 3, 4) ends every agent (the pod fails and the operator fails the job); so does
+//! running out of `--max-restarts`, which counts rounds. Losing node 0's agent (its pod) ends
+//! every agent with a retryable code: the operator then restarts the gang.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ferrotrain_api::exit;
+use ferrotrain_api::recovery::{AttemptEnd, EndCause, RoundEnd};
+
+use super::blame::{self, NodeReport, Verdict};
+use super::group::{GroupOutcome, Spawn, start_group};
+use super::ledger::{Ledger, ROUNDS_FILE};
+use super::local::sleep_unless_signalled;
+use super::{Launch, LaunchArgs, LaunchError, forward_final_report};
+use crate::dist::auth::Auth;
+use crate::dist::store::{StoreClient, StoreServer};
+use crate::error::write_termination_message;
+
+/// How long node 0 waits for every node's report once a round failed (each agent stops its
+/// ranks first, within the stop grace).
+const REPORT_SLACK: Duration = Duration::from_secs(5);
+/// How long the agents wait for one another at the end (success or a final failure), so that
+/// node 0's store outlives the others' last reads.
+const FAREWELL: Duration = Duration::from_secs(30);
+/// The longest single blocking GET of the watcher (it loops).
+const WATCH_SLICE: Duration = Duration::from_secs(60);
+
+/// Runs the rounds until the ranks finish, a failure is permanent, the budget of restarts is
+/// spent or the agent is signalled. Returns the exit code of the pod's process.
+pub fn run(args: &LaunchArgs, l: &Launch) -> Result<i32, LaunchError> {
+    let mut agent = Agent::start(args, l)?;
+    let code = agent.rounds();
+    agent.farewell(code);
+    Ok(code)
+}
+
+struct Agent<'a> {
+    args: &'a LaunchArgs,
+    launch: &'a Launch,
+    auth: Auth,
+    /// Node 0 only.
+    _server: Option<StoreServer>,
+    host: String,
+    client: StoreClient,
+    ledger: Ledger,
+    hostname: String,
+    /// Node 0: how every round so far ended (rank 0 serves them in its progress report).
+    ends: Vec<RoundEnd>,
+}
+
+impl<'a> Agent<'a> {
+    fn start(args: &'a LaunchArgs, l: &'a Launch) -> Result<Self, LaunchError> {
+        let auth = Auth::new(&l.token, l.base_attempt);
+        let rendezvous = Duration::from_secs_f64(args.rendezvous_timeout_seconds.max(1.0));
+        let deadline = Instant::now() + rendezvous;
+        let store_err = |e: crate::error::TrainError| LaunchError::Rendezvous(e.to_string());
+        let server = if args.node_rank == 0 {
+            let listener = crate::dist::bind_until(
+                std::net::SocketAddr::from(([0, 0, 0, 0], args.master_port)),
+                deadline,
+            )
+            .map_err(store_err)?;
+            let handshake = rendezvous.min(Duration::from_secs(10));
+            Some(StoreServer::start(listener, auth.clone(), handshake).map_err(store_err)?)
+        } else {
+            None
+        };
+        // Node 0 reaches its own store over loopback: it need not wait for its DNS name.
+        let host = if args.node_rank == 0 {
+            "127.0.0.1".to_string()
+        } else {
+            args.master_addr.clone()
+        };
+        let client =
+            StoreClient::connect(&host, args.master_port, &auth, deadline).map_err(store_err)?;
+        let outs: Vec<_> = args.recovery_file.iter().cloned().collect();
+        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_default();
+        tracing::info!(
+            "agent: node {} of {}, rendezvous {host}:{}{}",
+            args.node_rank,
+            args.nnodes,
+            args.master_port,
+            if args.node_rank == 0 {
+                " (hosted here)"
+            } else {
+                ""
+            }
+        );
+        Ok(Agent {
+            args,
+            launch: l,
+            auth,
+            _server: server,
+            host,
+            client,
+            ledger: Ledger::new(&l.logs, outs),
+            hostname,
+            ends: Vec::new(),
+        })
+    }
+
+    fn node(&self) -> usize {
+        self.args.node_rank
+    }
+
+    fn rendezvous_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.args.rendezvous_timeout_seconds.max(1.0))
+    }
+
+    /// A fresh connection (the store drops one idle for 10 minutes, and a training round is
+    /// usually longer).
+    fn reconnect(&mut self) -> crate::error::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        self.client =
+            StoreClient::connect(&self.host, self.args.master_port, &self.auth, deadline)?;
+        Ok(())
+    }
+
+    fn rounds(&mut self) -> i32 {
+        let mut round: u64 = 0;
+        let mut backoff = Duration::from_secs_f64(self.args.restart_backoff_seconds.max(0.0));
+        let max_backoff = Duration::from_secs_f64(self.args.restart_backoff_max_seconds.max(0.0));
+        loop {
+            let outcome = match self.one_round(round) {
+                Ok(outcome) => outcome,
+                Err(e) => {
+                    return self.give_up(&format!("agent: round {round}: {e}"), exit::RETRYABLE);
+                }
+            };
+            let verdict = match outcome {
+                Outcome::Finished => {
+                    forward_final_report(&self.launch.logs);
+                    return exit::SUCCESS;
+                }
+                Outcome::Signalled(s) => return 128 + s,
+                Outcome::Failed(v) => v,
+            };
+            let own_code = verdict
+                .code
+                .filter(|_| verdict.node == Some(self.node()))
+                .unwrap_or(exit::RETRYABLE);
+            let who = match verdict.rank {
+                Some(rank) => format!("rank {rank} ({})", verdict.reason),
+                None => verdict.reason.clone(),
+            };
+            if verdict.permanent {
+                let message = format!(
+                    "round {round}: {who}: {}; permanent, not restarting",
+                    verdict.message
+                );
+                return self.give_up(&message, own_code);
+            }
+            if round >= u64::from(self.args.max_restarts) {
+                let message = format!(
+                    "round {round}: {who}: {}; giving up after {round} in-place restart(s) (--max-restarts)",
+                    verdict.message
+                );
+                return self.give_up(&message, own_code);
+            }
+            tracing::warn!(
+                "agent: round {round} ended: {who}: {}; restarting in place",
+                verdict.message
+            );
+            // The first restart is at once; a rank that keeps failing is backed off.
+            if round > 0 {
+                if let Some(s) = sleep_unless_signalled(backoff) {
+                    return 128 + s;
+                }
+                backoff = (backoff * 2).min(max_backoff);
+            }
+            round += 1;
+        }
+    }
+
+    /// Logs and writes the termination message, then returns `code`.
+    fn give_up(&self, message: &str, code: i32) -> i32 {
+        tracing::error!("agent: {message}");
+        write_termination_message(message);
+        code
+    }
+
+    /// Joins round `round`, runs the local ranks in it and, when it failed, agrees on why.
+    fn one_round(&mut self, round: u64) -> crate::error::Result<Outcome> {
+        self.reconnect()?;
+        if self.node() == 0 {
+            self.client
+                .set("agent/round", round.to_string().as_bytes())?;
+        }
+        let join = format!("agent/{round}/join");
+        self.client
+            .barrier(&join, self.args.nnodes, self.rendezvous_timeout())?;
+        let watcher = Watcher::start(&self.host, self.args.master_port, &self.auth, round)?;
+        self.ledger.started(round);
+        tracing::info!(
+            "agent: round {round}: starting {} rank(s)",
+            self.args.nproc_per_node
+        );
+        let spawn = Spawn {
+            args: self.args,
+            program: &self.launch.program,
+            attempt: self.launch.base_attempt,
+            port: self.args.master_port,
+            token: &self.launch.token,
+            logs: &self.launch.logs,
+            omp_threads: self.launch.omp_threads.clone(),
+            round: Some(round),
+        };
+        let mut group = start_group(&spawn)?;
+        let fired = watcher.fired.clone();
+        let outcome = group.supervise_until(&|| fired.load(Ordering::SeqCst));
+        drop(group);
+        watcher.stop();
+        let nproc = self.args.nproc_per_node;
+        let report = NodeReport {
+            node: self.node(),
+            host: self.hostname.clone(),
+            ranks: (self.node() * nproc..(self.node() + 1) * nproc).collect(),
+            failure: match &outcome {
+                GroupOutcome::Failed(f) => Some(f.clone()),
+                _ => None,
+            },
+            frozen: match &outcome {
+                GroupOutcome::PeerFailed { frozen } => frozen.clone(),
+                _ => Vec::new(),
+            },
+        };
+        match outcome {
+            GroupOutcome::Finished => {
+                self.ledger.ended(&outcome);
+                return Ok(Outcome::Finished);
+            }
+            GroupOutcome::Signalled(s) => {
+                self.ledger.ended(&outcome);
+                return Ok(Outcome::Signalled(s));
+            }
+            GroupOutcome::Failed(_) | GroupOutcome::PeerFailed { .. } => {}
+        }
+        self.reconnect()?;
+        if report.failure.is_some() && self.client.add(&format!("agent/{round}/failures"), 1)? == 1
+        {
+            self.client.set(
+                &format!("agent/{round}/failed"),
+                self.node().to_string().as_bytes(),
+            )?;
+        }
+        let json = serde_json::to_vec(&report).expect("a report serializes");
+        self.client
+            .set(&format!("agent/{round}/report/{}", self.node()), &json)?;
+        let verdict = self.agree(round)?;
+        Ok(Outcome::Failed(verdict))
+    }
+
+    /// Node 0 gathers every node's report and rules; the others read its ruling.
+    fn agree(&mut self, round: u64) -> crate::error::Result<Verdict> {
+        let wait = Duration::from_secs_f64(self.args.stop_grace_seconds.max(0.0)) + REPORT_SLACK;
+        let key = format!("agent/{round}/verdict");
+        if self.node() != 0 {
+            let bytes = self.client.get(&key, wait * 2)?;
+            return serde_json::from_slice(&bytes).map_err(|e| {
+                crate::error::TrainError::Distributed(
+                    format!("agent: malformed verdict: {e}").into(),
+                )
+            });
+        }
+        let mut reports = Vec::new();
+        for node in 0..self.args.nnodes {
+            match self
+                .client
+                .get(&format!("agent/{round}/report/{node}"), wait)
+            {
+                Ok(bytes) => reports.extend(serde_json::from_slice::<NodeReport>(&bytes).ok()),
+                Err(e) => tracing::warn!("agent: round {round}: no report from node {node}: {e}"),
+            }
+        }
+        let verdict = blame::verdict(round, &reports);
+        self.client.set(
+            &key,
+            &serde_json::to_vec(&verdict).expect("a verdict serializes"),
+        )?;
+        let end = AttemptEnd {
+            cause: EndCause::Failure,
+            reason: verdict.reason.clone(),
+            rank: verdict.rank.map(|r| r as i64),
+            exit_code: verdict.code,
+            node: verdict.host.clone(),
+            failed_at: verdict.detected_at,
+            detected_at: verdict.detected_at,
+        };
+        self.ledger.end_with(end.clone());
+        self.ends.push(RoundEnd {
+            round,
+            end,
+            message: verdict.message.clone(),
+        });
+        self.write_round_ends();
+        Ok(verdict)
+    }
+
+    /// Replaces the rounds file (atomically) with every round's end so far.
+    fn write_round_ends(&self) {
+        let path = self.launch.logs.join(ROUNDS_FILE);
+        let tmp = path.with_extension("tmp");
+        let json = serde_json::to_vec(&self.ends).expect("round ends serialize");
+        let written = std::fs::write(&tmp, json).and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            tracing::warn!(path = %path.display(), error = %e, "rounds file not written");
+        }
+    }
+
+    /// Node 0 keeps its store up until every other agent is done with it (bounded).
+    fn farewell(&mut self, code: i32) {
+        if self.reconnect().is_err() {
+            return;
+        }
+        let arrived = self.client.add("agent/done", 1).unwrap_or(0);
+        if self.node() == 0 && (arrived as usize) < self.args.nnodes {
+            let deadline = Instant::now() + FAREWELL;
+            while Instant::now() < deadline {
+                match self.client.add("agent/done", 0) {
+                    Ok(n) if n as usize >= self.args.nnodes => break,
+                    Ok(_) => std::thread::sleep(Duration::from_millis(50)),
+                    Err(_) => break,
+                }
+            }
+        }
+        tracing::info!("agent: done (exit {code})");
+    }
+}
+
+/// How a round ended for this agent.
+enum Outcome {
+    Finished,
+    Signalled(i32),
+    Failed(Verdict),
+}
+
+/// A thread blocked on `agent/<round>/failed` through a connection of its own: it raises
+/// `fired` when any node's rank failed, or when the store is gone (node 0 lost).
+struct Watcher {
+    fired: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Watcher {
+    fn start(host: &str, port: u16, auth: &Auth, round: u64) -> crate::error::Result<Self> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut client = StoreClient::connect(host, port, auth, deadline)?;
+        let (fired, stop) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (f, s) = (fired.clone(), stop.clone());
+        let key = format!("agent/{round}/failed");
+        let thread = std::thread::Builder::new()
+            .name("agent-watch".into())
+            .spawn(move || {
+                while !s.load(Ordering::SeqCst) {
+                    match client.try_get(&key, WATCH_SLICE) {
+                        Ok(Some(_)) => break,
+                        Ok(None) => continue,
+                        Err(e) => {
+                            if !s.load(Ordering::SeqCst) {
+                                tracing::warn!("agent: lost the rendezvous store: {e}");
+                            }
+                            break;
+                        }
+                    }
+                }
+                f.store(true, Ordering::SeqCst);
+            })?;
+        Ok(Watcher {
+            fired,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Ends the watch (the thread may sit in a GET for up to a slice: it is left to finish).
+    fn stop(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        drop(self.thread.take());
+    }
+}

@@ -1,0 +1,317 @@
+//! Which rank ended a round of in-place restarts, from what every node's agent saw. Pure: the
+//! agent of node 0 gathers one [`NodeReport`] per node and calls [`verdict`].
+//!
+//! A round ends when any rank fails; its peers then fail too (their collective broke), so most
+//! rounds end with several failures. The cause is, in this order:
+//! 1. a permanent failure (exit 2, 3 or 4: no restart can fix it);
+//! 2. a rank killed by a signal (SIGKILL, the OOM killer): killed from outside;
+//! 3. a frozen rank (stopped: SIGSTOP, a debugger) that never failed on its own: it made its
+//!    peers time out, and blaming the peers that waited would be wrong;
+//! 4. a rank its peers name as the one that did not answer in a collective (a hang);
+//! 5. otherwise the earliest failure (ties: the lower rank).
+
+use ferrotrain_api::exit;
+use ferrotrain_api::recovery::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use super::group::RankFailure;
+
+/// What one node's agent saw when the round ended.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeReport {
+    /// The node (pod) index.
+    pub node: usize,
+    /// The pod's host name (the operator maps it to its Kubernetes node).
+    pub host: String,
+    /// Its local ranks (global numbers).
+    pub ranks: Vec<usize>,
+    /// The first of its local ranks that failed on its own, if one did.
+    pub failure: Option<RankFailure>,
+    /// Its local ranks that were stopped (not running) when the round ended.
+    pub frozen: Vec<usize>,
+}
+
+/// Why a round ended: the rank blamed and how its peers followed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub round: u64,
+    /// The rank blamed (none when no rank could be: every node was stopped from outside).
+    pub rank: Option<usize>,
+    pub node: Option<usize>,
+    pub host: Option<String>,
+    /// Its exit code (128 + signal when killed); none for a frozen rank.
+    pub code: Option<i32>,
+    /// ExitCode, Killed, Frozen, Unresponsive or PermanentExitCode.
+    pub reason: String,
+    /// For people: what happened to it.
+    pub message: String,
+    /// A restart cannot help (exit 2, 3 or 4).
+    pub permanent: bool,
+    /// When the first failure was seen: the agents learnt of the round's end then.
+    pub detected_at: Timestamp,
+    /// Other ranks that failed after it.
+    pub secondary: usize,
+}
+
+/// Applies the rule of the module documentation to the reports of every node.
+pub fn verdict(round: u64, reports: &[NodeReport]) -> Verdict {
+    let failures: Vec<(&NodeReport, &RankFailure)> = reports
+        .iter()
+        .filter_map(|r| r.failure.as_ref().map(|f| (r, f)))
+        .collect();
+    let detected_at = failures
+        .iter()
+        .map(|(_, f)| f.seen_at)
+        .min()
+        .unwrap_or_else(Timestamp::now);
+    let earliest = |pick: &dyn Fn(&RankFailure) -> bool| {
+        failures
+            .iter()
+            .filter(|(_, f)| pick(f))
+            .min_by_key(|(_, f)| (f.seen_at, f.rank))
+            .copied()
+    };
+    let base = Verdict {
+        round,
+        rank: None,
+        node: None,
+        host: None,
+        code: None,
+        reason: String::new(),
+        message: String::new(),
+        permanent: false,
+        detected_at,
+        secondary: failures.len(),
+    };
+    let blame = |(r, f): (&NodeReport, &RankFailure), reason: &str| Verdict {
+        rank: Some(f.rank),
+        node: Some(r.node),
+        host: Some(r.host.clone()),
+        code: Some(f.code),
+        reason: reason.into(),
+        message: f.reason.clone(),
+        permanent: exit::is_permanent(f.code),
+        secondary: failures.len() - 1,
+        ..base.clone()
+    };
+    if let Some(hit) = earliest(&|f| exit::is_permanent(f.code)) {
+        return blame(hit, "PermanentExitCode");
+    }
+    if let Some(hit) = earliest(&|f| f.code >= 128) {
+        return blame(hit, "Killed");
+    }
+    if let Some((r, rank)) = reports
+        .iter()
+        .flat_map(|r| r.frozen.iter().map(move |rank| (r, *rank)))
+        .min_by_key(|(_, rank)| *rank)
+    {
+        return Verdict {
+            rank: Some(rank),
+            node: Some(r.node),
+            host: Some(r.host.clone()),
+            reason: "Frozen".into(),
+            message: format!(
+                "rank {rank} was stopped (SIGSTOP or a debugger) while its peers waited for it \
+                 in a collective"
+            ),
+            ..base
+        };
+    }
+    if let Some(rank) = named_unresponsive(&failures) {
+        let node = reports.iter().find(|r| r.ranks.contains(&rank));
+        let said = earliest(&|f| unresponsive_rank(&f.reason) == Some(rank)).map(|(_, f)| f);
+        return Verdict {
+            rank: Some(rank),
+            node: node.map(|r| r.node),
+            host: node.map(|r| r.host.clone()),
+            reason: "Unresponsive".into(),
+            message: format!(
+                "rank {rank} did not answer its peers in a collective (hung){}",
+                said.map(|f| format!(": {}", f.reason)).unwrap_or_default()
+            ),
+            ..base
+        };
+    }
+    match earliest(&|_| true) {
+        Some(hit) => blame(hit, "ExitCode"),
+        None => Verdict {
+            reason: "Stopped".into(),
+            message: "every node's ranks were stopped from outside".into(),
+            ..base
+        },
+    }
+}
+
+/// The rank most failures say did not answer, when no failure is that rank's own.
+fn named_unresponsive(failures: &[(&NodeReport, &RankFailure)]) -> Option<usize> {
+    let mut named: Vec<usize> = failures
+        .iter()
+        .filter_map(|(_, f)| unresponsive_rank(&f.reason))
+        .filter(|rank| !failures.iter().any(|(_, f)| f.rank == *rank))
+        .collect();
+    named.sort_unstable();
+    let mut best: Option<(usize, usize)> = None;
+    for chunk in named.chunk_by(|a, b| a == b) {
+        if best.is_none_or(|(_, n)| chunk.len() > n) {
+            best = Some((chunk[0], chunk.len()));
+        }
+    }
+    best.map(|(rank, _)| rank)
+}
+
+/// "rank 3 did not answer within 30 s during ..." (the ring's timeout message) -> 3.
+fn unresponsive_rank(message: &str) -> Option<usize> {
+    let at = message.find(" did not answer")?;
+    let before = &message[..at];
+    let number = before.rsplit("rank ").next()?;
+    number.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_second(1_750_000_000 + s).unwrap()
+    }
+
+    fn failed(node: usize, rank: usize, code: i32, reason: &str, seen: i64) -> NodeReport {
+        NodeReport {
+            node,
+            host: format!("job-0-{node}"),
+            ranks: vec![rank],
+            failure: Some(RankFailure {
+                rank,
+                code,
+                reason: reason.into(),
+                seen_at: at(seen),
+            }),
+            frozen: Vec::new(),
+        }
+    }
+
+    fn quiet(node: usize, frozen: &[usize]) -> NodeReport {
+        NodeReport {
+            node,
+            host: format!("job-0-{node}"),
+            ranks: vec![node],
+            failure: None,
+            frozen: frozen.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_killed_rank_is_blamed_over_the_peer_whose_collective_broke_first() {
+        let v = verdict(
+            0,
+            &[
+                failed(
+                    0,
+                    0,
+                    1,
+                    "rank 0 exited with code 1: ring: connection reset",
+                    10,
+                ),
+                failed(1, 1, 137, "rank 1 was killed by signal 9 (SIGKILL)", 11),
+            ],
+        );
+        assert_eq!((v.rank, v.node, v.code), (Some(1), Some(1), Some(137)));
+        assert_eq!(v.reason, "Killed");
+        assert_eq!(v.host.as_deref(), Some("job-0-1"));
+        assert_eq!((v.secondary, v.permanent), (1, false));
+        assert_eq!(
+            v.detected_at,
+            at(10),
+            "the agents learnt of it at the first failure"
+        );
+    }
+
+    #[test]
+    fn a_permanent_failure_wins_whatever_came_first() {
+        let v = verdict(
+            2,
+            &[
+                failed(0, 0, 137, "killed", 5),
+                failed(1, 1, 3, "data.train.source: no such file", 9),
+            ],
+        );
+        assert_eq!(
+            (v.rank, v.reason.as_str(), v.permanent),
+            (Some(1), "PermanentExitCode", true)
+        );
+    }
+
+    #[test]
+    fn a_frozen_rank_is_blamed_not_the_peer_that_timed_out_waiting_for_it() {
+        let v = verdict(
+            0,
+            &[
+                failed(
+                    0,
+                    0,
+                    1,
+                    "rank 0 exited with code 1: rank 1 did not answer within 30 s during all-reduce",
+                    40,
+                ),
+                quiet(1, &[1]),
+            ],
+        );
+        assert_eq!((v.rank, v.node, v.code), (Some(1), Some(1), None));
+        assert_eq!(v.reason, "Frozen");
+        assert!(v.message.contains("stopped"), "{}", v.message);
+        assert_eq!(v.secondary, 1);
+    }
+
+    #[test]
+    fn a_hung_rank_named_by_its_peers_is_blamed() {
+        let v = verdict(
+            0,
+            &[
+                failed(
+                    0,
+                    0,
+                    1,
+                    "rank 0 exited with code 1: rank 2 did not answer within 30 s during all-reduce",
+                    40,
+                ),
+                failed(
+                    1,
+                    1,
+                    1,
+                    "rank 1 exited with code 1: rank 2 did not answer within 30 s during all-reduce",
+                    41,
+                ),
+                quiet(2, &[]),
+            ],
+        );
+        assert_eq!(
+            (v.rank, v.node, v.reason.as_str()),
+            (Some(2), Some(2), "Unresponsive")
+        );
+        assert_eq!(v.secondary, 2);
+    }
+
+    #[test]
+    fn otherwise_the_earliest_failure_then_the_lower_rank() {
+        let v = verdict(
+            0,
+            &[failed(0, 0, 1, "late", 12), failed(1, 3, 1, "first", 11)],
+        );
+        assert_eq!((v.rank, v.reason.as_str()), (Some(3), "ExitCode"));
+        let tie = verdict(0, &[failed(1, 3, 1, "b", 11), failed(0, 1, 1, "a", 11)]);
+        assert_eq!(tie.rank, Some(1));
+        let none = verdict(0, &[quiet(0, &[]), quiet(1, &[])]);
+        assert_eq!((none.rank, none.reason.as_str()), (None, "Stopped"));
+    }
+
+    #[test]
+    fn the_ring_timeout_message_names_the_rank() {
+        assert_eq!(
+            unresponsive_rank(
+                "rank 0 exited with code 1: training step 12: rank 7 did not answer within 30 s during all-reduce"
+            ),
+            Some(7)
+        );
+        assert_eq!(unresponsive_rank("connection reset by rank 7"), None);
+    }
+}

@@ -1,0 +1,112 @@
+//! Supervision without in-place restarts: one node restarts its group from the latest
+//! checkpoint (a new attempt each time, with backoff); on several nodes a failure ends the
+//! launcher with the failing rank's code and the operator restarts the gang.
+
+use std::time::{Duration, Instant};
+
+use ferrotrain_api::exit;
+
+use super::group::{GroupOutcome, Spawn, start_group};
+use super::ledger::Ledger;
+use super::{Launch, LaunchArgs, LaunchError, forward_final_report};
+use crate::signals;
+
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Sleeps `d` unless a signal arrives; returns the signal.
+pub fn sleep_unless_signalled(d: Duration) -> Option<i32> {
+    let deadline = Instant::now() + d;
+    while Instant::now() < deadline {
+        let s = signals::received();
+        if s != 0 {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(25).min(deadline - Instant::now()));
+    }
+    None
+}
+
+/// Why the launcher itself could not run the group. The ranks' own failures are not
+/// errors of the launcher: `run` returns their exit code.
+pub fn supervise_attempts(args: &LaunchArgs, l: &Launch) -> Result<i32, LaunchError> {
+    let (program, token, base_attempt, logs) = (&l.program, &l.token, l.base_attempt, &l.logs);
+    let multi_node = args.nnodes > 1;
+    let mut ledger = Ledger::new(logs, args.recovery_file.iter().cloned().collect());
+    let mut restarts: u32 = 0;
+    let mut backoff = Duration::from_secs_f64(args.restart_backoff_seconds.max(0.0));
+    let max_backoff = Duration::from_secs_f64(args.restart_backoff_max_seconds.max(0.0));
+    loop {
+        let attempt = base_attempt + if multi_node { 0 } else { restarts as u64 };
+        let port = if args.master_port == 0 {
+            free_port().map_err(LaunchError::io("no free port"))?
+        } else {
+            args.master_port
+        };
+        let a = Spawn {
+            args,
+            program,
+            attempt,
+            port,
+            token,
+            logs,
+            omp_threads: l.omp_threads.clone(),
+            round: None,
+        };
+        tracing::info!(
+            "launch: starting {} rank(s), attempt {attempt}, rendezvous {}:{port}",
+            args.nproc_per_node,
+            args.master_addr
+        );
+        // Before the ranks exist: the last attempt's progress file must be gone before the
+        // new rank 0 can write its own.
+        ledger.started(attempt);
+        let mut group = start_group(&a).map_err(LaunchError::io(format!(
+            "cannot start {}",
+            program.display()
+        )))?;
+        let outcome = group.supervise();
+        drop(group);
+        ledger.ended(&outcome);
+        match outcome {
+            GroupOutcome::Finished => {
+                forward_final_report(logs);
+                return Ok(exit::SUCCESS);
+            }
+            GroupOutcome::Signalled(s) => return Ok(128 + s),
+            GroupOutcome::PeerFailed { .. } => unreachable!("supervise() has no peers"),
+            GroupOutcome::Failed(f) => {
+                tracing::warn!("launch: {}", f.reason);
+                crate::error::write_termination_message(&f.reason);
+                if exit::is_permanent(f.code) {
+                    tracing::error!("launch: exit code {} is permanent; not restarting", f.code);
+                    return Ok(f.code);
+                }
+                if multi_node {
+                    // The operator restarts the whole gang across nodes.
+                    return Ok(f.code);
+                }
+                if restarts >= args.max_restarts {
+                    tracing::error!(
+                        "launch: giving up after {restarts} restart(s) (--max-restarts)"
+                    );
+                    return Ok(f.code);
+                }
+                restarts += 1;
+                tracing::warn!(
+                    "launch: restarting the group in {:.1} s (restart {restarts} of \
+                     {}); ranks resume from the latest checkpoint",
+                    backoff.as_secs_f64(),
+                    args.max_restarts
+                );
+                if let Some(s) = sleep_unless_signalled(backoff) {
+                    return Ok(128 + s);
+                }
+                backoff = (backoff * 2).min(max_backoff);
+            }
+        }
+    }
+}
