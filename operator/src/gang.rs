@@ -202,13 +202,6 @@ pub struct Timing {
     pub force_delete_grace: Duration,
 }
 
-/// The operator's defaults (`config::defaults`, their one home).
-impl Default for Timing {
-    fn default() -> Self {
-        Timing::from(&crate::config::Settings::default())
-    }
-}
-
 /// Everything the state machine decides from.
 #[derive(Clone, Debug)]
 pub struct Observed<'a> {
