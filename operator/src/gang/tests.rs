@@ -1,7 +1,17 @@
 //! The gang state machine, one table row per situation.
 
+use std::time::Duration;
+
+use ferrotrain_api::crd::{
+    DistributedTrainingSpec, DistributedTrainingStatus, Phase, RestartPolicy, TrainingProgress,
+    condition,
+};
+use ferrotrain_api::{Progress, TrainerPhase};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
 use super::*;
-use ferrotrain_api::crd::RestartPolicy;
+use crate::report;
 
 const JOB: &str = "mt";
 
