@@ -496,9 +496,9 @@ async fn a_users_service_of_the_jobs_name_is_never_taken_over() {
     let (ctx, handle, _) = Context::test(vec![], Settings::default());
     let calls = vec![
         get_existing(&service_path(), "Service", None),
-        created_false_call(NAME_CONFLICT, "Service ml/mt exists"),
+        created_false_call(reason::NAME_CONFLICT, "Service ml/mt exists"),
         // Why the launch stopped; no "creating 2 pods" event.
-        event_call(NAME_CONFLICT),
+        event_call(reason::NAME_CONFLICT),
     ];
     let (action, _) =
         reconcile_expecting(&ctx, handle, job(Some(pending_status())), t(101), calls).await;
@@ -514,9 +514,9 @@ async fn a_config_map_another_job_controls_is_never_applied_over() {
         get_absent(&service_path()),
         call(Method::PATCH, &service_path(), Answer::Echo, |_| {}),
         get_existing(&config_map_path(), "ConfigMap", Some("another-uid")),
-        created_false_call(NAME_CONFLICT, "ConfigMap ml/mt-config exists"),
+        created_false_call(reason::NAME_CONFLICT, "ConfigMap ml/mt-config exists"),
         // Why the launch stopped; no "creating 2 pods" event.
-        event_call(NAME_CONFLICT),
+        event_call(reason::NAME_CONFLICT),
     ];
     let (action, _) =
         reconcile_expecting(&ctx, handle, job(Some(pending_status())), t(101), calls).await;
@@ -544,9 +544,9 @@ async fn a_secret_of_the_jobs_name_that_is_not_ours_stops_the_launch() {
             "Secret",
             None,
         ),
-        created_false_call(NAME_CONFLICT, "Secret ml/mt-rdzv exists"),
+        created_false_call(reason::NAME_CONFLICT, "Secret ml/mt-rdzv exists"),
         // Why the launch stopped; no "creating 2 pods" event.
-        event_call(NAME_CONFLICT),
+        event_call(reason::NAME_CONFLICT),
     ];
     let (action, _) =
         reconcile_expecting(&ctx, handle, job(Some(pending_status())), t(101), calls).await;
@@ -557,7 +557,7 @@ async fn a_secret_of_the_jobs_name_that_is_not_ours_stops_the_launch() {
 fn a_name_conflict_is_reported_once_per_message() {
     let status = pending_status();
     let (first, event) = name_conflict(&status, "Service ml/mt exists", t(101), Some(1));
-    assert!(event.is_some_and(|e| e.warning && e.reason == NAME_CONFLICT));
+    assert!(event.is_some_and(|e| e.warning && e.reason == reason::NAME_CONFLICT));
     let (again, event) = name_conflict(&first, "Service ml/mt exists", t(131), Some(1));
     assert_eq!(again, first, "a retry changes nothing: no status write");
     assert!(event.is_none(), "no second event");

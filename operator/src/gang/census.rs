@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use ferrotrain_api::crd::Placement;
+use ferrotrain_api::reason;
 use k8s_openapi::jiff::SignedDuration;
 
 use super::decider::{Decider, first_line, signed};
@@ -58,7 +59,7 @@ impl<'a, 'o> Decider<'a, 'o> {
         };
         for rank in 0..replicas {
             let Some(&pod) = by_rank.get(&rank) else {
-                let mut f = self.failure(rank, None, "PodDeleted", "pod was deleted".into());
+                let mut f = self.failure(rank, None, reason::POD_DELETED, "pod was deleted".into());
                 f.killed = true;
                 census.failures.push(f);
                 continue;
@@ -80,7 +81,7 @@ impl<'a, 'o> Decider<'a, 'o> {
         }
         if let Some(since) = pod.deleting_since {
             let message = "pod is being deleted".to_string();
-            let mut f = self.failure(rank, Some(&pod.name), "PodDeleted", message);
+            let mut f = self.failure(rank, Some(&pod.name), reason::POD_DELETED, message);
             (f.at, f.killed) = (Some(since), true);
             if let Some(d) = &pod.disruption {
                 disrupted(&mut f, d);
@@ -88,7 +89,7 @@ impl<'a, 'o> Decider<'a, 'o> {
             census.failures.push(f);
         } else if let Some(since) = pod.node_lost_since {
             let message = "the pod's node is NotReady or gone".to_string();
-            let mut f = self.failure(rank, Some(&pod.name), "NodeLost", message);
+            let mut f = self.failure(rank, Some(&pod.name), reason::NODE_LOST, message);
             (f.at, f.killed) = (Some(since), true);
             let at = since + signed(self.o.timing.node_lost_grace);
             if self.now() >= at {
@@ -109,7 +110,7 @@ impl<'a, 'o> Decider<'a, 'o> {
     /// waits is a suspect should another rank fail meanwhile.
     fn check_startup(&mut self, pod: &PodView, census: &mut Census<'o>) {
         let cause = pod.waiting.as_ref().map(|w| w.cause);
-        let reason = cause.map_or("StartupTimeout", WaitCause::reason);
+        let reason = cause.map_or(reason::STARTUP_TIMEOUT, WaitCause::reason);
         let said = pod
             .waiting
             .as_ref()

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use ferrotrain_api::crd::{Phase, condition};
+use ferrotrain_api::reason;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
@@ -36,7 +37,12 @@ pub fn set_condition_to(
     generation: Option<i64>,
 ) {
     let status = status.to_string();
-    let reason = if reason.is_empty() { "Unknown" } else { reason }.to_string();
+    let reason = if reason.is_empty() {
+        reason::UNKNOWN
+    } else {
+        reason
+    }
+    .to_string();
     if let Some(c) = conditions.iter_mut().find(|c| c.type_ == type_) {
         if c.status != status {
             c.last_transition_time = Time(now);
@@ -105,12 +111,12 @@ impl<'a, 'o> Decider<'a, 'o> {
         self.set_condition(
             condition::RUNNING,
             true,
-            "AllRanksRunning",
+            reason::ALL_RANKS_RUNNING,
             format!("all {replicas} pods of attempt {attempt} run"),
         );
         self.event(
             false,
-            "Running",
+            reason::RUNNING,
             format!("attempt {attempt}: all {replicas} pods run"),
         );
     }
@@ -166,7 +172,7 @@ impl<'a, 'o> Decider<'a, 'o> {
         self.set_condition(
             condition::RUNNING,
             false,
-            "PodsStarting",
+            reason::PODS_STARTING,
             format!("attempt {attempt}: waiting for its {replicas} pods to run"),
         );
     }

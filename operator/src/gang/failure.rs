@@ -3,6 +3,7 @@
 //! failures is the root cause.
 
 use ferrotrain_api::crd::FailureInfo;
+use ferrotrain_api::reason;
 use ferrotrain_api::recovery::EndCause;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -52,14 +53,11 @@ impl Failure {
     }
 }
 
-/// `FailureInfo.reason` of a disruption (it restarts without spending maxRestarts).
-pub const DISRUPTED: &str = "Disrupted";
-
 /// Marks a failure as a disruption: nothing the training did, so no restart is spent.
 pub(super) fn disrupted(f: &mut Failure, d: &Disruption) {
     f.disruption = true;
     f.killed = true;
-    f.info.reason = DISRUPTED.into();
+    f.info.reason = reason::DISRUPTED.into();
     f.info.message = match d.message.as_str() {
         "" => d.reason.clone(),
         m => format!("{}: {}", d.reason, first_line(m)),
@@ -94,9 +92,9 @@ pub(super) fn root_cause(failures: Vec<Failure>, suspects: Vec<Failure>) -> Opti
 /// The ledger's cause of an attempt that ended for `reason` (FailureInfo.reason).
 pub(super) fn ended_by(reason: &str) -> EndCause {
     match reason {
-        "Stalled" => EndCause::Stall,
-        DISRUPTED => EndCause::Disruption,
-        "DeadlineExceeded" | "Suspended" => EndCause::Stopped,
+        reason::STALLED => EndCause::Stall,
+        reason::DISRUPTED => EndCause::Disruption,
+        reason::DEADLINE_EXCEEDED | reason::SUSPENDED => EndCause::Stopped,
         _ => EndCause::Failure,
     }
 }
@@ -142,9 +140,9 @@ impl<'a, 'o> Decider<'a, 'o> {
     /// A pod whose trainer exited non-zero or that failed without it exiting.
     pub(super) fn exited(&self, pod: &PodView, t: &Termination) -> Failure {
         let reason = if t.exit_code.is_some() {
-            "ExitCode"
+            reason::EXIT_CODE
         } else {
-            "PodFailed"
+            reason::POD_FAILED
         };
         let message = first_line(if t.message.is_empty() {
             &t.reason
@@ -160,7 +158,7 @@ impl<'a, 'o> Decider<'a, 'o> {
             && permanent_codes.contains(&code)
         {
             f.permanent = true;
-            f.info.reason = "PermanentExitCode".into();
+            f.info.reason = reason::PERMANENT_EXIT_CODE.into();
         } else if let Some(d) = &pod.disruption {
             disrupted(&mut f, d);
         }

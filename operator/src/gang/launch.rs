@@ -5,18 +5,13 @@
 use std::time::Duration;
 
 use ferrotrain_api::crd::{DistributedTrainingStatus, Phase, condition};
+use ferrotrain_api::reason;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::conditions::set_condition;
 use super::decider::{Decider, first_line};
 use super::decision::{Action, EventNote};
-
-/// `FailureInfo.reason` and Failed condition reason of a spec no pod can be made from.
-pub const INVALID_SPEC: &str = "InvalidSpec";
-
-/// Created condition and `FailureInfo.reason` when the API refuses the attempt's pods.
-pub const POD_CREATE_REFUSED: &str = "PodCreateRefused";
 
 /// The API refused to create a pod of the attempt (a ResourceQuota, a LimitRange, an admission
 /// webhook): for the controller to call when a Launch fails with such an error, and to write
@@ -32,28 +27,25 @@ pub fn launch_refused(
     let mut status = status.clone();
     let message = format!("attempt {}: {}", status.attempt, first_line(error));
     let known = status.condition(condition::CREATED).is_some_and(|c| {
-        c.status == "False" && c.reason == POD_CREATE_REFUSED && c.message == message
+        c.status == "False" && c.reason == reason::POD_CREATE_REFUSED && c.message == message
     });
     let c = condition::CREATED;
     set_condition(
         &mut status.conditions,
         c,
         false,
-        POD_CREATE_REFUSED,
+        reason::POD_CREATE_REFUSED,
         message.clone(),
         now,
         generation,
     );
     let event = (!known).then_some(EventNote {
         warning: true,
-        reason: POD_CREATE_REFUSED,
+        reason: reason::POD_CREATE_REFUSED,
         note: message,
     });
     (status, event)
 }
-
-/// Created=False while the next attempt waits for the pods of earlier ones to be gone.
-pub const PREVIOUS_ATTEMPT_TERMINATING: &str = "PreviousAttemptTerminating";
 
 /// The pods' `terminationGracePeriodSeconds` when the user sets none: long enough for rank 0
 /// to save a checkpoint on SIGTERM. From the last save the trainer reported (the whole save,
@@ -93,15 +85,16 @@ impl<'a, 'o> Decider<'a, 'o> {
             self.set_condition(
                 condition::CREATED,
                 true,
-                "PodsCreated",
+                reason::PODS_CREATED,
                 format!("attempt {attempt}: {replicas} pods created"),
             );
             return true;
         }
         if !self.o.spec_problems.is_empty() {
             let message = self.o.spec_problems.join("; ");
-            let failure = self.job_failure(INVALID_SPEC, format!("no pods created: {message}"));
-            self.fail(failure, INVALID_SPEC, "InvalidSpec");
+            let failure =
+                self.job_failure(reason::INVALID_SPEC, format!("no pods created: {message}"));
+            self.fail(failure, reason::INVALID_SPEC, reason::INVALID_SPEC);
             return false;
         }
         if self.create_refused_too_long() {
@@ -125,7 +118,7 @@ impl<'a, 'o> Decider<'a, 'o> {
             let spec = self.o.spec;
             self.event(
                 false,
-                "Created",
+                reason::CREATED,
                 format!(
                     "attempt {attempt}: creating {replicas} pods x {} ranks (world size {})",
                     spec.procs_per_replica(),
@@ -149,7 +142,7 @@ impl<'a, 'o> Decider<'a, 'o> {
         let Some(c) = self
             .status
             .condition(condition::CREATED)
-            .filter(|c| c.status == "False" && c.reason == POD_CREATE_REFUSED)
+            .filter(|c| c.status == "False" && c.reason == reason::POD_CREATE_REFUSED)
         else {
             return false;
         };
@@ -162,8 +155,8 @@ impl<'a, 'o> Decider<'a, 'o> {
             return false;
         }
         let message = format!("pods not created within {timeout}s: {}", c.message);
-        let failure = self.job_failure(POD_CREATE_REFUSED, message);
-        self.fail(failure, POD_CREATE_REFUSED, "Failed");
+        let failure = self.job_failure(reason::POD_CREATE_REFUSED, message);
+        self.fail(failure, reason::POD_CREATE_REFUSED, reason::FAILED);
         true
     }
 
@@ -201,7 +194,7 @@ impl<'a, 'o> Decider<'a, 'o> {
         self.set_condition(
             condition::CREATED,
             false,
-            PREVIOUS_ATTEMPT_TERMINATING,
+            reason::PREVIOUS_ATTEMPT_TERMINATING,
             format!(
                 "attempt {attempt}: waiting for {count} {pods} of {of} to terminate (one checkpoint writer at a time)"
             ),
@@ -245,7 +238,7 @@ impl<'a, 'o> Decider<'a, 'o> {
                 self.actions.push(Action::ForceDeletePod(p.name.clone()));
                 self.event(
                     true,
-                    "ForceDeleted",
+                    reason::FORCE_DELETED,
                     format!(
                         "pod {} was stuck terminating on a lost node; force-deleted",
                         p.name

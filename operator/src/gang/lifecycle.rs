@@ -5,14 +5,14 @@ use std::time::Duration;
 
 use ferrotrain_api::Recovery;
 use ferrotrain_api::crd::{DistributedTrainingSpec, Phase, condition};
+use ferrotrain_api::reason;
 use ferrotrain_api::recovery::{AttemptEnd, EndCause};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::SignedDuration;
 
 use super::decider::{Decider, signed};
 use super::decision::Action;
-use super::failure::{DISRUPTED, Failure, ended_by};
-use super::launch::INVALID_SPEC;
+use super::failure::{Failure, ended_by};
 use super::observed::PodView;
 
 /// Restart backoff before attempt `restarts + 1`: backoff * 2^(restarts-1), capped.
@@ -45,7 +45,7 @@ impl<'a, 'o> Decider<'a, 'o> {
     pub(super) fn invalid_spec_changed(&self) -> bool {
         self.o.status.condition(condition::FAILED).is_some_and(|c| {
             c.status == "True"
-                && c.reason == INVALID_SPEC
+                && c.reason == reason::INVALID_SPEC
                 && c.observed_generation != self.o.generation
         })
     }
@@ -62,7 +62,7 @@ impl<'a, 'o> Decider<'a, 'o> {
         self.set_condition(
             condition::FAILED,
             false,
-            "SpecChanged",
+            reason::SPEC_CHANGED,
             format!("generation {generation} of the spec is tried"),
         );
     }
@@ -71,20 +71,25 @@ impl<'a, 'o> Decider<'a, 'o> {
         self.end_attempt_progress();
         if self.status.phase != Phase::Suspended {
             let from = self.status.phase;
-            let failure = self.job_failure("Suspended", String::new());
+            let failure = self.job_failure(reason::SUSPENDED, String::new());
             self.record_end(EndCause::Stopped, &failure);
             self.status.phase = Phase::Suspended;
             self.set_condition(
                 condition::SUSPENDED,
                 true,
-                "Suspended",
+                reason::SUSPENDED,
                 "spec.suspend is true".into(),
             );
-            self.clear_running("Suspended");
-            self.set_condition(condition::RESTARTING, false, "Suspended", String::new());
+            self.clear_running(reason::SUSPENDED);
+            self.set_condition(
+                condition::RESTARTING,
+                false,
+                reason::SUSPENDED,
+                String::new(),
+            );
             self.event(
                 false,
-                "Suspended",
+                reason::SUSPENDED,
                 format!(
                     "suspended in phase {from}: pods of attempt {} are deleted",
                     self.status.attempt
@@ -104,12 +109,12 @@ impl<'a, 'o> Decider<'a, 'o> {
         self.set_condition(
             condition::SUSPENDED,
             false,
-            "Resumed",
+            reason::RESUMED,
             "spec.suspend is false".into(),
         );
         self.event(
             false,
-            "Resumed",
+            reason::RESUMED,
             format!(
                 "resumed: attempt {} starts from the latest checkpoint",
                 self.status.attempt
@@ -130,8 +135,8 @@ impl<'a, 'o> Decider<'a, 'o> {
             return false;
         }
         let message = format!("activeDeadlineSeconds {deadline} passed");
-        let failure = self.job_failure("DeadlineExceeded", message);
-        self.fail(failure, "DeadlineExceeded", "Failed");
+        let failure = self.job_failure(reason::DEADLINE_EXCEEDED, message);
+        self.fail(failure, reason::DEADLINE_EXCEEDED, reason::FAILED);
         true
     }
 
@@ -155,7 +160,7 @@ impl<'a, 'o> Decider<'a, 'o> {
         self.set_condition(
             condition::RESTARTING,
             false,
-            "Relaunched",
+            reason::RELAUNCHED,
             format!("attempt {} launched", self.status.attempt),
         );
         true
@@ -168,7 +173,7 @@ impl<'a, 'o> Decider<'a, 'o> {
             .status
             .last_failure
             .as_ref()
-            .is_some_and(|f| f.attempt == self.status.attempt && f.reason == DISRUPTED);
+            .is_some_and(|f| f.attempt == self.status.attempt && f.reason == reason::DISRUPTED);
         let restarts = if disrupted { 1 } else { self.status.restarts };
         backoff(self.o.spec, restarts)
     }
@@ -176,12 +181,12 @@ impl<'a, 'o> Decider<'a, 'o> {
     /// The attempt is over: a permanent failure fails the job, anything else restarts it.
     pub(super) fn end_attempt(&mut self, failure: Failure) {
         if failure.permanent {
-            self.event(true, "RankFailed", failure.describe());
+            self.event(true, reason::RANK_FAILED, failure.describe());
             let reason = match failure.info.reason.as_str() {
-                "PermanentExitCode" => "PermanentFailure".to_string(),
+                reason::PERMANENT_EXIT_CODE => reason::PERMANENT_FAILURE.to_string(),
                 other => other.to_string(),
             };
-            self.fail(failure, &reason, "Failed");
+            self.fail(failure, &reason, reason::FAILED);
         } else {
             self.restart_or_fail(failure);
         }
@@ -194,7 +199,7 @@ impl<'a, 'o> Decider<'a, 'o> {
         if let Some(r) = self.status.recovery.as_mut() {
             r.end(AttemptEnd {
                 cause: EndCause::Succeeded,
-                reason: "Succeeded".into(),
+                reason: reason::SUCCEEDED.into(),
                 rank: None,
                 exit_code: Some(0),
                 node: None,
@@ -204,7 +209,7 @@ impl<'a, 'o> Decider<'a, 'o> {
         }
         self.status.phase = Phase::Succeeded;
         self.status.completion_time = Some(Time(self.now()));
-        self.clear_running("Succeeded");
+        self.clear_running(reason::SUCCEEDED);
         let step = self
             .status
             .progress
@@ -214,12 +219,12 @@ impl<'a, 'o> Decider<'a, 'o> {
         self.set_condition(
             condition::SUCCEEDED,
             true,
-            "AllRanksSucceeded",
+            reason::ALL_RANKS_SUCCEEDED,
             format!("all {replicas} pods of attempt {attempt} exited 0{step}"),
         );
         self.event(
             false,
-            "Succeeded",
+            reason::SUCCEEDED,
             format!("training finished: all {replicas} pods exited 0{step}"),
         );
         self.finished();
@@ -232,16 +237,16 @@ impl<'a, 'o> Decider<'a, 'o> {
         self.event(
             true,
             if failure.disruption {
-                "Disrupted"
+                reason::DISRUPTED
             } else {
-                "RankFailed"
+                reason::RANK_FAILED
             },
             describe.clone(),
         );
         if !failure.disruption && self.status.restarts >= max {
             let mut failure = failure;
             failure.info.message = format!("maxRestarts {max} reached; last failure: {describe}");
-            self.fail(failure, "MaxRestartsReached", "Failed");
+            self.fail(failure, reason::MAX_RESTARTS_REACHED, reason::FAILED);
             return;
         }
         if !failure.disruption {
@@ -279,7 +284,7 @@ impl<'a, 'o> Decider<'a, 'o> {
                 wait.as_secs()
             )
         };
-        self.event(true, "Restarting", note);
+        self.event(true, reason::RESTARTING, note);
         self.requeue_in(wait);
     }
 

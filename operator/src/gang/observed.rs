@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use ferrotrain_api::Progress;
 use ferrotrain_api::crd::{DistributedTrainingSpec, DistributedTrainingStatus};
+use ferrotrain_api::reason;
 use k8s_openapi::jiff::Timestamp;
 
 /// What the trainer container of a pod is doing.
@@ -111,12 +112,12 @@ impl WaitCause {
     /// The condition and event reason.
     pub fn reason(self) -> &'static str {
         match self {
-            WaitCause::InvalidImageName => "InvalidImageName",
-            WaitCause::ImagePull => "ImagePullBackOff",
-            WaitCause::ContainerConfig => "CreateContainerConfigError",
-            WaitCause::Unschedulable => "Unschedulable",
-            WaitCause::ContainerError => "ContainerError",
-            WaitCause::Creating => "ContainerCreating",
+            WaitCause::InvalidImageName => reason::INVALID_IMAGE_NAME,
+            WaitCause::ImagePull => reason::IMAGE_PULL_BACK_OFF,
+            WaitCause::ContainerConfig => reason::CREATE_CONTAINER_CONFIG_ERROR,
+            WaitCause::Unschedulable => reason::UNSCHEDULABLE,
+            WaitCause::ContainerError => reason::CONTAINER_ERROR,
+            WaitCause::Creating => reason::CONTAINER_CREATING,
         }
     }
 

@@ -2,6 +2,7 @@
 //! condition ProgressAvailable, and stall detection.
 
 use ferrotrain_api::crd::{TrainingProgress, condition};
+use ferrotrain_api::reason;
 use ferrotrain_api::recovery::StepReport;
 use ferrotrain_api::{Progress, TrainerPhase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -46,7 +47,12 @@ impl<'a, 'o> Decider<'a, 'o> {
                 r.report(StepReport::of(report), now);
             }
             if self.status.is_true(condition::STALLED) {
-                self.set_condition(condition::STALLED, false, "ProgressResumed", String::new());
+                self.set_condition(
+                    condition::STALLED,
+                    false,
+                    reason::PROGRESS_RESUMED,
+                    String::new(),
+                );
             }
         }
     }
@@ -60,12 +66,16 @@ impl<'a, 'o> Decider<'a, 'o> {
         if was.as_deref() != Some("True") {
             // After a blip (Unknown) nothing is news; after False it is.
             if was.as_deref() == Some("False") {
-                self.event(false, "ProgressAvailable", "rank 0 serves /progress".into());
+                self.event(
+                    false,
+                    reason::PROGRESS_AVAILABLE,
+                    "rank 0 serves /progress".into(),
+                );
             }
             self.set_condition(
                 condition::PROGRESS_AVAILABLE,
                 true,
-                "Reported",
+                reason::REPORTED,
                 "rank 0 serves /progress".into(),
             );
         }
@@ -88,9 +98,9 @@ impl<'a, 'o> Decider<'a, 'o> {
             let message = format!(
                 "rank 0 does not serve /progress ({why}); status.progress stays empty and stall detection is off"
             );
-            self.event(false, "ProgressUnavailable", message.clone());
+            self.event(false, reason::PROGRESS_UNAVAILABLE, message.clone());
             let c = condition::PROGRESS_AVAILABLE;
-            self.set_condition(c, false, "NoProgressEndpoint", message);
+            self.set_condition(c, false, reason::NO_PROGRESS_ENDPOINT, message);
             return;
         };
         match c.status.as_str() {
@@ -99,7 +109,7 @@ impl<'a, 'o> Decider<'a, 'o> {
                 self.set_condition_to(
                     condition::PROGRESS_AVAILABLE,
                     "Unknown",
-                    "PollFailed",
+                    reason::POLL_FAILED,
                     message,
                 );
                 self.requeue_in(grace);
@@ -115,9 +125,9 @@ impl<'a, 'o> Decider<'a, 'o> {
                     grace.as_secs(),
                     first_line(why)
                 );
-                self.event(true, "ProgressUnavailable", message.clone());
+                self.event(true, reason::PROGRESS_UNAVAILABLE, message.clone());
                 let c = condition::PROGRESS_AVAILABLE;
-                self.set_condition(c, false, "PollsFailing", message);
+                self.set_condition(c, false, reason::POLLS_FAILING, message);
                 self.end_attempt_progress();
             }
             _ => {}
@@ -150,9 +160,14 @@ impl<'a, 'o> Decider<'a, 'o> {
         }
         let step = self.status.progress.as_ref().map_or(0, |p| p.report.step);
         let message = format!("no progress for {timeout}s (step {step})");
-        self.set_condition(condition::STALLED, true, "NoProgress", message.clone());
-        self.event(true, "Stalled", message.clone());
-        let failure = self.job_failure("Stalled", message);
+        self.set_condition(
+            condition::STALLED,
+            true,
+            reason::NO_PROGRESS,
+            message.clone(),
+        );
+        self.event(true, reason::STALLED, message.clone());
+        let failure = self.job_failure(reason::STALLED, message);
         self.restart_or_fail(failure);
     }
 

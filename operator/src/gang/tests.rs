@@ -6,7 +6,7 @@ use ferrotrain_api::crd::{
     DistributedTrainingSpec, DistributedTrainingStatus, Phase, RestartPolicy, TrainingProgress,
     condition,
 };
-use ferrotrain_api::{Progress, TrainerPhase};
+use ferrotrain_api::{Progress, TrainerPhase, reason};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
@@ -838,7 +838,7 @@ fn rows() -> Vec<Row> {
 /// Failed at generation 1 for an invalid spec, at attempt `attempt`.
 fn invalid_spec_failed(attempt: i32) -> DistributedTrainingStatus {
     let mut failed = cond(condition::FAILED, true, 50);
-    failed.reason = INVALID_SPEC.into();
+    failed.reason = reason::INVALID_SPEC.into();
     failed.message = "InvalidSpec: no pods created: spec.trainer.data.train: required".into();
     DistributedTrainingStatus {
         completion_time: Some(Time(t(50))),
