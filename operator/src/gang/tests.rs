@@ -8,166 +8,13 @@ use ferrotrain_api::crd::{
 };
 use ferrotrain_api::{Progress, TrainerPhase, reason};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use k8s_openapi::jiff::Timestamp;
 
 use super::*;
+use crate::fixtures::{
+    NAME, NO_FIT, PULL, cond, deleting, disrupted, exited, node_lost, pending, pod_view, report,
+    restarting_status, running, running_status, spec, starting_status, status, stuck, t,
+};
 use crate::report;
-
-const JOB: &str = "mt";
-
-/// T0 + `s` seconds.
-fn t(s: i64) -> Timestamp {
-    Timestamp::from_second(1_750_000_000 + s).unwrap()
-}
-
-fn spec() -> DistributedTrainingSpec {
-    serde_json::from_value(serde_json::json!({
-        "replicas": 2,
-        "trainer": {"task": "copy", "maxSteps": 1000},
-    }))
-    .unwrap()
-}
-
-fn pod(attempt: i32, rank: i32, state: PodState) -> PodView {
-    PodView {
-        name: crate::labels::pod_name(JOB, attempt, rank),
-        attempt,
-        node_rank: rank,
-        running_since: matches!(state, PodState::Running).then(|| t(0)),
-        state,
-        deleting_since: None,
-        node_lost_since: None,
-        node: Some(format!("node-{rank}")),
-        uid: Some(format!("uid-{attempt}-{rank}")),
-        created: Some(t(0)),
-        waiting: None,
-        disruption: None,
-        final_report: None,
-    }
-}
-
-fn running(attempt: i32, rank: i32) -> PodView {
-    pod(attempt, rank, PodState::Running)
-}
-
-fn pending(attempt: i32, rank: i32) -> PodView {
-    pod(attempt, rank, PodState::Pending)
-}
-
-fn exited(attempt: i32, rank: i32, code: i32, message: &str, at: i64) -> PodView {
-    pod(
-        attempt,
-        rank,
-        if code == 0 {
-            PodState::Succeeded
-        } else {
-            PodState::Failed(Termination {
-                exit_code: Some(code),
-                reason: "Error".into(),
-                message: message.into(),
-                finished_at: Some(t(at)),
-            })
-        },
-    )
-}
-
-/// A pending pod that says why it waits.
-fn stuck(attempt: i32, rank: i32, reason: &str, message: &str) -> PodView {
-    let mut p = pending(attempt, rank);
-    let cause = if reason == "Unschedulable" {
-        WaitCause::Unschedulable
-    } else {
-        WaitCause::of_container_reason(reason)
-    };
-    p.waiting = Some(Waiting {
-        cause,
-        reason: reason.into(),
-        message: message.into(),
-    });
-    p
-}
-
-fn disrupted(mut p: PodView, reason: &str) -> PodView {
-    p.disruption = Some(Disruption {
-        reason: reason.into(),
-        message: String::new(),
-    });
-    p
-}
-
-fn starting_status(attempt: i32, restarts: i32) -> DistributedTrainingStatus {
-    status(
-        Phase::Starting,
-        attempt,
-        restarts,
-        vec![cond(condition::CREATED, true, 0)],
-    )
-}
-
-const PULL: &str = "Back-off pulling image \"registry.example/ferrotrain:nope\"";
-const NO_FIT: &str = "0/2 nodes are available: 1 Insufficient cpu, 1 node(s) had untolerated taint(s). preemption: 0/2 nodes are available: 2 No preemption victims found for incoming pod.";
-
-fn deleting(mut p: PodView, since: i64) -> PodView {
-    p.deleting_since = Some(t(since));
-    p
-}
-
-fn node_lost(mut p: PodView, since: i64) -> PodView {
-    p.node_lost_since = Some(t(since));
-    p
-}
-
-fn cond(type_: &str, status: bool, since: i64) -> Condition {
-    Condition {
-        type_: type_.into(),
-        status: if status { "True" } else { "False" }.into(),
-        reason: "Test".into(),
-        message: String::new(),
-        last_transition_time: Time(t(since)),
-        observed_generation: Some(1),
-    }
-}
-
-fn status(
-    phase: Phase,
-    attempt: i32,
-    restarts: i32,
-    conditions: Vec<Condition>,
-) -> DistributedTrainingStatus {
-    DistributedTrainingStatus {
-        phase,
-        attempt,
-        restarts,
-        start_time: (phase != Phase::Pending || attempt > 0).then(|| Time(t(0))),
-        conditions,
-        observed_generation: Some(1),
-        ..DistributedTrainingStatus::default()
-    }
-}
-
-fn running_status(attempt: i32, restarts: i32) -> DistributedTrainingStatus {
-    status(
-        Phase::Running,
-        attempt,
-        restarts,
-        vec![
-            cond(condition::CREATED, true, 0),
-            cond(condition::RUNNING, true, 10),
-        ],
-    )
-}
-
-fn report(step: u64, loss: f64) -> Progress {
-    Progress {
-        step,
-        total_steps: 1000,
-        steps_per_second: Some(2.0),
-        loss: Some(loss),
-        // The trainer owns the ETA (the operator does not estimate it from the rate).
-        eta_seconds: Some((1000 - step.min(1000)) as f64 / 2.0),
-        ..Progress::default()
-    }
-}
 
 /// One situation and what must come out of it.
 struct Row {
@@ -215,7 +62,7 @@ fn run(row: &Row) -> Decision {
     let timing = Timing::default();
     decide(&Observed {
         now: t(row.now),
-        job: JOB,
+        job: NAME,
         generation: Some(row.generation),
         spec: &s,
         status: &row.status,
@@ -227,7 +74,7 @@ fn run(row: &Row) -> Decision {
 }
 
 fn del(attempt: i32, rank: i32) -> Action {
-    Action::DeletePod(crate::labels::pod_name(JOB, attempt, rank))
+    Action::DeletePod(crate::labels::pod_name(NAME, attempt, rank))
 }
 
 fn launch(attempt: i32, ranks: &[i32]) -> Action {
@@ -377,7 +224,7 @@ fn rows() -> Vec<Row> {
             ],
             phase: Phase::Restarting,
             restarts: 1,
-            actions: vec![Action::ForceDeletePod(crate::labels::pod_name(JOB, 0, 1))],
+            actions: vec![Action::ForceDeletePod(crate::labels::pod_name(NAME, 0, 1))],
             events: vec!["ForceDeleted"],
             requeue: Some(5),
             ..Row::default()
@@ -784,7 +631,7 @@ fn rows() -> Vec<Row> {
             pods: vec![
                 running(0, 0),
                 disrupted(
-                    pod(
+                    pod_view(
                         0,
                         1,
                         PodState::Failed(Termination {
@@ -1746,18 +1593,6 @@ fn a_refused_pod_create_is_shown_once_then_fails_the_job_at_the_startup_timeout(
     assert_eq!(d.actions, vec![del(0, 0)]);
 }
 
-fn restarting_status(attempt: i32, restarts: i32, since: i64) -> DistributedTrainingStatus {
-    status(
-        Phase::Restarting,
-        attempt,
-        restarts,
-        vec![
-            cond(condition::CREATED, true, 0),
-            cond(condition::RESTARTING, true, since),
-        ],
-    )
-}
-
 fn created_message(d: &Decision) -> String {
     let c = d.status.condition(condition::CREATED).unwrap();
     format!("{} {}: {}", c.status, c.reason, c.message)
@@ -1832,7 +1667,7 @@ fn a_pod_stuck_terminating_on_a_lost_node_is_force_deleted_and_then_the_launch_g
     });
     assert_eq!(
         d.actions,
-        [Action::ForceDeletePod(crate::labels::pod_name(JOB, 0, 0))]
+        [Action::ForceDeletePod(crate::labels::pod_name(NAME, 0, 0))]
     );
     assert_eq!(d.events[0].reason, "ForceDeleted");
     assert!(created_message(&d).contains("waiting for 1 pod of attempt 0"));
