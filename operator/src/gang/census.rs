@@ -208,3 +208,7 @@ impl<'a, 'o> Decider<'a, 'o> {
             })
     }
 }
+
+// The table of every decision (`gang::tests`) runs these tests' rows too.
+#[cfg(test)]
+pub(super) mod tests;

@@ -177,3 +177,6 @@ impl<'a, 'o> Decider<'a, 'o> {
         );
     }
 }
+
+#[cfg(test)]
+mod tests;

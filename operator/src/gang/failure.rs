@@ -165,3 +165,7 @@ impl<'a, 'o> Decider<'a, 'o> {
         f
     }
 }
+
+// The table of every decision (`gang::tests`) runs these tests' rows too.
+#[cfg(test)]
+pub(super) mod tests;

@@ -331,3 +331,7 @@ impl<'a, 'o> Decider<'a, 'o> {
         self.status.recovery.get_or_insert_with(Recovery::default)
     }
 }
+
+// The table of every decision (`gang::tests`) runs these tests' rows too.
+#[cfg(test)]
+pub(super) mod tests;

@@ -201,3 +201,6 @@ impl<'a, 'o> Decider<'a, 'o> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
