@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingStatus, Phase, condition};
+use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingStatus, Phase};
 use ferrotrain_api::reason;
 use ferrotrain_api::recovery::EndCause;
 use futures::StreamExt;
@@ -272,26 +272,7 @@ pub fn name_conflict(
     now: Timestamp,
     generation: Option<i64>,
 ) -> (DistributedTrainingStatus, Option<gang::EventNote>) {
-    let mut status = status.clone();
-    let message = format!("attempt {}: {message}", status.attempt);
-    let known = status.condition(condition::CREATED).is_some_and(|c| {
-        c.status == "False" && c.reason == reason::NAME_CONFLICT && c.message == message
-    });
-    gang::set_condition(
-        &mut status.conditions,
-        condition::CREATED,
-        false,
-        reason::NAME_CONFLICT,
-        message.clone(),
-        now,
-        generation,
-    );
-    let event = (!known).then_some(gang::EventNote {
-        warning: true,
-        reason: reason::NAME_CONFLICT,
-        note: message,
-    });
-    (status, event)
+    gang::launch_stopped(status, reason::NAME_CONFLICT, message, now, generation)
 }
 
 /// The job's pods: labelled with its name and controlled by this very object (a re-created

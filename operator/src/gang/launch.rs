@@ -14,34 +14,54 @@ use super::decider::{Decider, first_line};
 use super::decision::{Action, EventNote};
 
 /// The API refused to create a pod of the attempt (a ResourceQuota, a LimitRange, an admission
-/// webhook): for the controller to call when a Launch fails with such an error, and to write
-/// the status and publish the event it returns. Condition Created turns False with the API's
-/// message; the event is returned once per message (not on every retry of the launch). The
-/// decision after it retries the launch and, past `spec.startupTimeoutSeconds`, fails the job.
+/// webhook): for the controller to call when a Launch fails with such an error. Condition
+/// Created turns False with the API's message ([`launch_stopped`]). The decision after it
+/// retries the launch and, past `spec.startupTimeoutSeconds`, fails the job.
 pub fn launch_refused(
     status: &DistributedTrainingStatus,
     error: &str,
     now: Timestamp,
     generation: Option<i64>,
 ) -> (DistributedTrainingStatus, Option<EventNote>) {
+    let message = first_line(error);
+    launch_stopped(
+        status,
+        reason::POD_CREATE_REFUSED,
+        &message,
+        now,
+        generation,
+    )
+}
+
+/// A launch the cluster stopped before the attempt's pods all exist (the API refused one, or a
+/// name is taken): condition Created turns False with `reason` and `message`, and the Warning
+/// event saying so is returned once per message, not on every retry of the launch. The
+/// controller writes the status and publishes the event.
+pub fn launch_stopped(
+    status: &DistributedTrainingStatus,
+    reason: &'static str,
+    message: &str,
+    now: Timestamp,
+    generation: Option<i64>,
+) -> (DistributedTrainingStatus, Option<EventNote>) {
     let mut status = status.clone();
-    let message = format!("attempt {}: {}", status.attempt, first_line(error));
-    let known = status.condition(condition::CREATED).is_some_and(|c| {
-        c.status == "False" && c.reason == reason::POD_CREATE_REFUSED && c.message == message
-    });
+    let message = format!("attempt {}: {message}", status.attempt);
+    let known = status
+        .condition(condition::CREATED)
+        .is_some_and(|c| c.status == "False" && c.reason == reason && c.message == message);
     let c = condition::CREATED;
     set_condition(
         &mut status.conditions,
         c,
         false,
-        reason::POD_CREATE_REFUSED,
+        reason,
         message.clone(),
         now,
         generation,
     );
     let event = (!known).then_some(EventNote {
         warning: true,
-        reason: reason::POD_CREATE_REFUSED,
+        reason,
         note: message,
     });
     (status, event)

@@ -34,7 +34,7 @@ mod progress;
 
 pub use conditions::{set_condition, set_condition_to};
 pub use decision::{Action, Decision, EventNote};
-pub use launch::{launch_refused, launcher_stop_grace_seconds, save_grace_seconds};
+pub use launch::{launch_refused, launch_stopped, launcher_stop_grace_seconds, save_grace_seconds};
 pub use lifecycle::backoff;
 pub use observed::{
     Disruption, Observed, PodState, PodView, ProgressObservation, Termination, Timing, WaitCause,
