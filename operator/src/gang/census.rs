@@ -145,6 +145,7 @@ impl<'a, 'o> Decider<'a, 'o> {
         }
     }
 
+    /// status.replicas, runningReplicas and succeededReplicas: the current attempt's pods.
     pub(super) fn count_replicas(&mut self) {
         let replicas = self.o.spec.replicas.max(1);
         let pods: Vec<&PodView> = self

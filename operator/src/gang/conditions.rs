@@ -64,6 +64,7 @@ pub fn set_condition_to(
 }
 
 impl<'a, 'o> Decider<'a, 'o> {
+    /// Sets condition `type_` True or False at this decision's time and generation.
     pub(super) fn set_condition(
         &mut self,
         type_: &str,
@@ -94,12 +95,15 @@ impl<'a, 'o> Decider<'a, 'o> {
         );
     }
 
+    /// Running turns False with `reason` (when the job has a Running condition at all).
     pub(super) fn clear_running(&mut self, reason: &str) {
         if self.status.condition(condition::RUNNING).is_some() {
             self.set_condition(condition::RUNNING, false, reason, String::new());
         }
     }
 
+    /// Every pod of the attempt runs: phase Running, Running=True, a Normal event, and the
+    /// ledger's clock of the attempt (once; nothing while it stays so).
     pub(super) fn all_running(&mut self) {
         if self.status.phase == Phase::Running {
             return;

@@ -21,6 +21,7 @@ pub(super) struct Decider<'a, 'o> {
 }
 
 impl<'a, 'o> Decider<'a, 'o> {
+    /// Starts from the observed status, at the observed generation.
     pub(super) fn new(o: &'a Observed<'o>) -> Self {
         let mut status = o.status.clone();
         status.observed_generation = o.generation;
@@ -95,20 +96,24 @@ impl<'a, 'o> Decider<'a, 'o> {
         self.evaluate();
     }
 
+    /// The time of the decision (every step reads this one, never a clock).
     pub(super) fn now(&self) -> Timestamp {
         self.o.now
     }
 
+    /// Look again within `after` (at least 1 s); the earliest of all the steps' asks wins.
     pub(super) fn requeue_in(&mut self, after: Duration) {
         let after = after.max(Duration::from_secs(1));
         self.requeue = Some(self.requeue.map_or(after, |r| r.min(after)));
     }
 
+    /// Look again at `at`.
     pub(super) fn requeue_at(&mut self, at: Timestamp) {
         let left = at.duration_since(self.now());
         self.requeue_in(Duration::try_from(left).unwrap_or(Duration::ZERO));
     }
 
+    /// Publish an event (Warning or Normal) with one of [`ferrotrain_api::reason`]'s reasons.
     pub(super) fn event(&mut self, warning: bool, reason: &'static str, note: String) {
         self.events.push(EventNote {
             warning,
@@ -117,6 +122,7 @@ impl<'a, 'o> Decider<'a, 'o> {
         });
     }
 
+    /// The pods of the current attempt.
     pub(super) fn current_pods(&self) -> impl Iterator<Item = &'o PodView> + '_ {
         let attempt = self.status.attempt;
         self.o.pods.iter().filter(move |p| p.attempt == attempt)

@@ -29,6 +29,7 @@ pub(super) struct Failure {
 }
 
 impl Failure {
+    /// What users read (conditions, events): `rank 1 (pod mt-0-1) exited with code 3: ...`.
     pub(super) fn describe(&self) -> String {
         let i = &self.info;
         let who = match (&i.pod, i.node_rank) {

@@ -25,6 +25,8 @@ pub fn backoff(spec: &DistributedTrainingSpec, restarts: i32) -> Duration {
 }
 
 impl<'a, 'o> Decider<'a, 'o> {
+    /// Succeeded or Failed: the attempt's pods that still run are deleted (terminated ones
+    /// stay for their logs), and past ttlSecondsAfterFinished the job itself.
     pub(super) fn finished(&mut self) {
         self.stop_current_pods();
         if let (Some(ttl), Some(done)) = (
@@ -67,6 +69,8 @@ impl<'a, 'o> Decider<'a, 'o> {
         );
     }
 
+    /// spec.suspend: the attempt ends (in the ledger, not as a failure), phase Suspended, and
+    /// its pods are deleted; once, then quietly.
     pub(super) fn suspend(&mut self) {
         self.end_attempt_progress();
         if self.status.phase != Phase::Suspended {
@@ -99,6 +103,8 @@ impl<'a, 'o> Decider<'a, 'o> {
         self.stop_current_pods();
     }
 
+    /// spec.suspend is false again: Pending, a new attempt if one was launched before, and the
+    /// deadline's clock restarts.
     pub(super) fn resume(&mut self) {
         let launched_before = self.status.condition(condition::CREATED).is_some();
         if launched_before {
@@ -122,6 +128,8 @@ impl<'a, 'o> Decider<'a, 'o> {
         );
     }
 
+    /// activeDeadlineSeconds since startTime: true (and the job Failed) once it passed, else
+    /// a requeue at it.
     pub(super) fn deadline_passed(&mut self) -> bool {
         let (Some(deadline), Some(start)) = (
             self.o.spec.active_deadline_seconds,
@@ -192,6 +200,8 @@ impl<'a, 'o> Decider<'a, 'o> {
         }
     }
 
+    /// Every rank exited 0: phase Succeeded, rank 0's final report in the status, the ledger's
+    /// last attempt closed.
     pub(super) fn succeed(&mut self, rank0: Option<&PodView>) {
         let (replicas, attempt) = (self.o.spec.replicas.max(1), self.status.attempt);
         self.final_progress(rank0);

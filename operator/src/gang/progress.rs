@@ -57,6 +57,7 @@ impl<'a, 'o> Decider<'a, 'o> {
         }
     }
 
+    /// Rank 0 answered: its report stored, ProgressAvailable True (an event only after False).
     fn progress_report(&mut self, report: &Progress) {
         self.store_report(report);
         let was = self
@@ -134,6 +135,8 @@ impl<'a, 'o> Decider<'a, 'o> {
         }
     }
 
+    /// No change of the report for stallTimeoutSeconds while ProgressAvailable is True: Stalled
+    /// and a gang restart.
     fn detect_stall(&mut self) {
         let timeout = self.o.spec.stall_timeout_seconds;
         if timeout <= 0 || !self.status.is_true(condition::PROGRESS_AVAILABLE) {
