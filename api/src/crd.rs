@@ -407,7 +407,8 @@ impl std::fmt::Display for Phase {
     }
 }
 
-/// Condition types the operator maintains in `status.conditions`.
+/// Condition types the operator maintains in `status.conditions`; their reasons are in
+/// [`crate::reason`] (docs/reasons.md).
 pub mod condition {
     /// The current attempt's pods were all created.
     pub const CREATED: &str = "Created";

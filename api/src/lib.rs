@@ -10,6 +10,7 @@ pub mod crd;
 pub mod env;
 pub mod exit;
 pub mod progress;
+pub mod reason;
 pub mod recovery;
 
 pub use config::{ConfigError, FieldError, ParallelFiles, Task, TrainerConfig};

@@ -253,7 +253,7 @@ pub struct StepReport {
 
 impl StepReport {
     /// The parts of rank 0's report the ledger uses.
-    pub fn of(p: &crate::Progress) -> Self {
+    pub fn of(p: &crate::progress::Progress) -> Self {
         StepReport {
             step: p.step,
             resumed_from_step: p.resumed_from_step,

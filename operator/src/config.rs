@@ -195,7 +195,14 @@ impl Default for Settings {
     }
 }
 
-/// The state machine's knobs are settings too.
+/// The state machine's knobs are settings too: their defaults are the operator's
+/// ([`defaults`], their one home), so the state machine reads no configuration itself.
+impl Default for Timing {
+    fn default() -> Self {
+        Timing::from(&Settings::default())
+    }
+}
+
 impl From<&Settings> for Timing {
     fn from(s: &Settings) -> Self {
         Timing {

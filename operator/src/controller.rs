@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingStatus, Phase, condition};
+use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingStatus, Phase};
+use ferrotrain_api::reason;
 use ferrotrain_api::recovery::EndCause;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -198,7 +199,7 @@ async fn carry_out(
     if let Some(stopped) = launch_all(ctx, dt, owner, &decision.status, &launches, now).await? {
         if stopped.nothing_created {
             // "creating N pods" would not be true.
-            events.retain(|e| e.reason != "Created");
+            events.retain(|e| e.reason != reason::CREATED);
         }
         events.extend(stopped.note);
         requeue = Some(REFUSED_RETRY);
@@ -216,10 +217,6 @@ async fn carry_out(
 /// How soon a launch the API refused (quota, LimitRange, webhook) or a name conflict stopped
 /// is tried again.
 const REFUSED_RETRY: Duration = Duration::from_secs(30);
-
-/// Created condition reason and event reason when an object of one of the gang's names exists
-/// and this job does not control it.
-pub const NAME_CONFLICT: &str = "NameConflict";
 
 /// A launch that stopped: the event to publish (None when this was already reported).
 struct Stopped {
@@ -267,7 +264,7 @@ async fn launch_all(
     Ok(None)
 }
 
-/// Condition Created turns False with reason [`NAME_CONFLICT`] and the message naming the
+/// Condition Created turns False with reason [`reason::NAME_CONFLICT`] and the message naming the
 /// object; the Warning event is returned once per message, not on every retry.
 pub fn name_conflict(
     status: &DistributedTrainingStatus,
@@ -275,26 +272,7 @@ pub fn name_conflict(
     now: Timestamp,
     generation: Option<i64>,
 ) -> (DistributedTrainingStatus, Option<gang::EventNote>) {
-    let mut status = status.clone();
-    let message = format!("attempt {}: {message}", status.attempt);
-    let known = status
-        .condition(condition::CREATED)
-        .is_some_and(|c| c.status == "False" && c.reason == NAME_CONFLICT && c.message == message);
-    gang::set_condition(
-        &mut status.conditions,
-        condition::CREATED,
-        false,
-        NAME_CONFLICT,
-        message.clone(),
-        now,
-        generation,
-    );
-    let event = (!known).then_some(gang::EventNote {
-        warning: true,
-        reason: NAME_CONFLICT,
-        note: message,
-    });
-    (status, event)
+    gang::launch_stopped(status, reason::NAME_CONFLICT, message, now, generation)
 }
 
 /// The job's pods: labelled with its name and controlled by this very object (a re-created

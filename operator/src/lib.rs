@@ -15,6 +15,8 @@ pub mod config;
 pub mod context;
 pub mod controller;
 pub mod error;
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub mod gang;
 pub mod labels;
 pub mod lease;

@@ -248,43 +248,12 @@ pub fn spec_problems(spec: &DistributedTrainingSpec) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::{PodExt, api_pod};
     use k8s_openapi::api::core::v1::{
         ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
-        ContainerStatus, NodeCondition, NodeStatus, PersistentVolumeClaimVolumeSource,
-        PodCondition, PodSpec, PodStatus, Volume,
+        NodeCondition, NodeStatus, PersistentVolumeClaimVolumeSource, PodCondition, Volume,
     };
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-
-    fn pod(state: Option<ContainerState>, phase: &str, node: Option<&str>) -> Pod {
-        Pod {
-            metadata: ObjectMeta {
-                name: Some("job-2-1".into()),
-                labels: Some(
-                    [
-                        (labels::ATTEMPT.to_string(), "2".to_string()),
-                        (labels::NODE_RANK.to_string(), "1".to_string()),
-                    ]
-                    .into(),
-                ),
-                ..ObjectMeta::default()
-            },
-            spec: Some(PodSpec {
-                node_name: node.map(str::to_string),
-                ..PodSpec::default()
-            }),
-            status: Some(PodStatus {
-                phase: Some(phase.into()),
-                container_statuses: state.map(|s| {
-                    vec![ContainerStatus {
-                        name: labels::TRAINER_CONTAINER.into(),
-                        state: Some(s),
-                        ..ContainerStatus::default()
-                    }]
-                }),
-                ..PodStatus::default()
-            }),
-        }
-    }
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn ts(s: &str) -> Timestamp {
         s.parse().unwrap()
@@ -314,7 +283,11 @@ mod tests {
             ..ContainerState::default()
         };
         let healthy = node("True", "2025-01-01T00:00:00Z");
-        let v = pod_view(&pod(Some(running), "Running", Some("n1")), Some(&healthy)).unwrap();
+        let v = pod_view(
+            &api_pod(2, 1).with_trainer(running).on_node("n1"),
+            Some(&healthy),
+        )
+        .unwrap();
         assert_eq!((v.attempt, v.node_rank), (2, 1));
         assert_eq!(v.state, PodState::Running);
         assert_eq!(v.running_since, Some(ts("2025-01-01T00:00:10Z")));
@@ -333,7 +306,7 @@ mod tests {
             }),
             ..ContainerState::default()
         };
-        let v = pod_view(&pod(Some(terminated), "Failed", None), None).unwrap();
+        let v = pod_view(&api_pod(2, 1).with_trainer(terminated), None).unwrap();
         assert_eq!(
             v.state,
             PodState::Failed(Termination {
@@ -363,19 +336,19 @@ mod tests {
             ..Progress::default()
         };
         let message = report.to_termination_message();
-        let v = pod_view(&pod(Some(exited(0, &message)), "Succeeded", None), None).unwrap();
+        let v = pod_view(&api_pod(2, 1).with_trainer(exited(0, &message)), None).unwrap();
         assert_eq!(v.state, PodState::Succeeded);
         assert_eq!(v.final_report.as_deref(), Some(&report));
         // A failure's message is a reason, and a success without a report has none.
-        let v = pod_view(&pod(Some(exited(1, &message)), "Failed", None), None).unwrap();
+        let v = pod_view(&api_pod(2, 1).with_trainer(exited(1, &message)), None).unwrap();
         assert_eq!(v.final_report, None);
-        let v = pod_view(&pod(Some(exited(0, "done")), "Succeeded", None), None).unwrap();
+        let v = pod_view(&api_pod(2, 1).with_trainer(exited(0, "done")), None).unwrap();
         assert_eq!(v.final_report, None);
     }
 
     #[test]
     fn evicted_pod_fails_without_exit_code() {
-        let mut p = pod(None, "Failed", Some("n1"));
+        let mut p = api_pod(2, 1).in_phase("Failed").on_node("n1");
         let status = p.status.as_mut().unwrap();
         status.reason = Some("Evicted".into());
         status.message = Some("The node was low on resource: memory.".into());
@@ -389,7 +362,7 @@ mod tests {
 
     #[test]
     fn node_not_ready_or_gone_is_lost() {
-        let p = pod(None, "Running", Some("n1"));
+        let p = api_pod(2, 1).in_phase("Running").on_node("n1");
         let sick = node("Unknown", "2025-01-01T00:05:00Z");
         assert_eq!(
             pod_view(&p, Some(&sick)).unwrap().node_lost_since,
@@ -399,13 +372,13 @@ mod tests {
             pod_view(&p, None).unwrap().node_lost_since,
             Some(Timestamp::UNIX_EPOCH)
         );
-        let unscheduled = pod(None, "Pending", None);
+        let unscheduled = api_pod(2, 1);
         assert_eq!(pod_view(&unscheduled, None).unwrap().node_lost_since, None);
     }
 
     #[test]
     fn unlabelled_pod_is_ignored() {
-        let mut p = pod(None, "Running", None);
+        let mut p = api_pod(2, 1).in_phase("Running");
         p.metadata.labels = None;
         assert!(pod_view(&p, None).is_none());
     }
@@ -418,7 +391,7 @@ mod tests {
             }),
             ..ContainerState::default()
         };
-        pod(Some(state), "Pending", Some("n1"))
+        api_pod(2, 1).with_trainer(state).on_node("n1")
     }
 
     #[test]
@@ -448,7 +421,7 @@ mod tests {
 
     #[test]
     fn an_unscheduled_pod_waits_with_the_schedulers_message() {
-        let mut p = pod(None, "Pending", None);
+        let mut p = api_pod(2, 1);
         p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
             type_: "PodScheduled".into(),
             status: "False".into(),
@@ -486,13 +459,13 @@ mod tests {
             running: Some(ContainerStateRunning::default()),
             ..ContainerState::default()
         };
-        let v = pod_view(&pod(Some(running), "Running", Some("n1")), None).unwrap();
+        let v = pod_view(&api_pod(2, 1).with_trainer(running).on_node("n1"), None).unwrap();
         assert_eq!(v.waiting, None);
     }
 
     #[test]
     fn disruption_target_and_disrupted_failed_phases_are_disruptions() {
-        let mut p = pod(None, "Running", Some("n1"));
+        let mut p = api_pod(2, 1).in_phase("Running").on_node("n1");
         p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
             type_: "DisruptionTarget".into(),
             status: "True".into(),
@@ -509,12 +482,12 @@ mod tests {
         assert_eq!(pod_view(&p, None).unwrap().disruption, None);
 
         for reason in ["Evicted", "Preempting", "Terminated"] {
-            let mut p = pod(None, "Failed", Some("n1"));
+            let mut p = api_pod(2, 1).in_phase("Failed").on_node("n1");
             p.status.as_mut().unwrap().reason = Some(reason.into());
             let d = pod_view(&p, None).unwrap().disruption.unwrap();
             assert_eq!(d.reason, reason);
         }
-        let mut p = pod(None, "Failed", Some("n1"));
+        let mut p = api_pod(2, 1).in_phase("Failed").on_node("n1");
         p.status.as_mut().unwrap().reason = Some("DeadlineExceeded".into());
         assert_eq!(pod_view(&p, None).unwrap().disruption, None);
     }

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::fake_apiserver::FakeApiServer;
-use support::helm::{documents, find, repo_root, run};
+use support::helm::{documents, find, run};
+use support::repo_root;
 
 const RELEASE_NAMESPACE: &str = "ferrotrain-system";
 const JOBS_NAMESPACE: &str = "default";

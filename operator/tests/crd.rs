@@ -6,17 +6,11 @@
 //! kube-cel for the `x-kubernetes-validations` rules, with schema defaults applied first as
 //! the apiserver does. The e2e suite repeats the rejections against a real API server.
 
-use std::path::PathBuf;
+mod support;
 
 use ferrotrain_api::crd::{custom_resource_definition, custom_resource_definition_yaml};
 use serde_json::{Value, json};
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+use support::repo_root;
 
 #[test]
 fn committed_crds_match_the_generated_one() {

@@ -15,18 +15,12 @@
 //! Go's regexp), and a default's CEL rules by kube-cel, which applies nested defaults first
 //! (the API server validates a default as written).
 
-use std::path::PathBuf;
+mod support;
 
 use ferrotrain_api::crd::custom_resource_definition;
 use kube::core::cel::{ErrorKind, Validator, compile_schema};
 use serde_json::{Map, Value, json};
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+use support::repo_root;
 
 // ---------------------------------------------------------------------------------------
 // Field paths and errors as k8s.io/apimachinery/pkg/util/validation/field prints them.

@@ -10,7 +10,8 @@ mod support;
 use clap::CommandFactory;
 use ferrotrain_operator::config::Cli;
 use serde_json::Value;
-use support::helm::{documents, find, repo_root, run};
+use support::helm::{documents, find, run};
+use support::repo_root;
 
 fn chart_app_version() -> String {
     let chart: Value = serde_saphyr::from_str(

@@ -1,31 +1,12 @@
 //! The built objects: names, env contract, volumes, security context, resources.
 
 use super::*;
+use crate::fixtures::{JobExt, build_settings, job};
 use ferrotrain_api::TrainerConfig;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-fn job(spec: serde_json::Value) -> DistributedTraining {
-    let mut dt = DistributedTraining::new("mt", serde_json::from_value(spec).unwrap());
-    dt.metadata = ObjectMeta {
-        name: Some("mt".into()),
-        namespace: Some("ml".into()),
-        uid: Some("uid-1".into()),
-        ..ObjectMeta::default()
-    };
-    dt
-}
-
-fn settings() -> BuildSettings {
-    BuildSettings {
-        trainer_image: "registry.example/ferrotrain:1".into(),
-        master_port: 29500,
-        trainer_metrics_port: 9090,
-        termination_grace_seconds: 70,
-    }
-}
-
 fn gpu_job() -> DistributedTraining {
-    job(serde_json::json!({
+    job().with_spec(serde_json::json!({
         "replicas": 2,
         "gpusPerReplica": 4,
         "resources": {"limits": {"memory": "32Gi"}, "requests": {"cpu": "8"}},
@@ -70,7 +51,7 @@ fn env_of(pod: &Pod) -> Vec<(String, String)> {
 fn env_contract_of_a_gpu_pod() {
     let dt = gpu_job();
     let owner = Owner::of(&dt).unwrap();
-    let pod = pod(&owner, &dt.spec, 3, 1, &settings());
+    let pod = pod(&owner, &dt.spec, 3, 1, &build_settings());
     let env = env_of(&pod);
     let expected: Vec<(&str, &str)> = vec![
         ("MASTER_ADDR", "mt-3-0.mt.ml.svc"),
@@ -103,9 +84,10 @@ fn env_contract_of_a_gpu_pod() {
 
 #[test]
 fn cpu_pod_defaults_to_one_rank_and_no_gpu() {
-    let dt = job(serde_json::json!({"replicas": 3, "trainer": {"task": "copy", "maxSteps": 10}}));
+    let dt = job()
+        .with_spec(serde_json::json!({"replicas": 3, "trainer": {"task": "copy", "maxSteps": 10}}));
     let owner = Owner::of(&dt).unwrap();
-    let pod = pod(&owner, &dt.spec, 0, 2, &settings());
+    let pod = pod(&owner, &dt.spec, 0, 2, &build_settings());
     let env = env_of(&pod);
     let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
     assert_eq!(get("NPROC_PER_NODE").as_deref(), Some("1"));
@@ -125,7 +107,7 @@ fn cpu_pod_defaults_to_one_rank_and_no_gpu() {
 fn names_labels_and_owner() {
     let dt = gpu_job();
     let owner = Owner::of(&dt).unwrap();
-    let pod = pod(&owner, &dt.spec, 3, 1, &settings());
+    let pod = pod(&owner, &dt.spec, 3, 1, &build_settings());
     assert_eq!(pod.metadata.name.as_deref(), Some("mt-3-1"));
     assert_eq!(pod.metadata.namespace.as_deref(), Some("ml"));
     let spec = pod.spec.as_ref().unwrap();
@@ -159,7 +141,7 @@ fn names_labels_and_owner() {
     assert_eq!(spec.scheduler_name.as_deref(), Some("volcano"));
 
     for meta in [
-        service(&owner, &settings()).metadata,
+        service(&owner, &build_settings()).metadata,
         config_map(&owner, &dt.spec).unwrap().metadata,
         secret(&owner, "t").metadata,
     ] {
@@ -172,7 +154,7 @@ fn names_labels_and_owner() {
 fn volumes_and_mounts() {
     let dt = gpu_job();
     let owner = Owner::of(&dt).unwrap();
-    let pod = pod(&owner, &dt.spec, 0, 0, &settings());
+    let pod = pod(&owner, &dt.spec, 0, 0, &build_settings());
     let spec = pod.spec.as_ref().unwrap();
     let volumes = spec.volumes.as_ref().unwrap();
     let names: Vec<&str> = volumes.iter().map(|v| v.name.as_str()).collect();
@@ -346,9 +328,9 @@ fn only_the_node_rank_0_pod_mounts_the_checkpoint_volume_so_read_write_once_work
         ),
     ];
     for (what, spec, node_rank, at_path, volumes) in rows {
-        let dt = job(spec);
+        let dt = job().with_spec(spec);
         let owner = Owner::of(&dt).unwrap();
-        let pod = pod(&owner, &dt.spec, 0, node_rank, &settings());
+        let pod = pod(&owner, &dt.spec, 0, node_rank, &build_settings());
         let (name, source) = checkpoint_mount(&pod, "/checkpoints");
         assert_eq!((name.as_str(), source), at_path, "{what}");
         let (all, _) = volumes_of(&pod);
@@ -370,7 +352,7 @@ fn only_the_node_rank_0_pod_mounts_the_checkpoint_volume_so_read_write_once_work
 
 #[test]
 fn checkpoint_and_data_share_a_named_user_volume_at_their_own_paths() {
-    let dt = job(serde_json::json!({
+    let dt = job().with_spec(serde_json::json!({
         "replicas": 1,
         "trainer": {"task": "copy", "maxSteps": 10},
         "checkpoint": {"volumeName": "nfs", "mountPath": "/ckpt"},
@@ -378,7 +360,7 @@ fn checkpoint_and_data_share_a_named_user_volume_at_their_own_paths() {
         "podTemplate": {"volumes": [{"name": "nfs", "nfs": {"server": "10.0.0.1", "path": "/x"}}]}
     }));
     let owner = Owner::of(&dt).unwrap();
-    let pod = pod(&owner, &dt.spec, 0, 0, &settings());
+    let pod = pod(&owner, &dt.spec, 0, 0, &build_settings());
     let spec = pod.spec.unwrap();
     let names: Vec<String> = spec.volumes.unwrap().into_iter().map(|v| v.name).collect();
     assert_eq!(names, ["shm", "tmp", "trainer-config", "nfs"]);
@@ -395,14 +377,14 @@ fn checkpoint_and_data_share_a_named_user_volume_at_their_own_paths() {
 
 #[test]
 fn a_checkpoint_mount_path_applies_to_every_pod() {
-    let dt = job(serde_json::json!({
+    let dt = job().with_spec(serde_json::json!({
         "replicas": 3,
         "trainer": {"task": "copy", "maxSteps": 10},
         "checkpoint": {"claimName": "ckpt", "mountPath": "/ckpt"}
     }));
     let owner = Owner::of(&dt).unwrap();
     let sources: Vec<(String, &str)> = (0..3)
-        .map(|rank| checkpoint_mount(&pod(&owner, &dt.spec, 2, rank, &settings()), "/ckpt"))
+        .map(|rank| checkpoint_mount(&pod(&owner, &dt.spec, 2, rank, &build_settings()), "/ckpt"))
         .collect();
     assert_eq!(
         sources,
@@ -418,7 +400,7 @@ fn a_checkpoint_mount_path_applies_to_every_pod() {
 fn restricted_security_context() {
     let dt = gpu_job();
     let owner = Owner::of(&dt).unwrap();
-    let pod = pod(&owner, &dt.spec, 0, 0, &settings());
+    let pod = pod(&owner, &dt.spec, 0, 0, &build_settings());
     let spec = pod.spec.as_ref().unwrap();
     let psc = spec.security_context.as_ref().unwrap();
     assert_eq!(psc.run_as_non_root, Some(true));
@@ -445,7 +427,7 @@ fn restricted_security_context() {
 fn resources_carry_gpus() {
     let dt = gpu_job();
     let owner = Owner::of(&dt).unwrap();
-    let pod = pod(&owner, &dt.spec, 0, 0, &settings());
+    let pod = pod(&owner, &dt.spec, 0, 0, &build_settings());
     let r = pod.spec.unwrap().containers[0].resources.clone().unwrap();
     let limits = r.limits.unwrap();
     let requests = r.requests.unwrap();
@@ -459,7 +441,7 @@ fn resources_carry_gpus() {
 fn command_default_and_bring_your_own() {
     let dt = gpu_job();
     let owner = Owner::of(&dt).unwrap();
-    let c = pod(&owner, &dt.spec, 0, 0, &settings())
+    let c = pod(&owner, &dt.spec, 0, 0, &build_settings())
         .spec
         .unwrap()
         .containers[0]
@@ -477,14 +459,14 @@ fn command_default_and_bring_your_own() {
         Some("FallbackToLogsOnError")
     );
 
-    let byo = job(serde_json::json!({
+    let byo = job().with_spec(serde_json::json!({
         "replicas": 2,
         "image": "pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime",
         "command": ["torchrun"],
         "args": ["/workspace/train.py"],
     }));
     let owner = Owner::of(&byo).unwrap();
-    let p = pod(&owner, &byo.spec, 0, 0, &settings());
+    let p = pod(&owner, &byo.spec, 0, 0, &build_settings());
     let c = &p.spec.as_ref().unwrap().containers[0];
     assert_eq!(c.command.as_deref(), Some(&["torchrun".to_string()][..]));
     assert_eq!(
@@ -503,7 +485,7 @@ fn command_default_and_bring_your_own() {
 fn service_is_headless_and_publishes_not_ready_pods() {
     let dt = gpu_job();
     let owner = Owner::of(&dt).unwrap();
-    let svc = service(&owner, &settings());
+    let svc = service(&owner, &build_settings());
     assert_eq!(svc.metadata.name.as_deref(), Some("mt"));
     let spec = svc.spec.unwrap();
     assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
@@ -551,8 +533,8 @@ fn building_is_deterministic() {
     let dt = gpu_job();
     let owner = Owner::of(&dt).unwrap();
     assert_eq!(
-        pod(&owner, &dt.spec, 1, 1, &settings()),
-        pod(&owner, &dt.spec, 1, 1, &settings())
+        pod(&owner, &dt.spec, 1, 1, &build_settings()),
+        pod(&owner, &dt.spec, 1, 1, &build_settings())
     );
 }
 
@@ -567,8 +549,8 @@ fn owner_needs_name_namespace_and_uid() {
 fn gang_holds_every_object_of_the_launch_and_only_the_missing_pods() {
     let dt = gpu_job();
     let owner = Owner::of(&dt).unwrap();
-    let objects = gang(&owner, &dt.spec, 3, &[1], &settings(), "tok");
-    assert_eq!(objects.service, service(&owner, &settings()));
+    let objects = gang(&owner, &dt.spec, 3, &[1], &build_settings(), "tok");
+    assert_eq!(objects.service, service(&owner, &build_settings()));
     assert_eq!(objects.config_map, config_map(&owner, &dt.spec));
     assert_eq!(objects.secret, secret(&owner, "tok"));
     let pods: Vec<String> = objects.pods.iter().map(|p| p.name_any()).collect();
@@ -608,8 +590,8 @@ fn only_a_controller_reference_with_the_jobs_uid_is_control() {
 
 #[test]
 fn the_termination_grace_is_the_one_sized_from_the_save_unless_the_template_sets_one() {
-    let sized =
-        job(serde_json::json!({"replicas": 2, "trainer": {"task": "copy", "maxSteps": 10}}));
+    let sized = job()
+        .with_spec(serde_json::json!({"replicas": 2, "trainer": {"task": "copy", "maxSteps": 10}}));
     let owner = Owner::of(&sized).unwrap();
     let grace = |p: &Pod| p.spec.as_ref().unwrap().termination_grace_period_seconds;
     let stop = |p: &Pod| {
@@ -618,15 +600,15 @@ fn the_termination_grace_is_the_one_sized_from_the_save_unless_the_template_sets
             .find(|(k, _)| k == "FERROTRAIN_STOP_GRACE_SECONDS")
             .map(|(_, v)| v)
     };
-    let p = pod(&owner, &sized.spec, 0, 0, &settings());
+    let p = pod(&owner, &sized.spec, 0, 0, &build_settings());
     assert_eq!(grace(&p), Some(70));
     // The launcher stops its ranks 5 s before the kubelet's SIGKILL.
     assert_eq!(stop(&p).as_deref(), Some("65"));
-    let fixed = job(
+    let fixed = job().with_spec(
         serde_json::json!({"replicas": 2, "trainer": {"task": "copy", "maxSteps": 10},
         "podTemplate": {"terminationGracePeriodSeconds": 120}}),
     );
-    let p = pod(&owner, &fixed.spec, 0, 0, &settings());
+    let p = pod(&owner, &fixed.spec, 0, 0, &build_settings());
     assert_eq!(grace(&p), Some(120));
     assert_eq!(stop(&p).as_deref(), Some("115"));
 }

@@ -2,13 +2,13 @@
 //! is asserted in order (method, path, body); a call nobody expects fails the test.
 
 use super::*;
-use crate::build::BuildSettings;
+use crate::fixtures::{
+    JobExt, NAME, NS, PodExt, UID, api_pod, cond, job, report, running_status, t, trainer_exited,
+    trainer_running,
+};
 use ferrotrain_api::Progress;
 use ferrotrain_api::crd::{TrainingProgress, condition};
 use http::{Method, Request, Response};
-use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus, PodStatus,
-};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use kube::client::Body;
 use kube::runtime::watcher;
@@ -16,14 +16,6 @@ use serde_json::Value;
 use std::sync::atomic::AtomicBool;
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
-
-const NS: &str = "ml";
-const NAME: &str = "mt";
-const UID: &str = "0b7d3c6e-uid";
-
-fn t(s: i64) -> Timestamp {
-    Timestamp::from_second(1_750_000_000 + s).unwrap()
-}
 
 impl Context {
     /// A context on a mocked API server, with the pod cache holding `pods`; the writer lets a
@@ -48,102 +40,6 @@ impl Context {
             Arc::new(AtomicBool::new(true)),
         );
         (Arc::new(ctx), handle, writer)
-    }
-}
-
-fn job(status: Option<DistributedTrainingStatus>) -> Arc<DistributedTraining> {
-    let spec = serde_json::from_value(serde_json::json!({
-        "replicas": 2,
-        "trainer": {"task": "copy", "maxSteps": 1000},
-        "checkpoint": {"claimName": "ckpt"},
-    }))
-    .unwrap();
-    let mut dt = DistributedTraining::new(NAME, spec);
-    dt.metadata = ObjectMeta {
-        name: Some(NAME.into()),
-        namespace: Some(NS.into()),
-        uid: Some(UID.into()),
-        generation: Some(1),
-        resource_version: Some("100".into()),
-        creation_timestamp: Some(Time(t(0))),
-        ..ObjectMeta::default()
-    };
-    dt.status = status;
-    Arc::new(dt)
-}
-
-fn cond(type_: &str, since: i64) -> Condition {
-    Condition {
-        type_: type_.into(),
-        status: "True".into(),
-        reason: "Test".into(),
-        message: String::new(),
-        last_transition_time: Time(t(since)),
-        observed_generation: Some(1),
-    }
-}
-
-fn running_status() -> DistributedTrainingStatus {
-    DistributedTrainingStatus {
-        phase: Phase::Running,
-        attempt: 0,
-        restarts: 0,
-        observed_generation: Some(1),
-        start_time: Some(Time(t(0))),
-        conditions: vec![cond(condition::CREATED, 0), cond(condition::RUNNING, 10)],
-        replicas: 2,
-        running_replicas: 2,
-        ..DistributedTrainingStatus::default()
-    }
-}
-
-fn pod(attempt: i32, rank: i32, state: ContainerState, ip: &str) -> Pod {
-    let dt = job(None);
-    let owner = build::Owner::of(&dt).unwrap();
-    let settings = BuildSettings {
-        trainer_image: "img".into(),
-        master_port: 29500,
-        trainer_metrics_port: 9090,
-        // No save measured yet: the default grace.
-        termination_grace_seconds: 30,
-    };
-    let mut p = build::pod(&owner, &dt.spec, attempt, rank, &settings);
-    let phase = if state.running.is_some() {
-        "Running"
-    } else {
-        "Failed"
-    };
-    p.status = Some(PodStatus {
-        phase: Some(phase.into()),
-        pod_ip: Some(ip.into()),
-        container_statuses: Some(vec![ContainerStatus {
-            name: labels::TRAINER_CONTAINER.into(),
-            state: Some(state),
-            ..ContainerStatus::default()
-        }]),
-        ..PodStatus::default()
-    });
-    p
-}
-
-fn running() -> ContainerState {
-    ContainerState {
-        running: Some(ContainerStateRunning {
-            started_at: Some(Time(t(5))),
-        }),
-        ..ContainerState::default()
-    }
-}
-
-fn exited(code: i32, message: &str) -> ContainerState {
-    ContainerState {
-        terminated: Some(ContainerStateTerminated {
-            exit_code: code,
-            message: Some(message.into()),
-            finished_at: Some(Time(t(90))),
-            ..ContainerStateTerminated::default()
-        }),
-        ..ContainerState::default()
     }
 }
 
@@ -340,7 +236,7 @@ async fn reconcile_expecting(
 #[tokio::test]
 async fn first_reconcile_writes_status_then_creates_the_gang() {
     let (ctx, handle, _) = Context::test(vec![], Settings::default());
-    let dt = job(None);
+    let dt = Arc::new(job());
     let now = t(100);
     let calls = vec![
         status_call(&dt, "101", move |s| {
@@ -451,7 +347,14 @@ async fn objects_that_already_exist_are_not_an_error() {
         get_existing(&pod(1), "Pod", Some(UID)),
         event_call("Created"),
     ];
-    let (action, _) = reconcile_expecting(&ctx, handle, job(Some(status)), t(101), calls).await;
+    let (action, _) = reconcile_expecting(
+        &ctx,
+        handle,
+        Arc::new(job().with_status(status)),
+        t(101),
+        calls,
+    )
+    .await;
     assert_eq!(action, Action::requeue(Duration::from_secs(30)));
 }
 
@@ -473,7 +376,7 @@ fn created_false_call(reason: &'static str, what: &'static str) -> Call {
     call(
         Method::PATCH,
         &status_path(),
-        Answer::Patched(job(None), "102"),
+        Answer::Patched(Arc::new(job()), "102"),
         move |body| {
             let s: DistributedTrainingStatus =
                 serde_json::from_value(body["status"].clone()).unwrap();
@@ -496,12 +399,18 @@ async fn a_users_service_of_the_jobs_name_is_never_taken_over() {
     let (ctx, handle, _) = Context::test(vec![], Settings::default());
     let calls = vec![
         get_existing(&service_path(), "Service", None),
-        created_false_call(NAME_CONFLICT, "Service ml/mt exists"),
+        created_false_call(reason::NAME_CONFLICT, "Service ml/mt exists"),
         // Why the launch stopped; no "creating 2 pods" event.
-        event_call(NAME_CONFLICT),
+        event_call(reason::NAME_CONFLICT),
     ];
-    let (action, _) =
-        reconcile_expecting(&ctx, handle, job(Some(pending_status())), t(101), calls).await;
+    let (action, _) = reconcile_expecting(
+        &ctx,
+        handle,
+        Arc::new(job().with_status(pending_status())),
+        t(101),
+        calls,
+    )
+    .await;
     assert_eq!(action, Action::requeue(Duration::from_secs(30)));
 }
 
@@ -514,12 +423,18 @@ async fn a_config_map_another_job_controls_is_never_applied_over() {
         get_absent(&service_path()),
         call(Method::PATCH, &service_path(), Answer::Echo, |_| {}),
         get_existing(&config_map_path(), "ConfigMap", Some("another-uid")),
-        created_false_call(NAME_CONFLICT, "ConfigMap ml/mt-config exists"),
+        created_false_call(reason::NAME_CONFLICT, "ConfigMap ml/mt-config exists"),
         // Why the launch stopped; no "creating 2 pods" event.
-        event_call(NAME_CONFLICT),
+        event_call(reason::NAME_CONFLICT),
     ];
-    let (action, _) =
-        reconcile_expecting(&ctx, handle, job(Some(pending_status())), t(101), calls).await;
+    let (action, _) = reconcile_expecting(
+        &ctx,
+        handle,
+        Arc::new(job().with_status(pending_status())),
+        t(101),
+        calls,
+    )
+    .await;
     assert_eq!(action, Action::requeue(Duration::from_secs(30)));
 }
 
@@ -544,12 +459,18 @@ async fn a_secret_of_the_jobs_name_that_is_not_ours_stops_the_launch() {
             "Secret",
             None,
         ),
-        created_false_call(NAME_CONFLICT, "Secret ml/mt-rdzv exists"),
+        created_false_call(reason::NAME_CONFLICT, "Secret ml/mt-rdzv exists"),
         // Why the launch stopped; no "creating 2 pods" event.
-        event_call(NAME_CONFLICT),
+        event_call(reason::NAME_CONFLICT),
     ];
-    let (action, _) =
-        reconcile_expecting(&ctx, handle, job(Some(pending_status())), t(101), calls).await;
+    let (action, _) = reconcile_expecting(
+        &ctx,
+        handle,
+        Arc::new(job().with_status(pending_status())),
+        t(101),
+        calls,
+    )
+    .await;
     assert_eq!(action, Action::requeue(Duration::from_secs(30)));
 }
 
@@ -557,7 +478,7 @@ async fn a_secret_of_the_jobs_name_that_is_not_ours_stops_the_launch() {
 fn a_name_conflict_is_reported_once_per_message() {
     let status = pending_status();
     let (first, event) = name_conflict(&status, "Service ml/mt exists", t(101), Some(1));
-    assert!(event.is_some_and(|e| e.warning && e.reason == NAME_CONFLICT));
+    assert!(event.is_some_and(|e| e.warning && e.reason == reason::NAME_CONFLICT));
     let (again, event) = name_conflict(&first, "Service ml/mt exists", t(131), Some(1));
     assert_eq!(again, first, "a retry changes nothing: no status write");
     assert!(event.is_none(), "no second event");
@@ -566,16 +487,18 @@ fn a_name_conflict_is_reported_once_per_message() {
 #[tokio::test]
 async fn a_failed_rank_restarts_the_whole_gang_once_even_from_a_stale_cache() {
     let pods = vec![
-        pod(0, 0, running(), "10.0.0.1"),
-        pod(
-            0,
-            1,
-            exited(1, "collective all_reduce timed out after 60s"),
-            "10.0.0.2",
-        ),
+        api_pod(0, 0)
+            .with_trainer(trainer_running())
+            .with_ip("10.0.0.1"),
+        api_pod(0, 1)
+            .with_trainer(trainer_exited(
+                1,
+                "collective all_reduce timed out after 60s",
+            ))
+            .with_ip("10.0.0.2"),
     ];
     let (ctx, handle, mut pod_cache) = Context::test(pods, Settings::default());
-    let dt = job(Some(running_status()));
+    let dt = Arc::new(job().with_status(running_status(0, 0)));
     let calls = vec![
         call(
             Method::DELETE,
@@ -610,7 +533,9 @@ async fn a_failed_rank_restarts_the_whole_gang_once_even_from_a_stale_cache() {
     // The pod watch fires (rank 0 terminating) before the job watch delivers our status
     // write: the cached object still says Running. No second restart and no events; only
     // the replica count a user sees changes.
-    let mut terminating = pod(0, 0, running(), "10.0.0.1");
+    let mut terminating = api_pod(0, 0)
+        .with_trainer(trainer_running())
+        .with_ip("10.0.0.1");
     terminating.metadata.deletion_timestamp = Some(Time(t(100)));
     pod_cache.apply_watcher_event(&watcher::Event::Apply(terminating));
     let calls = vec![status_call(&dt, "102", |s| {
@@ -652,7 +577,9 @@ async fn a_failed_rank_restarts_the_whole_gang_once_even_from_a_stale_cache() {
 
     // Both gone: attempt 1 is launched under new names.
     for rank in 0..2 {
-        pod_cache.apply_watcher_event(&watcher::Event::Delete(pod(0, rank, running(), "")));
+        pod_cache.apply_watcher_event(&watcher::Event::Delete(
+            api_pod(0, rank).with_trainer(trainer_running()).with_ip(""),
+        ));
     }
     // (The cached object is still the stale one, so the status is written again.)
     let calls = vec![
@@ -717,16 +644,18 @@ async fn a_failed_rank_restarts_the_whole_gang_once_even_from_a_stale_cache() {
 #[tokio::test]
 async fn a_permanent_exit_code_fails_the_job_with_the_ranks_message() {
     let pods = vec![
-        pod(0, 0, running(), "10.0.0.1"),
-        pod(
-            0,
-            1,
-            exited(3, "data/train.de: no such file or directory"),
-            "10.0.0.2",
-        ),
+        api_pod(0, 0)
+            .with_trainer(trainer_running())
+            .with_ip("10.0.0.1"),
+        api_pod(0, 1)
+            .with_trainer(trainer_exited(
+                3,
+                "data/train.de: no such file or directory",
+            ))
+            .with_ip("10.0.0.2"),
     ];
     let (ctx, handle, _) = Context::test(pods, Settings::default());
-    let dt = job(Some(running_status()));
+    let dt = Arc::new(job().with_status(running_status(0, 0)));
     let calls = vec![
         call(
             Method::DELETE,
@@ -784,32 +713,34 @@ async fn progress_server_of(
     (port, task)
 }
 
-fn report(step: u64) -> Progress {
+/// A report as the trainer sends it: more digits than the status shows.
+fn unrounded_report(step: u64) -> Progress {
     Progress {
-        step,
-        total_steps: 1000,
         steps_per_second: Some(4.00321),
-        loss: Some(3.217654),
         learning_rate: Some(0.00123456),
         world_size: 2,
         eta_seconds: Some((1000 - step.min(1000)) as f64 / 4.00321),
-        ..Progress::default()
+        ..report(step, 3.217654)
     }
 }
 
 #[tokio::test]
 async fn progress_is_polled_from_rank_0_and_written_once() {
-    let (port, server) = progress_server(report(120)).await;
+    let (port, server) = progress_server(unrounded_report(120)).await;
     let settings = Settings {
         trainer_metrics_port: port,
         ..Settings::default()
     };
     let pods = vec![
-        pod(0, 0, running(), "127.0.0.1"),
-        pod(0, 1, running(), "127.0.0.2"),
+        api_pod(0, 0)
+            .with_trainer(trainer_running())
+            .with_ip("127.0.0.1"),
+        api_pod(0, 1)
+            .with_trainer(trainer_running())
+            .with_ip("127.0.0.2"),
     ];
     let (ctx, handle, _) = Context::test(pods, settings);
-    let dt = job(Some(running_status()));
+    let dt = Arc::new(job().with_status(running_status(0, 0)));
     let calls = vec![status_call(&dt, "101", |s| {
         assert_eq!(s.phase, Phase::Running);
         let p = s.progress.clone().unwrap();
@@ -829,19 +760,23 @@ async fn progress_is_polled_from_rank_0_and_written_once() {
 
 #[tokio::test]
 async fn an_unchanged_progress_report_causes_no_write() {
-    let (port, server) = progress_server(report(120)).await;
+    let (port, server) = progress_server(unrounded_report(120)).await;
     let settings = Settings {
         trainer_metrics_port: port,
         ..Settings::default()
     };
     let pods = vec![
-        pod(0, 0, running(), "127.0.0.1"),
-        pod(0, 1, running(), "127.0.0.2"),
+        api_pod(0, 0)
+            .with_trainer(trainer_running())
+            .with_ip("127.0.0.1"),
+        api_pod(0, 1)
+            .with_trainer(trainer_running())
+            .with_ip("127.0.0.2"),
     ];
     let (ctx, handle, _) = Context::test(pods, settings);
-    let mut status = running_status();
+    let mut status = running_status(0, 0);
     status.progress = Some(TrainingProgress {
-        report: crate::report::rounded(&report(120)),
+        report: crate::report::rounded(&unrounded_report(120)),
         eta: Some("3m".into()),
         estimated_completion_time: Some(Time(t(320))),
         updated_at: Some(Time(t(100))),
@@ -849,9 +784,9 @@ async fn an_unchanged_progress_report_causes_no_write() {
     status.conditions.push(Condition {
         reason: "Reported".into(),
         message: "rank 0 serves /progress".into(),
-        ..cond(condition::PROGRESS_AVAILABLE, 100)
+        ..cond(condition::PROGRESS_AVAILABLE, true, 100)
     });
-    let dt = job(Some(status));
+    let dt = Arc::new(job().with_status(status));
     // Five seconds later the trainer reports the same thing (its unrounded rate wobbles below
     // the shown precision): not a single call.
     let (action, _) = reconcile_expecting(&ctx, handle, dt, t(105), vec![]).await;
@@ -881,7 +816,7 @@ async fn identical_polls_write_nothing_and_a_new_step_writes_once() {
             threads: 12,
             gpu: None,
         }),
-        ..report(step)
+        ..unrounded_report(step)
     };
     let served = Arc::new(std::sync::Mutex::new(with_resources(120, 0)));
     let (port, server) = progress_server_of(served.clone()).await;
@@ -890,11 +825,15 @@ async fn identical_polls_write_nothing_and_a_new_step_writes_once() {
         ..Settings::default()
     };
     let pods = vec![
-        pod(0, 0, running(), "127.0.0.1"),
-        pod(0, 1, running(), "127.0.0.2"),
+        api_pod(0, 0)
+            .with_trainer(trainer_running())
+            .with_ip("127.0.0.1"),
+        api_pod(0, 1)
+            .with_trainer(trainer_running())
+            .with_ip("127.0.0.2"),
     ];
     let (ctx, mut handle, _) = Context::test(pods, settings);
-    let first = job(Some(running_status()));
+    let first = Arc::new(job().with_status(running_status(0, 0)));
     let written = Arc::new(std::sync::Mutex::new(None));
     let keep = written.clone();
     let calls = vec![status_call(&first, "101", move |s| {
@@ -926,16 +865,26 @@ async fn identical_polls_write_nothing_and_a_new_step_writes_once() {
 async fn no_reconcile_before_the_caches_are_synced() {
     let (ctx, handle, _) = Context::test(vec![], Settings::default());
     ctx.caches_ready.store(false, Ordering::Relaxed);
-    let (action, _) =
-        reconcile_expecting(&ctx, handle, job(Some(running_status())), t(100), vec![]).await;
+    let (action, _) = reconcile_expecting(
+        &ctx,
+        handle,
+        Arc::new(job().with_status(running_status(0, 0))),
+        t(100),
+        vec![],
+    )
+    .await;
     assert_eq!(action, Action::requeue(Duration::from_secs(1)));
 }
 
 #[tokio::test]
 async fn an_api_error_is_reported_and_backs_off() {
-    let pods = vec![pod(0, 0, running(), "10.0.0.1")];
+    let pods = vec![
+        api_pod(0, 0)
+            .with_trainer(trainer_running())
+            .with_ip("10.0.0.1"),
+    ];
     let (ctx, handle, _) = Context::test(pods, Settings::default());
-    let dt = job(Some(running_status()));
+    let dt = Arc::new(job().with_status(running_status(0, 0)));
     let calls = vec![call(
         Method::DELETE,
         &format!("/api/v1/namespaces/{NS}/pods/mt-0-0"),
@@ -956,13 +905,13 @@ async fn an_api_error_is_reported_and_backs_off() {
 #[test]
 fn node_events_map_to_the_jobs_with_pods_there() {
     let (pod_store, mut writer) = reflector::store::<Pod>();
-    let mut a = pod(0, 0, running(), "10.0.0.1");
-    a.spec.as_mut().unwrap().node_name = Some("n1".into());
-    let mut b = pod(0, 1, running(), "10.0.0.2");
-    b.spec.as_mut().unwrap().node_name = Some("n1".into());
-    let mut c = pod(0, 1, running(), "10.0.0.3");
+    let running = |rank: i32, node: &str| {
+        api_pod(0, rank)
+            .with_trainer(trainer_running())
+            .on_node(node)
+    };
+    let (a, b, mut c) = (running(0, "n1"), running(1, "n1"), running(1, "n2"));
     c.metadata.name = Some("other".into());
-    c.spec.as_mut().unwrap().node_name = Some("n2".into());
     for p in [a, b, c] {
         writer.apply_watcher_event(&watcher::Event::Apply(p));
     }

@@ -6,12 +6,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+use super::repo_root;
 
 pub fn helm() -> Option<PathBuf> {
     if let Ok(path) = std::env::var("HELM_BIN") {

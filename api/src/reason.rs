@@ -1,0 +1,155 @@
+//! Every reason the operator writes on a `DistributedTraining`: the reasons of its status
+//! conditions (`crd::condition`), of its Kubernetes Events, and of
+//! `status.lastFailure.reason` (which is also the key of `status.restartsByCause`, the
+//! `reason` label of `ferrotrain_operator_gang_restarts_total` and the reason of the recovery
+//! ledger's attempt ends). One constant per string, so a typo cannot make a new reason that
+//! users' alerts miss. docs/reasons.md lists them with what each means and what to do.
+//!
+//! Where a string serves several of these (a failure's reason is also the Restarting
+//! condition's reason and, when it fails the job, the Failed condition's), it is one constant.
+
+// The launch: condition Created.
+
+/// Created=True: every pod of the current attempt was created.
+pub const PODS_CREATED: &str = "PodsCreated";
+/// Normal event: the operator creates the attempt's pods.
+pub const CREATED: &str = "Created";
+/// Created=False, Warning event, and (past `spec.startupTimeoutSeconds`) the Failed
+/// condition's and `lastFailure.reason`: the API refused a pod of the attempt (ResourceQuota,
+/// LimitRange, an admission webhook).
+pub const POD_CREATE_REFUSED: &str = "PodCreateRefused";
+/// Created=False: the next attempt waits until no pod of an earlier one exists (one checkpoint
+/// writer at a time).
+pub const PREVIOUS_ATTEMPT_TERMINATING: &str = "PreviousAttemptTerminating";
+/// Created=False and Warning event: an object of one of the job's names (Service, ConfigMap,
+/// Secret, pod) exists and this job does not control it.
+pub const NAME_CONFLICT: &str = "NameConflict";
+/// Failed=True, Warning event and `lastFailure.reason`: the spec is invalid in a way the
+/// schema cannot see; no pod is created.
+pub const INVALID_SPEC: &str = "InvalidSpec";
+/// Failed=False: the spec of a job that failed as [`INVALID_SPEC`] changed; it is tried again.
+pub const SPEC_CHANGED: &str = "SpecChanged";
+
+// Start-up: condition Running while the attempt's pods start.
+
+/// Running=True: every pod of the attempt runs.
+pub const ALL_RANKS_RUNNING: &str = "AllRanksRunning";
+/// Normal event: every pod of the attempt runs.
+pub const RUNNING: &str = "Running";
+/// Running=False: the attempt's pods are on their way, nothing is wrong.
+pub const PODS_STARTING: &str = "PodsStarting";
+/// A pod cannot be scheduled (its PodScheduled condition is False). Running=False and a
+/// Warning event while it waits; at the start-up timeout `lastFailure.reason` and a gang
+/// restart.
+pub const UNSCHEDULABLE: &str = "Unschedulable";
+/// The trainer image cannot be pulled (ErrImagePull, ImagePullBackOff, ...). Running=False and
+/// a Warning event while it waits; at the start-up timeout `lastFailure.reason` and Failed.
+pub const IMAGE_PULL_BACK_OFF: &str = "ImagePullBackOff";
+/// The image name cannot be parsed: `lastFailure.reason` and Failed at once.
+pub const INVALID_IMAGE_NAME: &str = "InvalidImageName";
+/// A ConfigMap, Secret or key the pod needs is missing. Running=False and a Warning event
+/// while it waits; at the start-up timeout `lastFailure.reason` and Failed.
+pub const CREATE_CONTAINER_CONFIG_ERROR: &str = "CreateContainerConfigError";
+/// Another kubelet reason (CreateContainerError, RunContainerError, ...). Running=False and a
+/// Warning event while it waits; at the start-up timeout `lastFailure.reason` and a gang
+/// restart.
+pub const CONTAINER_ERROR: &str = "ContainerError";
+/// A pod stayed ContainerCreating or PodInitializing (normal for a while: a volume attaches,
+/// the image is pulled) until the start-up timeout: `lastFailure.reason` and a gang restart.
+pub const CONTAINER_CREATING: &str = "ContainerCreating";
+/// A pod did not run within the start-up timeout and nobody said why: `lastFailure.reason`
+/// and a gang restart.
+pub const STARTUP_TIMEOUT: &str = "StartupTimeout";
+
+// Why an attempt ended: lastFailure.reason, Restarting=True, restartsByCause.
+
+/// A rank's trainer exited non-zero with a retryable code.
+pub const EXIT_CODE: &str = "ExitCode";
+/// A rank exited with a permanent code (2, 3, 4 or `restartPolicy.permanentExitCodes`).
+pub const PERMANENT_EXIT_CODE: &str = "PermanentExitCode";
+/// A pod failed without its trainer exiting (the kubelet failed it).
+pub const POD_FAILED: &str = "PodFailed";
+/// A pod of the attempt was deleted, or vanished, without a disruption condition.
+pub const POD_DELETED: &str = "PodDeleted";
+/// A pod's node was NotReady or gone for the operator's node-lost grace.
+pub const NODE_LOST: &str = "NodeLost";
+/// A pod was evicted, preempted, drained, or its node shut down: a restart that spends no
+/// `maxRestarts`. Also the Warning event of such a restart.
+pub const DISRUPTED: &str = "Disrupted";
+/// The progress report did not change for `stallTimeoutSeconds`. Also the Warning event.
+pub const STALLED: &str = "Stalled";
+/// `activeDeadlineSeconds` passed: `lastFailure.reason` and Failed.
+pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+
+// The end of a job: conditions Restarting, Failed, Succeeded.
+
+/// Warning event naming the failed rank of a restart or of a permanent failure.
+pub const RANK_FAILED: &str = "RankFailed";
+/// Warning event: a gang restart, with the next attempt and its backoff.
+pub const RESTARTING: &str = "Restarting";
+/// Restarting=False: the backoff is over and the next attempt was launched.
+pub const RELAUNCHED: &str = "Relaunched";
+/// Failed=True after a rank exited with a permanent code ([`PERMANENT_EXIT_CODE`]).
+pub const PERMANENT_FAILURE: &str = "PermanentFailure";
+/// Failed=True: another retryable failure came after `maxRestarts` restarts.
+pub const MAX_RESTARTS_REACHED: &str = "MaxRestartsReached";
+/// Warning event: the job failed for good.
+pub const FAILED: &str = "Failed";
+/// Succeeded=True: every rank exited 0.
+pub const ALL_RANKS_SUCCEEDED: &str = "AllRanksSucceeded";
+/// Normal event: training finished; also the reason of the ledger's last attempt end.
+pub const SUCCEEDED: &str = "Succeeded";
+/// Warning event: a pod stuck terminating on a lost node was force-deleted.
+pub const FORCE_DELETED: &str = "ForceDeleted";
+
+// Suspend and resume: condition Suspended.
+
+/// Suspended=True and Normal event: `spec.suspend` is true; also the reason Running and
+/// Restarting turn False with, and the ledger's attempt end.
+pub const SUSPENDED: &str = "Suspended";
+/// Suspended=False and Normal event: `spec.suspend` is false again.
+pub const RESUMED: &str = "Resumed";
+
+// Progress: conditions ProgressAvailable and Stalled.
+
+/// ProgressAvailable=True: rank 0 serves /progress.
+pub const REPORTED: &str = "Reported";
+/// ProgressAvailable=Unknown: the last poll of rank 0's /progress failed.
+pub const POLL_FAILED: &str = "PollFailed";
+/// ProgressAvailable=False: polls kept failing for the operator's progress grace.
+pub const POLLS_FAILING: &str = "PollsFailing";
+/// ProgressAvailable=False: rank 0 never served /progress (an image without the endpoint).
+pub const NO_PROGRESS_ENDPOINT: &str = "NoProgressEndpoint";
+/// Normal event: rank 0 serves /progress again after ProgressAvailable was False.
+pub const PROGRESS_AVAILABLE: &str = "ProgressAvailable";
+/// Event: ProgressAvailable turned False (Normal for an image without the endpoint, Warning
+/// when polls that answered before keep failing).
+pub const PROGRESS_UNAVAILABLE: &str = "ProgressUnavailable";
+/// Stalled=True: no progress for `stallTimeoutSeconds`.
+pub const NO_PROGRESS: &str = "NoProgress";
+/// Stalled=False: the report changed again.
+pub const PROGRESS_RESUMED: &str = "ProgressResumed";
+
+/// A condition's reason when none is given (Kubernetes requires one).
+pub const UNKNOWN: &str = "Unknown";
+
+#[cfg(test)]
+mod tests {
+    /// docs/reasons.md is where users look a reason up: it has a row for every one.
+    #[test]
+    fn every_reason_is_documented() {
+        let docs = include_str!("../../docs/reasons.md");
+        let reasons: Vec<&str> = include_str!("reason.rs")
+            .lines()
+            .filter(|l| l.starts_with("pub const "))
+            .filter_map(|l| l.split('"').nth(1))
+            .collect();
+        assert!(reasons.len() > 40, "{reasons:?}");
+        for reason in reasons {
+            assert!(
+                docs.contains(&format!("`{reason}`")),
+                "docs/reasons.md does not list {reason}"
+            );
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! The census of the current attempt's ranks: which run, which succeeded, which failed, which
+//! wait (and why), and where each was placed; then what the attempt's state means.
+
+use std::collections::BTreeMap;
+
+use ferrotrain_api::crd::Placement;
+use ferrotrain_api::reason;
+use k8s_openapi::jiff::SignedDuration;
+
+use super::decider::{Decider, first_line, signed};
+use super::failure::{Failure, disrupted, root_cause};
+use super::observed::{PodState, PodView, WaitCause};
+
+/// The current attempt's ranks, sorted by what they do.
+#[derive(Default)]
+struct Census<'o> {
+    rank0: Option<&'o PodView>,
+    running: i32,
+    succeeded: i32,
+    /// Failures that end the attempt.
+    failures: Vec<Failure>,
+    /// Candidate causes of those failures that end nothing on their own.
+    suspects: Vec<Failure>,
+    /// Pods not running yet.
+    waiting: Vec<&'o PodView>,
+}
+
+impl<'a, 'o> Decider<'a, 'o> {
+    /// Starting or Running: look at every rank of the current attempt.
+    pub(super) fn evaluate(&mut self) {
+        let census = self.census();
+        if let Some(failure) = root_cause(census.failures, census.suspects) {
+            self.end_attempt(failure);
+            return;
+        }
+        let replicas = self.o.spec.replicas.max(1);
+        if census.succeeded == replicas {
+            self.succeed(census.rank0);
+        } else if census.running + census.succeeded == replicas {
+            self.all_running();
+            self.track_progress(census.rank0);
+            self.requeue_in(self.o.timing.progress_interval);
+        } else {
+            self.starting(&census.waiting);
+        }
+    }
+
+    /// Sorts the current attempt's ranks into running, succeeded, failed and waiting.
+    fn census(&mut self) -> Census<'o> {
+        let replicas = self.o.spec.replicas.max(1);
+        let by_rank: BTreeMap<i32, &'o PodView> = self
+            .current_pods()
+            .filter(|p| p.node_rank < replicas)
+            .map(|p| (p.node_rank, p))
+            .collect();
+        let mut census = Census {
+            rank0: by_rank.get(&0).copied(),
+            ..Census::default()
+        };
+        for rank in 0..replicas {
+            let Some(&pod) = by_rank.get(&rank) else {
+                let mut f = self.failure(rank, None, reason::POD_DELETED, "pod was deleted".into());
+                f.killed = true;
+                census.failures.push(f);
+                continue;
+            };
+            match &pod.state {
+                PodState::Succeeded => census.succeeded += 1,
+                PodState::Failed(t) => census.failures.push(self.exited(pod, t)),
+                PodState::Running | PodState::Pending => self.check_alive(pod, &mut census),
+            }
+        }
+        census
+    }
+
+    /// A pod that runs or waits: deleted, on a lost node, or not starting in time?
+    fn check_alive(&mut self, pod: &'o PodView, census: &mut Census<'o>) {
+        let rank = pod.node_rank;
+        if pod.state == PodState::Running {
+            census.running += 1;
+        }
+        if let Some(since) = pod.deleting_since {
+            let message = "pod is being deleted".to_string();
+            let mut f = self.failure(rank, Some(&pod.name), reason::POD_DELETED, message);
+            (f.at, f.killed) = (Some(since), true);
+            if let Some(d) = &pod.disruption {
+                disrupted(&mut f, d);
+            }
+            census.failures.push(f);
+        } else if let Some(since) = pod.node_lost_since {
+            let message = "the pod's node is NotReady or gone".to_string();
+            let mut f = self.failure(rank, Some(&pod.name), reason::NODE_LOST, message);
+            (f.at, f.killed) = (Some(since), true);
+            let at = since + signed(self.o.timing.node_lost_grace);
+            if self.now() >= at {
+                census.failures.push(f);
+            } else {
+                self.requeue_at(at);
+                f.suspect = true;
+                census.suspects.push(f);
+            }
+        } else if pod.state == PodState::Pending {
+            census.waiting.push(pod);
+            self.check_startup(pod, census);
+        }
+    }
+
+    /// A pod not running yet: past `startupTimeoutSeconds` (or with an image name no retry
+    /// parses) it ends the attempt with its own reason; before that, a pod that says why it
+    /// waits is a suspect should another rank fail meanwhile.
+    fn check_startup(&mut self, pod: &PodView, census: &mut Census<'o>) {
+        let cause = pod.waiting.as_ref().map(|w| w.cause);
+        let reason = cause.map_or(reason::STARTUP_TIMEOUT, WaitCause::reason);
+        let said = pod
+            .waiting
+            .as_ref()
+            .map(|w| match w.message.as_str() {
+                "" => w.reason.clone(),
+                m => format!("{}: {}", w.reason, first_line(m)),
+            })
+            .unwrap_or_else(|| "no reason given by the scheduler or the kubelet".into());
+        let timeout = self.o.spec.startup_timeout_seconds;
+        let deadline = pod
+            .created
+            .filter(|_| timeout > 0)
+            .map(|c| c + SignedDuration::from_secs(timeout));
+        let mut f = self.failure(pod.node_rank, Some(&pod.name), reason, said.clone());
+        f.at = pod.created;
+        f.killed = true;
+        f.permanent = cause.is_some_and(|c| !c.restart_can_help());
+        if cause == Some(WaitCause::InvalidImageName) {
+            census.failures.push(f);
+        } else if deadline.is_some_and(|at| self.now() >= at) {
+            f.info.message = format!("not running {timeout}s after its creation: {said}");
+            census.failures.push(f);
+        } else {
+            if let Some(at) = deadline {
+                self.requeue_at(at);
+            }
+            if cause.is_some_and(WaitCause::is_problem) {
+                f.permanent = false;
+                f.suspect = true;
+                census.suspects.push(f);
+            }
+        }
+    }
+
+    /// status.replicas, runningReplicas and succeededReplicas: the current attempt's pods.
+    pub(super) fn count_replicas(&mut self) {
+        let replicas = self.o.spec.replicas.max(1);
+        let pods: Vec<&PodView> = self
+            .current_pods()
+            .filter(|p| p.node_rank < replicas)
+            .collect();
+        self.status.replicas = pods.len() as i32;
+        self.status.running_replicas = pods
+            .iter()
+            .filter(|p| p.state == PodState::Running && p.deleting_since.is_none())
+            .count() as i32;
+        self.status.succeeded_replicas = pods
+            .iter()
+            .filter(|p| p.state == PodState::Succeeded)
+            .count() as i32;
+    }
+
+    /// Keeps status.placement to the current attempt and records every pod of it that is
+    /// bound to a node (a pod seen on another node or with another UID under the same rank
+    /// replaces the entry). Idempotent: called before deciding and again after, since the
+    /// decision may start a new attempt.
+    pub(super) fn record_placement(&mut self) {
+        let attempt = self.status.attempt;
+        let bound: Vec<Placement> = self
+            .current_pods()
+            .filter_map(|p| {
+                Some(Placement {
+                    node_rank: p.node_rank,
+                    attempt,
+                    pod: p.name.clone(),
+                    uid: p.uid.clone(),
+                    node: p.node.clone()?,
+                })
+            })
+            .collect();
+        let placement = &mut self.status.placement;
+        placement.retain(|p| p.attempt == attempt);
+        for seen in bound {
+            match placement.iter_mut().find(|p| p.node_rank == seen.node_rank) {
+                Some(known) => *known = seen,
+                None => placement.push(seen),
+            }
+        }
+        placement.sort_by_key(|p| p.node_rank);
+    }
+
+    /// The node rank `rank` of the current attempt runs (or ran) on: its pod's, else the one
+    /// recorded in status.placement when the pod was first seen bound (the pod may be gone
+    /// before the operator saw it terminate).
+    pub(super) fn node_of(&self, rank: i32) -> Option<String> {
+        let attempt = self.status.attempt;
+        self.current_pods()
+            .find(|p| p.node_rank == rank)
+            .and_then(|p| p.node.clone())
+            .or_else(|| {
+                self.status
+                    .placement
+                    .iter()
+                    .find(|p| p.attempt == attempt && p.node_rank == rank)
+                    .map(|p| p.node.clone())
+            })
+    }
+}
+
+// The table of every decision (`gang::tests`) runs these tests' rows too.
+#[cfg(test)]
+pub(super) mod tests;

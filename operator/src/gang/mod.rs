@@ -1,0 +1,50 @@
+//! The gang state machine: given what the operator observed (the object's spec and status,
+//! its pods, rank 0's progress report, the time), decide the next status, the actions and the
+//! events. Pure: no client, no async, no clock — every test is a table row.
+//!
+//! Everything it needs to remember lives in the status it returns (phase, attempt, restarts,
+//! condition transition times, progress with its update time) and in the pods' labels
+//! (attempt, node rank), so a restarted operator decides exactly as the old one would have.
+//!
+//! One file per concern. [`decide`] takes an [`Observed`] (`observed.rs`) and returns a
+//! [`Decision`] (`decision.rs`); in between, `decider.rs` holds the decision being made and
+//! runs its steps in order, each a method in the file of its concern:
+//! - `lifecycle.rs`: the phases: suspend, resume, a fixed spec, the restart backoff, the
+//!   deadline, success, failure, restart or fail, the end of an attempt in the ledger;
+//! - `launch.rs`: an attempt's pods, one checkpoint writer at a time, older attempts' pods
+//!   deleted, pods stuck on a lost node force-deleted, the API refusing a pod;
+//! - `census.rs`: the current attempt's ranks sorted into running, succeeded, failed and
+//!   waiting, their placement, and what that means for the attempt;
+//! - `failure.rs`: what ended an attempt and which failure is the root cause;
+//! - `progress.rs`: rank 0's report in the status, ProgressAvailable, stall detection;
+//! - `conditions.rs`: setting conditions, and what Running says while pods start.
+//!
+//! The files import each other directly (`super::failure::Failure`), never through this
+//! one, so the re-exports below make no import cycle.
+
+mod census;
+mod conditions;
+mod decider;
+mod decision;
+mod failure;
+mod launch;
+mod lifecycle;
+mod observed;
+mod progress;
+
+pub use conditions::{set_condition, set_condition_to};
+pub use decision::{Action, Decision, EventNote};
+pub use launch::{launch_refused, launch_stopped, launcher_stop_grace_seconds, save_grace_seconds};
+pub use lifecycle::backoff;
+pub use observed::{
+    Disruption, Observed, PodState, PodView, ProgressObservation, Termination, Timing, WaitCause,
+    Waiting,
+};
+
+/// Decides the next step. See the module documentation.
+pub fn decide(o: &Observed<'_>) -> Decision {
+    decider::Decider::new(o).run()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,316 @@
+//! No two files of operator/ or api/ import each other, directly or through others: a file's
+//! imports lead only to files below it, so each can be read (and changed) knowing only what
+//! it imports. An import is a path to another file's module in a `use` or in the code
+//! (`crate::gang::decide`, `super::failure::Failure`, `decider::Decider` from gang/mod.rs); a
+//! `mod` declaration is not one, so a folder's mod.rs may re-export its files as long as they
+//! import each other directly and never through it. Test code is left out.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Every non-test .rs file under `dir`.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if path.is_dir() {
+            if name != "tests" {
+                rust_files(&path, out);
+            }
+        } else if name.ends_with(".rs") && name != "tests.rs" && name != "fixtures.rs" {
+            out.push(path);
+        }
+    }
+}
+
+/// The module path of a file of a crate whose root is `src`: `lib.rs` is `[]`, `gang/mod.rs`
+/// and `gang.rs` are `["gang"]`, `gang/census.rs` is `["gang", "census"]`.
+fn module_of(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if matches!(
+        parts.last().map(String::as_str),
+        Some("lib" | "main" | "mod")
+    ) {
+        parts.pop();
+    }
+    parts
+}
+
+/// The text of a file without its test module (`#[cfg(test)] mod tests { ... }` at the end,
+/// or a `mod tests;` declaration) and without comments.
+fn code_of(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("mod tests {") || trimmed.starts_with("pub(super) mod tests") {
+            break;
+        }
+        if trimmed.starts_with("//") {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// Every path of `use` trees and of the code, as segments: `use a::{b, c::d};` gives
+/// `a::b` and `a::c::d`; `x::y::z(...)` in the code gives `x::y::z`.
+fn paths(code: &str) -> Vec<Vec<String>> {
+    let mut found = Vec::new();
+    for statement in code.split(';') {
+        let statement = statement.trim();
+        let tree = statement
+            .strip_prefix("use ")
+            .or_else(|| statement.strip_prefix("pub use "))
+            .or_else(|| statement.strip_prefix("pub(crate) use "))
+            .or_else(|| statement.strip_prefix("pub(super) use "));
+        if let Some(tree) = tree {
+            // `a::{b as c}` -> `a::{b@c}`, then no whitespace.
+            let words: Vec<&str> = tree.split_whitespace().collect();
+            let tree = words.join(" ").replace(" as ", "@").replace(' ', "");
+            expand(&tree, &mut Vec::new(), &mut found);
+        }
+    }
+    // Paths in the code: identifiers joined by `::`.
+    let chars: Vec<char> = code.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        let starts = (chars[i].is_alphabetic() || chars[i] == '_')
+            && (i == 0
+                || !(chars[i - 1].is_alphanumeric() || chars[i - 1] == '_' || chars[i - 1] == ':'));
+        if !starts {
+            i += 1;
+            continue;
+        }
+        let mut segments = Vec::new();
+        let mut j = i;
+        loop {
+            let start = j;
+            while j < chars.len() && (chars[j].is_alphanumeric() || chars[j] == '_') {
+                j += 1;
+            }
+            segments.push(chars[start..j].iter().collect::<String>());
+            if j + 2 < chars.len()
+                && chars[j] == ':'
+                && chars[j + 1] == ':'
+                && chars[j + 2].is_alphabetic()
+            {
+                j += 2;
+            } else {
+                break;
+            }
+        }
+        if segments.len() > 1 {
+            found.push(segments);
+        }
+        i = j.max(i + 1);
+    }
+    found
+}
+
+/// Expands one `use` tree (no whitespace, `@` for ` as `) under `prefix`.
+fn expand(tree: &str, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+    let Some(open) = tree.find('{') else {
+        let mut path = prefix.clone();
+        path.extend(
+            tree.split("::")
+                .filter(|s| !s.is_empty())
+                .map(|s| s.split('@').next().unwrap().to_string()),
+        );
+        out.push(path);
+        return;
+    };
+    let depth = prefix.len();
+    prefix.extend(
+        tree[..open]
+            .split("::")
+            .filter(|s| !s.is_empty())
+            .map(str::to_string),
+    );
+    let inner = &tree[open + 1..tree.rfind('}').unwrap()];
+    let (mut level, mut start) = (0, 0);
+    for (k, c) in inner.char_indices() {
+        match c {
+            '{' => level += 1,
+            '}' => level -= 1,
+            ',' if level == 0 => {
+                expand(&inner[start..k], prefix, out);
+                start = k + 1;
+            }
+            _ => {}
+        }
+    }
+    if start < inner.len() {
+        expand(&inner[start..], prefix, out);
+    }
+    prefix.truncate(depth);
+}
+
+/// The file a path leads to: `crate::`, `super::`, `self::` or a child module's name start it;
+/// it leads to the deepest module of the path that is a file. None for other crates.
+fn target(
+    from: &[String],
+    path: &[String],
+    files: &BTreeMap<Vec<String>, PathBuf>,
+) -> Option<Vec<String>> {
+    let mut module: Vec<String> = match path[0].as_str() {
+        "crate" => Vec::new(),
+        "self" => from.to_vec(),
+        "super" => from[..from.len().checked_sub(1)?].to_vec(),
+        child => {
+            let mut m = from.to_vec();
+            m.push(child.to_string());
+            if !files.contains_key(&m) {
+                return None;
+            }
+            return Some(deepest(m, &path[1..], files));
+        }
+    };
+    let mut rest = &path[1..];
+    while rest.first().is_some_and(|s| s == "super") {
+        module.pop();
+        rest = &rest[1..];
+    }
+    Some(deepest(module, rest, files))
+}
+
+fn deepest(
+    mut module: Vec<String>,
+    rest: &[String],
+    files: &BTreeMap<Vec<String>, PathBuf>,
+) -> Vec<String> {
+    for segment in rest {
+        module.push(segment.clone());
+        if !files.contains_key(&module) {
+            module.pop();
+            break;
+        }
+    }
+    module
+}
+
+/// The import graph of the crate at `src`: file -> the files it imports.
+fn imports(src: &Path) -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
+    let mut list = Vec::new();
+    rust_files(src, &mut list);
+    let files: BTreeMap<Vec<String>, PathBuf> = list
+        .iter()
+        .map(|f| (module_of(src, f), f.clone()))
+        .collect();
+    let mut graph = BTreeMap::new();
+    for (module, file) in &files {
+        let code = code_of(&std::fs::read_to_string(file).unwrap());
+        let edges: BTreeSet<PathBuf> = paths(&code)
+            .iter()
+            .filter_map(|p| target(module, p, &files))
+            .filter(|m| m != module)
+            .map(|m| files[&m].clone())
+            .collect();
+        graph.insert(file.clone(), edges);
+    }
+    graph
+}
+
+/// The cycles of `graph`: its strongly connected components of more than one file (Tarjan).
+fn cycles(graph: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) -> Vec<Vec<PathBuf>> {
+    struct Walk<'g> {
+        graph: &'g BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+        index: BTreeMap<&'g PathBuf, (usize, usize)>,
+        stack: Vec<&'g PathBuf>,
+        found: Vec<Vec<PathBuf>>,
+    }
+    fn visit<'g>(w: &mut Walk<'g>, v: &'g PathBuf) {
+        let n = w.index.len();
+        w.index.insert(v, (n, n));
+        w.stack.push(v);
+        for u in w.graph.get(v).into_iter().flatten() {
+            if !w.index.contains_key(u) {
+                visit(w, u);
+                let low = w.index[u].1.min(w.index[v].1);
+                w.index.get_mut(v).unwrap().1 = low;
+            } else if w.stack.contains(&u) {
+                let low = w.index[u].0.min(w.index[v].1);
+                w.index.get_mut(v).unwrap().1 = low;
+            }
+        }
+        if w.index[v].0 == w.index[v].1 {
+            let at = w.stack.iter().rposition(|x| *x == v).unwrap();
+            let component: Vec<PathBuf> = w.stack.drain(at..).cloned().collect();
+            if component.len() > 1 {
+                w.found.push(component);
+            }
+        }
+    }
+    let mut w = Walk {
+        graph,
+        index: BTreeMap::new(),
+        stack: Vec::new(),
+        found: Vec::new(),
+    };
+    for v in graph.keys() {
+        if !w.index.contains_key(v) {
+            visit(&mut w, v);
+        }
+    }
+    w.found
+}
+
+#[test]
+fn no_file_of_operator_or_api_imports_itself_through_others() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for src in ["operator/src", "api/src"] {
+        let graph = imports(&root.join(src));
+        let edges: usize = graph.values().map(BTreeSet::len).sum();
+        // The scan saw the imports.
+        assert!(edges > 5, "{src}: {edges} imports");
+        let found: Vec<Vec<String>> = cycles(&graph)
+            .iter()
+            .map(|c| {
+                let shown = c.iter().map(|f| f.strip_prefix(&root).unwrap_or(f));
+                shown.map(|f| f.display().to_string()).collect()
+            })
+            .collect();
+        assert!(found.is_empty(), "files that import each other: {found:#?}");
+    }
+}
+
+#[test]
+fn the_scan_finds_a_cycle_through_a_folder_and_its_files() {
+    let dir = std::env::temp_dir().join(format!("import-cycles-{}", std::process::id()));
+    let write = |path: &str, text: &str| {
+        let file = dir.join(path);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(file, text).unwrap();
+    };
+    write("lib.rs", "pub mod config;\npub mod gang;\npub mod apart;\n");
+    write("apart.rs", "use crate::gang::f;\n");
+    write("config.rs", "use crate::gang::Timing;\n");
+    write("gang/mod.rs", "mod a;\nmod b;\npub use a::Timing;\n");
+    write(
+        "gang/a.rs",
+        "use super::b::{self as bee, Y};\npub struct Timing;\n",
+    );
+    write("gang/b.rs", "pub fn g() { let _ = crate::config::C; }\n");
+    let graph = imports(&dir);
+    let name = |p: &PathBuf| p.strip_prefix(&dir).unwrap().display().to_string();
+    let mut found: Vec<Vec<String>> = cycles(&graph)
+        .iter()
+        .map(|c| {
+            let mut names: Vec<String> = c.iter().map(name).collect();
+            names.sort();
+            names
+        })
+        .collect();
+    found.sort();
+    std::fs::remove_dir_all(&dir).unwrap();
+    // config -> gang/mod.rs (through its re-export) -> a -> b -> config.
+    assert_eq!(
+        found,
+        [["config.rs", "gang/a.rs", "gang/b.rs", "gang/mod.rs"]]
+    );
+}
