@@ -315,6 +315,16 @@ fn is_zero(n: &u64) -> bool {
 }
 
 impl Progress {
+    /// The parts of this report the recovery ledger uses.
+    pub fn step_report(&self) -> crate::recovery::StepReport {
+        crate::recovery::StepReport {
+            step: self.step,
+            resumed_from_step: self.resumed_from_step,
+            first_step_at: self.attempt_first_step_time,
+            checkpoint_step: self.last_checkpoint.as_ref().map(|c| c.step),
+        }
+    }
+
     /// The final report as a termination message: the prefix and compact JSON within
     /// [`TERMINATION_MESSAGE_LIMIT`]; optional detail goes first when it would not fit
     /// (rank 0's /progress server is gone once training ends, so this is how the final step,

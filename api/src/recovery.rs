@@ -242,25 +242,13 @@ impl Retired {
     }
 }
 
-/// What a supervisor saw of the current attempt's progress.
+/// What a supervisor saw of the current attempt's progress (`Progress::step_report`).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StepReport {
     pub step: u64,
     pub resumed_from_step: Option<u64>,
     pub first_step_at: Option<Timestamp>,
     pub checkpoint_step: Option<u64>,
-}
-
-impl StepReport {
-    /// The parts of rank 0's report the ledger uses.
-    pub fn of(p: &crate::progress::Progress) -> Self {
-        StepReport {
-            step: p.step,
-            resumed_from_step: p.resumed_from_step,
-            first_step_at: p.attempt_first_step_time,
-            checkpoint_step: p.last_checkpoint.as_ref().map(|c| c.step),
-        }
-    }
 }
 
 impl Recovery {

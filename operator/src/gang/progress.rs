@@ -3,7 +3,6 @@
 
 use ferrotrain_api::crd::{TrainingProgress, condition};
 use ferrotrain_api::reason;
-use ferrotrain_api::recovery::StepReport;
 use ferrotrain_api::{Progress, TrainerPhase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::SignedDuration;
@@ -44,7 +43,7 @@ impl<'a, 'o> Decider<'a, 'o> {
             });
             // With the status written anyway: the ledger's clock moves with the progress.
             if let Some(r) = self.status.recovery.as_mut() {
-                r.report(StepReport::of(report), now);
+                r.report(report.step_report(), now);
             }
             if self.status.is_true(condition::STALLED) {
                 self.set_condition(

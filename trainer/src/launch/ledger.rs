@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ferrotrain_api::recovery::{AttemptEnd, EndCause, StepReport, Timestamp};
+use ferrotrain_api::recovery::{AttemptEnd, EndCause, Timestamp};
 use ferrotrain_api::{Progress, Recovery};
 
 use super::group::GroupOutcome;
@@ -59,7 +59,7 @@ impl Ledger {
             .and_then(|t| Timestamp::try_from(t).ok())
             .unwrap_or_else(Timestamp::now);
         if let Some(p) = report {
-            self.recovery.report(StepReport::of(&p), written);
+            self.recovery.report(p.step_report(), written);
         }
     }
 
