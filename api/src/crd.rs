@@ -330,6 +330,14 @@ pub struct RestartPolicy {
     #[serde(default = "defaults::max_backoff_seconds")]
     #[schemars(range(min = 0, max = 86400))]
     pub max_backoff_seconds: i64,
+    /// After a retryable failure of a trainer process whose pod stays (a crash, a kill, an
+    /// OOM kill inside the container, a hang), restart every pod's ranks in place as a new
+    /// round of the same attempt: the pods, their nodes and GPUs are kept, and the next step
+    /// comes seconds later. Counted against maxRestarts like a gang restart. A lost pod still
+    /// restarts the gang. Needs ferrotrain's own launcher (no custom `command`) and more than
+    /// one replica; false restarts the whole gang on every failure.
+    #[serde(default = "defaults::in_place")]
+    pub in_place: bool,
     /// Container exit codes that no restart can fix: the job Fails with the rank's termination
     /// message. Default: 2 (invalid config), 3 (invalid data), 4 (incompatible checkpoint).
     #[serde(default = "defaults::permanent_exit_codes")]
@@ -344,6 +352,7 @@ impl Default for RestartPolicy {
             max_restarts: defaults::max_restarts(),
             backoff_seconds: defaults::backoff_seconds(),
             max_backoff_seconds: defaults::max_backoff_seconds(),
+            in_place: defaults::in_place(),
             permanent_exit_codes: defaults::permanent_exit_codes(),
         }
     }
@@ -522,10 +531,15 @@ pub struct DistributedTrainingStatus {
     /// restart and resume.
     #[serde(default)]
     pub attempt: i32,
-    /// Gang restarts after failures so far (bounded by restartPolicy.maxRestarts).
-    /// Disruptions (eviction, preemption, drain) restart the gang without counting here.
+    /// Restarts after failures so far, gang restarts and in-place restarts alike (bounded by
+    /// restartPolicy.maxRestarts). Disruptions (eviction, preemption, drain) restart the gang
+    /// without counting here.
     #[serde(default)]
     pub restarts: i32,
+    /// The in-place round of the current attempt: 0 until its ranks first restart in place
+    /// (restartPolicy.inPlace), then 1, 2, ...; back to 0 with every new attempt.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub round: i32,
     /// Every gang restart by its cause (lastFailure.reason: ExitCode, NodeLost, Disrupted,
     /// Unschedulable, ...), including the disruptions that restarts does not count.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -834,6 +848,9 @@ mod defaults {
     }
     pub fn max_restarts() -> i32 {
         10
+    }
+    pub fn in_place() -> bool {
+        true
     }
     pub fn backoff_seconds() -> i64 {
         10

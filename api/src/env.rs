@@ -54,6 +54,9 @@ pub const FERROTRAIN_STOP_GRACE_SECONDS: &str = "FERROTRAIN_STOP_GRACE_SECONDS";
 /// `ferrotrain launch --restart-in-place`: on several nodes, restart the ranks in a new round
 /// after a retryable failure instead of exiting (the operator sets it for its pods).
 pub const FERROTRAIN_RESTART_IN_PLACE: &str = "FERROTRAIN_RESTART_IN_PLACE";
+/// Exit codes no restart can fix (comma-separated; default 2,3,4): the launcher never
+/// restarts a rank that exits with one (restartPolicy.permanentExitCodes).
+pub const FERROTRAIN_PERMANENT_EXIT_CODES: &str = "FERROTRAIN_PERMANENT_EXIT_CODES";
 /// How long the launchers wait for every node to join a round of in-place restarts.
 pub const FERROTRAIN_RENDEZVOUS_TIMEOUT_SECONDS: &str = "FERROTRAIN_RENDEZVOUS_TIMEOUT_SECONDS";
 /// Set by the launcher in in-place mode: the round (0, 1, ...) the rank belongs to; its

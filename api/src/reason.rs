@@ -81,6 +81,18 @@ pub const STALLED: &str = "Stalled";
 /// `activeDeadlineSeconds` passed: `lastFailure.reason` and Failed.
 pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
 
+// In-place restarts (`restartPolicy.inPlace`): the ranks of every pod restarted in a new
+// round; lastFailure.reason and restartsByCause say why (with ExitCode, PermanentExitCode).
+
+/// A rank's trainer was killed by a signal (SIGKILL, the OOM killer) inside its pod.
+pub const KILLED: &str = "Killed";
+/// A rank's trainer was stopped (SIGSTOP, a debugger) and its peers timed out waiting.
+pub const FROZEN: &str = "Frozen";
+/// A rank did not answer its peers in a collective (hung); they name it in their timeouts.
+pub const UNRESPONSIVE: &str = "Unresponsive";
+/// Warning event: every rank restarted in place, in the same pods, as a new round.
+pub const RESTARTED_IN_PLACE: &str = "RestartedInPlace";
+
 // The end of a job: conditions Restarting, Failed, Succeeded.
 
 /// Warning event naming the failed rank of a restart or of a permanent failure.

@@ -110,6 +110,11 @@ impl AttemptEnd {
 pub struct AttemptRecord {
     /// The attempt number (status.attempt while it ran; FERROTRAIN_ATTEMPT of its ranks).
     pub attempt: i64,
+    /// The in-place round of the attempt (FERROTRAIN_ROUND of its ranks): once a rank
+    /// restarted in place, each round of the attempt has a record of its own (absent before
+    /// and without in-place restarts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round: Option<u64>,
     /// When its pods were created (its ranks spawned).
     pub started_at: Timestamp,
     /// When all its ranks ran.
@@ -266,9 +271,28 @@ impl Recovery {
         if self.attempts.iter().any(|a| a.attempt == attempt) {
             return;
         }
+        self.open(attempt, None, at);
+    }
+
+    /// Round `round` of attempt `attempt` started at `at`: its ranks were restarted in place
+    /// (idempotent). The pods kept running, so the round runs from its start.
+    pub fn start_round(&mut self, attempt: i64, round: u64, at: Timestamp) {
+        let known = self
+            .attempts
+            .iter()
+            .any(|a| a.attempt == attempt && a.round.unwrap_or(0) >= round);
+        if known {
+            return;
+        }
+        self.open(attempt, Some(round), at);
+        self.running(at);
+    }
+
+    fn open(&mut self, attempt: i64, round: Option<u64>, at: Timestamp) {
         self.started_at.get_or_insert(at);
         self.attempts.push(AttemptRecord {
             attempt,
+            round,
             started_at: at,
             running_at: None,
             first_step_at: None,

@@ -412,6 +412,42 @@ pub fn at_json_path<'a>(object: &'a Value, path: &str) -> Option<&'a Value> {
         .filter(|v| !v.is_null())
 }
 
+/// Runs `sh -c script` in the pod's trainer container; returns its stdout.
+pub async fn exec(pods: &Api<Pod>, pod: &str, script: &str) -> String {
+    use tokio::io::AsyncReadExt;
+    let params = kube::api::AttachParams::default()
+        .container("trainer")
+        .stderr(false);
+    let mut process = pods
+        .exec(pod, ["sh", "-c", script], &params)
+        .await
+        .unwrap_or_else(|e| panic!("exec in {pod}: {e}"));
+    let mut out = String::new();
+    if let Some(mut stdout) = process.stdout() {
+        let _ = stdout.read_to_string(&mut out).await;
+    }
+    let _ = process.join().await;
+    out
+}
+
+/// Sends `signal` (KILL, STOP, ...) to the trainer process (`ferrotrain run`) of the pod, not
+/// to its launcher; returns the pid it signalled.
+pub async fn signal_trainer(pods: &Api<Pod>, pod: &str, signal: &str) -> u32 {
+    let script = format!(
+        "for d in /proc/[0-9]*; do \
+           case \"$(tr '\\0' ' ' < $d/cmdline 2>/dev/null)\" in \
+             *'ferrotrain run '*) kill -{signal} ${{d#/proc/}} && echo ${{d#/proc/}};; \
+           esac; \
+         done"
+    );
+    let out = exec(pods, pod, &script).await;
+    out.trim()
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no trainer process to signal in {pod}: {out:?}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

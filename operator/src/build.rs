@@ -23,9 +23,9 @@ pub const RESERVED_VOLUMES: [&str; 5] = ["shm", "tmp", "trainer-config", "checkp
 pub const RUN_AS: i64 = 65532;
 /// The GPU resource.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
-/// The trainer image's default entrypoint. The operator restarts the gang, so the launcher
-/// must not restart ranks itself.
-pub const DEFAULT_COMMAND: [&str; 4] = ["ferrotrain", "launch", "--max-restarts", "0"];
+/// The trainer image's default entrypoint: the pod's launcher. How it restarts its ranks
+/// comes from the environment ([`restart_env`]).
+pub const DEFAULT_COMMAND: [&str; 2] = ["ferrotrain", "launch"];
 
 /// What the builders need besides the object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,6 +36,46 @@ pub struct BuildSettings {
     /// terminationGracePeriodSeconds of pods whose template sets none: sized from the last
     /// checkpoint save (gang::save_grace_seconds), so rank 0 can save before SIGKILL.
     pub termination_grace_seconds: i64,
+    /// Restarts of restartPolicy.maxRestarts the job has not spent yet: the pods' launchers
+    /// may restart their ranks in place this many times.
+    pub restarts_left: i32,
+}
+
+/// Whether the pods' launchers restart their ranks in place (restartPolicy.inPlace with
+/// ferrotrain's own launcher, on more than one pod; one pod's gang restarts as fast).
+pub fn restarts_in_place(spec: &DistributedTrainingSpec) -> bool {
+    spec.restart_policy.in_place && spec.command.is_none() && spec.replicas > 1
+}
+
+/// How the pod's launcher restarts its ranks: in place, up to the restarts left, with the
+/// job's backoff and rendezvous timeout; else never (the operator restarts the gang).
+fn restart_env(spec: &DistributedTrainingSpec, s: &BuildSettings) -> Vec<EnvVar> {
+    if !restarts_in_place(spec) {
+        return vec![env_value(env::FERROTRAIN_MAX_RESTARTS, 0)];
+    }
+    let p = &spec.restart_policy;
+    let codes: Vec<String> = p.permanent_exit_codes.iter().map(i32::to_string).collect();
+    let mut vars = vec![
+        env_value(env::FERROTRAIN_RESTART_IN_PLACE, "true"),
+        env_value(env::FERROTRAIN_MAX_RESTARTS, s.restarts_left.max(0)),
+        env_value(env::FERROTRAIN_RESTART_BACKOFF_SECONDS, p.backoff_seconds),
+        env_value(
+            env::FERROTRAIN_RESTART_BACKOFF_MAX_SECONDS,
+            p.max_backoff_seconds,
+        ),
+    ];
+    // The agents wait for one another at a round's start as the ranks do at the rendezvous.
+    if let Some(t) = &spec.trainer {
+        vars.push(env_value(
+            env::FERROTRAIN_RENDEZVOUS_TIMEOUT_SECONDS,
+            t.distributed.rendezvous_timeout_seconds,
+        ));
+    }
+    vars.push(env_value(
+        env::FERROTRAIN_PERMANENT_EXIT_CODES,
+        codes.join(","),
+    ));
+    vars
 }
 
 /// The pods' termination grace: the template's, or the one sized from the save time.
@@ -247,6 +287,7 @@ pub fn contract_env(
         env::FERROTRAIN_STOP_GRACE_SECONDS,
         crate::gang::launcher_stop_grace_seconds(termination_grace(spec, s)),
     ));
+    vars.extend(restart_env(spec, s));
     // A pod given GPUs never trains on the CPU by accident (the trainer exits 2 instead).
     if spec.gpus_per_replica > 0 {
         vars.push(env_value(

@@ -76,6 +76,7 @@ impl Context {
             master_port: self.settings.master_port,
             trainer_metrics_port: self.settings.trainer_metrics_port,
             termination_grace_seconds: 30,
+            restarts_left: 0,
         }
     }
 

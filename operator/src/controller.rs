@@ -158,6 +158,7 @@ fn build_launches(
 ) -> Vec<build::GangObjects> {
     let mut settings = ctx.build_settings();
     settings.termination_grace_seconds = gang::save_grace_seconds(&decision.status);
+    settings.restarts_left = dt.spec.restart_policy.max_restarts - decision.status.restarts;
     decision
         .actions
         .iter()

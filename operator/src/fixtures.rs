@@ -264,6 +264,7 @@ pub fn build_settings() -> BuildSettings {
         master_port: 29500,
         trainer_metrics_port: 9090,
         termination_grace_seconds: 70,
+        restarts_left: 10,
     }
 }
 

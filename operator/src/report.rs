@@ -23,6 +23,8 @@ pub fn significant(value: f64, digits: i32) -> Option<f64> {
 pub fn rounded(report: &Progress) -> Progress {
     let sig = |v: Option<f64>, d: i32| v.and_then(|v| significant(v, d));
     let mut p = report.clone();
+    // Counted into restarts and the recovery ledger (gang::in_place), not kept as such.
+    p.round_ends.clear();
     p.steps_per_second = sig(p.steps_per_second, 3);
     p.samples_per_second = sig(p.samples_per_second, 3);
     p.tokens_per_second = sig(p.tokens_per_second, 3);

@@ -144,7 +144,11 @@ esac"#,
         (end.reason.as_str(), end.rank, end.exit_code),
         ("ExitCode", Some(1), Some(1))
     );
-    assert_eq!(ledger.attempts[1].attempt, 1, "the second round");
+    assert_eq!(
+        (ledger.attempts[1].attempt, ledger.attempts[1].round),
+        (3, Some(1)),
+        "round 1 of attempt 3"
+    );
 }
 
 #[test]

@@ -69,6 +69,13 @@ fn env_contract_of_a_gpu_pod() {
         ("FERROTRAIN_JOB", "mt"),
         ("FERROTRAIN_ATTEMPT", "3"),
         ("FERROTRAIN_STOP_GRACE_SECONDS", "65"),
+        // In place: the launchers restart their ranks up to the restarts the job has left.
+        ("FERROTRAIN_RESTART_IN_PLACE", "true"),
+        ("FERROTRAIN_MAX_RESTARTS", "10"),
+        ("FERROTRAIN_RESTART_BACKOFF_SECONDS", "10"),
+        ("FERROTRAIN_RESTART_BACKOFF_MAX_SECONDS", "300"),
+        ("FERROTRAIN_RENDEZVOUS_TIMEOUT_SECONDS", "300"),
+        ("FERROTRAIN_PERMANENT_EXIT_CODES", "2,3,4"),
         ("FERROTRAIN_EXPECT_GPUS", "4"),
         ("FERROTRAIN_CONFIG", "/etc/ferrotrain/trainer.yaml"),
         ("FERROTRAIN_CHECKPOINT_DIR", "/checkpoints"),
@@ -446,10 +453,7 @@ fn command_default_and_bring_your_own() {
         .unwrap()
         .containers[0]
         .clone();
-    assert_eq!(
-        c.command.unwrap(),
-        ["ferrotrain", "launch", "--max-restarts", "0"]
-    );
+    assert_eq!(c.command.unwrap(), ["ferrotrain", "launch"]);
     assert_eq!(
         c.termination_message_path.as_deref(),
         Some("/dev/termination-log")
@@ -611,4 +615,52 @@ fn the_termination_grace_is_the_one_sized_from_the_save_unless_the_template_sets
     let p = pod(&owner, &fixed.spec, 0, 0, &build_settings());
     assert_eq!(grace(&p), Some(120));
     assert_eq!(stop(&p).as_deref(), Some("115"));
+}
+
+#[test]
+fn the_launchers_restart_in_place_only_with_their_own_launcher_and_several_pods() {
+    let restart_env = |spec: serde_json::Value, left: i32| {
+        let dt = job().with_spec(spec);
+        let owner = Owner::of(&dt).unwrap();
+        let settings = BuildSettings {
+            restarts_left: left,
+            ..build_settings()
+        };
+        let env = env_of(&pod(&owner, &dt.spec, 0, 0, &settings));
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        (
+            get("FERROTRAIN_RESTART_IN_PLACE"),
+            get("FERROTRAIN_MAX_RESTARTS"),
+        )
+    };
+    let trainer = serde_json::json!({"task": "copy", "maxSteps": 10});
+    let two = serde_json::json!({"replicas": 2, "trainer": trainer});
+    assert_eq!(
+        restart_env(two.clone(), 7),
+        (Some("true".into()), Some("7".into()))
+    );
+    assert_eq!(
+        restart_env(two, -1),
+        (Some("true".into()), Some("0".into())),
+        "budget spent"
+    );
+    let off =
+        serde_json::json!({"replicas": 2, "trainer": trainer, "restartPolicy": {"inPlace": false}});
+    assert_eq!(
+        restart_env(off, 7),
+        (None, Some("0".into())),
+        "the operator restarts the gang"
+    );
+    let one = serde_json::json!({"replicas": 1, "trainer": trainer});
+    assert_eq!(
+        restart_env(one, 7),
+        (None, Some("0".into())),
+        "one pod: a gang restart is as fast"
+    );
+    let byo = serde_json::json!({"replicas": 2, "command": ["torchrun", "train.py"]});
+    assert_eq!(
+        restart_env(byo, 7),
+        (None, Some("0".into())),
+        "not our launcher"
+    );
 }

@@ -135,6 +135,7 @@ impl<'a, 'o> Decider<'a, 'o> {
             }
             let now = self.now();
             self.recovery().start(i64::from(attempt), now);
+            self.status.round = 0;
             let spec = self.o.spec;
             self.event(
                 false,

@@ -17,6 +17,7 @@
 //!   waiting, their placement, and what that means for the attempt;
 //! - `failure.rs`: what ended an attempt and which failure is the root cause;
 //! - `progress.rs`: rank 0's report in the status, ProgressAvailable, stall detection;
+//! - `in_place.rs`: the rounds the pods' launchers restarted in place, counted as restarts;
 //! - `conditions.rs`: setting conditions, and what Running says while pods start.
 //!
 //! The files import each other directly (`super::failure::Failure`), never through this
@@ -27,6 +28,7 @@ mod conditions;
 mod decider;
 mod decision;
 mod failure;
+mod in_place;
 mod launch;
 mod lifecycle;
 mod observed;

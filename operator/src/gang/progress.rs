@@ -25,6 +25,7 @@ impl<'a, 'o> Decider<'a, 'o> {
 
     /// Writes `report` into status.progress when a value a user sees changed.
     fn store_report(&mut self, report: &Progress) {
+        self.count_rounds(report);
         let now = self.now();
         let rounded = report::rounded(report);
         let changed = self

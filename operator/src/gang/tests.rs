@@ -5,7 +5,7 @@
 use ferrotrain_api::crd::{DistributedTrainingSpec, DistributedTrainingStatus, Phase};
 
 use super::*;
-use crate::fixtures::{NAME, running, running_status, spec, t};
+use crate::fixtures::{NAME, pending, running, running_status, spec, t};
 
 /// One situation and what must come out of it.
 pub(super) struct Row {
@@ -158,4 +158,21 @@ fn every_decision_is_idempotent_when_replayed_on_its_own_status() {
             replay.name
         );
     }
+}
+
+/// A job of two ranks that launched at 0 and ran from 10 (both pods seen bound), through the
+/// decisions an operator makes: the status the next reconcile starts from.
+pub(super) fn ran_with_both_pods_seen() -> DistributedTrainingStatus {
+    let step = |status: &DistributedTrainingStatus, pods: Vec<PodView>, now| {
+        run(&Row {
+            status: status.clone(),
+            pods,
+            now,
+            ..Row::default()
+        })
+        .status
+    };
+    let s = step(&DistributedTrainingStatus::default(), vec![], 0);
+    let s = step(&s, vec![pending(0, 0), pending(0, 1)], 1);
+    step(&s, vec![running(0, 0), running(0, 1)], 10)
 }

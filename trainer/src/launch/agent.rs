@@ -216,7 +216,7 @@ impl<'a> Agent<'a> {
         self.client
             .barrier(&join, self.args.nnodes, self.rendezvous_timeout())?;
         let watcher = Watcher::start(&self.host, self.args.master_port, &self.auth, round)?;
-        self.ledger.started(round);
+        self.ledger.started(self.launch.base_attempt, Some(round));
         tracing::info!(
             "agent: round {round}: starting {} rank(s)",
             self.args.nproc_per_node
@@ -298,7 +298,7 @@ impl<'a> Agent<'a> {
                 Err(e) => tracing::warn!("agent: round {round}: no report from node {node}: {e}"),
             }
         }
-        let verdict = blame::verdict(round, &reports);
+        let verdict = blame::verdict(round, &reports, &self.args.permanent_exit_codes);
         self.client.set(
             &key,
             &serde_json::to_vec(&verdict).expect("a verdict serializes"),

@@ -3,14 +3,13 @@
 //!
 //! A round ends when any rank fails; its peers then fail too (their collective broke), so most
 //! rounds end with several failures. The cause is, in this order:
-//! 1. a permanent failure (exit 2, 3 or 4: no restart can fix it);
+//! 1. a permanent failure (by default exit 2, 3 or 4: no restart can fix it);
 //! 2. a rank killed by a signal (SIGKILL, the OOM killer): killed from outside;
 //! 3. a frozen rank (stopped: SIGSTOP, a debugger) that never failed on its own: it made its
 //!    peers time out, and blaming the peers that waited would be wrong;
 //! 4. a rank its peers name as the one that did not answer in a collective (a hang);
 //! 5. otherwise the earliest failure (ties: the lower rank).
 
-use ferrotrain_api::exit;
 use ferrotrain_api::recovery::Timestamp;
 use serde::{Deserialize, Serialize};
 
@@ -53,8 +52,9 @@ pub struct Verdict {
     pub secondary: usize,
 }
 
-/// Applies the rule of the module documentation to the reports of every node.
-pub fn verdict(round: u64, reports: &[NodeReport]) -> Verdict {
+/// Applies the rule of the module documentation to the reports of every node; `permanent`
+/// lists the exit codes no restart can fix.
+pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32]) -> Verdict {
     let failures: Vec<(&NodeReport, &RankFailure)> = reports
         .iter()
         .filter_map(|r| r.failure.as_ref().map(|f| (r, f)))
@@ -90,11 +90,11 @@ pub fn verdict(round: u64, reports: &[NodeReport]) -> Verdict {
         code: Some(f.code),
         reason: reason.into(),
         message: f.reason.clone(),
-        permanent: exit::is_permanent(f.code),
+        permanent: permanent.contains(&f.code),
         secondary: failures.len() - 1,
         ..base.clone()
     };
-    if let Some(hit) = earliest(&|f| exit::is_permanent(f.code)) {
+    if let Some(hit) = earliest(&|f| permanent.contains(&f.code)) {
         return blame(hit, "PermanentExitCode");
     }
     if let Some(hit) = earliest(&|f| f.code >= 128) {
@@ -170,6 +170,12 @@ fn unresponsive_rank(message: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const PERMANENT: [i32; 3] = [2, 3, 4];
+
+    fn verdict(round: u64, reports: &[NodeReport]) -> Verdict {
+        super::verdict(round, reports, &PERMANENT)
+    }
 
     fn at(s: i64) -> Timestamp {
         Timestamp::from_second(1_750_000_000 + s).unwrap()

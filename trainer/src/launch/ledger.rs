@@ -38,10 +38,14 @@ impl Ledger {
         }
     }
 
-    pub fn started(&mut self, attempt: u64) {
+    /// Attempt `attempt` (single node), or round `round` of it (in-place restarts), started.
+    pub fn started(&mut self, attempt: u64, round: Option<u64>) {
         let _ = std::fs::remove_file(&self.progress_file);
         let now = Timestamp::now();
-        self.recovery.start(attempt as i64, now);
+        match round {
+            Some(round) => self.recovery.start_round(attempt as i64, round, now),
+            None => self.recovery.start(attempt as i64, now),
+        }
         // The launcher's ranks run once spawned: no scheduling, no image pull.
         self.recovery.running(now);
         self.save();
@@ -142,8 +146,9 @@ pub fn recovery_lines(r: &Recovery) -> Vec<String> {
         let lost = a
             .lost_steps
             .map_or(String::new(), |l| format!(", {l} steps lost"));
+        let round = a.round.map_or(String::new(), |r| format!(" round {r}"));
         lines.push(format!(
-            "attempt {}: resumed from step {}, {to_first}, reached step {}, {end}{lost}",
+            "attempt {}{round}: resumed from step {}, {to_first}, reached step {}, {end}{lost}",
             a.attempt,
             a.resumed_from_step.unwrap_or(0),
             a.last_step.unwrap_or(0),

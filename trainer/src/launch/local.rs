@@ -63,7 +63,7 @@ pub fn supervise_attempts(args: &LaunchArgs, l: &Launch) -> Result<i32, LaunchEr
         );
         // Before the ranks exist: the last attempt's progress file must be gone before the
         // new rank 0 can write its own.
-        ledger.started(attempt);
+        ledger.started(attempt, None);
         let mut group = start_group(&a).map_err(LaunchError::io(format!(
             "cannot start {}",
             program.display()
@@ -81,7 +81,7 @@ pub fn supervise_attempts(args: &LaunchArgs, l: &Launch) -> Result<i32, LaunchEr
             GroupOutcome::Failed(f) => {
                 tracing::warn!("launch: {}", f.reason);
                 crate::error::write_termination_message(&f.reason);
-                if exit::is_permanent(f.code) {
+                if args.permanent_exit_codes.contains(&f.code) {
                     tracing::error!("launch: exit code {} is permanent; not restarting", f.code);
                     return Ok(f.code);
                 }

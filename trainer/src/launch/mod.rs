@@ -77,6 +77,15 @@ pub struct LaunchArgs {
     /// launcher then hosts the rendezvous store (docs/distributed.md, "In-place restarts").
     #[arg(long, env = env::FERROTRAIN_RESTART_IN_PLACE, default_value_t = false)]
     pub restart_in_place: bool,
+    /// Exit codes no restart can fix (comma-separated): a rank that exits with one is never
+    /// restarted, and the launcher exits with it.
+    #[arg(
+        long,
+        env = env::FERROTRAIN_PERMANENT_EXIT_CODES,
+        value_delimiter = ',',
+        default_values_t = [exit::INVALID_CONFIG, exit::INVALID_DATA, exit::INCOMPATIBLE_CHECKPOINT]
+    )]
+    pub permanent_exit_codes: Vec<i32>,
     /// In-place restarts: how long every node's launcher waits for the others to join a round.
     #[arg(
         long,

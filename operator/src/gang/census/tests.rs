@@ -7,7 +7,7 @@ use crate::fixtures::{
     NO_FIT, PULL, cond, deleting, exited, node_lost, pending, restarting_status, running,
     running_status, starting_status, status, stuck,
 };
-use crate::gang::tests::{Row, del, run};
+use crate::gang::tests::{Row, del, ran_with_both_pods_seen, run};
 use crate::gang::*;
 
 /// Rows of the table of every decision ([`crate::gang::tests`]).
@@ -217,23 +217,6 @@ pub(in crate::gang) fn rows() -> Vec<Row> {
             ..Row::default()
         },
     ]
-}
-
-/// A job of two ranks that launched at 0 and ran from 10 (both pods seen bound), through the
-/// decisions an operator makes: the status the next reconcile starts from.
-fn ran_with_both_pods_seen() -> DistributedTrainingStatus {
-    let step = |status: &DistributedTrainingStatus, pods: Vec<PodView>, now| {
-        run(&Row {
-            status: status.clone(),
-            pods,
-            now,
-            ..Row::default()
-        })
-        .status
-    };
-    let s = step(&DistributedTrainingStatus::default(), vec![], 0);
-    let s = step(&s, vec![pending(0, 0), pending(0, 1)], 1);
-    step(&s, vec![running(0, 0), running(0, 1)], 10)
 }
 
 fn assert_rank_1_blamed_on_node_1(d: &Decision) {

@@ -1,0 +1,124 @@
+//! In-place restarts on a real cluster: a trainer process that dies or freezes inside its pod
+//! restarts every rank in a new round of the same attempt, in the same pods (same UIDs), in
+//! seconds; the job counts it as a restart with the right rank and cause.
+
+use std::collections::BTreeMap;
+
+use ferrotrain_api::crd::Phase;
+use ferrotrain_api::recovery::Timestamp;
+use ferrotrain_e2e::{
+    TRAIN_WAIT, TestNamespace, WAIT, copy_job, pods_of, rank0_progress, signal_trainer, wait_for,
+    wait_status,
+};
+use serde_json::json;
+
+async fn uids(ns: &TestNamespace, job: &str) -> BTreeMap<String, String> {
+    pods_of(&ns.pods(), job)
+        .await
+        .into_iter()
+        .filter_map(|p| Some((p.metadata.name?, p.metadata.uid?)))
+        .collect()
+}
+
+/// A running 2-pod copy job past its first checkpoint, with this collective timeout.
+async fn training(ns: &TestNamespace, job: &str, collective_timeout: u64) {
+    ns.create_checkpoint_claim(&format!("{job}-checkpoints"))
+        .await;
+    let mut spec = copy_job(2, 1_000_000, Some(&format!("{job}-checkpoints")));
+    spec["trainer"]["distributed"]["collectiveTimeoutSeconds"] = json!(collective_timeout);
+    ns.create_job(job, spec).await;
+    wait_status(&ns.jobs(), job, "a first checkpoint", TRAIN_WAIT, |s| {
+        s.phase == Phase::Running
+            && s.progress
+                .as_ref()
+                .and_then(|p| p.report.last_checkpoint.as_ref())
+                .is_some()
+    })
+    .await;
+}
+
+/// When rank 0 completed its first step of `round` (its own report, through the pod proxy).
+async fn first_step_of_round(ns: &TestNamespace, job: &str, round: u64) -> Timestamp {
+    let pod = format!("{job}-0-0");
+    wait_for(
+        &format!("rank 0 stepping in round {round}"),
+        WAIT,
+        || async {
+            match rank0_progress(&ns.client, &ns.name, &pod).await {
+                Ok(p) if p.round == round => (p.attempt_first_step_time, format!("{p:?}")),
+                Ok(p) => (None, format!("round {}", p.round)),
+                Err(e) => (None, e),
+            }
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+#[ignore = "needs a cluster with the operator and the trainer image (scripts/e2e.sh)"]
+async fn a_killed_trainer_restarts_in_place_in_seconds_in_the_same_pods() {
+    let ns = TestNamespace::create("inplace").await;
+    training(&ns, "inplace", 30).await;
+    let gang = uids(&ns, "inplace").await;
+    assert_eq!(gang.len(), 2, "{gang:?}");
+
+    let killed_at = Timestamp::now();
+    signal_trainer(&ns.pods(), "inplace-0-1", "KILL").await;
+    let first = first_step_of_round(&ns, "inplace", 1).await;
+    let to_step = first.duration_since(killed_at).as_secs_f64();
+    eprintln!("kill -9 of rank 1's trainer -> round 1's first step {to_step:.2} s later");
+
+    let counted = wait_status(&ns.jobs(), "inplace", "the restart counted", WAIT, |s| {
+        s.restarts == 1 && s.round == 1
+    })
+    .await;
+    assert_eq!(counted.attempt, 0, "the same attempt");
+    assert_eq!(counted.phase, Phase::Running);
+    assert_eq!(uids(&ns, "inplace").await, gang, "the same pods, untouched");
+    let f = counted.last_failure.clone().expect("the failure");
+    assert_eq!(
+        (f.reason.as_str(), f.node_rank, f.exit_code),
+        ("Killed", Some(1), Some(137)),
+        "{f:?}"
+    );
+    assert!(f.message.contains("SIGKILL"), "{}", f.message);
+    assert!(f.node.is_some(), "the node, from status.placement: {f:?}");
+    assert_eq!(counted.restarts_by_cause.get("Killed"), Some(&1));
+    let ledger = counted.recovery.clone().expect("the ledger");
+    let round = ledger.attempts.last().unwrap();
+    assert_eq!((round.attempt, round.round), (0, Some(1)), "{ledger:?}");
+    assert!(
+        to_step < 3.0,
+        "the next step came {to_step:.2} s after the kill (goal < 3 s)"
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs a cluster with the operator and the trainer image (scripts/e2e.sh)"]
+async fn a_frozen_trainer_is_blamed_and_the_gang_restarts_in_place_within_the_timeout() {
+    const TIMEOUT: u64 = 10;
+    let ns = TestNamespace::create("frozen").await;
+    training(&ns, "frozen", TIMEOUT).await;
+    let gang = uids(&ns, "frozen").await;
+
+    let stopped_at = Timestamp::now();
+    signal_trainer(&ns.pods(), "frozen-0-1", "STOP").await;
+    let first = first_step_of_round(&ns, "frozen", 1).await;
+    let took = first.duration_since(stopped_at).as_secs_f64();
+    eprintln!("SIGSTOP of rank 1's trainer -> round 1's first step {took:.2} s later");
+    let counted = wait_status(&ns.jobs(), "frozen", "the restart counted", WAIT, |s| {
+        s.restarts == 1
+    })
+    .await;
+    let f = counted.last_failure.clone().expect("the failure");
+    assert_eq!(
+        (f.reason.as_str(), f.node_rank),
+        ("Frozen", Some(1)),
+        "the frozen rank is blamed, not the peer that timed out: {f:?}"
+    );
+    assert_eq!(uids(&ns, "frozen").await, gang, "the same pods");
+    assert!(
+        took < (TIMEOUT + 3) as f64,
+        "restarted {took:.2} s after the freeze (collective timeout {TIMEOUT} s + 3 s)"
+    );
+}

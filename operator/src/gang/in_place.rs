@@ -1,0 +1,81 @@
+//! In-place restarts (`restartPolicy.inPlace`): the pods' launchers restart every rank in a new
+//! round of the same attempt without any pod ending (docs/distributed.md). Rank 0's report
+//! says how each earlier round ended (`roundEnds`); each one not yet counted becomes a restart
+//! here: `restarts` (against maxRestarts), `restartsByCause`, `lastFailure`, a record of its
+//! own in the recovery ledger, and a Warning event. The pods are not touched.
+
+use ferrotrain_api::Progress;
+use ferrotrain_api::crd::FailureInfo;
+use ferrotrain_api::reason;
+use ferrotrain_api::recovery::{AttemptEnd, RoundEnd};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::decider::{Decider, first_line};
+
+impl<'a, 'o> Decider<'a, 'o> {
+    /// Counts the rounds of the current attempt that `report` says ended and the status has
+    /// not counted yet (idempotent: `status.round` is the next round to count).
+    pub(super) fn count_rounds(&mut self, report: &Progress) {
+        let mut ends: Vec<&RoundEnd> = report
+            .round_ends
+            .iter()
+            .filter(|e| e.round >= self.status.round.max(0) as u64)
+            .collect();
+        ends.sort_by_key(|e| e.round);
+        for end in ends {
+            self.restarted_in_place(end);
+        }
+    }
+
+    fn restarted_in_place(&mut self, e: &RoundEnd) {
+        let attempt = self.status.attempt;
+        let procs = self.o.spec.procs_per_replica().max(1) as i64;
+        let node_rank = e.end.rank.map(|r| (r / procs) as i32);
+        let node = node_rank.and_then(|r| self.node_of(r));
+        let info = FailureInfo {
+            attempt,
+            node_rank,
+            pod: node_rank.map(|r| crate::labels::pod_name(self.o.job, attempt, r)),
+            exit_code: e.end.exit_code,
+            node: node.clone(),
+            reason: e.end.reason.clone(),
+            message: first_line(&e.message),
+            time: Time(self.now()),
+            secondary_failures: 0,
+        };
+        self.status.restarts += 1;
+        *self
+            .status
+            .restarts_by_cause
+            .entry(info.reason.clone())
+            .or_default() += 1;
+        let next = e.round + 1;
+        if let Some(r) = self.status.recovery.as_mut() {
+            r.end(AttemptEnd {
+                rank: node_rank.map(i64::from),
+                node,
+                ..e.end.clone()
+            });
+            r.start_round(i64::from(attempt), next, e.end.detected_at);
+        }
+        let who = match (&info.pod, e.end.rank) {
+            (Some(pod), Some(rank)) => format!("rank {rank} (pod {pod})"),
+            _ => "a rank".to_string(),
+        };
+        let max = self.o.spec.restart_policy.max_restarts.max(0);
+        self.event(
+            true,
+            reason::RESTARTED_IN_PLACE,
+            format!(
+                "{who}: {}: every rank restarted in place as round {next} of attempt {attempt} \
+                 (restart {}/{max}; the pods and their nodes are kept)",
+                info.message, self.status.restarts
+            ),
+        );
+        self.status.last_failure = Some(info);
+        self.status.round = next as i32;
+    }
+}
+
+#[cfg(test)]
+mod tests;

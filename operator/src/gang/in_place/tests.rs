@@ -1,0 +1,125 @@
+//! In-place restarts counted from rank 0's report: restarts, causes, the failed rank's node,
+//! a ledger record per round, one event, and nothing twice.
+
+use ferrotrain_api::Progress;
+use ferrotrain_api::crd::Phase;
+use ferrotrain_api::recovery::{AttemptEnd, EndCause, RoundEnd};
+
+use crate::fixtures::{report, running, t};
+use crate::gang::tests::{Row, ran_with_both_pods_seen, run};
+use crate::gang::*;
+
+/// Rank 0's report after round `round` ended with rank 1 killed at `at`.
+fn after_kill(step: u64, round: u64, at: i64) -> Progress {
+    let end = |r: u64| RoundEnd {
+        round: r,
+        end: AttemptEnd {
+            cause: EndCause::Failure,
+            reason: "Killed".into(),
+            rank: Some(1),
+            exit_code: Some(137),
+            node: Some("mt-0-1".into()),
+            failed_at: t(at),
+            detected_at: t(at),
+        },
+        message: "rank 1 was killed by signal 9 (SIGKILL)".into(),
+    };
+    Progress {
+        round: round + 1,
+        round_ends: (0..=round).map(end).collect(),
+        resumed_from_step: Some(step - 5),
+        attempt_first_step_time: Some(t(at + 1)),
+        ..report(step, 2.0)
+    }
+}
+
+fn polled(
+    status: ferrotrain_api::crd::DistributedTrainingStatus,
+    p: Progress,
+    now: i64,
+) -> Decision {
+    run(&Row {
+        status,
+        pods: vec![running(0, 0), running(0, 1)],
+        progress: ProgressObservation::Report(Box::new(p)),
+        now,
+        ..Row::default()
+    })
+}
+
+#[test]
+fn a_round_that_ended_is_one_restart_with_its_cause_node_and_ledger_record() {
+    let d = polled(ran_with_both_pods_seen(), after_kill(60, 0, 50), 52);
+    let s = &d.status;
+    assert_eq!((s.phase, s.attempt, s.round), (Phase::Running, 0, 1));
+    assert_eq!(s.restarts, 1);
+    assert_eq!(s.restarts_by_cause.get("Killed"), Some(&1));
+    let f = s.last_failure.as_ref().unwrap();
+    assert_eq!(
+        (
+            f.reason.as_str(),
+            f.node_rank,
+            f.pod.as_deref(),
+            f.exit_code
+        ),
+        ("Killed", Some(1), Some("mt-0-1"), Some(137))
+    );
+    assert_eq!(f.node.as_deref(), Some("node-1"), "from status.placement");
+    assert_eq!(f.message, "rank 1 was killed by signal 9 (SIGKILL)");
+    // The pods are kept: no action touches them.
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    let events: Vec<&str> = d.events.iter().map(|e| e.reason).collect();
+    assert_eq!(events, ["RestartedInPlace"]);
+    assert!(
+        d.events[0]
+            .note
+            .contains("round 1 of attempt 0 (restart 1/10"),
+        "{}",
+        d.events[0].note
+    );
+    let r = s.recovery.as_ref().unwrap();
+    assert_eq!(r.attempts.len(), 2, "{r:#?}");
+    let end = r.attempts[0].end.as_ref().unwrap();
+    assert_eq!(
+        (end.reason.as_str(), end.rank, end.node.as_deref()),
+        ("Killed", Some(1), Some("node-1"))
+    );
+    assert_eq!((r.attempts[1].attempt, r.attempts[1].round), (0, Some(1)));
+    assert_eq!(
+        r.attempts[1].running_at,
+        Some(t(50)),
+        "the pods kept running"
+    );
+    assert_eq!(r.attempts[1].first_step_at, Some(t(51)));
+    assert_eq!(
+        r.mean_recovery_seconds,
+        Some(1.0),
+        "kill at 50, next step at 51"
+    );
+}
+
+#[test]
+fn a_round_is_counted_once_however_often_rank_0_reports_it() {
+    let first = polled(ran_with_both_pods_seen(), after_kill(60, 0, 50), 52);
+    let again = polled(first.status.clone(), after_kill(70, 0, 50), 57);
+    assert_eq!((again.status.restarts, again.status.round), (1, 1));
+    assert!(again.events.is_empty(), "{:?}", again.events);
+    // Round 1 ended too: one more, and only one.
+    let next = polled(again.status.clone(), after_kill(90, 1, 80), 82);
+    assert_eq!((next.status.restarts, next.status.round), (2, 2));
+    assert_eq!(next.status.restarts_by_cause.get("Killed"), Some(&2));
+    assert_eq!(next.status.recovery.as_ref().unwrap().attempts.len(), 3);
+}
+
+#[test]
+fn a_new_attempt_starts_at_round_0() {
+    let d = polled(ran_with_both_pods_seen(), after_kill(60, 0, 50), 52);
+    let mut restarting = crate::fixtures::restarting_status(0, d.status.restarts, 60);
+    restarting.round = d.status.round;
+    let next = run(&Row {
+        status: restarting,
+        now: 200,
+        ..Row::default()
+    });
+    assert_eq!((next.status.attempt, next.status.round), (1, 0));
+}
