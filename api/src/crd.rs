@@ -136,6 +136,16 @@ pub struct DistributedTrainingSpec {
     #[serde(default)]
     pub restart_policy: RestartPolicy,
 
+    /// How the gang is scheduled all-or-nothing (docs/scheduling.md).
+    #[serde(default)]
+    pub scheduling: SchedulingSpec,
+
+    /// The Kueue LocalQueue that admits the job (as the `kueue.x-k8s.io/queue-name` label
+    /// of the job does): the pods carry it and wait, Queued, until Kueue admits the gang.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub queue_name: Option<String>,
+
     /// True stops the job: its pods are deleted and none are created until it is set back to
     /// false, which starts a new attempt from the latest checkpoint (Kueue's convention).
     #[serde(default)]
@@ -358,6 +368,49 @@ impl Default for RestartPolicy {
     }
 }
 
+/// Who schedules a gang all-or-nothing.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum GangScheduler {
+    /// Kubernetes' own workload-aware scheduling: a PodGroup per attempt
+    /// (scheduling.k8s.io/v1alpha2, Kubernetes 1.36 with GenericWorkload and GangScheduling;
+    /// or the v1alpha1 Workload of 1.35), found by discovery.
+    Kubernetes,
+    /// Kueue's plain pod groups: the pods carry the queue and group labels; Kueue admits
+    /// the group as one unit.
+    Kueue,
+    /// Volcano: a scheduling.volcano.sh PodGroup and schedulerName volcano.
+    Volcano,
+    /// scheduler-plugins' Coscheduling: a scheduling.x-k8s.io PodGroup.
+    Coscheduling,
+    /// Pods are scheduled one by one.
+    None,
+}
+
+/// How the gang is scheduled (docs/scheduling.md).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SchedulingSpec {
+    /// kubernetes, kueue, volcano, coscheduling or none. Unset: kueue when the job names a
+    /// queue, else kubernetes where the API server serves the native API, else none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang_scheduler: Option<GangScheduler>,
+    /// A node label key (a rack, a zone: `topology.kubernetes.io/zone`): every pod of the gang
+    /// in one domain of it (kubernetes; needs TopologyAwareWorkloadScheduling).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 316))]
+    pub topology_key: Option<String>,
+    /// The scheduler of volcano and coscheduling gangs (default `volcano` and
+    /// `scheduler-plugins-scheduler`; podTemplate.schedulerName wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler_name: Option<String>,
+    /// How long an attempt may stay Queued (its pods held by scheduling gates) before the job
+    /// Fails with QueueTimeout. Unset or 0: as long as it takes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub queue_timeout_seconds: Option<i64>,
+}
+
 /// Where the job is in its life cycle.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Hash)]
 pub enum Phase {
@@ -366,6 +419,9 @@ pub enum Phase {
     Pending,
     /// All pods of the attempt exist; some are not running yet (scheduling, pulling, ...).
     Starting,
+    /// The attempt's pods wait for a queue to admit them (held by scheduling gates, e.g.
+    /// Kueue's): nothing is wrong and the start-up timeout does not run.
+    Queued,
     /// Every pod of the attempt runs.
     Running,
     /// A rank failed: the attempt's pods are being deleted and the next attempt waits out the
@@ -381,9 +437,10 @@ pub enum Phase {
 
 impl Phase {
     /// All phases, in life-cycle order.
-    pub const ALL: [Phase; 7] = [
+    pub const ALL: [Phase; 8] = [
         Phase::Pending,
         Phase::Starting,
+        Phase::Queued,
         Phase::Running,
         Phase::Restarting,
         Phase::Suspended,
@@ -396,6 +453,7 @@ impl Phase {
         match self {
             Phase::Pending => "Pending",
             Phase::Starting => "Starting",
+            Phase::Queued => "Queued",
             Phase::Running => "Running",
             Phase::Restarting => "Restarting",
             Phase::Suspended => "Suspended",
@@ -438,6 +496,13 @@ pub mod condition {
     /// Rank 0 serves /progress: Unknown while polls fail within the operator's grace period,
     /// False after it (or for images without the endpoint).
     pub const PROGRESS_AVAILABLE: &str = "ProgressAvailable";
+    /// The gang is scheduled all-or-nothing: True with the mechanism (NativePodGroup, Kueue,
+    /// Volcano, Coscheduling), False when it is not (spec.scheduling.gangScheduler none, or
+    /// the API server does not serve the native API), with why.
+    pub const GANG_SCHEDULING: &str = "GangScheduling";
+    /// True while scheduling gates hold pods of the current attempt (a queue has not admitted
+    /// it); False (reason Admitted) from its admission, which restarts the start-up clock.
+    pub const QUEUED: &str = "Queued";
 }
 
 /// A rank's failure: what the status keeps of the last one.
@@ -520,7 +585,8 @@ pub struct DistributedTrainingStatus {
     /// Pending, Starting, Running, Restarting, Suspended, Succeeded or Failed.
     #[serde(default)]
     pub phase: Phase,
-    /// Created, Running, Restarting, Stalled, Succeeded, Failed, Suspended, ProgressAvailable.
+    /// Created, Running, Restarting, Stalled, Succeeded, Failed, Suspended, ProgressAvailable,
+    /// GangScheduling, Queued.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

@@ -145,6 +145,31 @@ pub const PROGRESS_RESUMED: &str = "ProgressResumed";
 /// A condition's reason when none is given (Kubernetes requires one).
 pub const UNKNOWN: &str = "Unknown";
 
+// Scheduling: condition GangScheduling, phase Queued.
+
+/// GangScheduling=True: a PodGroup of Kubernetes' own API (scheduling.k8s.io) holds each
+/// attempt's pods until all of them can be placed.
+pub const NATIVE_POD_GROUP: &str = "NativePodGroup";
+/// GangScheduling=True: Kueue admits the attempt's pods as one group.
+pub const KUEUE: &str = "Kueue";
+/// GangScheduling=True: a Volcano PodGroup.
+pub const VOLCANO: &str = "Volcano";
+/// GangScheduling=True: a scheduler-plugins Coscheduling PodGroup.
+pub const COSCHEDULING: &str = "Coscheduling";
+/// GangScheduling=False and a Warning event: the native API is not served (or not in a
+/// version this operator knows); pods are scheduled one by one.
+pub const NATIVE_API_NOT_SERVED: &str = "NativeApiNotServed";
+/// Running=False and a Normal event: the attempt's pods wait for a queue to admit them.
+pub const QUEUED: &str = "Queued";
+/// Running=False: the queue admitted the attempt (its pods' gates are gone).
+pub const ADMITTED: &str = "Admitted";
+/// Failed=True and lastFailure: the attempt stayed Queued longer than
+/// spec.scheduling.queueTimeoutSeconds.
+pub const QUEUE_TIMEOUT: &str = "QueueTimeout";
+/// Warning event: the API server dropped the pods' scheduling group (spec.schedulingGroup):
+/// the GenericWorkload gate is off on it although the API is served.
+pub const SCHEDULING_GROUP_DROPPED: &str = "SchedulingGroupDropped";
+
 #[cfg(test)]
 mod tests {
     /// docs/reasons.md is where users look a reason up: it has a row for every one.

@@ -433,11 +433,14 @@ pub async fn exec(pods: &Api<Pod>, pod: &str, script: &str) -> String {
 /// Sends `signal` (KILL, STOP, ...) to the trainer process (`ferrotrain run`) of the pod, not
 /// to its launcher; returns the pid it signalled.
 pub async fn signal_trainer(pods: &Api<Pod>, pod: &str, signal: &str) -> u32 {
+    // argv[0] a ferrotrain binary and argv[1] `run`: the launcher (`launch`) and this very
+    // shell (whose script names the pattern) are left alone.
     let script = format!(
         "for d in /proc/[0-9]*; do \
-           case \"$(tr '\\0' ' ' < $d/cmdline 2>/dev/null)\" in \
-             *'ferrotrain run '*) kill -{signal} ${{d#/proc/}} && echo ${{d#/proc/}};; \
-           esac; \
+           set -- $(tr '\\0' ' ' < $d/cmdline 2>/dev/null); \
+           if [ \"${{1##*/}}\" = ferrotrain ] && [ \"$2\" = run ]; then \
+             kill -{signal} ${{d#/proc/}} && echo ${{d#/proc/}}; \
+           fi; \
          done"
     );
     let out = exec(pods, pod, &script).await;

@@ -94,6 +94,9 @@ async fn the_operators_service_account_can_do_its_work_and_nothing_beside_it() {
         ("create", "secrets", jobs_ns),
         ("create", "events.events.k8s.io", jobs_ns),
         ("watch", "nodes", None),
+        ("create", "podgroups.scheduling.k8s.io", jobs_ns),
+        ("delete", "podgroups.scheduling.k8s.io", jobs_ns),
+        ("create", "podgroups.scheduling.volcano.sh", jobs_ns),
         (
             "update",
             "leases.coordination.k8s.io",

@@ -1,12 +1,12 @@
 //! The only module that writes to the API: the job's status, its children (Service,
-//! ConfigMap, Secret, pods), pod and job deletes, and events. It takes what `decide` and
+//! ConfigMap, Secret, the attempt's PodGroup, pods), pod and job deletes, and events. It takes what `decide` and
 //! `build` returned and carries it out; it decides nothing beyond what an API answer forces
 //! (an object of the same name that another owner controls is left alone and reported).
 
 use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingStatus};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
@@ -19,6 +19,7 @@ use crate::context::Context;
 use crate::error::{Error, Result, api_err, is_status};
 use crate::gang;
 use crate::labels;
+use crate::scheduling::GroupObject;
 
 /// What applying a gang's objects came to.
 #[derive(Debug, PartialEq)]
@@ -28,6 +29,9 @@ pub enum Applied {
     /// An object of one of the gang's names exists and another owner (or nobody) controls it:
     /// it was not touched and the launch stopped there. The message names it and what to do.
     NameConflict(String),
+    /// Every object exists, but the API server dropped the pods' native scheduling fields
+    /// (the API is served, its feature gate is off): the gang is not enforced. Why.
+    GangIgnored(String),
 }
 
 /// Deletes the pods the decision lets go (force: grace 0, for pods stuck on a lost node).
@@ -155,13 +159,124 @@ pub async fn gang(ctx: &Context, owner: &Owner, objects: &GangObjects) -> Result
     if let Some(conflict) = create(ctx, owner, &objects.secret).await? {
         return Ok(conflict);
     }
+    if let Some(group) = &objects.group
+        && let Some(conflict) = create_group(ctx, owner, group).await?
+    {
+        return Ok(conflict);
+    }
+    let mut ignored = None;
     for pod in &objects.pods {
-        match create(ctx, owner, pod).await? {
+        let created = match &objects.pod_fields {
+            None => create(ctx, owner, pod).await?,
+            Some(fields) => {
+                let (conflict, dropped) = create_with_fields(ctx, owner, pod, fields).await?;
+                ignored = ignored.or(dropped);
+                conflict
+            }
+        };
+        match created {
             Some(conflict) => return Ok(conflict),
             None => info!(job = %owner.name, namespace = %ns, pod = %pod.name_any(), "created pod"),
         }
     }
-    Ok(Applied::Done)
+    Ok(ignored.map_or(Applied::Done, Applied::GangIgnored))
+}
+
+/// Creates the attempt's PodGroup (or Workload), after deleting the previous attempt's: its
+/// pods are gone by now (one attempt at a time), and the job's deletion collects the rest.
+async fn create_group(
+    ctx: &Context,
+    owner: &Owner,
+    group: &GroupObject,
+) -> Result<Option<Applied>> {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), &owner.namespace, &group.resource);
+    let name = group.object.name_any();
+    if let Some(previous) = previous_group_name(&name) {
+        match api.delete(&previous, &DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(e) if is_status(&e, 404) => {}
+            Err(e) => return Err(api_err("delete", "PodGroup", &previous)(e)),
+        }
+    }
+    match api.create(&PostParams::default(), &group.object).await {
+        Ok(_) => {
+            info!(job = %owner.name, namespace = %owner.namespace, group = %name, kind = %group.resource.kind, "created the gang's group");
+            Ok(None)
+        }
+        Err(e) if is_status(&e, 409) => {
+            let existing = api
+                .get_metadata_opt(&name)
+                .await
+                .map_err(api_err("get", "PodGroup", &name))?;
+            match existing {
+                Some(existing) if !owner.controls(&existing.metadata) => {
+                    Ok(Some(conflict(owner, &group.resource.kind, &name)))
+                }
+                _ => Ok(None),
+            }
+        }
+        Err(e) => Err(api_err("create", "PodGroup", &name)(e)),
+    }
+}
+
+/// `<job>-<attempt - 1>` for a group named `<job>-<attempt>` (none for attempt 0).
+fn previous_group_name(name: &str) -> Option<String> {
+    let (job, attempt) = name.rsplit_once('-')?;
+    let attempt: i32 = attempt.parse().ok()?;
+    (attempt > 0).then(|| format!("{job}-{}", attempt - 1))
+}
+
+/// Creates `pod` with `fields` merged into its JSON (spec fields of a newer API than the
+/// typed Pod's). The second value says why the gang is not enforced when the API server
+/// dropped them.
+async fn create_with_fields(
+    ctx: &Context,
+    owner: &Owner,
+    pod: &Pod,
+    fields: &serde_json::Value,
+) -> Result<(Option<Applied>, Option<String>)> {
+    let resource = ApiResource::erase::<Pod>(&());
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), &owner.namespace, &resource);
+    let name = pod.name_any();
+    let mut json = serde_json::to_value(pod).expect("a pod serializes");
+    merge(&mut json, fields);
+    let object: DynamicObject = serde_json::from_value(json).expect("a pod is an object");
+    match api.create(&PostParams::default(), &object).await {
+        Ok(created) => Ok((None, dropped_fields(&created.data, fields))),
+        Err(e) if is_status(&e, 409) => Ok((create(ctx, owner, pod).await?, None)),
+        Err(e) => Err(api_err("create", "Pod", &name)(e)),
+    }
+}
+
+/// The spec fields of `fields` missing from `created`, as a message (None when all stayed).
+fn dropped_fields(created: &serde_json::Value, fields: &serde_json::Value) -> Option<String> {
+    let keys: Vec<&String> = fields["spec"]
+        .as_object()
+        .into_iter()
+        .flat_map(|m| m.keys())
+        .filter(|k| created["spec"][k.as_str()].is_null())
+        .collect();
+    (!keys.is_empty()).then(|| {
+        let keys: Vec<String> = keys.iter().map(|k| format!("spec.{k}")).collect();
+        format!(
+            "the API server dropped the pods' {}: it serves the gang API but its GenericWorkload feature gate is off, so the gang is scheduled pod by pod",
+            keys.join(", ")
+        )
+    })
+}
+
+/// JSON merge patch semantics, objects only (RFC 7386 without deletions).
+fn merge(target: &mut serde_json::Value, patch: &serde_json::Value) {
+    match (target, patch) {
+        (serde_json::Value::Object(t), serde_json::Value::Object(p)) => {
+            for (k, v) in p {
+                merge(t.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
 }
 
 /// A namespaced child object of the gang (Service, ConfigMap, Secret, Pod) as the kube client

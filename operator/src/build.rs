@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::{Resource, ResourceExt};
 
 use crate::labels;
+use crate::scheduling::{self, GangMode, GroupObject};
 
 /// Volume names the operator uses itself.
 pub const RESERVED_VOLUMES: [&str; 5] = ["shm", "tmp", "trainer-config", "checkpoints", "data"];
@@ -39,6 +40,8 @@ pub struct BuildSettings {
     /// Restarts of restartPolicy.maxRestarts the job has not spent yet: the pods' launchers
     /// may restart their ranks in place this many times.
     pub restarts_left: i32,
+    /// How the job's pods are scheduled all-or-nothing (scheduling::mode).
+    pub gang: GangMode,
 }
 
 /// Whether the pods' launchers restart their ranks in place (restartPolicy.inPlace with
@@ -149,7 +152,12 @@ pub struct GangObjects {
     /// None when the job runs its own command without a trainer config.
     pub config_map: Option<ConfigMap>,
     pub secret: Secret,
+    /// The attempt's PodGroup (or Workload), created before its pods.
+    pub group: Option<GroupObject>,
     pub pods: Vec<Pod>,
+    /// Pod spec fields the typed Pod cannot hold (Kubernetes' own gang API), merged into
+    /// every pod's JSON at create.
+    pub pod_fields: Option<serde_json::Value>,
 }
 
 /// The objects of attempt `attempt` for the node ranks `node_ranks` (the missing ones). `token`
@@ -162,15 +170,32 @@ pub fn gang(
     settings: &BuildSettings,
     token: &str,
 ) -> GangObjects {
+    let group = scheduling::group_name(&owner.name, attempt);
     GangObjects {
         service: service(owner, settings),
         config_map: config_map(owner, spec),
         secret: secret(owner, token),
+        group: group_object(owner, spec, &settings.gang, attempt),
         pods: node_ranks
             .iter()
             .map(|&rank| pod(owner, spec, attempt, rank, settings))
             .collect(),
+        pod_fields: scheduling::native_pod_fields(&settings.gang, &group),
     }
+}
+
+/// The attempt's group object, labelled and owned like every child.
+fn group_object(
+    owner: &Owner,
+    spec: &DistributedTrainingSpec,
+    gang: &GangMode,
+    attempt: i32,
+) -> Option<GroupObject> {
+    let mut group = scheduling::group_object(&owner.name, &owner.namespace, spec, gang, attempt)?;
+    let meta = &mut group.object.metadata;
+    meta.labels = Some(common_labels(&owner.name));
+    meta.owner_references = Some(vec![owner.reference.clone()]);
+    Some(group)
 }
 
 /// Labels every child carries.
@@ -366,7 +391,8 @@ pub fn pod(
     let volumes = storage.volumes;
     let security_context = pod_security_context(&template);
 
-    Pod {
+    let group = scheduling::group_name(&owner.name, attempt);
+    let mut pod = Pod {
         metadata,
         spec: Some(PodSpec {
             hostname: Some(name),
@@ -391,7 +417,9 @@ pub fn pod(
             ..PodSpec::default()
         }),
         status: None,
-    }
+    };
+    scheduling::join(&mut pod, &s.gang, &group, spec.replicas);
+    pod
 }
 
 /// Name, labels (the template's, then the operator's), annotations, owner.

@@ -1,6 +1,7 @@
 //! The operator's configuration: one clap `Args` struct, every flag with an environment twin
 //! (the Helm chart sets the `FERROTRAIN_OPERATOR_*` variables from its values).
 
+use ferrotrain_api::crd::GangScheduler;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -117,6 +118,12 @@ pub struct Args {
     )]
     pub force_delete_grace_seconds: u64,
 
+    /// The gang scheduler of jobs whose spec.scheduling.gangScheduler is unset: kubernetes,
+    /// kueue, volcano, coscheduling or none (unset: kueue for jobs naming a queue, else
+    /// Kubernetes' own where the API server serves it).
+    #[arg(long, env = "FERROTRAIN_OPERATOR_DEFAULT_GANG_SCHEDULER", value_parser = parse_gang_scheduler)]
+    pub default_gang_scheduler: Option<GangScheduler>,
+
     /// Listen address of /metrics, /healthz and /readyz.
     #[arg(
         long,
@@ -170,6 +177,8 @@ pub struct Args {
 /// The settings the reconciler reads, derived from [`Args`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
+    /// spec.scheduling.gangScheduler of jobs that leave it unset.
+    pub default_gang_scheduler: Option<GangScheduler>,
     pub trainer_image: String,
     pub master_port: u16,
     pub trainer_metrics_port: u16,
@@ -183,6 +192,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
+            default_gang_scheduler: None,
             trainer_image: DEFAULT_TRAINER_IMAGE.into(),
             master_port: defaults::MASTER_PORT,
             trainer_metrics_port: defaults::TRAINER_METRICS_PORT,
@@ -214,9 +224,17 @@ impl From<&Settings> for Timing {
     }
 }
 
+/// `kubernetes`, `kueue`, `volcano`, `coscheduling` or `none`, as in the CRD.
+fn parse_gang_scheduler(s: &str) -> Result<GangScheduler, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|_| {
+        format!("unknown gang scheduler {s:?}: kubernetes, kueue, volcano, coscheduling or none")
+    })
+}
+
 impl From<&Args> for Settings {
     fn from(a: &Args) -> Self {
         Settings {
+            default_gang_scheduler: a.default_gang_scheduler,
             trainer_image: a.trainer_image.clone(),
             master_port: a.master_port,
             trainer_metrics_port: a.trainer_metrics_port,

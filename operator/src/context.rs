@@ -17,6 +17,7 @@ use crate::gang::Timing;
 use crate::labels;
 use crate::metrics::Metrics;
 use crate::progress::ProgressClient;
+use crate::scheduling::NativeApi;
 
 /// The object as our last status write returned it, and every resourceVersion our writes
 /// replaced: while the cache shows one of those, it is older than what we know (the job watch
@@ -41,6 +42,9 @@ pub struct Context {
     written: Mutex<HashMap<String, Written>>,
     /// Consecutive failed reconciles per job (the backoff of `error_policy`).
     pub(crate) error_counts: Mutex<HashMap<String, u32>>,
+    /// The version of Kubernetes' own gang scheduling API the API server serves (discovered
+    /// when the controller starts: enabling it needs an operator restart).
+    pub native_gang: Option<NativeApi>,
 }
 
 impl Context {
@@ -67,6 +71,7 @@ impl Context {
             caches_ready,
             written: Mutex::new(HashMap::new()),
             error_counts: Mutex::new(HashMap::new()),
+            native_gang: None,
         }
     }
 
@@ -77,6 +82,7 @@ impl Context {
             trainer_metrics_port: self.settings.trainer_metrics_port,
             termination_grace_seconds: 30,
             restarts_left: 0,
+            gang: crate::scheduling::GangMode::Off,
         }
     }
 

@@ -18,7 +18,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::runtime::{Controller, WatchStreamExt, predicates};
 use kube::{Client, ResourceExt};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::apply::{self, Applied};
 use crate::build::{self, Owner};
@@ -30,6 +30,7 @@ use crate::labels;
 use crate::metrics::{ErrorLabels, Metrics, ReasonLabels, ReconcileResult, ResultLabels};
 use crate::observe;
 use crate::readiness::Readiness;
+use crate::scheduling::{self, GangMode};
 
 /// Now, truncated to whole seconds: status times have second resolution, and a time that
 /// differs only in its nanoseconds would make every status look changed.
@@ -102,6 +103,12 @@ pub async fn reconcile_at(
     let observed = observe_job(ctx, &owner, &status).await;
     let problems = observe::spec_problems(&dt.spec);
     let timing = ctx.timing();
+    let gang_mode = scheduling::mode(
+        &dt.spec,
+        dt.labels(),
+        ctx.native_gang,
+        ctx.settings.default_gang_scheduler,
+    );
     let decision = gang::decide(&Observed {
         now,
         job: &owner.name,
@@ -112,9 +119,10 @@ pub async fn reconcile_at(
         progress: observed.progress,
         spec_problems: &problems,
         timing: &timing,
+        gang: &gang_mode,
     });
     debug!(job = %owner.name, phase = %decision.status.phase, actions = ?decision.actions, "decided");
-    let launches = build_launches(ctx, &dt, &owner, &decision);
+    let launches = build_launches(ctx, &dt, &owner, &decision, &gang_mode);
     carry_out(ctx, &dt, &owner, &status, decision, launches, now).await
 }
 
@@ -155,8 +163,10 @@ fn build_launches(
     dt: &DistributedTraining,
     owner: &Owner,
     decision: &gang::Decision,
+    gang_mode: &GangMode,
 ) -> Vec<build::GangObjects> {
     let mut settings = ctx.build_settings();
+    settings.gang = gang_mode.clone();
     settings.termination_grace_seconds = gang::save_grace_seconds(&decision.status);
     settings.restarts_left = dt.spec.restart_policy.max_restarts - decision.status.restarts;
     decision
@@ -197,7 +207,9 @@ async fn carry_out(
     }
     let mut events = decision.events.clone();
     let mut requeue = decision.requeue_after;
-    if let Some(stopped) = launch_all(ctx, dt, owner, &decision.status, &launches, now).await? {
+    let (stopped, notes) = launch_all(ctx, dt, owner, &decision.status, &launches, now).await?;
+    events.extend(notes);
+    if let Some(stopped) = stopped {
         if stopped.nothing_created {
             // "creating N pods" would not be true.
             events.retain(|e| e.reason != reason::CREATED);
@@ -237,10 +249,20 @@ async fn launch_all(
     status: &DistributedTrainingStatus,
     launches: &[build::GangObjects],
     now: Timestamp,
-) -> Result<Option<Stopped>> {
+) -> Result<(Option<Stopped>, Vec<gang::EventNote>)> {
+    let mut notes = Vec::new();
     for objects in launches {
         let (stopped, note, nothing_created) = match apply::gang(ctx, owner, objects).await {
             Ok(Applied::Done) => continue,
+            Ok(Applied::GangIgnored(message)) => {
+                warn!(job = %owner.name, namespace = %owner.namespace, %message, "gang not enforced");
+                notes.push(gang::EventNote {
+                    warning: true,
+                    reason: reason::SCHEDULING_GROUP_DROPPED,
+                    note: message,
+                });
+                continue;
+            }
             Ok(Applied::NameConflict(message)) => {
                 warn!(job = %owner.name, namespace = %owner.namespace, %message, "name conflict");
                 let (s, note) = name_conflict(status, &message, now, dt.metadata.generation);
@@ -257,12 +279,13 @@ async fn launch_all(
         if stopped != *status {
             apply::status(ctx, dt, owner, stopped).await?;
         }
-        return Ok(Some(Stopped {
+        let stopped = Stopped {
             note,
             nothing_created,
-        }));
+        };
+        return Ok((Some(stopped), notes));
     }
-    Ok(None)
+    Ok((None, notes))
 }
 
 /// Condition Created turns False with reason [`reason::NAME_CONFLICT`] and the message naming the
@@ -472,14 +495,18 @@ pub async fn run(
         .touched_objects();
 
     let _ = jobs.set(dt_store.clone());
-    let ctx = Arc::new(Context::new(
+    let native_gang = scheduling::discover_native_api(&client).await;
+    info!(native_gang = ?native_gang, "gang scheduling: scheduling.k8s.io as served by the API server");
+    let mut context = Context::new(
         client,
         settings,
         metrics,
         pod_store.clone(),
         node_store,
         readiness.synced_flag(),
-    ));
+    );
+    context.native_gang = native_gang;
+    let ctx = Arc::new(context);
     let mapper_pods = pod_store;
     Controller::for_stream(dt_stream, dt_store)
         .owns_stream(pod_stream)

@@ -25,6 +25,7 @@ pub mod observe;
 pub mod progress;
 pub mod readiness;
 pub mod report;
+pub mod scheduling;
 pub mod server;
 
 pub use ferrotrain_api::crd::{

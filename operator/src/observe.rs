@@ -101,9 +101,17 @@ fn waiting(pod: &Pod) -> Option<Waiting> {
         .flatten()
         .find(|c| c.type_ == "PodScheduled" && c.status == "False");
     if let Some(c) = unscheduled {
+        let reason = c.reason.clone().unwrap_or_else(|| "Unschedulable".into());
+        if reason == SCHEDULING_GATED {
+            return Some(Waiting {
+                cause: WaitCause::Queued,
+                message: gates(pod),
+                reason,
+            });
+        }
         return Some(Waiting {
             cause: WaitCause::Unschedulable,
-            reason: c.reason.clone().unwrap_or_else(|| "Unschedulable".into()),
+            reason,
             message: c.message.clone().unwrap_or_default(),
         });
     }
@@ -138,6 +146,23 @@ fn waiting(pod: &Pod) -> Option<Waiting> {
     })
 }
 
+/// PodScheduled's reason while scheduling gates hold a pod (the API server sets it).
+const SCHEDULING_GATED: &str = "SchedulingGated";
+
+/// "held by scheduling gates kueue.x-k8s.io/admission, ...".
+fn gates(pod: &Pod) -> String {
+    let names: Vec<&str> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.scheduling_gates.iter().flatten())
+        .map(|g| g.name.as_str())
+        .collect();
+    if names.is_empty() {
+        return "held by scheduling gates".into();
+    }
+    format!("held by scheduling gates {}", names.join(", "))
+}
+
 fn claim_names(pod: &Pod) -> Vec<String> {
     pod.spec
         .iter()
@@ -157,11 +182,10 @@ const DISRUPTED_POD_REASONS: [&str; 4] = ["Evicted", "Preempting", "Terminated",
 /// the pod), else a failed phase with a disruption's reason.
 fn disruption(pod: &Pod) -> Option<Disruption> {
     let status = pod.status.as_ref()?;
-    let target = status
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.type_ == "DisruptionTarget" && c.status == "True");
+    // Kueue marks the pods it preempts with TerminationTarget before deleting them.
+    let target = status.conditions.iter().flatten().find(|c| {
+        matches!(c.type_.as_str(), "DisruptionTarget" | "TerminationTarget") && c.status == "True"
+    });
     if let Some(c) = target {
         return Some(Disruption {
             reason: c
@@ -490,5 +514,40 @@ mod tests {
         let mut p = api_pod(2, 1).in_phase("Failed").on_node("n1");
         p.status.as_mut().unwrap().reason = Some("DeadlineExceeded".into());
         assert_eq!(pod_view(&p, None).unwrap().disruption, None);
+    }
+
+    #[test]
+    fn a_gated_pod_is_queued_with_its_gates_and_kueues_preemption_is_a_disruption() {
+        use k8s_openapi::api::core::v1::PodSchedulingGate;
+        let mut p = api_pod(0, 1).in_phase("Pending");
+        p.spec.as_mut().unwrap().scheduling_gates = Some(vec![PodSchedulingGate {
+            name: "kueue.x-k8s.io/admission".into(),
+        }]);
+        // What the API server writes at create (pkg/registry/core/pod/strategy.go).
+        p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some("SchedulingGated".into()),
+            message: Some("Scheduling is blocked due to non-empty scheduling gates".into()),
+            ..PodCondition::default()
+        }]);
+        let w = pod_view(&p, None).unwrap().waiting.unwrap();
+        assert_eq!(w.cause, WaitCause::Queued);
+        assert_eq!(
+            w.message,
+            "held by scheduling gates kueue.x-k8s.io/admission"
+        );
+
+        // Kueue marks a pod it preempts (pkg/controller/jobs/pod: Stop), then deletes it.
+        let mut p = api_pod(0, 1).in_phase("Running").on_node("n1");
+        p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+            type_: "TerminationTarget".into(),
+            status: "True".into(),
+            reason: Some("WorkloadEvictedDueToPreempted".into()),
+            message: Some("Preempted to accommodate a workload".into()),
+            ..PodCondition::default()
+        }]);
+        let d = pod_view(&p, None).unwrap().disruption.unwrap();
+        assert_eq!(d.reason, "WorkloadEvictedDueToPreempted");
     }
 }

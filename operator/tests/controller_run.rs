@@ -577,3 +577,143 @@ async fn a_users_service_of_the_jobs_name_is_left_alone_and_named_on_the_job() {
     .await;
     op.terminate().await.expect("a clean stop");
 }
+
+/// Submits the job `JOB` with these spec fields over the defaults of [`submit_job`].
+async fn submit_job_with(fake: &FakeApiServer, extra: Value) {
+    let mut spec = json!({
+        "replicas": 2,
+        "trainer": {"task": "copy", "maxSteps": 1000},
+        "restartPolicy": {"maxRestarts": 3, "backoffSeconds": 1},
+    });
+    spec.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let dt: DistributedTraining = serde_json::from_value(json!({
+        "apiVersion": "ferrotrain.dev/v1alpha1",
+        "kind": "DistributedTraining",
+        "metadata": {"name": JOB, "namespace": NS},
+        "spec": spec,
+    }))
+    .unwrap();
+    let api: Api<DistributedTraining> = Api::namespaced(fake.client(), NS);
+    api.create(&PostParams::default(), &dt).await.unwrap();
+}
+
+/// The index of the first recorded request `method` whose path ends with `suffix`.
+fn first_request(fake: &FakeApiServer, method: &str, suffix: &str) -> Option<usize> {
+    fake.requests()
+        .iter()
+        .position(|r| r.method == method && r.path.ends_with(suffix))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_native_pod_group_per_attempt_is_created_before_its_pods_which_name_it() {
+    let fake = FakeApiServer::start().await;
+    fake.serve_group("scheduling.k8s.io", &["v1alpha2"]);
+    ready_node(&fake, "node-a");
+    let op = Operator::start(&fake, &["--leader-election", "false"]).await;
+    wait_ready(&op).await;
+    submit_job_with(
+        &fake,
+        json!({"scheduling": {"topologyKey": "topology.kubernetes.io/zone"}}),
+    )
+    .await;
+    wait_pods(&fake, &["mt-0-0", "mt-0-1"]).await;
+    const GROUPS: &str = "apis/scheduling.k8s.io/v1alpha2/podgroups";
+    let group = fake
+        .get(GROUPS, NS, "mt-0")
+        .expect("the attempt's PodGroup");
+    assert_eq!(group["spec"]["schedulingPolicy"]["gang"]["minCount"], 2);
+    assert_eq!(
+        group["spec"]["schedulingConstraints"]["topology"][0]["key"],
+        "topology.kubernetes.io/zone"
+    );
+    assert_eq!(
+        group["metadata"]["ownerReferences"][0]["kind"],
+        "DistributedTraining"
+    );
+    let created = first_request(&fake, "POST", "/podgroups").unwrap();
+    let pod = first_request(&fake, "POST", "/pods").unwrap();
+    assert!(created < pod, "the PodGroup comes before its pods");
+    for name in ["mt-0-0", "mt-0-1"] {
+        let pod = fake.get(PODS, NS, name).unwrap();
+        assert_eq!(
+            pod["spec"]["schedulingGroup"]["podGroupName"], "mt-0",
+            "{pod}"
+        );
+        assert_eq!(
+            pod["spec"]["containers"][0]["name"],
+            labels::TRAINER_CONTAINER
+        );
+    }
+    let status = job_status(&fake);
+    let gang = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "GangScheduling")
+        .cloned()
+        .expect("condition GangScheduling");
+    assert_eq!(
+        (gang["status"].as_str(), gang["reason"].as_str()),
+        (Some("True"), Some("NativePodGroup"))
+    );
+    op.terminate().await.expect("a clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kueue_and_volcano_get_their_labels_annotations_and_group_objects() {
+    let fake = FakeApiServer::start().await;
+    ready_node(&fake, "node-a");
+    let op = Operator::start(&fake, &["--leader-election", "false"]).await;
+    wait_ready(&op).await;
+    // Kueue: the pods carry the queue and the attempt's group; Kueue makes its own Workload.
+    submit_job_with(&fake, json!({"queueName": "team-a"})).await;
+    wait_pods(&fake, &["mt-0-0", "mt-0-1"]).await;
+    let pod = fake.get(PODS, NS, "mt-0-1").unwrap();
+    assert_eq!(
+        pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"],
+        "team-a"
+    );
+    assert_eq!(
+        pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"],
+        "mt-0"
+    );
+    assert_eq!(
+        pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-name"],
+        "mt-0"
+    );
+    assert_eq!(
+        pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"],
+        "2"
+    );
+    assert!(
+        first_request(&fake, "POST", "/podgroups").is_none(),
+        "no group object for Kueue"
+    );
+
+    op.terminate().await.expect("a clean stop");
+
+    // Volcano (a cluster of its own): a PodGroup of its API before the pods, which name it and
+    // use its scheduler.
+    let fake = FakeApiServer::start().await;
+    ready_node(&fake, "node-a");
+    let op = Operator::start(&fake, &["--leader-election", "false"]).await;
+    wait_ready(&op).await;
+    submit_job_with(
+        &fake,
+        json!({"queueName": "gpu", "scheduling": {"gangScheduler": "volcano"}}),
+    )
+    .await;
+    wait_pods(&fake, &["mt-0-0", "mt-0-1"]).await;
+    const VOLCANO: &str = "apis/scheduling.volcano.sh/v1beta1/podgroups";
+    let group = fake.get(VOLCANO, NS, "mt-0").expect("the Volcano PodGroup");
+    assert_eq!(group["spec"], json!({"minMember": 2, "queue": "gpu"}));
+    let pod = fake.get(PODS, NS, "mt-0-0").unwrap();
+    assert_eq!(
+        pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"],
+        "mt-0"
+    );
+    assert_eq!(pod["spec"]["schedulerName"], "volcano");
+    op.terminate().await.expect("a clean stop");
+}

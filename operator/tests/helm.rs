@@ -83,7 +83,8 @@ fn chart_renders_crd_rbac_and_a_deployment_setting_every_flag() {
         .map(|e| e["name"].as_str().unwrap())
         .collect();
     // Every flag's env twin, except the ones that default from the downward API (POD_NAME,
-    // POD_NAMESPACE) and the watch namespace, which is unset by default (= all namespaces).
+    // POD_NAMESPACE), the watch namespace, unset by default (= all namespaces), and the default
+    // gang scheduler, unset by default (= each job's own, else the cluster's).
     let cli = Cli::command();
     let run_cmd = cli.find_subcommand("run").unwrap();
     for arg in run_cmd.get_arguments() {
@@ -91,7 +92,9 @@ fn chart_renders_crd_rbac_and_a_deployment_setting_every_flag() {
         let twin = twin.to_str().unwrap();
         if matches!(
             twin,
-            "FERROTRAIN_OPERATOR_IDENTITY" | "FERROTRAIN_OPERATOR_NAMESPACE"
+            "FERROTRAIN_OPERATOR_IDENTITY"
+                | "FERROTRAIN_OPERATOR_NAMESPACE"
+                | "FERROTRAIN_OPERATOR_DEFAULT_GANG_SCHEDULER"
         ) {
             continue;
         }

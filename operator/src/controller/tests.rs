@@ -31,6 +31,12 @@ impl Context {
             writer.apply_watcher_event(&watcher::Event::Apply(p));
         }
         let (node_store, _) = reflector::store::<Node>();
+        // These tests follow launches and restarts call by call; gang scheduling's own calls
+        // and condition are tested in gang::queue and scheduling.
+        let settings = Settings {
+            default_gang_scheduler: Some(ferrotrain_api::crd::GangScheduler::None),
+            ..settings
+        };
         let ctx = Context::new(
             client,
             settings,

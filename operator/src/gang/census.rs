@@ -119,9 +119,14 @@ impl<'a, 'o> Decider<'a, 'o> {
                 m => format!("{}: {}", w.reason, first_line(m)),
             })
             .unwrap_or_else(|| "no reason given by the scheduler or the kubelet".into());
+        if cause == Some(WaitCause::Queued) {
+            // A queue holds it: no start-up clock runs, only the optional queue timeout.
+            census.failures.extend(self.queue_timeout(pod));
+            return;
+        }
         let timeout = self.o.spec.startup_timeout_seconds;
-        let deadline = pod
-            .created
+        let deadline = self
+            .startup_clock(pod)
             .filter(|_| timeout > 0)
             .map(|c| c + SignedDuration::from_secs(timeout));
         let mut f = self.failure(pod.node_rank, Some(&pod.name), reason, said.clone());

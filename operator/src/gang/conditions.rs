@@ -132,6 +132,9 @@ impl<'a, 'o> Decider<'a, 'o> {
     pub(super) fn starting(&mut self, waiting: &[&PodView]) {
         self.status.phase = Phase::Starting;
         self.requeue_in(Duration::from_secs(30));
+        if self.queued(waiting) {
+            return;
+        }
         let mut problems: Vec<(&PodView, &Waiting)> = waiting
             .iter()
             .filter_map(|p| p.waiting.as_ref().map(|w| (*p, w)))

@@ -68,6 +68,9 @@ impl<'a, 'o> Decider<'a, 'o> {
             }
             _ => self.active(),
         }
+        if !matches!(self.status.phase, Phase::Succeeded | Phase::Failed) {
+            self.gang_condition();
+        }
         self.record_placement();
         self.clean_up_old_attempts();
         self.force_delete_stuck();

@@ -18,6 +18,7 @@
 //! - `failure.rs`: what ended an attempt and which failure is the root cause;
 //! - `progress.rs`: rank 0's report in the status, ProgressAvailable, stall detection;
 //! - `in_place.rs`: the rounds the pods' launchers restarted in place, counted as restarts;
+//! - `queue.rs`: condition GangScheduling, phase Queued while a queue holds the pods;
 //! - `conditions.rs`: setting conditions, and what Running says while pods start.
 //!
 //! The files import each other directly (`super::failure::Failure`), never through this
@@ -33,6 +34,7 @@ mod launch;
 mod lifecycle;
 mod observed;
 mod progress;
+mod queue;
 
 pub use conditions::{set_condition, set_condition_to};
 pub use decision::{Action, Decision, EventNote};

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::scheduling::GangMode;
 use ferrotrain_api::Progress;
 use ferrotrain_api::crd::{DistributedTrainingSpec, DistributedTrainingStatus};
 use ferrotrain_api::reason;
@@ -97,16 +98,20 @@ pub enum WaitCause {
     /// ContainerCreating or PodInitializing: volumes attach, the image is pulled, the sandbox
     /// is made. Normal for a while; a problem only past the start-up timeout.
     Creating,
+    /// PodScheduled is False with reason SchedulingGated: a queue (Kueue) holds the pod until
+    /// it admits the gang. Nothing is wrong, and the start-up timeout does not run.
+    Queued,
 }
 
 impl WaitCause {
-    pub const ALL: [WaitCause; 6] = [
+    pub const ALL: [WaitCause; 7] = [
         WaitCause::InvalidImageName,
         WaitCause::ImagePull,
         WaitCause::ContainerConfig,
         WaitCause::Unschedulable,
         WaitCause::ContainerError,
         WaitCause::Creating,
+        WaitCause::Queued,
     ];
 
     /// The condition and event reason.
@@ -118,13 +123,15 @@ impl WaitCause {
             WaitCause::Unschedulable => reason::UNSCHEDULABLE,
             WaitCause::ContainerError => reason::CONTAINER_ERROR,
             WaitCause::Creating => reason::CONTAINER_CREATING,
+            WaitCause::Queued => reason::QUEUED,
         }
     }
 
     /// Shown (Running condition, Warning event) as soon as it is seen; ContainerCreating
-    /// only when the start-up timeout ends the attempt.
+    /// only when the start-up timeout ends the attempt; Queued is no problem at all (the job
+    /// shows it as its phase).
     pub fn is_problem(self) -> bool {
-        self != WaitCause::Creating
+        !matches!(self, WaitCause::Creating | WaitCause::Queued)
     }
 
     /// A new attempt may start where this one could not: new pods are scheduled afresh
@@ -205,4 +212,6 @@ pub struct Observed<'a> {
     /// Problems that prevent launching pods (invalid trainer config, unknown volume, ...).
     pub spec_problems: &'a [String],
     pub timing: &'a Timing,
+    /// How the job's pods are scheduled all-or-nothing (scheduling::mode).
+    pub gang: &'a GangMode,
 }

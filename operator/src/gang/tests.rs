@@ -48,6 +48,11 @@ impl Default for Row {
 }
 
 pub(super) fn run(row: &Row) -> Decision {
+    run_with(row, &crate::scheduling::GangMode::Off)
+}
+
+/// [`run`] with the pods scheduled as `gang` says.
+pub(super) fn run_with(row: &Row, gang: &crate::scheduling::GangMode) -> Decision {
     let mut s = spec();
     (row.spec)(&mut s);
     let timing = Timing::default();
@@ -61,6 +66,7 @@ pub(super) fn run(row: &Row) -> Decision {
         progress: row.progress.clone(),
         spec_problems: &row.problems,
         timing: &timing,
+        gang,
     })
 }
 

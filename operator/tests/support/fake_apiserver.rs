@@ -56,6 +56,8 @@ struct State {
     history: Vec<Change>,
     requests: Vec<Recorded>,
     injected: Vec<Injected>,
+    /// API groups discovery (`GET /apis`) lists besides the built-in ones: (group, versions).
+    groups: Vec<(String, Vec<String>)>,
 }
 
 /// The server; dropping it stops it.
@@ -125,6 +127,8 @@ fn kind_of(collection: &str) -> (String, String) {
         "leases" => "Lease",
         "persistentvolumeclaims" => "PersistentVolumeClaim",
         "distributedtrainings" => "DistributedTraining",
+        "podgroups" => "PodGroup",
+        "workloads" => "Workload",
         other => panic!("fake API server: unknown resource {other}"),
     };
     (api_version.to_string(), kind.to_string())
@@ -387,6 +391,16 @@ impl FakeApiServer {
     }
 
     /// Stops every injected failure.
+    /// Discovery lists `group` with `versions` from now on (e.g. scheduling.k8s.io v1alpha2).
+    pub fn serve_group(&self, group: &str, versions: &[&str]) {
+        let versions = versions.iter().map(|v| v.to_string()).collect();
+        self.state
+            .lock()
+            .unwrap()
+            .groups
+            .push((group.into(), versions));
+    }
+
     pub fn heal(&self) {
         self.state.lock().unwrap().injected.clear();
     }
@@ -509,6 +523,9 @@ async fn handle(
             );
         }
     }
+    if path.trim_end_matches('/') == "/apis" {
+        return respond(200, &discovery(&state.lock().unwrap().groups));
+    }
     let Some(target) = parse_target(&path) else {
         return status(
             404,
@@ -549,6 +566,21 @@ async fn handle(
         Ok(object) => respond(200, &object),
         Err(response) => response,
     }
+}
+
+/// An APIGroupList of the served extra groups (what `kubectl api-versions` reads).
+fn discovery(groups: &[(String, Vec<String>)]) -> Value {
+    let groups: Vec<Value> = groups
+        .iter()
+        .map(|(name, versions)| {
+            let versions: Vec<Value> = versions
+                .iter()
+                .map(|v| serde_json::json!({"groupVersion": format!("{name}/{v}"), "version": v}))
+                .collect();
+            serde_json::json!({"name": name, "versions": versions, "preferredVersion": versions[0]})
+        })
+        .collect();
+    serde_json::json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
 fn list(state: &Mutex<State>, target: &Target, query: &str) -> Value {
