@@ -672,6 +672,12 @@ impl DistributedTrainingSpec {
             .max(1)
     }
 
+    /// Whether the pods' launchers restart their ranks in place (restartPolicy.inPlace with
+    /// ferrotrain's own launcher, on more than one pod; one pod's gang restarts as fast).
+    pub fn restarts_in_place(&self) -> bool {
+        self.restart_policy.in_place && self.command.is_none() && self.replicas > 1
+    }
+
     /// Total ranks over all pods.
     pub fn world_size(&self) -> i32 {
         self.replicas.max(1) * self.procs_per_replica()

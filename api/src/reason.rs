@@ -92,6 +92,11 @@ pub const FROZEN: &str = "Frozen";
 pub const UNRESPONSIVE: &str = "Unresponsive";
 /// Warning event: every rank restarted in place, in the same pods, as a new round.
 pub const RESTARTED_IN_PLACE: &str = "RestartedInPlace";
+/// Running=False and a Normal event: a pod went away (deleted, evicted) and is created again
+/// alone; the other pods keep running and their launchers wait for it.
+pub const POD_REPLACED: &str = "PodReplaced";
+/// lastFailure (in place): a pod's launcher was signalled, its pod going away.
+pub const POD_LEAVING: &str = "PodLeaving";
 
 // The end of a job: conditions Restarting, Failed, Succeeded.
 

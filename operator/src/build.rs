@@ -44,16 +44,10 @@ pub struct BuildSettings {
     pub gang: GangMode,
 }
 
-/// Whether the pods' launchers restart their ranks in place (restartPolicy.inPlace with
-/// ferrotrain's own launcher, on more than one pod; one pod's gang restarts as fast).
-pub fn restarts_in_place(spec: &DistributedTrainingSpec) -> bool {
-    spec.restart_policy.in_place && spec.command.is_none() && spec.replicas > 1
-}
-
 /// How the pod's launcher restarts its ranks: in place, up to the restarts left, with the
 /// job's backoff and rendezvous timeout; else never (the operator restarts the gang).
 fn restart_env(spec: &DistributedTrainingSpec, s: &BuildSettings) -> Vec<EnvVar> {
-    if !restarts_in_place(spec) {
+    if !spec.restarts_in_place() {
         return vec![env_value(env::FERROTRAIN_MAX_RESTARTS, 0)];
     }
     let p = &spec.restart_policy;

@@ -168,7 +168,10 @@ fn build_launches(
     let mut settings = ctx.build_settings();
     settings.gang = gang_mode.clone();
     settings.termination_grace_seconds = gang::save_grace_seconds(&decision.status);
-    settings.restarts_left = dt.spec.restart_policy.max_restarts - decision.status.restarts;
+    // The budget of the attempt from its start: a pod that replaces a lost one counts rounds
+    // from 0 like the others (status.round of the restarts are this attempt's).
+    let status = &decision.status;
+    settings.restarts_left = dt.spec.restart_policy.max_restarts - (status.restarts - status.round);
     decision
         .actions
         .iter()

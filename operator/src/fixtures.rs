@@ -33,12 +33,14 @@ pub fn t(s: i64) -> Timestamp {
 
 // The job.
 
-/// Two replicas of the copy task, 1000 steps, checkpoints on claim `ckpt`.
+/// Two replicas of the copy task, 1000 steps, checkpoints on claim `ckpt`; a lost pod restarts
+/// the whole gang (restartPolicy.inPlace false: the tests of in-place restarts turn it on).
 pub fn spec() -> DistributedTrainingSpec {
     serde_json::from_value(serde_json::json!({
         "replicas": 2,
         "trainer": {"task": "copy", "maxSteps": 1000},
         "checkpoint": {"claimName": "ckpt"},
+        "restartPolicy": {"inPlace": false},
     }))
     .unwrap()
 }

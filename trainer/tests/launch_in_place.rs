@@ -216,3 +216,42 @@ esac"#,
         "{message}"
     );
 }
+
+#[test]
+fn a_replacement_pod_joins_the_next_round_of_the_gang_it_left() {
+    let g = Gang::new(
+        r#"case "$FERROTRAIN_ROUND" in
+  0) exec sleep 30;;
+  *) sleep 0.3; exit 0;;
+esac"#,
+    );
+    let mut n0 = g.node(0, 3);
+    let mut n1 = g.node(1, 3);
+    let started = std::time::Instant::now();
+    while !g.exists("start-1-0") {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "round 0 never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The pod of node 1 is deleted: its launcher gets SIGTERM and tells the others at once.
+    // SAFETY: signalling the launcher this test started.
+    unsafe {
+        libc::kill(n1.pid(), libc::SIGTERM);
+    }
+    assert_eq!(n1.wait(Duration::from_secs(20)).code(), Some(143));
+    // Its replacement (a new pod of the same name) joins the round node 0 waits in.
+    let mut replacement = g.node(1, 3);
+    let within = Duration::from_secs(60);
+    assert_eq!(
+        (n0.wait(within).code(), replacement.wait(within).code()),
+        (Some(0), Some(0)),
+        "node 0:\n{}\nreplacement:\n{}",
+        n0.log(),
+        replacement.log()
+    );
+    assert!(g.exists("start-0-1") && g.exists("start-1-1"));
+    let end = g.ledger().attempts[0].end.clone().unwrap();
+    assert_eq!((end.reason.as_str(), end.rank), ("PodLeaving", Some(1)));
+}

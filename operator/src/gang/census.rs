@@ -23,6 +23,11 @@ struct Census<'o> {
     suspects: Vec<Failure>,
     /// Pods not running yet.
     waiting: Vec<&'o PodView>,
+    /// Ranks whose pod goes or went away and is replaced alone (in-place restarts): the other
+    /// pods' launchers wait for it in their next round.
+    replacing: Vec<i32>,
+    /// Those of them whose pod is gone: its replacement can be created.
+    gone: Vec<i32>,
 }
 
 impl<'a, 'o> Decider<'a, 'o> {
@@ -34,7 +39,9 @@ impl<'a, 'o> Decider<'a, 'o> {
             return;
         }
         let replicas = self.o.spec.replicas.max(1);
-        if census.succeeded == replicas {
+        if !census.replacing.is_empty() {
+            self.replace_pods(&census.replacing, census.gone);
+        } else if census.succeeded == replicas {
             self.succeed(census.rank0);
         } else if census.running + census.succeeded == replicas {
             self.all_running();
@@ -59,6 +66,11 @@ impl<'a, 'o> Decider<'a, 'o> {
         };
         for rank in 0..replicas {
             let Some(&pod) = by_rank.get(&rank) else {
+                if self.replaceable(rank) {
+                    census.replacing.push(rank);
+                    census.gone.push(rank);
+                    continue;
+                }
                 let mut f = self.failure(rank, None, reason::POD_DELETED, "pod was deleted".into());
                 f.killed = true;
                 census.failures.push(f);
@@ -79,7 +91,9 @@ impl<'a, 'o> Decider<'a, 'o> {
         if pod.state == PodState::Running {
             census.running += 1;
         }
-        if let Some(since) = pod.deleting_since {
+        if pod.deleting_since.is_some() && pod.node_lost_since.is_none() && self.replaceable(rank) {
+            census.replacing.push(rank);
+        } else if let Some(since) = pod.deleting_since {
             let message = "pod is being deleted".to_string();
             let mut f = self.failure(rank, Some(&pod.name), reason::POD_DELETED, message);
             (f.at, f.killed) = (Some(since), true);

@@ -5,12 +5,13 @@
 //! own in the recovery ledger, and a Warning event. The pods are not touched.
 
 use ferrotrain_api::Progress;
-use ferrotrain_api::crd::FailureInfo;
+use ferrotrain_api::crd::{FailureInfo, Phase, condition};
 use ferrotrain_api::reason;
 use ferrotrain_api::recovery::{AttemptEnd, RoundEnd};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::decider::{Decider, first_line};
+use super::decision::Action;
 
 impl<'a, 'o> Decider<'a, 'o> {
     /// Counts the rounds of the current attempt that `report` says ended and the status has
@@ -74,6 +75,47 @@ impl<'a, 'o> Decider<'a, 'o> {
         );
         self.status.last_failure = Some(info);
         self.status.round = next as i32;
+    }
+}
+
+impl<'a, 'o> Decider<'a, 'o> {
+    /// A lost pod of rank `rank` is replaced alone when the launchers restart in place and it
+    /// is not node 0's, whose launcher hosts the rendezvous store (losing it restarts the
+    /// gang, as does a pod on a lost node, which may still run behind a partition).
+    pub(super) fn replaceable(&self, rank: i32) -> bool {
+        self.o.spec.restarts_in_place() && rank != 0
+    }
+
+    /// Pods of `replacing` went away: those already `gone` are created again under their
+    /// names, alone; the other pods' launchers wait for them in their next round, so nothing
+    /// else is touched. The round that ended is counted when rank 0 reports it (roundEnds).
+    pub(super) fn replace_pods(&mut self, replacing: &[i32], gone: Vec<i32>) {
+        self.status.phase = Phase::Starting;
+        let attempt = self.status.attempt;
+        let pods: Vec<String> = replacing
+            .iter()
+            .map(|r| crate::labels::pod_name(self.o.job, attempt, *r))
+            .collect();
+        let message = format!(
+            "attempt {attempt}: pod {} went away and is replaced alone; the other pods keep running and their launchers wait for it",
+            pods.join(", ")
+        );
+        let known = self
+            .status
+            .condition(condition::RUNNING)
+            .is_some_and(|c| c.status == "False" && c.reason == reason::POD_REPLACED);
+        if !known {
+            self.event(false, reason::POD_REPLACED, message.clone());
+        }
+        self.set_condition(condition::RUNNING, false, reason::POD_REPLACED, message);
+        if !gone.is_empty() {
+            self.actions.push(Action::Launch {
+                attempt,
+                node_ranks: gone,
+            });
+        }
+        // Their deletion and creation wake the controller; this is the fallback.
+        self.requeue_in(std::time::Duration::from_secs(5));
     }
 }
 

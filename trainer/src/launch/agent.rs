@@ -32,7 +32,7 @@ use ferrotrain_api::exit;
 use ferrotrain_api::recovery::{AttemptEnd, EndCause, RoundEnd};
 
 use super::blame::{self, NodeReport, Verdict};
-use super::group::{GroupOutcome, Spawn, start_group};
+use super::group::{GroupOutcome, RankFailure, Spawn, start_group};
 use super::ledger::{Ledger, ROUNDS_FILE};
 use super::local::sleep_unless_signalled;
 use super::{Launch, LaunchArgs, LaunchError, forward_final_report};
@@ -143,7 +143,10 @@ impl<'a> Agent<'a> {
     }
 
     fn rounds(&mut self) -> i32 {
-        let mut round: u64 = 0;
+        let mut round = match self.joining_round() {
+            Ok(round) => round,
+            Err(e) => return self.give_up(&format!("agent: joining: {e}"), exit::RETRYABLE),
+        };
         let mut backoff = Duration::from_secs_f64(self.args.restart_backoff_seconds.max(0.0));
         let max_backoff = Duration::from_secs_f64(self.args.restart_backoff_max_seconds.max(0.0));
         loop {
@@ -198,6 +201,27 @@ impl<'a> Agent<'a> {
         }
     }
 
+    /// The round to join: 0 for a new gang; for a pod that replaces a lost one (or an agent
+    /// that restarted), the round the others are about to start: the one after the last
+    /// round that failed (waiting for its verdict), else the current one, whose barrier
+    /// waits for this node.
+    fn joining_round(&mut self) -> crate::error::Result<u64> {
+        self.reconnect()?;
+        let Some(current) = self.client.try_get("agent/round", Duration::ZERO)? else {
+            return Ok(0);
+        };
+        let round: u64 = String::from_utf8_lossy(&current).parse().unwrap_or(0);
+        let failed = format!("agent/{round}/failed");
+        if self.client.try_get(&failed, Duration::ZERO)?.is_none() {
+            return Ok(round);
+        }
+        let wait =
+            (Duration::from_secs_f64(self.args.stop_grace_seconds.max(0.0)) + REPORT_SLACK) * 2;
+        self.client.get(&format!("agent/{round}/verdict"), wait)?;
+        tracing::info!("agent: joining a running gang at round {}", round + 1);
+        Ok(round + 1)
+    }
+
     /// Logs and writes the termination message, then returns `code`.
     fn give_up(&self, message: &str, code: i32) -> i32 {
         tracing::error!("agent: {message}");
@@ -240,6 +264,7 @@ impl<'a> Agent<'a> {
         let report = NodeReport {
             node: self.node(),
             host: self.hostname.clone(),
+            leaving: false,
             ranks: (self.node() * nproc..(self.node() + 1) * nproc).collect(),
             failure: match &outcome {
                 GroupOutcome::Failed(f) => Some(f.clone()),
@@ -257,6 +282,7 @@ impl<'a> Agent<'a> {
             }
             GroupOutcome::Signalled(s) => {
                 self.ledger.ended(&outcome);
+                self.leaving(round, report, s);
                 return Ok(Outcome::Signalled(s));
             }
             GroupOutcome::Failed(_) | GroupOutcome::PeerFailed { .. } => {}
@@ -274,6 +300,39 @@ impl<'a> Agent<'a> {
             .set(&format!("agent/{round}/report/{}", self.node()), &json)?;
         let verdict = self.agree(round)?;
         Ok(Outcome::Failed(verdict))
+    }
+
+    /// This node's launcher was signalled (its pod is being deleted, evicted or drained): the
+    /// other nodes learn of it at once through the store, instead of when their collectives
+    /// break, and wait for a replacement in the next round. Best effort: the store may be gone.
+    fn leaving(&mut self, round: u64, mut report: NodeReport, signal: i32) {
+        let rank = report.ranks.first().copied().unwrap_or(0);
+        report.leaving = true;
+        report.failure = Some(RankFailure {
+            rank,
+            code: 128 + signal,
+            reason: format!(
+                "the launcher of pod {} got {} (the pod is being deleted, evicted or drained)",
+                self.hostname,
+                crate::signals::name(signal)
+            ),
+            seen_at: ferrotrain_api::recovery::Timestamp::now(),
+        });
+        let posted = self.reconnect().and_then(|()| {
+            let json = serde_json::to_vec(&report).expect("a report serializes");
+            self.client
+                .set(&format!("agent/{round}/report/{}", self.node()), &json)?;
+            if self.client.add(&format!("agent/{round}/failures"), 1)? == 1 {
+                self.client.set(
+                    &format!("agent/{round}/failed"),
+                    self.node().to_string().as_bytes(),
+                )?;
+            }
+            Ok(())
+        });
+        if let Err(e) = posted {
+            tracing::warn!("agent: could not tell the other nodes that this one leaves: {e}");
+        }
     }
 
     /// Node 0 gathers every node's report and rules; the others read its ruling.

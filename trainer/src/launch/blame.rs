@@ -4,11 +4,12 @@
 //! A round ends when any rank fails; its peers then fail too (their collective broke), so most
 //! rounds end with several failures. The cause is, in this order:
 //! 1. a permanent failure (by default exit 2, 3 or 4: no restart can fix it);
-//! 2. a rank killed by a signal (SIGKILL, the OOM killer): killed from outside;
-//! 3. a frozen rank (stopped: SIGSTOP, a debugger) that never failed on its own: it made its
+//! 2. a node whose launcher was signalled: its pod is going away (deleted, evicted, drained);
+//! 3. a rank killed by a signal (SIGKILL, the OOM killer): killed from outside;
+//! 4. a frozen rank (stopped: SIGSTOP, a debugger) that never failed on its own: it made its
 //!    peers time out, and blaming the peers that waited would be wrong;
-//! 4. a rank its peers name as the one that did not answer in a collective (a hang);
-//! 5. otherwise the earliest failure (ties: the lower rank).
+//! 5. a rank its peers name as the one that did not answer in a collective (a hang);
+//! 6. otherwise the earliest failure (ties: the lower rank).
 
 use ferrotrain_api::recovery::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -24,6 +25,9 @@ pub struct NodeReport {
     pub host: String,
     /// Its local ranks (global numbers).
     pub ranks: Vec<usize>,
+    /// Its launcher was signalled: the pod goes away (deleted, evicted, drained).
+    #[serde(default)]
+    pub leaving: bool,
     /// The first of its local ranks that failed on its own, if one did.
     pub failure: Option<RankFailure>,
     /// Its local ranks that were stopped (not running) when the round ended.
@@ -40,7 +44,7 @@ pub struct Verdict {
     pub host: Option<String>,
     /// Its exit code (128 + signal when killed); none for a frozen rank.
     pub code: Option<i32>,
-    /// ExitCode, Killed, Frozen, Unresponsive or PermanentExitCode.
+    /// ExitCode, PodLeaving, Killed, Frozen, Unresponsive or PermanentExitCode.
     pub reason: String,
     /// For people: what happened to it.
     pub message: String,
@@ -96,6 +100,14 @@ pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32]) -> Verdict
     };
     if let Some(hit) = earliest(&|f| permanent.contains(&f.code)) {
         return blame(hit, "PermanentExitCode");
+    }
+    let leaving = failures
+        .iter()
+        .filter(|(r, _)| r.leaving)
+        .min_by_key(|(_, f)| (f.seen_at, f.rank))
+        .copied();
+    if let Some(hit) = leaving {
+        return blame(hit, "PodLeaving");
     }
     if let Some(hit) = earliest(&|f| f.code >= 128) {
         return blame(hit, "Killed");
@@ -186,6 +198,7 @@ mod tests {
             node,
             host: format!("job-0-{node}"),
             ranks: vec![rank],
+            leaving: false,
             failure: Some(RankFailure {
                 rank,
                 code,
@@ -201,6 +214,7 @@ mod tests {
             node,
             host: format!("job-0-{node}"),
             ranks: vec![node],
+            leaving: false,
             failure: None,
             frozen: frozen.to_vec(),
         }
@@ -229,6 +243,17 @@ mod tests {
             v.detected_at,
             at(10),
             "the agents learnt of it at the first failure"
+        );
+    }
+
+    #[test]
+    fn a_pod_going_away_is_blamed_over_the_ranks_its_leaving_broke() {
+        let mut gone = failed(1, 1, 143, "the launcher of pod job-0-1 got SIGTERM", 12);
+        gone.leaving = true;
+        let v = verdict(0, &[failed(0, 0, 137, "killed while saving", 11), gone]);
+        assert_eq!(
+            (v.rank, v.node, v.reason.as_str()),
+            (Some(1), Some(1), "PodLeaving")
         );
     }
 

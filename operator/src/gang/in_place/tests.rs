@@ -6,6 +6,7 @@ use ferrotrain_api::crd::Phase;
 use ferrotrain_api::recovery::{AttemptEnd, EndCause, RoundEnd};
 
 use crate::fixtures::{report, running, t};
+use crate::gang::Action;
 use crate::gang::tests::{Row, ran_with_both_pods_seen, run};
 use crate::gang::*;
 
@@ -122,4 +123,90 @@ fn a_new_attempt_starts_at_round_0() {
         ..Row::default()
     });
     assert_eq!((next.status.attempt, next.status.round), (1, 0));
+}
+
+fn in_place_spec(s: &mut ferrotrain_api::crd::DistributedTrainingSpec) {
+    s.restart_policy.in_place = true;
+}
+
+#[test]
+fn a_deleted_pod_is_replaced_alone_and_the_others_are_left_running() {
+    use crate::fixtures::{deleting, running_status};
+    // Rank 1's pod is being deleted: wait for it to go, touch nothing else.
+    let going = run(&Row {
+        spec: in_place_spec,
+        status: running_status(0, 0),
+        pods: vec![running(0, 0), deleting(running(0, 1), 95)],
+        ..Row::default()
+    });
+    assert_eq!(
+        (
+            going.status.phase,
+            going.status.restarts,
+            going.status.attempt
+        ),
+        (Phase::Starting, 0, 0)
+    );
+    assert!(going.actions.is_empty(), "{:?}", going.actions);
+    let c = going
+        .status
+        .condition(ferrotrain_api::crd::condition::RUNNING)
+        .unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "PodReplaced")
+    );
+    assert_eq!(
+        going.events.iter().map(|e| e.reason).collect::<Vec<_>>(),
+        ["PodReplaced"]
+    );
+    // Gone: created again alone, under its name.
+    let gone = run(&Row {
+        spec: in_place_spec,
+        status: going.status.clone(),
+        pods: vec![running(0, 0)],
+        now: 101,
+        ..Row::default()
+    });
+    assert_eq!(
+        gone.actions,
+        [Action::Launch {
+            attempt: 0,
+            node_ranks: vec![1]
+        }]
+    );
+    assert!(gone.events.is_empty(), "said once: {:?}", gone.events);
+    // The replacement runs: the gang runs again, same attempt.
+    let back = run(&Row {
+        spec: in_place_spec,
+        status: gone.status.clone(),
+        pods: vec![running(0, 0), running(0, 1)],
+        now: 110,
+        ..Row::default()
+    });
+    assert_eq!(
+        (back.status.phase, back.status.attempt),
+        (Phase::Running, 0)
+    );
+}
+
+#[test]
+fn losing_node_0s_pod_or_restarting_the_gang_by_choice_recreates_the_gang() {
+    use crate::fixtures::running_status;
+    // Node 0's launcher hosts the store: its loss restarts the gang.
+    let d = run(&Row {
+        spec: in_place_spec,
+        status: running_status(0, 0),
+        pods: vec![running(0, 1)],
+        ..Row::default()
+    });
+    assert_eq!((d.status.phase, d.status.restarts), (Phase::Restarting, 1));
+    // inPlace false: every lost pod restarts the gang, as before.
+    let d = run(&Row {
+        spec: |s| s.restart_policy.in_place = false,
+        status: running_status(0, 0),
+        pods: vec![running(0, 0)],
+        ..Row::default()
+    });
+    assert_eq!((d.status.phase, d.status.restarts), (Phase::Restarting, 1));
 }
