@@ -105,9 +105,11 @@ async fn deleting_a_pod_after_a_checkpoint_restarts_the_gang_from_that_checkpoin
     let ns = TestNamespace::create("resume").await;
     let jobs = ns.jobs();
     ns.create_checkpoint_claim("resume-checkpoints").await;
-    // Never finishes on its own: the namespace goes at the end.
-    ns.create_job("resume", copy_job(2, 1_000_000, Some("resume-checkpoints")))
-        .await;
+    // Never finishes on its own: the namespace goes at the end. The whole-gang path
+    // (tests/in_place.rs has the pod replaced alone, the default).
+    let mut spec = copy_job(2, 1_000_000, Some("resume-checkpoints"));
+    spec["restartPolicy"]["inPlace"] = serde_json::json!(false);
+    ns.create_job("resume", spec).await;
 
     wait_status(&jobs, "resume", "a first checkpoint", TRAIN_WAIT, |s| {
         s.phase == Phase::Running
