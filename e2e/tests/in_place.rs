@@ -117,8 +117,46 @@ async fn a_frozen_trainer_is_blamed_and_the_gang_restarts_in_place_within_the_ti
         "the frozen rank is blamed, not the peer that timed out: {f:?}"
     );
     assert_eq!(uids(&ns, "frozen").await, gang, "the same pods");
+    // Its own launcher notices the stop (2 s), well before the peers' collective timeout.
     assert!(
         took < (TIMEOUT + 3) as f64,
-        "restarted {took:.2} s after the freeze (collective timeout {TIMEOUT} s + 3 s)"
+        "stepping again {took:.2} s after the freeze (collective timeout {TIMEOUT} s + 3 s)"
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs a cluster with the operator and the trainer image (scripts/e2e.sh)"]
+async fn a_deleted_pod_is_replaced_alone_and_training_resumes() {
+    let ns = TestNamespace::create("replace").await;
+    training(&ns, "replace", 30).await;
+    let gang = uids(&ns, "replace").await;
+    ns.pods()
+        .delete("replace-0-1", &Default::default())
+        .await
+        .unwrap();
+    // Rank 0 steps again in the next round, with rank 1's replacement.
+    first_step_of_round(&ns, "replace", 1).await;
+    let now = uids(&ns, "replace").await;
+    assert_eq!(now.len(), 2, "{now:?}");
+    assert_eq!(
+        now.get("replace-0-0"),
+        gang.get("replace-0-0"),
+        "rank 0's pod kept"
+    );
+    assert_ne!(
+        now.get("replace-0-1"),
+        gang.get("replace-0-1"),
+        "rank 1's pod replaced"
+    );
+    let counted = wait_status(&ns.jobs(), "replace", "the round counted", WAIT, |s| {
+        s.phase == Phase::Running && s.round == 1
+    })
+    .await;
+    assert_eq!(counted.attempt, 0, "the same attempt");
+    let f = counted.last_failure.clone().expect("the failure");
+    assert_eq!(
+        (f.reason.as_str(), f.node_rank),
+        ("PodLeaving", Some(1)),
+        "{f:?}"
     );
 }

@@ -109,7 +109,39 @@ async fn queue_gate(client: &Client, ns: &str) -> Vec<ClusterObject> {
         }),
     )
     .await;
+    wait_until_gated(client, ns).await;
     vec![binding, policy]
+}
+
+/// A new policy takes a moment to reach the admission chain: wait until a dry-run pod with
+/// the queue label comes back gated.
+async fn wait_until_gated(client: &Client, ns: &str) {
+    let probe: Pod = serde_json::from_value(json!({
+        "metadata": {"generateName": "gate-probe-", "labels": {"kueue.x-k8s.io/queue-name": "probe"}},
+        "spec": {"containers": [{"name": "probe", "image": "probe.invalid/none"}]}
+    }))
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let params = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let started = Instant::now();
+    loop {
+        let gated = pods.create(&params, &probe).await.ok().is_some_and(|p| {
+            p.spec
+                .and_then(|s| s.scheduling_gates)
+                .is_some_and(|g| !g.is_empty())
+        });
+        if gated {
+            return;
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "the MutatingAdmissionPolicy never gated a pod"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 fn condition(s: &DistributedTrainingStatus, type_: &str) -> (String, String, String) {

@@ -255,3 +255,24 @@ esac"#,
     let end = g.ledger().attempts[0].end.clone().unwrap();
     assert_eq!((end.reason.as_str(), end.rank), ("PodLeaving", Some(1)));
 }
+
+#[test]
+fn a_rank_stopped_for_two_seconds_ends_the_round_before_any_collective_timeout() {
+    // Rank 0 would wait for ever; rank 1 stops itself. Its own launcher notices.
+    let g = Gang::new(
+        r#"case "$RANK-$FERROTRAIN_ROUND" in
+  1-0) kill -STOP $$;;
+  0-0) exec sleep 60;;
+  *) exit 0;;
+esac"#,
+    );
+    let started = std::time::Instant::now();
+    assert_eq!(g.run(3), (Some(0), Some(0)));
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    let end = g.ledger().attempts[0].end.clone().unwrap();
+    assert_eq!((end.reason.as_str(), end.rank), ("Frozen", Some(1)));
+}

@@ -46,6 +46,9 @@ const REPORT_SLACK: Duration = Duration::from_secs(5);
 /// How long the agents wait for one another at the end (success or a final failure), so that
 /// node 0's store outlives the others' last reads.
 const FAREWELL: Duration = Duration::from_secs(30);
+/// A local rank stopped (SIGSTOP, a debugger) this long ends the round: its peers would only
+/// notice at their collective timeout, and would be blamed for waiting.
+const FROZEN_AFTER: Duration = Duration::from_secs(2);
 /// The longest single blocking GET of the watcher (it loops).
 const WATCH_SLICE: Duration = Duration::from_secs(60);
 
@@ -257,7 +260,7 @@ impl<'a> Agent<'a> {
         };
         let mut group = start_group(&spawn)?;
         let fired = watcher.fired.clone();
-        let outcome = group.supervise_until(&|| fired.load(Ordering::SeqCst));
+        let outcome = group.supervise_until(&|| fired.load(Ordering::SeqCst), Some(FROZEN_AFTER));
         drop(group);
         watcher.stop();
         let nproc = self.args.nproc_per_node;
@@ -272,6 +275,7 @@ impl<'a> Agent<'a> {
             },
             frozen: match &outcome {
                 GroupOutcome::PeerFailed { frozen } => frozen.clone(),
+                GroupOutcome::Frozen { rank, .. } => vec![*rank],
                 _ => Vec::new(),
             },
         };
@@ -285,11 +289,13 @@ impl<'a> Agent<'a> {
                 self.leaving(round, report, s);
                 return Ok(Outcome::Signalled(s));
             }
-            GroupOutcome::Failed(_) | GroupOutcome::PeerFailed { .. } => {}
+            GroupOutcome::Failed(_)
+            | GroupOutcome::PeerFailed { .. }
+            | GroupOutcome::Frozen { .. } => {}
         }
         self.reconnect()?;
-        if report.failure.is_some() && self.client.add(&format!("agent/{round}/failures"), 1)? == 1
-        {
+        let own = report.failure.is_some() || matches!(outcome, GroupOutcome::Frozen { .. });
+        if own && self.client.add(&format!("agent/{round}/failures"), 1)? == 1 {
             self.client.set(
                 &format!("agent/{round}/failed"),
                 self.node().to_string().as_bytes(),

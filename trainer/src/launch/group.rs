@@ -24,6 +24,9 @@ pub enum GroupOutcome {
     /// A rank on another node failed (the caller said so): the local ranks were stopped.
     /// `frozen`: those that were stopped (SIGSTOP) rather than running at that moment.
     PeerFailed { frozen: Vec<usize> },
+    /// A local rank stayed stopped (SIGSTOP, a debugger) for the frozen limit: its peers
+    /// would only notice at their collective timeout. The ranks were stopped.
+    Frozen { rank: usize, seen_at: Timestamp },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,15 +114,39 @@ impl Group {
         frozen
     }
 
+    /// The first running rank stopped (state T) for at least `limit`, tracking since when
+    /// each one is.
+    fn frozen_for(
+        &self,
+        limit: Duration,
+        done: &[bool],
+        stopped_since: &mut [Option<Instant>],
+    ) -> Option<usize> {
+        for (i, (rank, child, _)) in self.children.iter().enumerate() {
+            let stopped = !done[i] && process_state(child.id()) == Some('T');
+            stopped_since[i] = stopped.then(|| stopped_since[i].unwrap_or_else(Instant::now));
+            if stopped_since[i].is_some_and(|since| since.elapsed() >= limit) {
+                return Some(*rank);
+            }
+        }
+        None
+    }
+
     /// Polls the ranks until all finish, one fails, or the launcher gets a signal.
     pub fn supervise(&mut self) -> GroupOutcome {
-        self.supervise_until(&|| false)
+        self.supervise_until(&|| false, None)
     }
 
     /// As [`Self::supervise`], and also stops the ranks (SIGTERM) and returns
-    /// [`GroupOutcome::PeerFailed`] as soon as `peer_failed` says so.
-    pub fn supervise_until(&mut self, peer_failed: &dyn Fn() -> bool) -> GroupOutcome {
+    /// [`GroupOutcome::PeerFailed`] as soon as `peer_failed` says so, and
+    /// [`GroupOutcome::Frozen`] when a rank stays stopped for `frozen_after`.
+    pub fn supervise_until(
+        &mut self,
+        peer_failed: &dyn Fn() -> bool,
+        frozen_after: Option<Duration>,
+    ) -> GroupOutcome {
         let mut done = vec![false; self.children.len()];
+        let mut stopped_since: Vec<Option<Instant>> = vec![None; self.children.len()];
         loop {
             let signal = signals::take();
             if signal != 0 {
@@ -167,6 +194,13 @@ impl Group {
             }
             if done.iter().all(|&d| d) {
                 return GroupOutcome::Finished;
+            }
+            if let Some(limit) = frozen_after
+                && let Some(rank) = self.frozen_for(limit, &done, &mut stopped_since)
+            {
+                let seen_at = Timestamp::now();
+                self.stop(libc::SIGTERM);
+                return GroupOutcome::Frozen { rank, seen_at };
             }
             std::thread::sleep(Duration::from_millis(25));
         }

@@ -86,6 +86,13 @@ impl Ledger {
             }
             // The agent records a peer's failure with end_with (it knows the peer's node).
             GroupOutcome::PeerFailed { .. } => (EndCause::Failure, "PeerFailed", None, None, now),
+            GroupOutcome::Frozen { rank, seen_at } => (
+                EndCause::Failure,
+                "Frozen",
+                Some(*rank as i64),
+                None,
+                *seen_at,
+            ),
         };
         self.end_with(AttemptEnd {
             cause,

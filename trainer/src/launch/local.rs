@@ -77,7 +77,9 @@ pub fn supervise_attempts(args: &LaunchArgs, l: &Launch) -> Result<i32, LaunchEr
                 return Ok(exit::SUCCESS);
             }
             GroupOutcome::Signalled(s) => return Ok(128 + s),
-            GroupOutcome::PeerFailed { .. } => unreachable!("supervise() has no peers"),
+            GroupOutcome::PeerFailed { .. } | GroupOutcome::Frozen { .. } => {
+                unreachable!("supervise() has no peers and no frozen limit")
+            }
             GroupOutcome::Failed(f) => {
                 tracing::warn!("launch: {}", f.reason);
                 crate::error::write_termination_message(&f.reason);
