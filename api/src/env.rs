@@ -59,6 +59,15 @@ pub const FERROTRAIN_RESTART_IN_PLACE: &str = "FERROTRAIN_RESTART_IN_PLACE";
 pub const FERROTRAIN_PERMANENT_EXIT_CODES: &str = "FERROTRAIN_PERMANENT_EXIT_CODES";
 /// How long the launchers wait for every node to join a round of in-place restarts.
 pub const FERROTRAIN_RENDEZVOUS_TIMEOUT_SECONDS: &str = "FERROTRAIN_RENDEZVOUS_TIMEOUT_SECONDS";
+/// Elastic in-place restarts: the fewest nodes a round may start with, once the others have
+/// not come for FERROTRAIN_ELASTIC_WAIT_SECONDS (spec.elastic.minReplicas).
+pub const FERROTRAIN_MIN_NODES: &str = "FERROTRAIN_MIN_NODES";
+/// Elastic in-place restarts: how long a round waits for every node (spec.elastic.waitSeconds).
+pub const FERROTRAIN_ELASTIC_WAIT_SECONDS: &str = "FERROTRAIN_ELASTIC_WAIT_SECONDS";
+/// Set by the launcher in in-place mode: the gang's full world size. A round with fewer ranks
+/// (elastic) has each rank also cover the shards of the missing ones, so the global batch,
+/// and the loss curve, stay those of the full gang.
+pub const FERROTRAIN_VIRTUAL_WORLD: &str = "FERROTRAIN_VIRTUAL_WORLD";
 /// Set by the launcher in in-place mode: the round (0, 1, ...) the rank belongs to; its
 /// rendezvous keys live under `round/<r>/` and its ring connections prove the round.
 pub const FERROTRAIN_ROUND: &str = "FERROTRAIN_ROUND";

@@ -30,6 +30,8 @@ impl Gang {
                 "#!/bin/sh\nout=\"$FAKE_OUT\"\n\
                  echo \"$FERROTRAIN_STORE_HOSTED $MASTER_PORT $FERROTRAIN_ATTEMPT\" \
                  > \"$out/start-$RANK-$FERROTRAIN_ROUND\"\n\
+                 echo \"$RANK $WORLD_SIZE $FERROTRAIN_VIRTUAL_WORLD\" \
+                 > \"$out/world-$NODE_RANK-$FERROTRAIN_ROUND\"\n\
                  echo $$ > \"$out/pid-$RANK-$FERROTRAIN_ROUND\"\n{body}\n"
             ),
         )
@@ -55,6 +57,17 @@ impl Gang {
 
     /// The launcher of node `node` of 2, in place, with `max_restarts`.
     fn node(&self, node: usize, max_restarts: u32) -> ProcessGroup {
+        self.node_of(node, 2, max_restarts, &[])
+    }
+
+    /// The launcher of node `node` of `nnodes`, in place, with `max_restarts` and `extra` flags.
+    fn node_of(
+        &self,
+        node: usize,
+        nnodes: usize,
+        max_restarts: u32,
+        extra: &[&str],
+    ) -> ProcessGroup {
         let log = self.path(&format!("launcher-{node}.log"));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferrotrain"));
         cmd.arg("launch")
@@ -62,7 +75,12 @@ impl Gang {
             .arg(self.path("job.yaml"))
             .arg("--rank-program")
             .arg(self.path("rank.sh"))
-            .args(["--nnodes", "2", "--node-rank", &node.to_string()])
+            .args([
+                "--nnodes",
+                &nnodes.to_string(),
+                "--node-rank",
+                &node.to_string(),
+            ])
             .args([
                 "--master-addr",
                 "127.0.0.1",
@@ -90,6 +108,7 @@ impl Gang {
                 "FERROTRAIN_TERMINATION_LOG",
                 self.path(&format!("launcher-{node}.termination-log")),
             )
+            .args(extra)
             .env("RUST_LOG", "info")
             .env_remove("OMP_NUM_THREADS")
             .stderr(std::fs::File::create(&log).unwrap());
@@ -275,4 +294,94 @@ esac"#,
     );
     let end = g.ledger().attempts[0].end.clone().unwrap();
     assert_eq!((end.reason.as_str(), end.rank), ("Frozen", Some(1)));
+}
+
+fn read(g: &Gang, name: &str) -> String {
+    std::fs::read_to_string(g.path(name))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+fn wait_exists(g: &Gang, name: &str) {
+    let started = std::time::Instant::now();
+    while !g.exists(name) {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{name} never appeared"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+const ELASTIC: [&str; 4] = ["--min-nodes", "2", "--elastic-wait-seconds", "2"];
+
+#[test]
+fn elastic_a_lost_node_leaves_a_smaller_gang_that_covers_its_shards() {
+    let g = Gang::new(
+        r#"case "$FERROTRAIN_ROUND" in
+  0) exec sleep 30;;
+  *) sleep 0.3; exit 0;;
+esac"#,
+    );
+    let mut n0 = g.node_of(0, 3, 3, &ELASTIC);
+    let mut n1 = g.node_of(1, 3, 3, &ELASTIC);
+    let mut n2 = g.node_of(2, 3, 3, &ELASTIC);
+    wait_exists(&g, "world-2-0");
+    assert_eq!(read(&g, "world-2-0"), "2 3 3", "round 0: every node");
+    // Node 2's pod goes and does not come back within the elastic wait.
+    // SAFETY: signalling the launcher this test started.
+    unsafe {
+        libc::kill(n2.pid(), libc::SIGTERM);
+    }
+    assert_eq!(n2.wait(Duration::from_secs(20)).code(), Some(143));
+    let within = Duration::from_secs(60);
+    assert_eq!(
+        (n0.wait(within).code(), n1.wait(within).code()),
+        (Some(0), Some(0))
+    );
+    assert_eq!(
+        read(&g, "world-0-1"),
+        "0 2 3",
+        "round 1: 2 ranks covering a gang of 3"
+    );
+    assert_eq!(read(&g, "world-1-1"), "1 2 3");
+    assert!(!g.exists("world-2-1"));
+    let end = g.ledger().attempts[0].end.clone().unwrap();
+    assert_eq!((end.reason.as_str(), end.rank), ("PodLeaving", Some(2)));
+}
+
+#[test]
+fn elastic_a_late_node_joins_at_the_next_round_and_the_gang_grows() {
+    let g = Gang::new(
+        r#"case "$FERROTRAIN_ROUND" in
+  0) exec sleep 30;;
+  *) sleep 0.3; exit 0;;
+esac"#,
+    );
+    let mut n0 = g.node_of(0, 3, 3, &ELASTIC);
+    let mut n1 = g.node_of(1, 3, 3, &ELASTIC);
+    // Node 2 comes after the elastic wait: round 0 starts without it.
+    wait_exists(&g, "world-1-0");
+    assert_eq!(read(&g, "world-1-0"), "1 2 3");
+    let mut n2 = g.node_of(2, 3, 3, &ELASTIC);
+    let within = Duration::from_secs(60);
+    let codes = (
+        n0.wait(within).code(),
+        n1.wait(within).code(),
+        n2.wait(within).code(),
+    );
+    assert_eq!(codes, (Some(0), Some(0), Some(0)), "{}", n0.log());
+    assert_eq!(
+        read(&g, "world-2-1"),
+        "2 3 3",
+        "round 1: the gang grew back"
+    );
+    let r = g.ledger();
+    let end = r.attempts[0].end.clone().unwrap();
+    assert_eq!(
+        (end.reason.as_str(), end.cause),
+        ("Resized", ferrotrain_api::recovery::EndCause::Stopped),
+        "a resize is no failure"
+    );
 }

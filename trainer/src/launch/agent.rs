@@ -23,9 +23,7 @@
 //! running out of `--max-restarts`, which counts rounds. Losing node 0's agent (its pod) ends
 //! every agent with a retryable code: the operator then restarts the gang.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use ferrotrain_api::exit;
@@ -35,6 +33,8 @@ use super::blame::{self, NodeReport, Verdict};
 use super::group::{GroupOutcome, RankFailure, Spawn, start_group};
 use super::ledger::{Ledger, ROUNDS_FILE};
 use super::local::sleep_unless_signalled;
+use super::members::{self, Members};
+use super::watch::{Grower, Watcher};
 use super::{Launch, LaunchArgs, LaunchError, forward_final_report};
 use crate::dist::auth::Auth;
 use crate::dist::store::{StoreClient, StoreServer};
@@ -49,8 +49,6 @@ const FAREWELL: Duration = Duration::from_secs(30);
 /// A local rank stopped (SIGSTOP, a debugger) this long ends the round: its peers would only
 /// notice at their collective timeout, and would be blamed for waiting.
 const FROZEN_AFTER: Duration = Duration::from_secs(2);
-/// The longest single blocking GET of the watcher (it loops).
-const WATCH_SLICE: Duration = Duration::from_secs(60);
 
 /// Runs the rounds until the ranks finish, a failure is permanent, the budget of restarts is
 /// spent or the agent is signalled. Returns the exit code of the pod's process.
@@ -73,6 +71,11 @@ struct Agent<'a> {
     hostname: String,
     /// Node 0: how every round so far ended (rank 0 serves them in its progress report).
     ends: Vec<RoundEnd>,
+    /// Who this agent is: its pod's UID (POD_UID), else a random token (a stale agent of the
+    /// same node, cut off and replaced, is not a member of later rounds).
+    id: String,
+    /// The members of the round this agent last trained in.
+    members: Option<Members>,
 }
 
 impl<'a> Agent<'a> {
@@ -125,6 +128,11 @@ impl<'a> Agent<'a> {
             ledger: Ledger::new(&l.logs, outs),
             hostname,
             ends: Vec::new(),
+            id: std::env::var("POD_UID")
+                .ok()
+                .filter(|u| !u.is_empty())
+                .unwrap_or_else(crate::dist::auth::random_token),
+            members: None,
         })
     }
 
@@ -150,6 +158,7 @@ impl<'a> Agent<'a> {
             Ok(round) => round,
             Err(e) => return self.give_up(&format!("agent: joining: {e}"), exit::RETRYABLE),
         };
+        let mut failed: u64 = 0;
         let mut backoff = Duration::from_secs_f64(self.args.restart_backoff_seconds.max(0.0));
         let max_backoff = Duration::from_secs_f64(self.args.restart_backoff_max_seconds.max(0.0));
         loop {
@@ -165,42 +174,88 @@ impl<'a> Agent<'a> {
                     return exit::SUCCESS;
                 }
                 Outcome::Signalled(s) => return 128 + s,
+                Outcome::NotAdmitted => match self.next_round_after(round) {
+                    Ok(next) => {
+                        round = next;
+                        continue;
+                    }
+                    Err(e) => {
+                        return self
+                            .give_up(&format!("agent: waiting to join: {e}"), exit::RETRYABLE);
+                    }
+                },
                 Outcome::Failed(v) => v,
             };
-            let own_code = verdict
-                .code
-                .filter(|_| verdict.node == Some(self.node()))
-                .unwrap_or(exit::RETRYABLE);
-            let who = match verdict.rank {
-                Some(rank) => format!("rank {rank} ({})", verdict.reason),
-                None => verdict.reason.clone(),
-            };
-            if verdict.permanent {
-                let message = format!(
-                    "round {round}: {who}: {}; permanent, not restarting",
-                    verdict.message
-                );
-                return self.give_up(&message, own_code);
+            if verdict.reason == blame::RESIZED {
+                tracing::info!("agent: round {round} ended to resize the gang");
+                round += 1;
+                continue;
             }
-            if round >= u64::from(self.args.max_restarts) {
-                let message = format!(
-                    "round {round}: {who}: {}; giving up after {round} in-place restart(s) (--max-restarts)",
-                    verdict.message
-                );
-                return self.give_up(&message, own_code);
+            if let Some(code) = self.last_round(round, failed, &verdict) {
+                return code;
             }
             tracing::warn!(
-                "agent: round {round} ended: {who}: {}; restarting in place",
+                "agent: round {round} ended: {}: {}; restarting in place",
+                who(&verdict),
                 verdict.message
             );
             // The first restart is at once; a rank that keeps failing is backed off.
-            if round > 0 {
+            if failed > 0 {
                 if let Some(s) = sleep_unless_signalled(backoff) {
                     return 128 + s;
                 }
                 backoff = (backoff * 2).min(max_backoff);
             }
+            failed += 1;
             round += 1;
+        }
+    }
+
+    /// The exit code when round `round` (the `failed`-th failure) was the last: a permanent
+    /// failure, or the budget of restarts spent.
+    fn last_round(&self, round: u64, failed: u64, verdict: &Verdict) -> Option<i32> {
+        let own_code = verdict
+            .code
+            .filter(|_| verdict.node == Some(self.node()))
+            .unwrap_or(exit::RETRYABLE);
+        if verdict.permanent {
+            let message = format!(
+                "round {round}: {}: {}; permanent, not restarting",
+                who(verdict),
+                verdict.message
+            );
+            return Some(self.give_up(&message, own_code));
+        }
+        if failed >= u64::from(self.args.max_restarts) {
+            let message = format!(
+                "round {round}: {}: {}; giving up after {failed} in-place restart(s) (--max-restarts)",
+                who(verdict),
+                verdict.message
+            );
+            return Some(self.give_up(&message, own_code));
+        }
+        None
+    }
+
+    /// Not a member of round `round` (late): the next round node 0 starts, which takes it in.
+    fn next_round_after(&mut self, round: u64) -> crate::error::Result<u64> {
+        tracing::info!("agent: round {round} runs without this node; waiting for the next one");
+        loop {
+            self.reconnect()?;
+            let current = self
+                .client
+                .try_get("agent/round", Duration::ZERO)?
+                .and_then(|b| String::from_utf8_lossy(&b).parse::<u64>().ok())
+                .unwrap_or(0);
+            if current > round {
+                return Ok(current);
+            }
+            if crate::signals::received() != 0 {
+                return Err(crate::error::TrainError::Distributed(
+                    "signalled while waiting".into(),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(200));
         }
     }
 
@@ -239,10 +294,13 @@ impl<'a> Agent<'a> {
             self.client
                 .set("agent/round", round.to_string().as_bytes())?;
         }
-        let join = format!("agent/{round}/join");
-        self.client
-            .barrier(&join, self.args.nnodes, self.rendezvous_timeout())?;
+        let Some((position, size)) = self.assemble(round)? else {
+            return Ok(Outcome::NotAdmitted);
+        };
         let watcher = Watcher::start(&self.host, self.args.master_port, &self.auth, round)?;
+        let grower = (self.node() == 0 && size < self.args.nnodes)
+            .then(|| Grower::start(&self.host, self.args.master_port, &self.auth, round, size))
+            .transpose()?;
         self.ledger.started(self.launch.base_attempt, Some(round));
         tracing::info!(
             "agent: round {round}: starting {} rank(s)",
@@ -257,18 +315,22 @@ impl<'a> Agent<'a> {
             logs: &self.launch.logs,
             omp_threads: self.launch.omp_threads.clone(),
             round: Some(round),
+            place: Some((position, size)),
         };
         let mut group = start_group(&spawn)?;
         let fired = watcher.fired.clone();
         let outcome = group.supervise_until(&|| fired.load(Ordering::SeqCst), Some(FROZEN_AFTER));
         drop(group);
         watcher.stop();
+        if let Some(g) = grower {
+            g.stop();
+        }
         let nproc = self.args.nproc_per_node;
         let report = NodeReport {
             node: self.node(),
             host: self.hostname.clone(),
             leaving: false,
-            ranks: (self.node() * nproc..(self.node() + 1) * nproc).collect(),
+            ranks: (position * nproc..(position + 1) * nproc).collect(),
             failure: match &outcome {
                 GroupOutcome::Failed(f) => Some(f.clone()),
                 _ => None,
@@ -306,6 +368,30 @@ impl<'a> Agent<'a> {
             .set(&format!("agent/{round}/report/{}", self.node()), &json)?;
         let verdict = self.agree(round)?;
         Ok(Outcome::Failed(verdict))
+    }
+
+    /// Arrives at round `round`; node 0 decides who trains in it. This node's place in it
+    /// (its position and the number of member nodes), or None when it is not a member.
+    fn assemble(&mut self, round: u64) -> crate::error::Result<Option<(usize, usize)>> {
+        let (node, nnodes) = (self.node(), self.args.nnodes);
+        let timeout = self.rendezvous_timeout();
+        members::arrive(&mut self.client, round, node, &self.id)?;
+        if node == 0 {
+            let min = self.args.min_nodes.unwrap_or(nnodes).clamp(1, nnodes);
+            let wait = Duration::from_secs_f64(self.args.elastic_wait_seconds.max(0.0));
+            members::gather(&mut self.client, round, nnodes, min, wait, timeout)?;
+        }
+        let m = members::read(&mut self.client, round, timeout)?;
+        let place = m.position(node, &self.id).map(|p| (p, m.len()));
+        if place.is_some() && m.len() < nnodes {
+            tracing::warn!(
+                "agent: round {round} trains on {} of {nnodes} nodes (world size {})",
+                m.len(),
+                m.len() * self.args.nproc_per_node
+            );
+        }
+        self.members = Some(m);
+        Ok(place)
     }
 
     /// This node's launcher was signalled (its pod is being deleted, evicted or drained): the
@@ -353,8 +439,25 @@ impl<'a> Agent<'a> {
                 )
             });
         }
+        if self
+            .client
+            .try_get(&format!("agent/{round}/resize"), Duration::ZERO)?
+            .is_some()
+        {
+            let verdict = blame::resized(round);
+            self.client.set(
+                &key,
+                &serde_json::to_vec(&verdict).expect("a verdict serializes"),
+            )?;
+            self.record(round, &verdict, EndCause::Stopped);
+            return Ok(verdict);
+        }
+        let nodes: Vec<usize> = self.members.as_ref().map_or_else(
+            || (0..self.args.nnodes).collect(),
+            |m| m.nodes.iter().map(|(n, _)| *n).collect(),
+        );
         let mut reports = Vec::new();
-        for node in 0..self.args.nnodes {
+        for node in nodes {
             match self
                 .client
                 .get(&format!("agent/{round}/report/{node}"), wait)
@@ -368,8 +471,14 @@ impl<'a> Agent<'a> {
             &key,
             &serde_json::to_vec(&verdict).expect("a verdict serializes"),
         )?;
+        self.record(round, &verdict, EndCause::Failure);
+        Ok(verdict)
+    }
+
+    /// Node 0: the round's end in the ledger and the rounds file.
+    fn record(&mut self, round: u64, verdict: &Verdict, cause: EndCause) {
         let end = AttemptEnd {
-            cause: EndCause::Failure,
+            cause,
             reason: verdict.reason.clone(),
             rank: verdict.rank.map(|r| r as i64),
             exit_code: verdict.code,
@@ -384,7 +493,6 @@ impl<'a> Agent<'a> {
             message: verdict.message.clone(),
         });
         self.write_round_ends();
-        Ok(verdict)
     }
 
     /// Replaces the rounds file (atomically) with every round's end so far.
@@ -404,11 +512,12 @@ impl<'a> Agent<'a> {
             return;
         }
         let arrived = self.client.add("agent/done", 1).unwrap_or(0);
-        if self.node() == 0 && (arrived as usize) < self.args.nnodes {
+        let expected = self.members.as_ref().map_or(self.args.nnodes, Members::len);
+        if self.node() == 0 && (arrived as usize) < expected {
             let deadline = Instant::now() + FAREWELL;
             while Instant::now() < deadline {
                 match self.client.add("agent/done", 0) {
-                    Ok(n) if n as usize >= self.args.nnodes => break,
+                    Ok(n) if n as usize >= expected => break,
                     Ok(_) => std::thread::sleep(Duration::from_millis(50)),
                     Err(_) => break,
                 }
@@ -422,54 +531,15 @@ impl<'a> Agent<'a> {
 enum Outcome {
     Finished,
     Signalled(i32),
+    /// Node 0 started the round without this node (it came late).
+    NotAdmitted,
     Failed(Verdict),
 }
 
-/// A thread blocked on `agent/<round>/failed` through a connection of its own: it raises
-/// `fired` when any node's rank failed, or when the store is gone (node 0 lost).
-struct Watcher {
-    fired: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Watcher {
-    fn start(host: &str, port: u16, auth: &Auth, round: u64) -> crate::error::Result<Self> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut client = StoreClient::connect(host, port, auth, deadline)?;
-        let (fired, stop) = (
-            Arc::new(AtomicBool::new(false)),
-            Arc::new(AtomicBool::new(false)),
-        );
-        let (f, s) = (fired.clone(), stop.clone());
-        let key = format!("agent/{round}/failed");
-        let thread = std::thread::Builder::new()
-            .name("agent-watch".into())
-            .spawn(move || {
-                while !s.load(Ordering::SeqCst) {
-                    match client.try_get(&key, WATCH_SLICE) {
-                        Ok(Some(_)) => break,
-                        Ok(None) => continue,
-                        Err(e) => {
-                            if !s.load(Ordering::SeqCst) {
-                                tracing::warn!("agent: lost the rendezvous store: {e}");
-                            }
-                            break;
-                        }
-                    }
-                }
-                f.store(true, Ordering::SeqCst);
-            })?;
-        Ok(Watcher {
-            fired,
-            stop,
-            thread: Some(thread),
-        })
-    }
-
-    /// Ends the watch (the thread may sit in a GET for up to a slice: it is left to finish).
-    fn stop(mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        drop(self.thread.take());
+/// "rank 1 (Killed)" or the reason alone.
+fn who(verdict: &Verdict) -> String {
+    match verdict.rank {
+        Some(rank) => format!("rank {rank} ({})", verdict.reason),
+        None => verdict.reason.clone(),
     }
 }

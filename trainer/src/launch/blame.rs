@@ -56,6 +56,25 @@ pub struct Verdict {
     pub secondary: usize,
 }
 
+/// The reason of a round node 0 ended so that the gang grows back (not a failure).
+pub const RESIZED: &str = "Resized";
+
+/// The verdict of a round ended for a resize: nobody to blame, nothing lost.
+pub fn resized(round: u64) -> Verdict {
+    Verdict {
+        round,
+        rank: None,
+        node: None,
+        host: None,
+        code: None,
+        reason: RESIZED.into(),
+        message: "a node came back: the round ended at a checkpoint so that the gang grows".into(),
+        permanent: false,
+        detected_at: Timestamp::now(),
+        secondary: 0,
+    }
+}
+
 /// Applies the rule of the module documentation to the reports of every node; `permanent`
 /// lists the exit codes no restart can fix.
 pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32]) -> Verdict {

@@ -242,17 +242,21 @@ pub struct Spawn<'a> {
     /// In-place restarts (the agent, [`super::agent`]): the round the ranks belong to; the
     /// agent of node 0 hosts the rendezvous store, so rank 0 must not start one.
     pub round: Option<u64>,
+    /// Elastic rounds: this node's position among the round's member nodes and their number
+    /// (ranks are renumbered over the members; the gang's full size is the virtual world).
+    pub place: Option<(usize, usize)>,
 }
 
 pub fn start_group(a: &Spawn<'_>) -> std::io::Result<Group> {
     let args = a.args;
-    let world = args.nnodes * args.nproc_per_node;
+    let (position, nodes) = a.place.unwrap_or((args.node_rank, args.nnodes));
+    let world = nodes * args.nproc_per_node;
     let mut group = Group {
         children: Vec::new(),
         grace: Duration::from_secs_f64(args.stop_grace_seconds.max(0.0)),
     };
     for local_rank in 0..args.nproc_per_node {
-        let rank = args.node_rank * args.nproc_per_node + local_rank;
+        let rank = position * args.nproc_per_node + local_rank;
         let log = a.logs.join(format!("rank-{rank}.termination-log"));
         let _ = std::fs::remove_file(&log);
         let mut cmd = Command::new(a.program);
@@ -278,6 +282,13 @@ pub fn start_group(a: &Spawn<'_>) -> std::io::Result<Group> {
                 env::FERROTRAIN_PROGRESS_FILE,
                 a.logs.join(super::ledger::PROGRESS_FILE),
             );
+        if a.place.is_some() {
+            // The trainers cover the shards of the ranks a smaller round lacks.
+            cmd.env(
+                env::FERROTRAIN_VIRTUAL_WORLD,
+                (args.nnodes * args.nproc_per_node).to_string(),
+            );
+        }
         if let Some(round) = a.round {
             cmd.env(env::FERROTRAIN_ROUND, round.to_string())
                 .env(env::FERROTRAIN_STORE_HOSTED, "1")

@@ -55,6 +55,7 @@ pub fn supervise_attempts(args: &LaunchArgs, l: &Launch) -> Result<i32, LaunchEr
             logs,
             omp_threads: l.omp_threads.clone(),
             round: None,
+            place: None,
         };
         tracing::info!(
             "launch: starting {} rank(s), attempt {attempt}, rendezvous {}:{port}",

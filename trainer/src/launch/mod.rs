@@ -10,14 +10,17 @@
 //! restarts its ranks in a new round with every other node's agent ([`agent`]).
 //!
 //! Rooms: `group` (spawn, supervise and stop the local ranks), `local` (restarts without
-//! rounds), `agent` (in-place rounds over the rendezvous store), `blame` (which rank caused a
-//! round's end), `ledger` (what each attempt or round cost).
+//! rounds), `agent` (in-place rounds over the rendezvous store), `members` (who trains in a
+//! round: elastic world size), `watch` (threads that end a round), `blame` (which rank caused
+//! a round's end), `ledger` (what each attempt or round cost).
 
 mod agent;
 pub mod blame;
 mod group;
 mod ledger;
 mod local;
+mod members;
+mod watch;
 
 use std::path::{Path, PathBuf};
 
@@ -86,6 +89,18 @@ pub struct LaunchArgs {
         default_values_t = [exit::INVALID_CONFIG, exit::INVALID_DATA, exit::INCOMPATIBLE_CHECKPOINT]
     )]
     pub permanent_exit_codes: Vec<i32>,
+    /// In-place restarts, elastic: a round may start with this many nodes (at least) once the
+    /// others have not come for --elastic-wait-seconds (default: every node, not elastic).
+    #[arg(long, env = env::FERROTRAIN_MIN_NODES)]
+    pub min_nodes: Option<usize>,
+    /// In-place restarts, elastic: how long node 0 waits for every node before a round starts
+    /// with fewer (at least --min-nodes).
+    #[arg(
+        long,
+        env = env::FERROTRAIN_ELASTIC_WAIT_SECONDS,
+        default_value_t = 60.0
+    )]
+    pub elastic_wait_seconds: f64,
     /// In-place restarts: how long every node's launcher waits for the others to join a round.
     #[arg(
         long,

@@ -1,0 +1,145 @@
+//! Who trains in a round (elastic world size). Every node's agent arrives at the round; node
+//! 0's agent, which hosts the store, decides the members: every node, or, once
+//! `--elastic-wait-seconds` passed, the ones that came if they are at least `--min-nodes`.
+//! The members' ranks are renumbered contiguously (node 0 first), so a round of fewer nodes
+//! is an ordinary, smaller gang; its trainers cover the missing ranks' shards of the global
+//! batch themselves (FERROTRAIN_VIRTUAL_WORLD), so the loss curve does not change. A node
+//! that arrives late (a replacement scheduled again) is not a member: it waits for the next
+//! round, which node 0 starts at once by stopping the current one (the trainers save a
+//! checkpoint on the way: the gang grows back without losing a step).
+//!
+//! ```text
+//! agent/<r>/here/<node>    SET by each arriving agent: its identity (the pod's UID)
+//! agent/<r>/arrived        ADD by each arriving agent (node 0 compares it to the members)
+//! agent/<r>/members        SET by node 0: Members
+//! ```
+
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::dist::store::StoreClient;
+use crate::error::{Result, TrainError};
+
+/// The nodes of a round, in rank order (node 0 first), each with the identity of the agent
+/// that arrived for it: a stale agent of the same node (a pod cut off behind a partition and
+/// replaced) is not a member.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Members {
+    pub nodes: Vec<(usize, String)>,
+}
+
+impl Members {
+    /// This agent's position in the round (its ranks start at position × procs per node).
+    pub fn position(&self, node: usize, id: &str) -> Option<usize> {
+        self.nodes.iter().position(|(n, i)| *n == node && i == id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+}
+
+/// When node 0 stops waiting: every node came, or the elastic wait passed with enough.
+pub fn enough(
+    arrived: usize,
+    nnodes: usize,
+    min_nodes: usize,
+    waited: Duration,
+    wait: Duration,
+) -> bool {
+    arrived >= nnodes || (arrived >= min_nodes.max(1) && waited >= wait)
+}
+
+/// Arrives at round `round` as `node` with identity `id`.
+pub fn arrive(client: &mut StoreClient, round: u64, node: usize, id: &str) -> Result<()> {
+    client.set(&format!("agent/{round}/here/{node}"), id.as_bytes())?;
+    client.add(&format!("agent/{round}/arrived"), 1)?;
+    Ok(())
+}
+
+/// Node 0: waits for the nodes of round `round` (all of them, or after `wait` at least
+/// `min_nodes`, until `timeout`), then publishes the members.
+pub fn gather(
+    client: &mut StoreClient,
+    round: u64,
+    nnodes: usize,
+    min_nodes: usize,
+    wait: Duration,
+    timeout: Duration,
+) -> Result<Members> {
+    let started = Instant::now();
+    loop {
+        let mut nodes = Vec::new();
+        for node in 0..nnodes {
+            if let Some(id) =
+                client.try_get(&format!("agent/{round}/here/{node}"), Duration::ZERO)?
+            {
+                nodes.push((node, String::from_utf8_lossy(&id).into_owned()));
+            }
+        }
+        if enough(nodes.len(), nnodes, min_nodes, started.elapsed(), wait) {
+            let members = Members { nodes };
+            let json = serde_json::to_vec(&members).expect("members serialize");
+            client.set(&format!("agent/{round}/members"), &json)?;
+            return Ok(members);
+        }
+        if started.elapsed() >= timeout {
+            return Err(TrainError::Distributed(
+                format!(
+                    "agent: only {} of {nnodes} nodes joined round {round} within {} s (at least {min_nodes} needed)",
+                    nodes.len(),
+                    timeout.as_secs()
+                )
+                .into(),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The members of round `round` as node 0 published them.
+pub fn read(client: &mut StoreClient, round: u64, timeout: Duration) -> Result<Members> {
+    let bytes = client.get(&format!("agent/{round}/members"), timeout)?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| TrainError::Distributed(format!("agent: malformed members: {e}").into()))
+}
+
+/// Nodes that arrived at round `round` beyond its members: late ones waiting to join.
+pub fn late(client: &mut StoreClient, round: u64, members: usize) -> Result<usize> {
+    let arrived = client.add(&format!("agent/{round}/arrived"), 0)?;
+    Ok((arrived.max(0) as usize).saturating_sub(members))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_0_waits_for_everyone_or_after_the_elastic_wait_for_enough() {
+        let s = Duration::from_secs;
+        assert!(enough(3, 3, 2, s(0), s(60)), "all came");
+        assert!(!enough(2, 3, 2, s(59), s(60)), "within the wait");
+        assert!(enough(2, 3, 2, s(60), s(60)), "the wait passed with enough");
+        assert!(
+            !enough(1, 3, 2, s(600), s(60)),
+            "never fewer than the minimum"
+        );
+        assert!(!enough(2, 3, 3, s(600), s(60)), "not elastic: everyone");
+    }
+
+    #[test]
+    fn a_stale_agent_of_a_member_node_is_no_member() {
+        let m = Members {
+            nodes: vec![(0, "uid-a".into()), (2, "uid-c2".into())],
+        };
+        assert_eq!(m.position(0, "uid-a"), Some(0));
+        assert_eq!(
+            m.position(2, "uid-c2"),
+            Some(1),
+            "ranks renumbered: node 2 is second"
+        );
+        assert_eq!(m.position(2, "uid-c1"), None, "the replaced pod's agent");
+        assert_eq!(m.position(1, "uid-b"), None, "node 1 did not come");
+    }
+}

@@ -1,0 +1,116 @@
+//! The agent's watchers: threads with store connections of their own that wake the agent's
+//! supervision loop (which polls a flag every 25 ms) when the round must end.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::members;
+use crate::dist::auth::Auth;
+use crate::dist::store::StoreClient;
+
+/// The longest single blocking GET of the watcher (it loops).
+const WATCH_SLICE: Duration = Duration::from_secs(60);
+/// How often node 0 looks for late nodes while a round runs without them.
+const GROW_POLL: Duration = Duration::from_secs(1);
+
+/// A thread blocked on `agent/<round>/failed` through a connection of its own: it raises
+/// `fired` when any node's rank failed, or when the store is gone (node 0 lost).
+pub struct Watcher {
+    pub fired: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Watcher {
+    pub fn start(host: &str, port: u16, auth: &Auth, round: u64) -> crate::error::Result<Self> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut client = StoreClient::connect(host, port, auth, deadline)?;
+        let (fired, stop) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (f, s) = (fired.clone(), stop.clone());
+        let key = format!("agent/{round}/failed");
+        let thread = std::thread::Builder::new()
+            .name("agent-watch".into())
+            .spawn(move || {
+                while !s.load(Ordering::SeqCst) {
+                    match client.try_get(&key, WATCH_SLICE) {
+                        Ok(Some(_)) => break,
+                        Ok(None) => continue,
+                        Err(e) => {
+                            if !s.load(Ordering::SeqCst) {
+                                tracing::warn!("agent: lost the rendezvous store: {e}");
+                            }
+                            break;
+                        }
+                    }
+                }
+                f.store(true, Ordering::SeqCst);
+            })?;
+        Ok(Watcher {
+            fired,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Ends the watch (the thread may sit in a GET for up to a slice: it is left to finish).
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        drop(self.thread.take());
+    }
+}
+
+/// Node 0, while a round runs with fewer nodes than the gang: a late node arrived (its pod
+/// is back) -> marks the round to end for a resize (`agent/<r>/resize`) and wakes every
+/// agent's [`Watcher`] (`agent/<r>/failed`). The trainers stop together on SIGTERM, rank 0
+/// saving a checkpoint, and the next round has every node.
+pub struct Grower {
+    stop: Arc<AtomicBool>,
+}
+
+impl Grower {
+    pub fn start(
+        host: &str,
+        port: u16,
+        auth: &Auth,
+        round: u64,
+        members: usize,
+    ) -> crate::error::Result<Self> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut client = StoreClient::connect(host, port, auth, deadline)?;
+        let (grow, stop) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (g, s) = (grow.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("agent-grow".into())
+            .spawn(move || {
+                while !s.load(Ordering::SeqCst) {
+                    std::thread::sleep(GROW_POLL);
+                    if members::late(&mut client, round, members).unwrap_or(0) == 0 {
+                        continue;
+                    }
+                    let marked = client
+                        .set(&format!("agent/{round}/resize"), b"grow")
+                        .and_then(|()| client.set(&format!("agent/{round}/failed"), b"resize"));
+                    if marked.is_ok() {
+                        tracing::info!(
+                            "agent: a node is back: round {round} ends so that the gang grows"
+                        );
+                        g.store(true, Ordering::SeqCst);
+                    }
+                    return;
+                }
+            })?;
+        Ok(Grower { stop })
+    }
+
+    pub fn stop(self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
