@@ -68,6 +68,11 @@ pub const MAX_NAME_LENGTH: usize = 47;
         "rule": "!has(self.procsPerReplica) || self.gpusPerReplica == 0 || self.procsPerReplica <= self.gpusPerReplica",
         "message": "spec.procsPerReplica must not exceed spec.gpusPerReplica on GPU pods (one rank per GPU at most)",
         "fieldPath": ".procsPerReplica"
+    },
+    {
+        "rule": "!has(self.elastic) || !has(self.elastic.minReplicas) || self.elastic.minReplicas <= self.replicas",
+        "message": "spec.elastic.minReplicas must not exceed spec.replicas",
+        "fieldPath": ".elastic.minReplicas"
     }
 ]))]
 pub struct DistributedTrainingSpec {
@@ -135,6 +140,11 @@ pub struct DistributedTrainingSpec {
     /// How gang restarts are bounded and paced.
     #[serde(default)]
     pub restart_policy: RestartPolicy,
+
+    /// Elastic world size: train on with fewer pods when some are lost and cannot be placed
+    /// again (docs/operator.md, "Elastic world size"). Needs in-place restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<ElasticSpec>,
 
     /// How the gang is scheduled all-or-nothing (docs/scheduling.md).
     #[serde(default)]
@@ -368,6 +378,23 @@ impl Default for RestartPolicy {
     }
 }
 
+/// Elastic world size.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ElasticSpec {
+    /// The fewest pods the job trains on. A pod that is lost and not running again within
+    /// waitSeconds is left out: the others train on (each covering the missing ranks' shards
+    /// of the same global batch, so the loss curve does not change) until it is back, and the
+    /// gang grows again at once. Default: replicas (not elastic).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub min_replicas: Option<i32>,
+    /// How long the others wait for a lost pod before they train on without it.
+    #[serde(default = "defaults::elastic_wait_seconds")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub wait_seconds: i64,
+}
+
 /// Who schedules a gang all-or-nothing.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -503,6 +530,9 @@ pub mod condition {
     /// True while scheduling gates hold pods of the current attempt (a queue has not admitted
     /// it); False (reason Admitted) from its admission, which restarts the start-up clock.
     pub const QUEUED: &str = "Queued";
+    /// True while the job trains on fewer ranks than its gang (elastic.minReplicas), with
+    /// which pods are missing and why; False once the whole gang trains again.
+    pub const RESIZED: &str = "Resized";
 }
 
 /// A rank's failure: what the status keeps of the last one.
@@ -586,7 +616,7 @@ pub struct DistributedTrainingStatus {
     #[serde(default)]
     pub phase: Phase,
     /// Created, Running, Restarting, Stalled, Succeeded, Failed, Suspended, ProgressAvailable,
-    /// GangScheduling, Queued.
+    /// GangScheduling, Queued, Resized.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
@@ -602,6 +632,10 @@ pub struct DistributedTrainingStatus {
     /// without counting here.
     #[serde(default)]
     pub restarts: i32,
+    /// Ranks training now, when fewer than the gang's (elastic.minReplicas: pods lost and not
+    /// back yet); absent when the whole gang trains.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_world_size: Option<i32>,
     /// The in-place round of the current attempt: 0 until its ranks first restart in place
     /// (restartPolicy.inPlace), then 1, 2, ...; back to 0 with every new attempt.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -676,6 +710,16 @@ impl DistributedTrainingSpec {
     /// ferrotrain's own launcher, on more than one pod; one pod's gang restarts as fast).
     pub fn restarts_in_place(&self) -> bool {
         self.restart_policy.in_place && self.command.is_none() && self.replicas > 1
+    }
+
+    /// The fewest pods the job may train on: elastic.minReplicas with in-place restarts,
+    /// else every pod.
+    pub fn min_replicas(&self) -> i32 {
+        let min = self.elastic.as_ref().and_then(|e| e.min_replicas);
+        match min {
+            Some(m) if self.restarts_in_place() => m.clamp(1, self.replicas.max(1)),
+            _ => self.replicas.max(1),
+        }
     }
 
     /// Total ranks over all pods.
@@ -923,6 +967,9 @@ mod defaults {
     }
     pub fn in_place() -> bool {
         true
+    }
+    pub fn elastic_wait_seconds() -> i64 {
+        60
     }
     pub fn backoff_seconds() -> i64 {
         10

@@ -97,6 +97,13 @@ pub const RESTARTED_IN_PLACE: &str = "RestartedInPlace";
 pub const POD_REPLACED: &str = "PodReplaced";
 /// lastFailure (in place): a pod's launcher was signalled, its pod going away.
 pub const POD_LEAVING: &str = "PodLeaving";
+/// Resized=True and a Warning event: the job trains on fewer ranks than its gang; Resized=False
+/// and a Normal event (reason WholeGang) once all of them train again.
+pub const SHRUNK: &str = "Shrunk";
+/// Resized=False: the whole gang trains again.
+pub const WHOLE_GANG: &str = "WholeGang";
+/// The ledger's end of a round that ended so that the gang grows back (not a failure).
+pub const RESIZED: &str = "Resized";
 
 // The end of a job: conditions Restarting, Failed, Succeeded.
 

@@ -7,9 +7,9 @@ use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingSpec, PodTempl
 use ferrotrain_api::env;
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
-    EnvVar, EnvVarSource, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
-    ResourceRequirements, SeccompProfile, Secret, SecretKeySelector, SecurityContext, Service,
-    ServicePort, ServiceSpec, Volume, VolumeMount,
+    EnvVar, EnvVarSource, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod,
+    PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile, Secret, SecretKeySelector,
+    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -72,6 +72,23 @@ fn restart_env(spec: &DistributedTrainingSpec, s: &BuildSettings) -> Vec<EnvVar>
         env::FERROTRAIN_PERMANENT_EXIT_CODES,
         codes.join(","),
     ));
+    if spec.min_replicas() < spec.replicas {
+        let wait = spec.elastic.as_ref().map_or(60, |e| e.wait_seconds);
+        vars.push(env_value(env::FERROTRAIN_MIN_NODES, spec.min_replicas()));
+        vars.push(env_value(env::FERROTRAIN_ELASTIC_WAIT_SECONDS, wait));
+    }
+    // Who the agent is: a stale agent of a replaced pod is no member of later rounds.
+    vars.push(EnvVar {
+        name: "POD_UID".into(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: "metadata.uid".into(),
+                api_version: None,
+            }),
+            ..EnvVarSource::default()
+        }),
+    });
     vars
 }
 

@@ -36,10 +36,11 @@ fn env_of(pod: &Pod) -> Vec<(String, String)> {
         .map(|e| {
             let value = match (&e.value, &e.value_from) {
                 (Some(v), _) => v.clone(),
-                (None, Some(from)) => {
-                    let s = from.secret_key_ref.as_ref().unwrap();
-                    format!("secret:{}/{}", s.name, s.key)
-                }
+                (None, Some(from)) => match (&from.secret_key_ref, &from.field_ref) {
+                    (Some(s), _) => format!("secret:{}/{}", s.name, s.key),
+                    (None, Some(f)) => format!("field:{}", f.field_path),
+                    _ => String::new(),
+                },
                 _ => String::new(),
             };
             (e.name.clone(), value)
@@ -76,6 +77,8 @@ fn env_contract_of_a_gpu_pod() {
         ("FERROTRAIN_RESTART_BACKOFF_MAX_SECONDS", "300"),
         ("FERROTRAIN_RENDEZVOUS_TIMEOUT_SECONDS", "300"),
         ("FERROTRAIN_PERMANENT_EXIT_CODES", "2,3,4"),
+        // The launcher's identity: a stale agent of a replaced pod is no member of a round.
+        ("POD_UID", "field:metadata.uid"),
         ("FERROTRAIN_EXPECT_GPUS", "4"),
         ("FERROTRAIN_CONFIG", "/etc/ferrotrain/trainer.yaml"),
         ("FERROTRAIN_CHECKPOINT_DIR", "/checkpoints"),

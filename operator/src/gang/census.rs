@@ -39,11 +39,21 @@ impl<'a, 'o> Decider<'a, 'o> {
             return;
         }
         let replicas = self.o.spec.replicas.max(1);
-        if !census.replacing.is_empty() {
+        // Elastic: enough pods run for the gang to train without the others (their launchers
+        // decided so after elastic.waitSeconds); the missing ones wait for capacity.
+        let trains_without_some =
+            self.o.spec.min_replicas() < replicas && census.running >= self.o.spec.min_replicas();
+        if !census.replacing.is_empty() && !trains_without_some {
             self.replace_pods(&census.replacing, census.gone);
         } else if census.succeeded == replicas {
             self.succeed(census.rank0);
-        } else if census.running + census.succeeded == replicas {
+        } else if census.running + census.succeeded == replicas || trains_without_some {
+            if !census.gone.is_empty() {
+                self.actions.push(super::decision::Action::Launch {
+                    attempt: self.status.attempt,
+                    node_ranks: census.gone.clone(),
+                });
+            }
             self.all_running();
             self.track_progress(census.rank0);
             self.requeue_in(self.o.timing.progress_interval);
@@ -106,7 +116,14 @@ impl<'a, 'o> Decider<'a, 'o> {
             let mut f = self.failure(rank, Some(&pod.name), reason::NODE_LOST, message);
             (f.at, f.killed) = (Some(since), true);
             let at = since + signed(self.o.timing.node_lost_grace);
-            if self.now() >= at {
+            let elastic = self.o.spec.min_replicas() < self.o.spec.replicas.max(1);
+            if self.now() >= at && elastic && self.replaceable(rank) {
+                // The others train on without it; it is deleted (force-deleted after the
+                // grace) and created again where it fits.
+                self.actions
+                    .push(super::decision::Action::DeletePod(pod.name.clone()));
+                census.replacing.push(rank);
+            } else if self.now() >= at {
                 census.failures.push(f);
             } else {
                 self.requeue_at(at);
@@ -138,7 +155,18 @@ impl<'a, 'o> Decider<'a, 'o> {
             census.failures.extend(self.queue_timeout(pod));
             return;
         }
-        let timeout = self.o.spec.startup_timeout_seconds;
+        // Elastic: a pod that waits for capacity ends nothing while enough others train.
+        let elastic = self.o.spec.min_replicas() < self.o.spec.replicas.max(1)
+            && self
+                .current_pods()
+                .filter(|p| p.state == PodState::Running)
+                .count() as i32
+                >= self.o.spec.min_replicas();
+        let timeout = if elastic {
+            0
+        } else {
+            self.o.spec.startup_timeout_seconds
+        };
         let deadline = self
             .startup_clock(pod)
             .filter(|_| timeout > 0)

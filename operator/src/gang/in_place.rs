@@ -7,7 +7,7 @@
 use ferrotrain_api::Progress;
 use ferrotrain_api::crd::{FailureInfo, Phase, condition};
 use ferrotrain_api::reason;
-use ferrotrain_api::recovery::{AttemptEnd, RoundEnd};
+use ferrotrain_api::recovery::{EndCause, RoundEnd};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::decider::{Decider, first_line};
@@ -29,6 +29,11 @@ impl<'a, 'o> Decider<'a, 'o> {
     }
 
     fn restarted_in_place(&mut self, e: &RoundEnd) {
+        if e.end.cause != EndCause::Failure {
+            // A resize (the gang grew back): a record of its own, no restart.
+            self.next_round_record(e, None);
+            return;
+        }
         let attempt = self.status.attempt;
         let procs = self.o.spec.procs_per_replica().max(1) as i64;
         let node_rank = e.end.rank.map(|r| (r / procs) as i32);
@@ -51,14 +56,7 @@ impl<'a, 'o> Decider<'a, 'o> {
             .entry(info.reason.clone())
             .or_default() += 1;
         let next = e.round + 1;
-        if let Some(r) = self.status.recovery.as_mut() {
-            r.end(AttemptEnd {
-                rank: node_rank.map(i64::from),
-                node,
-                ..e.end.clone()
-            });
-            r.start_round(i64::from(attempt), next, e.end.detected_at);
-        }
+        self.next_round_record(e, Some((node_rank, node)));
         let who = match (&info.pod, e.end.rank) {
             (Some(pod), Some(rank)) => format!("rank {rank} (pod {pod})"),
             _ => "a rank".to_string(),
@@ -74,7 +72,53 @@ impl<'a, 'o> Decider<'a, 'o> {
             ),
         );
         self.status.last_failure = Some(info);
+    }
+
+    /// Closes the current record with round `e.round`'s end (its rank and node as the
+    /// operator knows them, when given) and opens the next round's; status.round follows.
+    fn next_round_record(&mut self, e: &RoundEnd, who: Option<(Option<i32>, Option<String>)>) {
+        let attempt = self.status.attempt;
+        let next = e.round + 1;
+        if let Some(r) = self.status.recovery.as_mut() {
+            let mut end = e.end.clone();
+            if let Some((rank, node)) = who {
+                (end.rank, end.node) = (rank.map(i64::from), node);
+            }
+            r.end(end);
+            r.start_round(i64::from(attempt), next, e.end.detected_at);
+        }
         self.status.round = next as i32;
+    }
+
+    /// Elastic: the ranks training now (rank 0's report) against the gang's. Resized True
+    /// with a Warning event when fewer train, False with a Normal event when all do again.
+    pub(super) fn world_size(&mut self, report: &Progress) {
+        let (desired, current) = (self.o.spec.world_size(), report.world_size as i32);
+        if current == 0 || self.o.spec.min_replicas() >= self.o.spec.replicas {
+            return;
+        }
+        let shrunk = current < desired;
+        let message = if shrunk {
+            format!(
+                "training on {current} of {desired} ranks: pods lost and not running again within elastic.waitSeconds are left out until they are back (the global batch is unchanged)"
+            )
+        } else {
+            format!("the whole gang of {desired} ranks trains")
+        };
+        self.status.current_world_size = shrunk.then_some(current);
+        let was = self.status.is_true(condition::RESIZED);
+        if shrunk == was && self.status.condition(condition::RESIZED).is_some() {
+            return;
+        }
+        if shrunk || was {
+            let why = if shrunk {
+                reason::SHRUNK
+            } else {
+                reason::WHOLE_GANG
+            };
+            self.event(shrunk, why, message.clone());
+            self.set_condition(condition::RESIZED, shrunk, why, message);
+        }
     }
 }
 

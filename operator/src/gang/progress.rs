@@ -26,6 +26,7 @@ impl<'a, 'o> Decider<'a, 'o> {
     /// Writes `report` into status.progress when a value a user sees changed.
     fn store_report(&mut self, report: &Progress) {
         self.count_rounds(report);
+        self.world_size(report);
         let now = self.now();
         let rounded = report::rounded(report);
         let changed = self

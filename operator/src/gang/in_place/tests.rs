@@ -210,3 +210,136 @@ fn losing_node_0s_pod_or_restarting_the_gang_by_choice_recreates_the_gang() {
     });
     assert_eq!((d.status.phase, d.status.restarts), (Phase::Restarting, 1));
 }
+
+fn elastic_spec(s: &mut ferrotrain_api::crd::DistributedTrainingSpec) {
+    s.replicas = 3;
+    s.restart_policy.in_place = true;
+    s.elastic = Some(ferrotrain_api::crd::ElasticSpec {
+        min_replicas: Some(2),
+        wait_seconds: 30,
+    });
+    s.startup_timeout_seconds = 60;
+}
+
+fn three_running() -> ferrotrain_api::crd::DistributedTrainingStatus {
+    ferrotrain_api::crd::DistributedTrainingStatus {
+        replicas: 3,
+        running_replicas: 3,
+        ..crate::fixtures::running_status(0, 0)
+    }
+}
+
+#[test]
+fn elastic_a_replacement_that_cannot_be_placed_waits_while_the_others_train() {
+    use crate::fixtures::stuck;
+    let mut waiting = stuck(
+        0,
+        2,
+        "Unschedulable",
+        "0/2 nodes are available: 1 node(s) were unschedulable",
+    );
+    waiting.created = Some(crate::fixtures::t(0));
+    let d = run(&Row {
+        spec: elastic_spec,
+        status: three_running(),
+        pods: vec![running(0, 0), running(0, 1), waiting],
+        // Far past the start-up timeout.
+        now: 3600,
+        ..Row::default()
+    });
+    assert_eq!(
+        (d.status.phase, d.status.restarts, d.status.attempt),
+        (Phase::Running, 0, 0)
+    );
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+}
+
+#[test]
+fn elastic_a_pod_on_a_lost_node_is_deleted_and_replaced_while_the_others_train() {
+    use crate::fixtures::node_lost;
+    let d = run(&Row {
+        spec: elastic_spec,
+        status: three_running(),
+        pods: vec![running(0, 0), running(0, 1), node_lost(running(0, 2), 0)],
+        now: 100,
+        ..Row::default()
+    });
+    assert_eq!(
+        (d.status.restarts, d.status.attempt),
+        (0, 0),
+        "no gang restart"
+    );
+    assert!(
+        d.actions.contains(&Action::DeletePod("mt-0-2".into())),
+        "{:?}",
+        d.actions
+    );
+    // Gone: created again where it fits.
+    let again = run(&Row {
+        spec: elastic_spec,
+        status: d.status.clone(),
+        pods: vec![running(0, 0), running(0, 1)],
+        now: 170,
+        ..Row::default()
+    });
+    assert!(
+        again.actions.contains(&Action::Launch {
+            attempt: 0,
+            node_ranks: vec![2]
+        }),
+        "{:?}",
+        again.actions
+    );
+}
+
+#[test]
+fn elastic_the_status_says_how_many_ranks_train_and_why_once_each_way() {
+    let polled = |status, world: u32, now| {
+        run(&Row {
+            spec: elastic_spec,
+            status,
+            pods: vec![running(0, 0), running(0, 1), running(0, 2)],
+            progress: ProgressObservation::Report(Box::new(Progress {
+                world_size: world,
+                ..report(100 + now as u64, 2.0)
+            })),
+            now,
+            ..Row::default()
+        })
+    };
+    let shrunk = polled(three_running(), 2, 100);
+    assert_eq!(shrunk.status.current_world_size, Some(2));
+    let c = shrunk
+        .status
+        .condition(ferrotrain_api::crd::condition::RESIZED)
+        .unwrap();
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Shrunk"));
+    assert!(c.message.contains("2 of 3 ranks"), "{}", c.message);
+    assert!(
+        shrunk
+            .events
+            .iter()
+            .any(|e| e.warning && e.reason == "Shrunk")
+    );
+    let still = polled(shrunk.status.clone(), 2, 105);
+    assert!(
+        !still.events.iter().any(|e| e.reason == "Shrunk"),
+        "said once"
+    );
+    let whole = polled(still.status.clone(), 3, 110);
+    assert_eq!(whole.status.current_world_size, None);
+    let c = whole
+        .status
+        .condition(ferrotrain_api::crd::condition::RESIZED)
+        .unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "WholeGang")
+    );
+    assert!(
+        whole
+            .events
+            .iter()
+            .any(|e| !e.warning && e.reason == "WholeGang")
+    );
+}
