@@ -3,14 +3,17 @@
 //! Modules by concept: `data` (corpus, tokenizer, batches), `model`, `optim` (AdamW and
 //! schedules), `decode` (greedy and beam search), `bleu`, `checkpoint`, `metrics` (HTTP and the
 //! per-step reporter), `tensorboard` (event files), `resources` (CPU and memory of the process),
-//! `dist` (rendezvous and collectives), `train` (the training loop), `launch` (the local
-//! process supervisor), `signals` (SIGTERM/SIGINT handling for both).
+//! `device` (where a rank computes), `dist` (rendezvous and collectives), `train` (the
+//! training loop), `launch` (the local process supervisor), `signals` (SIGTERM/SIGINT
+//! handling for both). Each of `checkpoint`, `data`, `dist`, `metrics`, `model` and `train`
+//! is a folder of files by concern; its mod.rs names them and re-exports what others use.
 
 pub mod autograd;
 pub mod bleu;
 pub mod checkpoint;
 pub mod data;
 pub mod decode;
+pub mod device;
 pub mod dist;
 pub mod error;
 pub mod launch;
