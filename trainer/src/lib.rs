@@ -19,7 +19,6 @@ pub mod error;
 pub mod launch;
 pub mod metrics;
 pub mod model;
-pub mod net;
 pub mod optim;
 pub mod resources;
 pub mod signals;

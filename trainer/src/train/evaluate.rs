@@ -111,7 +111,7 @@ impl Trainer<'_> {
         set_phase(&self.progress, TrainerPhase::Evaluating);
         let e0 = Instant::now();
         let (eval_loss, eval_bleu) = evaluate(
-            &self.net.model,
+            &self.replica.model,
             &self.corpus,
             self.config,
             self.comm.as_mut(),

@@ -53,7 +53,7 @@ impl Trainer<'_> {
             train_seconds,
             summarise,
         };
-        if self.net.grad_sync.is_some() {
+        if self.replica.grad_sync.is_some() {
             self.exchange_gang(end)
         } else {
             self.exchange_alone(end)
@@ -63,7 +63,7 @@ impl Trainer<'_> {
     /// `exchange` with other ranks: the gradient buckets, then one all-reduce of the
     /// step's scalars.
     pub(super) fn exchange_gang(&mut self, end: StepEnd) -> Result<Synced> {
-        let sync = self.net.grad_sync.as_mut().expect("world > 1");
+        let sync = self.replica.grad_sync.as_mut().expect("world > 1");
         let mut comm_seconds = sync.finish(self.comm.as_mut())?;
         let c0 = Instant::now();
         // Sums: the loss, rank 0's clock (the others add 0), how many ranks were signalled,
@@ -83,7 +83,7 @@ impl Trainer<'_> {
         })?;
         self.comm.all_reduce_sum(&mut scalars)?;
         // The step's one host read: the summed scalars and the (summed) gradients' norm.
-        let norm = self.net.optimizer.grad_norm();
+        let norm = self.replica.optimizer.grad_norm();
         let mut parts = vec![scalars.to_kind(Kind::Double)];
         parts.extend(norm.map(|n| n.reshape([1])));
         let v = self.comm.download(Tensor::cat(&parts, 0))?;
@@ -110,7 +110,7 @@ impl Trainer<'_> {
     pub(super) fn exchange_alone(&mut self, end: StepEnd) -> Result<Synced> {
         // The step's one host read: the loss and the gradients' norm.
         let mut parts = vec![end.loss_local.reshape([1])];
-        parts.extend(self.net.optimizer.grad_norm().map(|n| n.reshape([1])));
+        parts.extend(self.replica.optimizer.grad_norm().map(|n| n.reshape([1])));
         let v = self.comm.download(Tensor::cat(&parts, 0))?;
         let gang_resources = if end.summarise {
             let mine: Vec<f64> = resource_slots(&mut self.sampler, 0, 1)

@@ -15,6 +15,7 @@
 mod evaluate;
 mod exchange;
 mod job;
+mod replica;
 mod report;
 mod resume;
 mod save;
@@ -24,7 +25,6 @@ mod trainer;
 mod window;
 
 pub use job::{CONFIG_FILE, RunOptions, Summary, TRAIN_LOG, VOCAB_FILE};
-pub(crate) use resume::broadcast_u64s;
 pub use resume::restore_model;
 
 use crate::error::Result;

@@ -6,27 +6,9 @@ use ferrotrain_api::TrainerConfig;
 use tch::Tensor;
 
 use crate::checkpoint::{CheckpointStore, Named, TrainerState};
-use crate::dist::{self, Collective};
+use crate::dist::{self, Collective, broadcast_u64s};
 use crate::error::{Result, TrainError};
 use crate::optim::AdamW;
-
-/// Broadcasts unsigned integers from rank 0, exactly: each travels as four 16-bit limbs,
-/// which f32 represents without rounding.
-pub(crate) fn broadcast_u64s(comm: &mut dyn Collective, values: &[u64]) -> Result<Vec<u64>> {
-    let limbs: Vec<f32> = values
-        .iter()
-        .flat_map(|v| (0..4).map(move |i| ((v >> (16 * i)) & 0xffff) as f32))
-        .collect();
-    let back = dist::broadcast_host(comm, &limbs)?;
-    Ok(back
-        .chunks(4)
-        .map(|c| {
-            c.iter()
-                .enumerate()
-                .fold(0u64, |acc, (i, &l)| acc | ((l as u64) << (16 * i)))
-        })
-        .collect())
-}
 
 /// What rank 0 found in the job's checkpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

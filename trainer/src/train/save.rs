@@ -42,7 +42,7 @@ impl Trainer<'_> {
             time: rfc3339_now(),
             train_seconds: s.train_seconds,
         };
-        let blocked = store.save(&self.net.params, &self.net.optimizer.state(), state)?;
+        let blocked = store.save(&self.replica.params, &self.replica.optimizer.state(), state)?;
         tracing::debug!(step, blocked, "checkpoint started");
         self.save.last_step = step;
         self.save.last_time = Instant::now();

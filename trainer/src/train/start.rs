@@ -11,17 +11,17 @@ use ferrotrain_api::config::Precision;
 use tch::Device;
 
 use super::job::{CONFIG_FILE, RunOptions, TRAIN_LOG, VOCAB_FILE};
-use super::resume::{Start, broadcast_u64s, resume};
+use super::replica::ModelReplica;
+use super::resume::{Start, resume};
 use super::trainer::{Clock, Trainer};
 use super::window::Window;
 use crate::checkpoint::{CheckpointStore, WriterId};
 use crate::data::{self, BatchStream, Corpus, preflight_data};
 use crate::device::{cpu_has_bf16_units, expected_gpus, select_device, startup_line, visible_gpus};
-use crate::dist::{self, Collective};
+use crate::dist::{self, Collective, broadcast_bytes};
 use crate::error::{Result, TrainError};
 use crate::metrics::{MetricsServer, Reporter, SharedProgress};
 use crate::model;
-use crate::net::Net;
 use crate::resources::ResourceSampler;
 use crate::signals;
 
@@ -43,17 +43,18 @@ impl<'a> Trainer<'a> {
         }
         let bucket_bytes = config.distributed.bucket_mib as usize * 1024 * 1024;
         let vocab = corpus.vocab.size() as i64;
-        let mut net = Net::new(config, device, vocab, comm.as_mut(), bucket_bytes)?;
+        let mut replica = ModelReplica::new(config, device, vocab, comm.as_mut(), bucket_bytes)?;
         let store = open_store(opts, leader)?;
         let start = resume(
             store.as_ref(),
             config,
-            &net.params,
-            &mut net.optimizer,
+            &replica.params,
+            &mut replica.optimizer,
             comm.as_mut(),
             bucket_bytes,
         )?;
-        let (progress, server) = serve_progress(opts, leader, world, &start, &net, store.as_ref())?;
+        let (progress, server) =
+            serve_progress(opts, leader, world, &start, &replica, store.as_ref())?;
         let reporter = Reporter::start(
             &progress,
             leader,
@@ -102,7 +103,7 @@ impl<'a> Trainer<'a> {
             _server: server,
             progress,
             store,
-            net,
+            replica,
             corpus,
             comm,
         })
@@ -137,20 +138,6 @@ fn open_gang(opts: &RunOptions) -> Result<(Device, Box<dyn Collective>)> {
         std::fs::write(opts.job_dir.join(CONFIG_FILE), config.to_yaml())?;
     }
     Ok((device, comm))
-}
-
-/// Broadcasts a byte string from rank 0 (each byte as one f32).
-fn broadcast_bytes(comm: &mut dyn Collective, bytes: Option<Vec<u8>>) -> Result<Vec<u8>> {
-    let len = broadcast_u64s(comm, &[bytes.as_ref().map_or(0, |b| b.len() as u64)])?[0] as usize;
-    if len == 0 {
-        return Ok(Vec::new());
-    }
-    let floats: Vec<f32> = match bytes {
-        Some(b) => b.into_iter().map(f32::from).collect(),
-        None => vec![0.0; len],
-    };
-    let back = dist::broadcast_host(comm, &floats)?;
-    Ok(back.into_iter().map(|f| f as u8).collect())
 }
 
 /// Loads the corpus on every rank with one vocabulary: rank 0 learns (or reloads) it and
@@ -189,7 +176,7 @@ fn serve_progress(
     leader: bool,
     world: usize,
     start: &Start,
-    net: &Net,
+    replica: &ModelReplica,
     store: Option<&CheckpointStore>,
 ) -> Result<(SharedProgress, Option<MetricsServer>)> {
     let progress: SharedProgress = Default::default();
@@ -209,7 +196,7 @@ fn serve_progress(
         p.samples = start.samples;
         p.world_size = world as u32;
         p.resumed_from_step = start.resumed_from_step;
-        p.parameters = model::parameter_count(&net.vs);
+        p.parameters = model::parameter_count(&replica.vs);
         p.last_checkpoint = store.and_then(|s| s.last_completed());
     }
     Ok((progress, server))

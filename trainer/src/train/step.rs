@@ -58,7 +58,7 @@ impl Trainer<'_> {
             self.interrupted_by = synced.interrupted_by;
         }
         self.stop = self.clock.over_budget(synced.train_seconds) || self.interrupted_by.is_some();
-        let optimizer = &mut self.net.optimizer;
+        let optimizer = &mut self.replica.optimizer;
         optimizer.clip_to(synced.grad_norm, config.optimizer.clip_norm);
         let lr = optim::learning_rate(
             config.optimizer.lr,
@@ -119,7 +119,7 @@ impl Trainer<'_> {
     pub(super) fn forward_backward(&mut self, batch: &GlobalBatch) -> Tensor {
         let config = self.config;
         let train = &self.corpus.train;
-        self.net.optimizer.zero_grad();
+        self.replica.optimizer.zero_grad();
         let shards: Vec<Vec<usize>> = batch
             .micro
             .iter()
@@ -134,12 +134,12 @@ impl Trainer<'_> {
             }
             let tb = data::to_tensors(train, mine, self.device);
             if Some(i) == last
-                && let Some(sync) = self.net.grad_sync.as_mut()
+                && let Some(sync) = self.replica.grad_sync.as_mut()
             {
                 sync.arm(self.comm.as_mut());
             }
             tch::manual_seed(step_seed(config.seed, self.step, self.rank, i));
-            loss_local += self.net.model.train_loss_backward(
+            loss_local += self.replica.model.train_loss_backward(
                 &tb,
                 config.label_smoothing,
                 1.0 / batch.target_tokens as f64,

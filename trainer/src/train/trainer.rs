@@ -9,13 +9,13 @@ use ferrotrain_api::{TrainerConfig, TrainerPhase};
 use tch::Device;
 
 use super::job::Summary;
+use super::replica::ModelReplica;
 use super::window::Window;
 use crate::checkpoint::CheckpointStore;
 use crate::data::{BatchStream, Corpus};
 use crate::dist::Collective;
 use crate::error::Result;
 use crate::metrics::{MetricsServer, Reporter, SharedProgress};
-use crate::net::Net;
 use crate::resources::ResourceSampler;
 
 /// Training time, which `maxSeconds` and a time-horizon schedule count: the job's earlier
@@ -95,7 +95,7 @@ pub(super) struct Trainer<'a> {
     pub(super) _server: Option<MetricsServer>,
     pub(super) progress: SharedProgress,
     pub(super) store: Option<CheckpointStore>,
-    pub(super) net: Net,
+    pub(super) replica: ModelReplica,
     pub(super) corpus: Corpus,
     pub(super) comm: Box<dyn Collective>,
 }
