@@ -5,8 +5,9 @@
 //! per-step reporter), `tensorboard` (event files), `resources` (CPU and memory of the process),
 //! `device` (where a rank computes), `dist` (rendezvous and collectives), `train` (the
 //! training loop), `launch` (the local process supervisor), `signals` (SIGTERM/SIGINT
-//! handling for both). Each of `checkpoint`, `data`, `dist`, `metrics`, `model` and `train`
-//! is a folder of files by concern; its mod.rs names them and re-exports what others use.
+//! handling for both), `rfc3339` (times as the trainer writes them). Each of `checkpoint`,
+//! `data`, `dist`, `metrics`, `model` and `train` is a folder of files by concern; its mod.rs
+//! names them and re-exports what others use.
 
 pub mod autograd;
 pub mod bleu;
@@ -21,6 +22,7 @@ pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod resources;
+pub mod rfc3339;
 pub mod signals;
 pub mod tensorboard;
 pub mod train;

@@ -5,13 +5,15 @@
 use std::fs;
 use std::io::Write;
 use std::path::Path;
+use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use super::io::{io_err, now_rfc3339, sync_dir, write_synced};
+use super::io::{io_err, sync_dir, write_synced};
 use super::layout::TEMP_PREFIX;
 use crate::dist::RankEnv;
 use crate::error::{Reason, Result, TrainError};
+use crate::rfc3339::{self, Resolution};
 
 /// The fence: which writer owns the job directory (see [`WriterId`]).
 pub const FENCE_FILE: &str = "fence.json";
@@ -128,7 +130,7 @@ pub(super) fn claim_fence(root: &Path, writer: &WriterId) -> Result<()> {
             writer: writer.clone(),
             host: hostname(),
             pid: std::process::id(),
-            time: now_rfc3339(),
+            time: rfc3339::format(SystemTime::now(), Resolution::Second),
         };
         let json = serde_json::to_vec(&fence)
             .map_err(|e| TrainError::Other(Reason::caused("checkpoint: encoding the fence", e)))?;

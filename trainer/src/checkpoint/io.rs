@@ -1,7 +1,7 @@
 //! Durable writes (a file or a directory fsynced before anyone relies on it) and the
 //! module's I/O errors, naming what was done to which path.
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::BufWriter;
 use std::path::Path;
 
@@ -29,22 +29,6 @@ pub(super) fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| io_err("fsyncing", dir, e))
-}
-
-pub(super) fn now_rfc3339() -> String {
-    format_rfc3339(time::OffsetDateTime::now_utc())
-}
-
-pub(super) fn format_rfc3339(t: time::OffsetDateTime) -> String {
-    t.replace_nanosecond(0)
-        .unwrap_or(t)
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
-}
-
-pub(super) fn modified_rfc3339(path: &Path) -> Option<String> {
-    let modified = fs::metadata(path).ok()?.modified().ok()?;
-    Some(format_rfc3339(time::OffsetDateTime::from(modified)))
 }
 
 pub(super) fn io_err(what: &str, path: &Path, e: std::io::Error) -> TrainError {

@@ -7,18 +7,19 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use ferrotrain_api::CheckpointInfo;
 use ferrotrain_api::config::CheckpointPolicy;
 
 use super::fence::{WriterId, still_owner, temp_dir_name};
-use super::io::{io_err, now_rfc3339, sync_dir, write_synced};
+use super::io::{io_err, sync_dir, write_synced};
 use super::layout::{MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, TEMP_PREFIX, step_dir_name};
 use super::retention::apply_retention;
 use super::safetensors::{Snapshot, write_safetensors};
 use super::state::TrainerState;
 use crate::error::{Reason, Result, TrainError};
+use crate::rfc3339::{self, Resolution};
 
 /// Points of a background save, reported to a [`SaveHook`]. For tests that need to stop a
 /// save at a known point (a crash mid-write, a slow disk); production code sets no hook.
@@ -139,7 +140,7 @@ impl SaveJob {
         let info = CheckpointInfo {
             step,
             size_bytes: size,
-            time: now_rfc3339(),
+            time: rfc3339::format(SystemTime::now(), Resolution::Second),
             blocking_seconds: Some(self.blocking),
             save_seconds: Some(self.started.elapsed().as_secs_f64()),
         };

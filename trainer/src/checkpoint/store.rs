@@ -11,7 +11,7 @@ use ferrotrain_api::CheckpointInfo;
 use ferrotrain_api::config::CheckpointPolicy;
 
 use super::fence::{WriterId, claim_fence, sweep_temporaries};
-use super::io::{io_err, modified_rfc3339};
+use super::io::io_err;
 use super::layout::{
     MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, complete_checkpoints, dir_size, inspect,
     parse_step_dir_name, read_state, step_dirs,
@@ -20,6 +20,7 @@ use super::safetensors::{Named, read_safetensors, snapshot};
 use super::save::{SaveHook, SaveJob};
 use super::state::TrainerState;
 use crate::error::{Reason, Result, TrainError};
+use crate::rfc3339::{self, Resolution};
 
 /// A checkpoint read back.
 pub struct Loaded {
@@ -59,7 +60,10 @@ impl CheckpointStore {
             let info = CheckpointInfo {
                 step: state.step,
                 size_bytes: dir_size(&dir),
-                time: modified_rfc3339(&dir.join(STATE_FILE)).unwrap_or(state.time),
+                time: fs::metadata(dir.join(STATE_FILE))
+                    .and_then(|m| m.modified())
+                    .map(|t| rfc3339::format(t, Resolution::Second))
+                    .unwrap_or(state.time),
                 blocking_seconds: None,
                 save_seconds: None,
             };

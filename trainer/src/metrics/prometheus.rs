@@ -9,6 +9,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
 
+use crate::rfc3339;
+
 /// The OpenMetrics content type (Prometheus negotiates it; what the operator serves too).
 pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -109,7 +111,7 @@ fn int_gauges(p: &Progress) -> [Entry<u64>; 12] {
         (
             "last_checkpoint_timestamp_seconds",
             "Unix time the newest checkpoint became complete",
-            ckpt.and_then(|c| unix_seconds(&c.time)),
+            ckpt.and_then(|c| rfc3339::unix_seconds(&c.time)),
         ),
         (
             "resumed_from_step",
@@ -352,12 +354,6 @@ fn data_metrics(r: &mut Registry, d: &DataStats) {
         "Mean target sentence length in tokens",
         ConstGauge::new(d.mean_target_tokens),
     );
-}
-
-fn unix_seconds(rfc3339: &str) -> Option<u64> {
-    let t = time::OffsetDateTime::parse(rfc3339, &time::format_description::well_known::Rfc3339)
-        .ok()?;
-    u64::try_from(t.unix_timestamp()).ok()
 }
 
 #[cfg(test)]

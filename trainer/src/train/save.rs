@@ -1,11 +1,12 @@
 //! When rank 0 saves a checkpoint, and what its trainer.json says.
 
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use super::step::StepOutcome;
 use super::trainer::Trainer;
 use crate::checkpoint::TrainerState;
 use crate::error::Result;
+use crate::rfc3339::{self, Resolution};
 
 impl Trainer<'_> {
     /// Rank 0 starts a background save every `checkpoint.everySteps` steps or
@@ -39,7 +40,7 @@ impl Trainer<'_> {
             train_loss: self.train_loss,
             eval_loss: evaluated_now.then(|| last_eval.map(|e| e.0)).flatten(),
             eval_bleu: evaluated_now.then(|| last_eval.and_then(|e| e.1)).flatten(),
-            time: rfc3339_now(),
+            time: rfc3339::format(SystemTime::now(), Resolution::Exact),
             train_seconds: s.train_seconds,
         };
         let blocked = store.save(&self.replica.params, &self.replica.optimizer.state(), state)?;
@@ -48,10 +49,4 @@ impl Trainer<'_> {
         self.save.last_time = Instant::now();
         Ok(())
     }
-}
-
-fn rfc3339_now() -> String {
-    time::OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
 }
