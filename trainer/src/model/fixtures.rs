@@ -1,4 +1,5 @@
-//! A tiny model for tests: two layers each side, 16 wide, no dropout, tied embeddings.
+//! A tiny model for the model's and decoding's tests: two layers each side, 16 wide, no
+//! dropout, tied embeddings.
 
 use ferrotrain_api::config::{ModelConfig, Precision};
 use tch::{Device, nn};
@@ -20,10 +21,12 @@ pub(crate) fn tiny() -> ModelConfig {
     }
 }
 
+/// A model of config `c` in fp32 (see `build_in`).
 pub(crate) fn build(c: &ModelConfig) -> (nn::VarStore, Transformer) {
     build_in(c, Precision::Fp32)
 }
 
+/// A model of config `c` for a vocabulary of 11, its weights drawn after seeding with 0.
 pub(crate) fn build_in(c: &ModelConfig, precision: Precision) -> (nn::VarStore, Transformer) {
     tch::manual_seed(0);
     let vs = nn::VarStore::new(Device::Cpu);
