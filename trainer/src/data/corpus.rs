@@ -121,27 +121,7 @@ fn translation_corpus(config: &TrainerConfig, vocab_path: &Path) -> Result<Corpu
     let vocab = translation_vocabulary(config, vocab_path, &train_src, &train_tgt)?;
     let max_len = config.data.max_sentence_tokens as usize;
 
-    let src_ids = vocab.encode_all(&train_src);
-    let tgt_ids = vocab.encode_all(&train_tgt);
-    let (mut empty, mut long) = (0usize, 0usize);
-    let mut train = Vec::with_capacity(src_ids.len());
-    for ((src, tgt), (src_text, tgt_text)) in src_ids
-        .into_iter()
-        .zip(tgt_ids)
-        .zip(train_src.iter().zip(&train_tgt))
-    {
-        if src_text.trim().is_empty()
-            || tgt_text.trim().is_empty()
-            || src.is_empty()
-            || tgt.is_empty()
-        {
-            empty += 1;
-        } else if src.len() > max_len || tgt.len() > max_len {
-            long += 1;
-        } else {
-            train.push(Example { src, tgt });
-        }
-    }
+    let (train, empty, long) = train_examples(&vocab, &train_src, &train_tgt, max_len);
     let stats = token_stats(&train);
     tracing::info!(
         pairs = train.len(),
@@ -166,19 +146,7 @@ fn translation_corpus(config: &TrainerConfig, vocab_path: &Path) -> Result<Corpu
     let (mut valid, mut valid_sources, mut valid_references) = (Vec::new(), Vec::new(), Vec::new());
     let mut truncated = 0;
     if let Some((src_text, tgt_text)) = valid_text {
-        let src_ids = vocab.encode_all(&src_text);
-        let tgt_ids = vocab.encode_all(&tgt_text);
-        valid = src_ids
-            .into_iter()
-            .zip(tgt_ids)
-            .map(|(mut src, mut tgt)| {
-                // Kept (BLEU needs every sentence); the loss sees at most max_len tokens.
-                truncated += usize::from(src.len() > max_len || tgt.len() > max_len);
-                src.truncate(max_len);
-                tgt.truncate(max_len);
-                Example { src, tgt }
-            })
-            .collect();
+        (valid, truncated) = valid_examples(&vocab, &src_text, &tgt_text, max_len);
         let stats = token_stats(&valid);
         tracing::info!(
             pairs = valid.len(),
@@ -203,6 +171,62 @@ fn translation_corpus(config: &TrainerConfig, vocab_path: &Path) -> Result<Corpu
         valid_references,
         stats,
     })
+}
+
+/// The training pairs as examples, without the pairs that have an empty side or a side
+/// longer than `max_len` tokens; with how many of each were dropped.
+fn train_examples(
+    vocab: &Vocabulary,
+    source: &[String],
+    target: &[String],
+    max_len: usize,
+) -> (Vec<Example>, usize, usize) {
+    let src_ids = vocab.encode_all(source);
+    let tgt_ids = vocab.encode_all(target);
+    let (mut empty, mut long) = (0usize, 0usize);
+    let mut train = Vec::with_capacity(src_ids.len());
+    for ((src, tgt), (src_text, tgt_text)) in src_ids
+        .into_iter()
+        .zip(tgt_ids)
+        .zip(source.iter().zip(target))
+    {
+        if src_text.trim().is_empty()
+            || tgt_text.trim().is_empty()
+            || src.is_empty()
+            || tgt.is_empty()
+        {
+            empty += 1;
+        } else if src.len() > max_len || tgt.len() > max_len {
+            long += 1;
+        } else {
+            train.push(Example { src, tgt });
+        }
+    }
+    (train, empty, long)
+}
+
+/// The validation pairs as examples, every one kept (BLEU needs every sentence) but cut to
+/// `max_len` tokens for the loss; with how many were cut.
+fn valid_examples(
+    vocab: &Vocabulary,
+    source: &[String],
+    target: &[String],
+    max_len: usize,
+) -> (Vec<Example>, usize) {
+    let mut truncated = 0;
+    let valid = vocab
+        .encode_all(source)
+        .into_iter()
+        .zip(vocab.encode_all(target))
+        .map(|(mut src, mut tgt)| {
+            // Kept (BLEU needs every sentence); the loss sees at most max_len tokens.
+            truncated += usize::from(src.len() > max_len || tgt.len() > max_len);
+            src.truncate(max_len);
+            tgt.truncate(max_len);
+            Example { src, tgt }
+        })
+        .collect();
+    (valid, truncated)
 }
 
 /// Token counts of a set of examples (for logs and tests).
