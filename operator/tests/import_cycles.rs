@@ -1,6 +1,6 @@
-//! No two files of operator/ or api/ import each other, directly or through others: a file's
-//! imports lead only to files below it, so each can be read (and changed) knowing only what
-//! it imports. An import is a path to another file's module in a `use` or in the code
+//! No two files of operator/, api/ or trainer/ import each other, directly or through others:
+//! a file's imports lead only to files below it, so each can be read (and changed) knowing
+//! only what it imports. An import is a path to another file's module in a `use` or in the code
 //! (`crate::gang::decide`, `super::failure::Failure`, `decider::Decider` from gang/mod.rs); a
 //! `mod` declaration is not one, so a folder's mod.rs may re-export its files as long as they
 //! import each other directly and never through it. Test code is left out.
@@ -8,8 +8,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Every non-test .rs file under `dir`.
+/// Every non-test .rs file under `dir`. A `main.rs` beside a `lib.rs` is left out: the
+/// binary is a crate of its own, which reaches the library by its name, never `crate::`.
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let binary_beside_library = dir.join("lib.rs").is_file();
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
@@ -17,7 +19,11 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
             if name != "tests" {
                 rust_files(&path, out);
             }
-        } else if name.ends_with(".rs") && name != "tests.rs" && name != "fixtures.rs" {
+        } else if name.ends_with(".rs")
+            && name != "tests.rs"
+            && name != "fixtures.rs"
+            && !(name == "main.rs" && binary_beside_library)
+        {
             out.push(path);
         }
     }
@@ -260,10 +266,16 @@ fn cycles(graph: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) -> Vec<Vec<PathBuf>> {
     w.found
 }
 
+/// Folders whose files still import each other, each with why. A cycle among files of one
+/// of them is tolerated; any other cycle fails. Once a folder has no cycle left its line must
+/// go, so the exception never outlives its reason.
+const UNTIED: &[(&str, &str)] = &[];
+
 #[test]
-fn no_file_of_operator_or_api_imports_itself_through_others() {
+fn no_file_imports_itself_through_others() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    for src in ["operator/src", "api/src"] {
+    let mut untied_seen = Vec::new();
+    for src in ["operator/src", "api/src", "trainer/src"] {
         let graph = imports(&root.join(src));
         let edges: usize = graph.values().map(BTreeSet::len).sum();
         // The scan saw the imports.
@@ -274,8 +286,23 @@ fn no_file_of_operator_or_api_imports_itself_through_others() {
                 let shown = c.iter().map(|f| f.strip_prefix(&root).unwrap_or(f));
                 shown.map(|f| f.display().to_string()).collect()
             })
+            .filter(|c: &Vec<String>| {
+                let folder = UNTIED
+                    .iter()
+                    .find(|(folder, _)| c.iter().all(|f| f.starts_with(folder)));
+                if let Some((folder, _)) = folder {
+                    untied_seen.push(*folder);
+                }
+                folder.is_none()
+            })
             .collect();
         assert!(found.is_empty(), "files that import each other: {found:#?}");
+    }
+    for (folder, why) in UNTIED {
+        assert!(
+            untied_seen.contains(folder),
+            "{folder} has no cycle left: remove it from UNTIED ({why})"
+        );
     }
 }
 

@@ -307,6 +307,7 @@ pub fn translate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::fixtures::tiny;
     use ferrotrain_api::config::{ModelConfig, Precision};
     use tch::nn;
 
@@ -314,16 +315,9 @@ mod tests {
         tch::manual_seed(3);
         let vs = nn::VarStore::new(Device::Cpu);
         let c = ModelConfig {
-            d_model: 16,
-            heads: 2,
             encoder_layers: 1,
-            decoder_layers: 2,
-            ffn_dim: 32,
-            dropout: 0.0,
-            attention_dropout: None,
-            activation_dropout: None,
-            tie_embeddings: true,
             max_positions: 40,
+            ..tiny()
         };
         // The model holds its own references to the variables.
         Transformer::new(&vs.root(), &c, 9, Precision::Fp32)

@@ -3,22 +3,26 @@
 //! Modules by concept: `data` (corpus, tokenizer, batches), `model`, `optim` (AdamW and
 //! schedules), `decode` (greedy and beam search), `bleu`, `checkpoint`, `metrics` (HTTP and the
 //! per-step reporter), `tensorboard` (event files), `resources` (CPU and memory of the process),
-//! `dist` (rendezvous and collectives), `train` (the training loop), `launch` (the local
-//! process supervisor), `signals` (SIGTERM/SIGINT handling for both).
+//! `device` (where a rank computes), `dist` (rendezvous and collectives), `train` (the
+//! training loop), `launch` (the local process supervisor), `signals` (SIGTERM/SIGINT
+//! handling for both), `rfc3339` (times as the trainer writes them). Each of `checkpoint`,
+//! `data`, `dist`, `metrics`, `model` and `train` is a folder of files by concern; its mod.rs
+//! names them and re-exports what others use.
 
 pub mod autograd;
 pub mod bleu;
 pub mod checkpoint;
 pub mod data;
 pub mod decode;
+pub mod device;
 pub mod dist;
 pub mod error;
 pub mod launch;
 pub mod metrics;
 pub mod model;
-pub mod net;
 pub mod optim;
 pub mod resources;
+pub mod rfc3339;
 pub mod signals;
 pub mod tensorboard;
 pub mod train;

@@ -9,7 +9,9 @@ use clap::{Parser, Subcommand};
 use ferrotrain_api::config::Precision;
 use ferrotrain_api::{TrainerConfig, env, exit};
 use ferrotrain_trainer::error::{Reason, Result, TrainError, write_termination_message};
-use ferrotrain_trainer::{bleu, checkpoint, data, decode, dist, launch, model, signals, train};
+use ferrotrain_trainer::{
+    bleu, checkpoint, data, decode, device, dist, launch, model, signals, train,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -243,7 +245,7 @@ fn run(args: RunArgs) -> Result<Option<i32>> {
 
 fn validate(config: &Path) -> Result<()> {
     let config = load_config(config)?;
-    train::preflight_data(&config)?;
+    data::preflight_data(&config)?;
     println!("config is valid (digest {})", config.digest());
     Ok(())
 }
@@ -286,11 +288,11 @@ fn translate(args: TranslateArgs) -> Result<()> {
         data::load_corpus(&config, &vocab_path)?.vocab
     };
     let (weights, steps) = averaged_weights(&job_dir, &dir, args.average as usize, &config)?;
-    let device = train::select_device(
+    let device = device::select_device(
         config.device,
         0,
-        train::expected_gpus()?,
-        train::visible_gpus(),
+        device::expected_gpus()?,
+        device::visible_gpus(),
     )?;
     let vs = tch::nn::VarStore::new(device);
     let net = model::Transformer::new(

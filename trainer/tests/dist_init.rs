@@ -1,7 +1,8 @@
 //! `dist::init` end to end in one process (one thread per rank): rendezvous through rank 0's
 //! store, the ring on tensors, and GradSync's bucketed gradient sums and parameter broadcast.
 
-use std::net::TcpListener;
+mod common;
+
 use std::time::Duration;
 
 use ferrotrain_api::config::{DistributedConfig, OptimizerConfig};
@@ -9,43 +10,21 @@ use ferrotrain_trainer::dist::{self, Collective, GradSync, RankEnv};
 use ferrotrain_trainer::optim::AdamW;
 use tch::{Device, Kind, Tensor};
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn config() -> DistributedConfig {
-    serde_json::from_str(
-        r#"{"backend":"ring","rendezvousTimeoutSeconds":20,"collectiveTimeoutSeconds":10}"#,
-    )
-    .unwrap()
-}
-
 fn gang<T: Send + 'static>(
     world: usize,
     f: impl Fn(usize, Box<dyn Collective>) -> T + Send + Sync + Clone + 'static,
 ) -> Vec<T> {
-    let port = free_port();
+    let port = common::free_port();
     let handles: Vec<_> = (0..world)
         .map(|rank| {
             let f = f.clone();
             std::thread::spawn(move || {
                 let env = RankEnv {
-                    rank,
-                    world_size: world,
-                    local_rank: rank,
-                    local_world_size: world,
                     master_addr: "localhost".into(),
-                    master_port: port,
-                    attempt: 0,
-                    token: "init-test".into(),
-                    round: 0,
-                    store_hosted: false,
+                    ..common::rank_env(rank, world, port, "init-test")
                 };
-                let comm = dist::init(&env, &config(), Device::Cpu).expect("init");
+                let config = common::distributed("ring", 20, 10);
+                let comm = dist::init(&env, &config, Device::Cpu).expect("init");
                 assert_eq!((comm.rank(), comm.world_size()), (rank, world));
                 f(rank, comm)
             })
@@ -145,21 +124,10 @@ fn grad_sync_sums_in_buckets_during_backward_and_treats_unused_parameters_as_zer
 
 #[test]
 fn a_rank_that_never_arrives_fails_the_rendezvous_at_the_timeout() {
-    let port = free_port();
+    let port = common::free_port();
     let config: DistributedConfig =
         serde_json::from_str(r#"{"backend":"ring","rendezvousTimeoutSeconds":2}"#).unwrap();
-    let env = RankEnv {
-        rank: 0,
-        world_size: 2,
-        local_rank: 0,
-        local_world_size: 2,
-        master_addr: "127.0.0.1".into(),
-        master_port: port,
-        attempt: 0,
-        token: "t".into(),
-        round: 0,
-        store_hosted: false,
-    };
+    let env = common::rank_env(0, 2, port, "t");
     let start = std::time::Instant::now();
     let err = dist::init(&env, &config, Device::Cpu).err().unwrap();
     assert!(

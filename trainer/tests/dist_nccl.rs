@@ -6,35 +6,13 @@
 //! cargo test -p ferrotrain-trainer --features cuda --test dist_nccl
 //! ```
 
-use std::net::TcpListener;
+mod common;
+
 use std::time::{Duration, Instant};
 
-use ferrotrain_api::config::DistributedConfig;
-use ferrotrain_trainer::dist::{self, RankEnv};
+use ferrotrain_trainer::dist;
 use ferrotrain_trainer::error::TrainError;
 use tch::Device;
-
-fn config() -> DistributedConfig {
-    serde_json::from_str(
-        r#"{"backend":"nccl","rendezvousTimeoutSeconds":10,"collectiveTimeoutSeconds":5}"#,
-    )
-    .unwrap()
-}
-
-fn env(rank: usize, port: u16) -> RankEnv {
-    RankEnv {
-        rank,
-        world_size: 2,
-        local_rank: rank,
-        local_world_size: 2,
-        master_addr: "127.0.0.1".into(),
-        master_port: port,
-        attempt: 0,
-        token: "nccl-test".into(),
-        round: 0,
-        store_hosted: false,
-    }
-}
 
 #[test]
 fn nccl_fails_clearly_without_a_gpu() {
@@ -42,16 +20,14 @@ fn nccl_fails_clearly_without_a_gpu() {
         eprintln!("a GPU is visible: this test is about machines without one");
         return;
     }
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let start = Instant::now();
     let handles: Vec<_> = (0..2)
         .map(|rank| {
             std::thread::spawn(move || {
-                dist::init(&env(rank, port), &config(), Device::Cuda(rank))
+                let env = common::rank_env(rank, 2, port, "nccl-test");
+                let config = common::distributed("nccl", 10, 5);
+                dist::init(&env, &config, Device::Cuda(rank))
                     .err()
                     .expect("no GPU here")
             })

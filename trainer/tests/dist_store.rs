@@ -2,12 +2,13 @@
 //! half-open connection and oversized or malformed frames are each dropped, while real ranks
 //! still complete the rendezvous in the meantime.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use ferrotrain_api::config::DistributedConfig;
 use ferrotrain_trainer::dist::auth::{Auth, Channel, HandshakeError};
 use ferrotrain_trainer::dist::store::{MAX_FRAME, StoreClient, StoreServer};
 use ferrotrain_trainer::dist::{self, RankEnv};
@@ -134,32 +135,13 @@ fn oversized_and_malformed_frames_drop_only_that_connection() {
     assert_eq!(c.get("still", Duration::from_secs(1)).unwrap(), b"alive");
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn hostile_connections_do_not_disturb_a_real_rendezvous() {
-    let port = free_port();
-    let config: DistributedConfig = serde_json::from_str(
-        r#"{"backend":"ring","rendezvousTimeoutSeconds":20,"collectiveTimeoutSeconds":10}"#,
-    )
-    .unwrap();
+    let port = common::free_port();
+    let config = common::distributed("ring", 20, 10);
     let env = |rank: usize| RankEnv {
-        rank,
-        world_size: 2,
-        local_rank: rank,
-        local_world_size: 2,
-        master_addr: "127.0.0.1".into(),
-        master_port: port,
         attempt: 4,
-        token: TOKEN.into(),
-        round: 0,
-        store_hosted: false,
+        ..common::rank_env(rank, 2, port, TOKEN)
     };
     let start = Instant::now();
     let rank0 = {

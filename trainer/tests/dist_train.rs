@@ -17,43 +17,6 @@ const STEPS: u64 = 30;
 /// missing shard, an unsynchronized parameter or a wrong scale moves the loss by > 1e-2).
 const TOLERANCE: f64 = 1e-4;
 
-const CONFIG: &str = "task: copy
-seed: 11
-maxSteps: 30
-copy:
-  symbols: 12
-  minLength: 3
-  maxLength: 8
-  trainSamples: 2000
-  validSamples: 16
-model:
-  dModel: 32
-  heads: 2
-  encoderLayers: 1
-  decoderLayers: 1
-  ffnDim: 64
-  dropout: 0.0
-  maxPositions: 16
-batch:
-  maxTokens: MAX_TOKENS
-optimizer:
-  lr: 0.003
-schedule:
-  kind: inverseSqrt
-  warmupSteps: 10
-labelSmoothing: 0.0
-eval:
-  everySteps: 0
-  beamSize: 1
-checkpoint:
-  everySteps: 0
-  keepLatest: 1
-distributed:
-  collectiveTimeoutSeconds: 20
-  rendezvousTimeoutSeconds: 30
-logEverySteps: 1000
-";
-
 /// Runs the job with `ranks` processes (1 = plain `ferrotrain run`); returns the losses.
 fn losses(dir: &Path, ranks: usize) -> Vec<f64> {
     let runs = dir.join(format!("runs-{ranks}"));
@@ -61,8 +24,18 @@ fn losses(dir: &Path, ranks: usize) -> Vec<f64> {
     let config_dir = dir.join(format!("config-{ranks}"));
     std::fs::create_dir_all(&config_dir).unwrap();
     let config = config_dir.join("job.yaml");
-    let per_rank = 600 / ranks;
-    std::fs::write(&config, CONFIG.replace("MAX_TOKENS", &per_rank.to_string())).unwrap();
+    let job = common::GangCopyJob {
+        seed: 11,
+        max_steps: STEPS,
+        train_samples: 2000,
+        valid_samples: 16,
+        max_tokens: 600 / ranks,
+        checkpoint_every: 0,
+        keep_latest: 1,
+        collective_timeout_seconds: 20,
+        log_every: 1000,
+    };
+    std::fs::write(&config, job.yaml()).unwrap();
     let log = dir.join(format!("stderr-{ranks}.log"));
     let cmd = if ranks == 1 {
         let mut cmd = common::run_command(&config, &runs);

@@ -7,7 +7,6 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use common::ProcessGroup;
@@ -23,27 +22,18 @@ impl Gang {
     /// file `start-<rank>-<round>` holding the rank's store settings.
     fn new(body: &str) -> Gang {
         let dir = tempfile::tempdir().unwrap();
-        let script = dir.path().join("rank.sh");
-        std::fs::write(
-            &script,
-            format!(
-                "#!/bin/sh\nout=\"$FAKE_OUT\"\n\
-                 echo \"$FERROTRAIN_STORE_HOSTED $MASTER_PORT $FERROTRAIN_ATTEMPT\" \
-                 > \"$out/start-$RANK-$FERROTRAIN_ROUND\"\n\
-                 echo \"$RANK $WORLD_SIZE $FERROTRAIN_VIRTUAL_WORLD\" \
-                 > \"$out/world-$NODE_RANK-$FERROTRAIN_ROUND\"\n\
-                 echo $$ > \"$out/pid-$RANK-$FERROTRAIN_ROUND\"\n{body}\n"
-            ),
-        )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::write(dir.path().join("job.yaml"), "task: copy\nmaxSteps: 1\n").unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        // Each start also leaves `world-<node>-<round>`: the rank, world and virtual world.
+        let body = format!(
+            "echo \"$RANK $WORLD_SIZE $FERROTRAIN_VIRTUAL_WORLD\" \
+             > \"$FAKE_OUT/world-$NODE_RANK-$FERROTRAIN_ROUND\"\n{body}"
+        );
+        common::fake_ranks(
+            dir.path(),
+            "$FERROTRAIN_STORE_HOSTED $MASTER_PORT $FERROTRAIN_ATTEMPT",
+            "FERROTRAIN_ROUND",
+            &body,
+        );
+        let port = common::free_port();
         Gang { dir, port }
     }
 
@@ -69,7 +59,7 @@ impl Gang {
         extra: &[&str],
     ) -> ProcessGroup {
         let log = self.path(&format!("launcher-{node}.log"));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferrotrain"));
+        let mut cmd = common::ferrotrain();
         cmd.arg("launch")
             .arg("--config")
             .arg(self.path("job.yaml"))
@@ -109,7 +99,6 @@ impl Gang {
                 self.path(&format!("launcher-{node}.termination-log")),
             )
             .args(extra)
-            .env("RUST_LOG", "info")
             .env_remove("OMP_NUM_THREADS")
             .stderr(std::fs::File::create(&log).unwrap());
         ProcessGroup::spawn(cmd, Some(log))

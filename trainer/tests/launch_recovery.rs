@@ -7,7 +7,7 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::ProcessGroup;
@@ -17,44 +17,18 @@ const MAX_STEPS: u64 = 240;
 const COLLECTIVE_TIMEOUT: u64 = 5;
 
 fn config(max_steps: u64) -> String {
-    format!(
-        "task: copy
-seed: 5
-maxSteps: {max_steps}
-copy:
-  symbols: 12
-  minLength: 3
-  maxLength: 8
-  trainSamples: 4000
-  validSamples: 32
-model:
-  dModel: 32
-  heads: 2
-  encoderLayers: 1
-  decoderLayers: 1
-  ffnDim: 64
-  dropout: 0.0
-  maxPositions: 16
-batch:
-  maxTokens: 512
-optimizer:
-  lr: 0.003
-schedule:
-  kind: inverseSqrt
-  warmupSteps: 10
-labelSmoothing: 0.0
-eval:
-  everySteps: 0
-  beamSize: 1
-checkpoint:
-  everySteps: {CHECKPOINT_EVERY}
-  keepLatest: 2
-distributed:
-  collectiveTimeoutSeconds: {COLLECTIVE_TIMEOUT}
-  rendezvousTimeoutSeconds: 30
-logEverySteps: 40
-"
-    )
+    common::GangCopyJob {
+        seed: 5,
+        max_steps,
+        train_samples: 4000,
+        valid_samples: 32,
+        max_tokens: 512,
+        checkpoint_every: CHECKPOINT_EVERY,
+        keep_latest: 2,
+        collective_timeout_seconds: COLLECTIVE_TIMEOUT,
+        log_every: 40,
+    }
+    .yaml()
 }
 
 type Launcher = ProcessGroup;
@@ -72,7 +46,7 @@ impl Job {
 
     fn launch(&self, nproc: usize) -> Launcher {
         let stderr = self.dir.path().join("launch.log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferrotrain"));
+        let mut cmd = common::ferrotrain();
         cmd.arg("launch")
             .arg("--config")
             .arg(self.dir.path().join("job.yaml"))
@@ -87,10 +61,8 @@ impl Job {
                 self.dir.path().join("termination-log"),
             )
             .env("OMP_NUM_THREADS", "1")
-            .env("RUST_LOG", "info")
             .env_remove("FERROTRAIN_RDZV_TOKEN")
             .env_remove("FERROTRAIN_ATTEMPT")
-            .env_remove("FERROTRAIN_METRICS_PORT")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&stderr).unwrap());
         ProcessGroup::spawn(cmd, Some(stderr))
@@ -330,7 +302,7 @@ fn an_invalid_config_is_not_restarted() {
 /// Two launchers (nodes 0 and 1 of one rank each) with --restart-in-place on 127.0.0.1.
 fn launch_node(job: &Job, node: usize, port: u16) -> Launcher {
     let stderr = job.dir.path().join(format!("node-{node}.log"));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferrotrain"));
+    let mut cmd = common::ferrotrain();
     cmd.arg("launch")
         .arg("--config")
         .arg(job.dir.path().join("job.yaml"))
@@ -360,9 +332,7 @@ fn launch_node(job: &Job, node: usize, port: u16) -> Launcher {
         )
         .env("FERROTRAIN_RDZV_TOKEN", "in-place-test")
         .env("OMP_NUM_THREADS", "1")
-        .env("RUST_LOG", "info")
         .env_remove("FERROTRAIN_ATTEMPT")
-        .env_remove("FERROTRAIN_METRICS_PORT")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&stderr).unwrap());
     ProcessGroup::spawn(cmd, Some(stderr))
@@ -371,11 +341,7 @@ fn launch_node(job: &Job, node: usize, port: u16) -> Launcher {
 #[test]
 fn in_place_a_killed_rank_restarts_every_rank_in_a_new_round_and_resumes() {
     let job = Job::new(&config(MAX_STEPS));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let mut node0 = launch_node(&job, 0, port);
     let mut node1 = launch_node(&job, 1, port);
     let steps = || {

@@ -19,21 +19,13 @@ struct Fixture {
 impl Fixture {
     fn new(script_body: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let script = dir.path().join("rank.sh");
-        std::fs::write(
-            &script,
-            format!(
-                "#!/bin/sh\nout=\"$FAKE_OUT\"\n\
-                 echo \"$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR \
-                 $MASTER_PORT $FERROTRAIN_ATTEMPT $OMP_NUM_THREADS $FERROTRAIN_RDZV_TOKEN $*\" \
-                 > \"$out/start-$RANK-$FERROTRAIN_ATTEMPT\"\n\
-                 echo $$ > \"$out/pid-$RANK-$FERROTRAIN_ATTEMPT\"\n{script_body}\n"
-            ),
-        )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::write(dir.path().join("job.yaml"), "task: copy\nmaxSteps: 1\n").unwrap();
+        common::fake_ranks(
+            dir.path(),
+            "$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT \
+             $FERROTRAIN_ATTEMPT $OMP_NUM_THREADS $FERROTRAIN_RDZV_TOKEN $*",
+            "FERROTRAIN_ATTEMPT",
+            script_body,
+        );
         Fixture { dir }
     }
 
@@ -43,7 +35,7 @@ impl Fixture {
 
     /// `ferrotrain launch` with this fixture's script and a clean env.
     fn command(&self) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferrotrain"));
+        let mut cmd = common::ferrotrain();
         cmd.arg("launch")
             .arg("--config")
             .arg(self.path("job.yaml"))
@@ -58,8 +50,6 @@ impl Fixture {
             "OMP_NUM_THREADS",
             "FERROTRAIN_RDZV_TOKEN",
             "FERROTRAIN_ATTEMPT",
-            "MASTER_ADDR",
-            "MASTER_PORT",
             "NNODES",
             "NODE_RANK",
             "NPROC_PER_NODE",

@@ -13,7 +13,8 @@ use ferrotrain_api::config::DistributedConfig;
 use serde::Serialize;
 use tch::{Device, Kind};
 
-use super::{Collective, RankEnv};
+use super::collective::Collective;
+use super::rank::RankEnv;
 use crate::error::Result;
 
 /// One size's result.
@@ -113,7 +114,7 @@ fn backend(
 ) -> Result<Box<dyn Collective>> {
     #[cfg(feature = "cuda")]
     if device.is_cuda() && env.world_size == 1 {
-        let mut meeting = super::Rendezvous::meet(env, config)?;
+        let mut meeting = super::rendezvous::Rendezvous::meet(env, config)?;
         let comm = super::nccl::Nccl::init(env, config, device, &mut meeting)?;
         return Ok(Box::new(comm));
     }

@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use tch::Tensor;
 
-use super::Collective;
+use super::collective::Collective;
 use crate::autograd;
 use crate::error::{Result, TrainError};
 use crate::optim::GradLayout;

@@ -23,8 +23,10 @@ use cudarc::nccl::sys as nc;
 use ferrotrain_api::config::DistributedConfig;
 use tch::{Device, Kind, Tensor};
 
+use super::collective::Collective;
 use super::nccl_lib::{NcclLib, nccl};
-use super::{Collective, RankEnv, Rendezvous};
+use super::rank::RankEnv;
+use super::rendezvous::Rendezvous;
 use crate::error::{Result, TrainError};
 
 const ID_KEY: &str = "nccl/unique-id";

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tch::{Device, Kind, Tensor};
 
-use super::Collective;
+use super::collective::Collective;
 use crate::error::{Result, TrainError};
 
 /// Test hook: set to 1, `dist::init` wraps the ring in the strict twin.

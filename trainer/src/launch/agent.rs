@@ -29,13 +29,14 @@ use std::time::{Duration, Instant};
 use ferrotrain_api::exit;
 use ferrotrain_api::recovery::{AttemptEnd, EndCause, RoundEnd};
 
+use super::args::{Launch, LaunchArgs, LaunchError, forward_final_report};
 use super::blame::{self, NodeReport, Verdict};
+use super::files::ROUNDS_FILE;
 use super::group::{GroupOutcome, RankFailure, Spawn, start_group};
-use super::ledger::{Ledger, ROUNDS_FILE};
+use super::ledger::Ledger;
 use super::local::sleep_unless_signalled;
 use super::members::{self, Members};
 use super::watch::{Grower, Watcher};
-use super::{Launch, LaunchArgs, LaunchError, forward_final_report};
 use crate::dist::auth::Auth;
 use crate::dist::store::{StoreClient, StoreServer};
 use crate::error::write_termination_message;

@@ -10,7 +10,8 @@ use ferrotrain_api::recovery::Timestamp;
 use ferrotrain_api::{env, exit};
 use serde::{Deserialize, Serialize};
 
-use super::LaunchArgs;
+use super::args::LaunchArgs;
+use super::files::{PROGRESS_FILE, ROUNDS_FILE};
 use crate::signals;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -278,10 +279,7 @@ pub fn start_group(a: &Spawn<'_>) -> std::io::Result<Group> {
             .env(env::FERROTRAIN_RDZV_TOKEN, a.token)
             .env(env::FERROTRAIN_CONFIG, &args.config)
             .env(env::FERROTRAIN_TERMINATION_LOG, &log)
-            .env(
-                env::FERROTRAIN_PROGRESS_FILE,
-                a.logs.join(super::ledger::PROGRESS_FILE),
-            );
+            .env(env::FERROTRAIN_PROGRESS_FILE, a.logs.join(PROGRESS_FILE));
         if a.place.is_some() {
             // The trainers cover the shards of the ranks a smaller round lacks.
             cmd.env(
@@ -292,10 +290,7 @@ pub fn start_group(a: &Spawn<'_>) -> std::io::Result<Group> {
         if let Some(round) = a.round {
             cmd.env(env::FERROTRAIN_ROUND, round.to_string())
                 .env(env::FERROTRAIN_STORE_HOSTED, "1")
-                .env(
-                    env::FERROTRAIN_ROUNDS_FILE,
-                    a.logs.join(super::ledger::ROUNDS_FILE),
-                );
+                .env(env::FERROTRAIN_ROUNDS_FILE, a.logs.join(ROUNDS_FILE));
         }
         if let Some(t) = &a.omp_threads {
             cmd.env("OMP_NUM_THREADS", t);

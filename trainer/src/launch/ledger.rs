@@ -6,12 +6,8 @@ use std::path::{Path, PathBuf};
 use ferrotrain_api::recovery::{AttemptEnd, EndCause, Timestamp};
 use ferrotrain_api::{Progress, Recovery};
 
+use super::files::PROGRESS_FILE;
 use super::group::GroupOutcome;
-
-pub const PROGRESS_FILE: &str = "rank-0.progress.json";
-/// Where the agent of node 0 keeps the rounds' ledger for rank 0, which serves it in its
-/// progress report (`Progress.rounds`): how the operator learns of in-place restarts.
-pub const ROUNDS_FILE: &str = "rounds.json";
 
 /// The launcher's recovery ledger ([`ferrotrain_api::recovery`]): fed with the group's starts
 /// and exits and rank 0's progress file, logged at every attempt's end and kept in

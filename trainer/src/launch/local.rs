@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use ferrotrain_api::exit;
 
+use super::args::{Launch, LaunchArgs, LaunchError, forward_final_report};
 use super::group::{GroupOutcome, Spawn, start_group};
 use super::ledger::Ledger;
-use super::{Launch, LaunchArgs, LaunchError, forward_final_report};
 use crate::signals;
 
 pub fn free_port() -> std::io::Result<u16> {

@@ -1,11 +1,16 @@
-//! Helpers for tests that start `ferrotrain` processes: every child is killed when its guard
-//! drops (also when the test panics), and every wait is bounded.
+//! What the trainer's integration tests build from: the binary with a clean environment,
+//! child processes that are killed when their guard drops (also when the test panics) with
+//! every wait bounded, the configs the tests train, fake rank programs for the launcher, and
+//! the rank environment of an in-process gang.
 #![allow(dead_code)]
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+
+use ferrotrain_api::config::DistributedConfig;
+use ferrotrain_trainer::dist::RankEnv;
 
 /// The binary under test.
 pub fn ferrotrain() -> Command {
@@ -248,4 +253,137 @@ pub fn write_corpus(dir: &Path, pairs: usize) -> (String, String) {
     std::fs::write(&s, src).unwrap();
     std::fs::write(&t, tgt).unwrap();
     (s.display().to_string(), t.display().to_string())
+}
+
+/// The copy job the multi-rank tests train: one layer each side, no dropout and no label
+/// smoothing, no evaluation. `max_tokens` is per rank.
+pub struct GangCopyJob {
+    pub seed: u64,
+    pub max_steps: u64,
+    pub train_samples: u64,
+    pub valid_samples: u64,
+    pub max_tokens: usize,
+    pub checkpoint_every: u64,
+    pub keep_latest: u32,
+    pub collective_timeout_seconds: u64,
+    pub log_every: u64,
+}
+
+impl GangCopyJob {
+    pub fn yaml(&self) -> String {
+        let GangCopyJob {
+            seed,
+            max_steps,
+            train_samples,
+            valid_samples,
+            max_tokens,
+            checkpoint_every,
+            keep_latest,
+            collective_timeout_seconds,
+            log_every,
+        } = self;
+        format!(
+            "task: copy
+seed: {seed}
+maxSteps: {max_steps}
+copy:
+  symbols: 12
+  minLength: 3
+  maxLength: 8
+  trainSamples: {train_samples}
+  validSamples: {valid_samples}
+model:
+  dModel: 32
+  heads: 2
+  encoderLayers: 1
+  decoderLayers: 1
+  ffnDim: 64
+  dropout: 0.0
+  maxPositions: 16
+batch:
+  maxTokens: {max_tokens}
+optimizer:
+  lr: 0.003
+schedule:
+  kind: inverseSqrt
+  warmupSteps: 10
+labelSmoothing: 0.0
+eval:
+  everySteps: 0
+  beamSize: 1
+checkpoint:
+  everySteps: {checkpoint_every}
+  keepLatest: {keep_latest}
+distributed:
+  collectiveTimeoutSeconds: {collective_timeout_seconds}
+  rendezvousTimeoutSeconds: 30
+logEverySteps: {log_every}
+"
+        )
+    }
+}
+
+/// The config a launcher test with fake ranks passes on (the ranks never read it).
+pub const FAKE_RANKS_CONFIG: &str = "task: copy\nmaxSteps: 1\n";
+
+/// A fake rank program, `dir/rank.sh`, for launcher tests without libtorch, and
+/// `dir/job.yaml`. Each start of a rank writes `record` (shell words, expanded) to
+/// `$FAKE_OUT/start-$RANK-$<start>` and its pid to `$FAKE_OUT/pid-$RANK-$<start>`, where
+/// `start` names the variable that tells starts apart (FERROTRAIN_ATTEMPT,
+/// FERROTRAIN_ROUND), then runs `body`.
+pub fn fake_ranks(dir: &Path, record: &str, start: &str, body: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let script = dir.join("rank.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nout=\"$FAKE_OUT\"\n\
+             echo \"{record}\" > \"$out/start-$RANK-${start}\"\n\
+             echo $$ > \"$out/pid-$RANK-${start}\"\n{body}\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    write(dir, "job.yaml", FAKE_RANKS_CONFIG);
+    script
+}
+
+/// A port nothing listens on (the OS's pick, released at once).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Rank `rank` of `world_size`, all on this machine, meeting at 127.0.0.1:`port` with
+/// `token`, attempt 0.
+pub fn rank_env(rank: usize, world_size: usize, port: u16, token: &str) -> RankEnv {
+    RankEnv {
+        rank,
+        world_size,
+        local_rank: rank,
+        local_world_size: world_size,
+        master_addr: "127.0.0.1".into(),
+        master_port: port,
+        attempt: 0,
+        token: token.into(),
+        round: 0,
+        store_hosted: false,
+    }
+}
+
+/// The distributed settings of a gang: `backend` ("ring", "nccl") and its timeouts.
+pub fn distributed(
+    backend: &str,
+    rendezvous_seconds: u64,
+    collective_seconds: u64,
+) -> DistributedConfig {
+    serde_json::from_value(serde_json::json!({
+        "backend": backend,
+        "rendezvousTimeoutSeconds": rendezvous_seconds,
+        "collectiveTimeoutSeconds": collective_seconds,
+    }))
+    .unwrap()
 }

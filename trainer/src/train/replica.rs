@@ -1,4 +1,6 @@
-//! The model, its parameters and what updates them, laid out for the step.
+//! This rank's replica of the model: its variables, the optimizer whose flat buffers hold
+//! every parameter, gradient and moment, and the gradient exchange that keeps the replicas
+//! of all ranks equal.
 //!
 //! The optimizer's flat buffers hold every parameter, gradient and moment (`optim`), in the
 //! order backward completes the gradients, which a tiny forward and backward measures at
@@ -15,13 +17,13 @@ use tch::{Device, Kind, Tensor, nn};
 
 use crate::autograd;
 use crate::data::{BOS, EOS, TensorBatch, UNK};
-use crate::dist::{Collective, GradSync};
+use crate::dist::{Collective, GradSync, broadcast_u64s};
 use crate::error::{Result, TrainError};
 use crate::model::{self, Transformer};
 use crate::optim::AdamW;
 
-/// The model, its parameters and what updates them.
-pub struct Net {
+/// This rank's replica of the model, its parameters and what updates them.
+pub struct ModelReplica {
     // Dropped in this order (the reverse of making them).
     pub grad_sync: Option<GradSync>,
     pub optimizer: AdamW,
@@ -30,7 +32,7 @@ pub struct Net {
     pub vs: nn::VarStore,
 }
 
-impl Net {
+impl ModelReplica {
     /// Seeds libtorch with the run's seed first: the initial weights follow from it.
     pub fn new(
         config: &TrainerConfig,
@@ -38,7 +40,7 @@ impl Net {
         vocab: i64,
         comm: &mut dyn Collective,
         bucket_bytes: usize,
-    ) -> Result<Net> {
+    ) -> Result<ModelReplica> {
         tch::manual_seed(config.seed as i64);
         let vs = nn::VarStore::new(device);
         let model = Transformer::new(&vs.root(), &config.model, vocab, config.precision);
@@ -68,7 +70,7 @@ impl Net {
         } else {
             None
         };
-        Ok(Net {
+        Ok(ModelReplica {
             grad_sync,
             optimizer,
             params,
@@ -135,7 +137,7 @@ fn agree_on_order(comm: &mut dyn Collective, order: Vec<usize>, n: usize) -> Res
         return Ok(order);
     }
     let values: Vec<u64> = order.iter().map(|&i| i as u64).collect();
-    let agreed: Vec<usize> = crate::train::broadcast_u64s(comm, &values)?
+    let agreed: Vec<usize> = broadcast_u64s(comm, &values)?
         .into_iter()
         .map(|i| i as usize)
         .collect();

@@ -1,0 +1,26 @@
+//! trainer.json: the checkpoint's state besides its tensors.
+
+use serde::{Deserialize, Serialize};
+
+/// trainer.json: what a resume needs besides the tensors.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainerState {
+    pub step: u64,
+    /// Global data position: examples consumed over all ranks.
+    pub samples: u64,
+    pub epoch: u64,
+    /// The run's seed; dropout is re-seeded from (seed, step) every step.
+    pub seed: u64,
+    pub config_digest: String,
+    pub world_size: u32,
+    pub train_loss: Option<f64>,
+    pub eval_loss: Option<f64>,
+    pub eval_bleu: Option<f64>,
+    /// RFC 3339 time the save started.
+    pub time: String,
+    /// Wall-clock seconds of training so far, over every run of the job: `maxSeconds` and a
+    /// time-horizon schedule count from here after a resume. 0 in older checkpoints.
+    #[serde(default)]
+    pub train_seconds: f64,
+}

@@ -1,0 +1,430 @@
+//! The checkpoints of one job: the newest complete one, loading, and saving in the
+//! background (one save in flight at a time; its error surfaces at the next call).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use ferrotrain_api::CheckpointInfo;
+use ferrotrain_api::config::CheckpointPolicy;
+
+use super::fence::{WriterId, claim_fence, sweep_temporaries};
+use super::io::io_err;
+use super::layout::{
+    MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, complete_checkpoints, dir_size, inspect,
+    parse_step_dir_name, read_state, step_dirs,
+};
+use super::safetensors::{Named, read_safetensors, snapshot};
+use super::save::{SaveHook, SaveJob};
+use super::state::TrainerState;
+use crate::error::{Reason, Result, TrainError};
+use crate::rfc3339::{self, Resolution};
+
+/// A checkpoint read back.
+pub struct Loaded {
+    pub dir: PathBuf,
+    pub model: Named,
+    pub optimizer: Named,
+    pub state: TrainerState,
+}
+
+/// The checkpoints of one job.
+pub struct CheckpointStore {
+    root: PathBuf,
+    policy: CheckpointPolicy,
+    in_flight: Option<JoinHandle<Result<CheckpointInfo>>>,
+    /// Written by the background thread when a save completes; read by progress reports.
+    last: Arc<Mutex<Option<CheckpointInfo>>>,
+    hook: Option<SaveHook>,
+    /// Set by `open_writer`: every commit is checked against the fence.
+    pub(super) writer: Option<WriterId>,
+}
+
+impl CheckpointStore {
+    /// `root` is `<checkpoint dir>/<job>`; created if missing. Reads without claiming the
+    /// directory and deletes nothing (a `translate` next to a running job must not touch its
+    /// in-flight saves); its saves are not fenced. Training opens with [`Self::open_writer`].
+    pub fn new(root: &Path, policy: CheckpointPolicy) -> Result<Self> {
+        fs::create_dir_all(root).map_err(|e| io_err("creating", root, e))?;
+        let store = CheckpointStore {
+            root: root.to_path_buf(),
+            policy,
+            in_flight: None,
+            last: Arc::new(Mutex::new(None)),
+            hook: None,
+            writer: None,
+        };
+        if let Some((dir, state)) = store.latest()? {
+            let info = CheckpointInfo {
+                step: state.step,
+                size_bytes: dir_size(&dir),
+                time: fs::metadata(dir.join(STATE_FILE))
+                    .and_then(|m| m.modified())
+                    .map(|t| rfc3339::format(t, Resolution::Second))
+                    .unwrap_or(state.time),
+                blocking_seconds: None,
+                save_seconds: None,
+            };
+            *lock(&store.last) = Some(info);
+        }
+        Ok(store)
+    }
+
+    /// Opens `root` as its one writer: claims the fence for `writer` (an error when a later
+    /// attempt of the same job holds it: this rank 0 is stale and must not write), then
+    /// removes what earlier writers left half done. Their in-flight temporary directories
+    /// are first renamed aside, so a stale writer still running cannot commit them.
+    pub fn open_writer(root: &Path, policy: CheckpointPolicy, writer: WriterId) -> Result<Self> {
+        fs::create_dir_all(root).map_err(|e| io_err("creating", root, e))?;
+        claim_fence(root, &writer)?;
+        sweep_temporaries(root, &writer);
+        let mut store = Self::new(root, policy)?;
+        store.writer = Some(writer);
+        Ok(store)
+    }
+
+    /// The directory this store writes into.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The newest complete checkpoint's directory and state (ignores temporary and
+    /// unreadable directories, with a warning).
+    pub fn latest(&self) -> Result<Option<(PathBuf, TrainerState)>> {
+        let mut steps = step_dirs(&self.root)?;
+        steps.sort_by_key(|s| std::cmp::Reverse(s.0));
+        for (step, dir) in steps {
+            match inspect(&dir, step) {
+                Ok(state) => return Ok(Some((dir, state))),
+                Err(why) => {
+                    tracing::warn!(dir = %dir.display(), reason = %why, "skipping an incomplete or corrupt checkpoint")
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Every complete checkpoint, oldest first.
+    pub fn complete(&self) -> Result<Vec<(PathBuf, TrainerState)>> {
+        complete_checkpoints(&self.root)
+    }
+
+    /// Reads a checkpoint directory.
+    pub fn load(dir: &Path) -> Result<Loaded> {
+        let step = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(parse_step_dir_name);
+        let state = read_state(dir).map_err(|e| TrainError::Other(e.into()))?;
+        if let Some(step) = step
+            && step != state.step
+        {
+            return Err(TrainError::Other(
+                format!(
+                    "checkpoint {}: trainer.json says step {} but the directory is step {step}",
+                    dir.display(),
+                    state.step
+                )
+                .into(),
+            ));
+        }
+        let model =
+            read_safetensors(&dir.join(MODEL_FILE)).map_err(|e| TrainError::Other(e.into()))?;
+        let optimizer =
+            read_safetensors(&dir.join(OPTIMIZER_FILE)).map_err(|e| TrainError::Other(e.into()))?;
+        Ok(Loaded {
+            dir: dir.to_path_buf(),
+            model,
+            optimizer,
+            state,
+        })
+    }
+
+    /// Starts saving: copies the tensors to CPU memory now (the only part that blocks the
+    /// training thread) and writes them on a background thread. Waits for the previous save
+    /// first. Returns the seconds the caller was blocked.
+    ///
+    /// If the previous save failed, its error is returned and this save is not started.
+    pub fn save(&mut self, model: &Named, optimizer: &Named, state: TrainerState) -> Result<f64> {
+        let started = Instant::now();
+        self.wait()?;
+        let model = snapshot(model)?;
+        let optimizer = snapshot(optimizer)?;
+        let blocking = started.elapsed().as_secs_f64();
+
+        let job = SaveJob {
+            root: self.root.clone(),
+            policy: self.policy.clone(),
+            model,
+            optimizer,
+            state,
+            blocking,
+            started,
+            hook: self.hook.clone(),
+            writer: self.writer.clone(),
+        };
+        let last = self.last.clone();
+        let handle = std::thread::Builder::new()
+            .name("checkpoint-writer".into())
+            .spawn(move || -> Result<CheckpointInfo> {
+                let info = job.run()?;
+                *lock(&last) = Some(info.clone());
+                Ok(info)
+            })
+            .map_err(|e| {
+                TrainError::Other(Reason::caused("cannot start the checkpoint writer", e))
+            })?;
+        self.in_flight = Some(handle);
+        Ok(blocking)
+    }
+
+    /// Waits for the save in flight, if any; returns the newest completed checkpoint, if any.
+    /// An error of the background write surfaces here.
+    pub fn wait(&mut self) -> Result<Option<CheckpointInfo>> {
+        if let Some(handle) = self.in_flight.take() {
+            match handle.join() {
+                Ok(result) => {
+                    result?;
+                }
+                Err(_) => {
+                    return Err(TrainError::Other("the checkpoint writer panicked".into()));
+                }
+            }
+        }
+        Ok(self.last_completed())
+    }
+
+    /// The newest checkpoint completed so far without waiting (for progress reports).
+    pub fn last_completed(&self) -> Option<CheckpointInfo> {
+        lock(&self.last).clone()
+    }
+
+    /// Calls `hook` at fixed points of every later background save (tests only).
+    #[doc(hidden)]
+    pub fn set_save_hook(&mut self, hook: SaveHook) {
+        self.hook = Some(hook);
+    }
+}
+
+impl Drop for CheckpointStore {
+    /// A save in flight is finished, not abandoned: the run may be ending on an error and
+    /// the checkpoint being written is the one the next attempt resumes from.
+    fn drop(&mut self) {
+        if let Err(e) = self.wait() {
+            tracing::error!(error = %e, "the last checkpoint save failed");
+        }
+    }
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use tch::{Device, Kind, Tensor};
+
+    use super::*;
+    use crate::checkpoint::fixtures::*;
+
+    #[test]
+    fn round_trip_keeps_names_bits_and_state() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut store = CheckpointStore::new(tmp.path(), policy(3, 1)).unwrap();
+        assert!(store.latest().unwrap().is_none());
+        assert!(store.last_completed().is_none());
+        let (m, o) = (model(2), optimizer());
+        let blocking = store.save(&m, &o, state(100, Some(2.5))).unwrap();
+        let info = store.wait().unwrap().expect("a completed checkpoint");
+        assert_eq!(info.step, 100);
+        assert_eq!(info.blocking_seconds, Some(blocking));
+        assert!(
+            time::OffsetDateTime::parse(&info.time, &time::format_description::well_known::Rfc3339)
+                .is_ok(),
+            "{}",
+            info.time
+        );
+        let dir = tmp.path().join("step-00000100");
+        let on_disk: u64 = [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE]
+            .iter()
+            .map(|f| fs::metadata(dir.join(f)).unwrap().len())
+            .sum();
+        assert_eq!(info.size_bytes, on_disk);
+        assert_eq!(store.last_completed(), Some(info));
+        assert_eq!(names(tmp.path()), ["step-00000100"]);
+
+        let (latest_dir, latest_state) = store.latest().unwrap().unwrap();
+        assert_eq!(latest_dir, dir);
+        assert_eq!(latest_state, state(100, Some(2.5)));
+        let loaded = CheckpointStore::load(&dir).unwrap();
+        assert_eq!(loaded.dir, dir);
+        assert_eq!(loaded.state, state(100, Some(2.5)));
+        assert_same(&m, &loaded.model);
+        assert_same(&o, &loaded.optimizer);
+        // The non-contiguous tensor reads back with its logical layout.
+        assert_eq!(loaded.model[2].1.size(), [6, 4]);
+    }
+
+    #[test]
+    fn save_returns_before_anything_is_written() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut store = CheckpointStore::new(tmp.path(), policy(2, 1)).unwrap();
+        let (release, log) = gate(&mut store, 100);
+        store
+            .save(&model(4), &optimizer(), state(100, None))
+            .unwrap();
+        // save() returned while the writer is held before writing a byte.
+        assert!(!tmp.path().join("step-00000100").exists());
+        assert!(store.last_completed().is_none());
+        release.send(()).unwrap();
+        assert_eq!(store.wait().unwrap().map(|i| i.step), Some(100));
+        assert_eq!(
+            *lock(&log),
+            [
+                "started 100",
+                "wrote 100 model.safetensors",
+                "wrote 100 optimizer.safetensors",
+                "wrote 100 trainer.json",
+                "renamed 100"
+            ]
+        );
+    }
+
+    #[test]
+    fn tensors_are_copied_at_save_time() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut store = CheckpointStore::new(tmp.path(), policy(2, 1)).unwrap();
+        let (release, _log) = gate(&mut store, 100);
+        let mut m: Named = vec![("w".into(), Tensor::ones([16], (Kind::Float, Device::Cpu)))];
+        store.save(&m, &optimizer(), state(100, None)).unwrap();
+        // Training goes on and updates the weights in place while the write is pending.
+        let _ = m[0].1.fill_(7.0);
+        release.send(()).unwrap();
+        store.wait().unwrap();
+        let loaded = CheckpointStore::load(&tmp.path().join("step-00000100")).unwrap();
+        assert_eq!(loaded.model[0].1.sum(Kind::Float).double_value(&[]), 16.0);
+    }
+
+    #[test]
+    fn a_second_save_waits_for_the_first() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut store = CheckpointStore::new(tmp.path(), policy(5, 1)).unwrap();
+        let (release, log) = gate(&mut store, 100);
+        store
+            .save(&model(1), &optimizer(), state(100, None))
+            .unwrap();
+        let log2 = log.clone();
+        let second = std::thread::spawn(move || {
+            let (m, o) = (model(1), optimizer());
+            store.save(&m, &o, state(200, None)).unwrap();
+            lock(&log2).push("second save returned".into());
+            store.wait().unwrap();
+            store
+        });
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert!(
+            !lock(&log).iter().any(|l| l == "second save returned"),
+            "{:?}",
+            lock(&log)
+        );
+        release.send(()).unwrap();
+        let store = second.join().unwrap();
+        let log = lock(&log).clone();
+        let at = |s: &str| {
+            log.iter()
+                .position(|l| l == s)
+                .unwrap_or_else(|| panic!("{s} missing in {log:?}"))
+        };
+        assert!(at("renamed 100") < at("second save returned"));
+        assert!(at("renamed 100") < at("started 200"));
+        assert_eq!(store.latest().unwrap().unwrap().1.step, 200);
+    }
+
+    #[test]
+    fn a_failed_write_surfaces_at_wait_and_at_the_next_save() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("job");
+        let mut store = CheckpointStore::new(&root, policy(2, 1)).unwrap();
+        // The volume goes away under the trainer: root is replaced by a plain file.
+        fs::remove_dir(&root).unwrap();
+        fs::write(&root, b"not a directory").unwrap();
+        store
+            .save(&model(1), &optimizer(), state(100, None))
+            .unwrap();
+        let err = store.wait().unwrap_err().to_string();
+        assert!(err.contains("checkpoint"), "{err}");
+        store
+            .save(&model(1), &optimizer(), state(200, None))
+            .unwrap();
+        assert!(
+            store
+                .save(&model(1), &optimizer(), state(300, None))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn saving_the_same_step_twice_replaces_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut store = CheckpointStore::new(tmp.path(), policy(2, 1)).unwrap();
+        save_now(&mut store, 100, Some(4.0));
+        save_now(&mut store, 100, Some(3.0));
+        assert_eq!(names(tmp.path()), ["step-00000100"]);
+        assert_eq!(store.latest().unwrap().unwrap().1.eval_loss, Some(3.0));
+    }
+
+    #[test]
+    fn a_save_reports_how_long_it_took_until_its_commit() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut store = CheckpointStore::open_writer(tmp.path(), policy(1, 0), writer(0)).unwrap();
+        let blocking = store.save(&model(1), &optimizer(), state(1, None)).unwrap();
+        let info = store.wait().unwrap().unwrap();
+        let total = info.save_seconds.expect("measured");
+        assert!(total >= blocking && total < 60.0, "{total} vs {blocking}");
+    }
+
+    /// Prints how long a transformer-sized save blocks the caller versus how long it takes
+    /// in total (`cargo test --lib checkpoint::store::tests::measure -- --ignored --nocapture`).
+    #[test]
+    #[ignore = "measurement, prints numbers"]
+    fn measure_60mb_save() {
+        let tmp =
+            tempfile::tempdir_in(std::env::var("CKPT_MEASURE_DIR").unwrap_or_else(|_| ".".into()))
+                .unwrap();
+        let mut store = CheckpointStore::new(tmp.path(), policy(2, 1)).unwrap();
+        // ~20 MB of weights + 2x that of AdamW moments = ~60 MB, in 64 tensors.
+        let opts = (Kind::Float, Device::Cpu);
+        let m: Named = (0..64)
+            .map(|i| (format!("layer{i}.weight"), Tensor::randn([80, 1000], opts)))
+            .collect();
+        let o: Named = m
+            .iter()
+            .flat_map(|(n, t)| {
+                [
+                    (format!("exp_avg.{n}"), t.randn_like()),
+                    (format!("exp_avg_sq.{n}"), t.rand_like()),
+                ]
+            })
+            .collect();
+        for round in 0..3 {
+            let start = Instant::now();
+            let blocking = store.save(&m, &o, state(100 * (round + 1), None)).unwrap();
+            let info = store.wait().unwrap().unwrap();
+            let total = start.elapsed().as_secs_f64();
+            println!(
+                "save {round}: {} bytes, blocking {:.4}s, total {:.4}s",
+                info.size_bytes, blocking, total
+            );
+        }
+        let start = Instant::now();
+        let (dir, _) = store.latest().unwrap().unwrap();
+        println!("latest(): {:.4}s", start.elapsed().as_secs_f64());
+        let start = Instant::now();
+        CheckpointStore::load(&dir).unwrap();
+        println!("load: {:.4}s", start.elapsed().as_secs_f64());
+    }
+}

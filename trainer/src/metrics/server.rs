@@ -1,0 +1,326 @@
+//! Rank 0's HTTP endpoint: `/metrics`, `/progress` and `/healthz`, served by axum on a
+//! current-thread tokio runtime of its own thread. A request clones the progress under the
+//! lock and encodes outside it, with the process's resources read from /proc at that time.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use ferrotrain_api::Progress;
+
+use super::prometheus::{METRICS_CONTENT_TYPE, prometheus_text};
+use super::reporter::SharedProgress;
+use crate::error::{Reason, Result, TrainError};
+use crate::resources::ResourceSampler;
+
+/// What the handlers read.
+#[derive(Clone)]
+struct ServerState {
+    progress: SharedProgress,
+    resources: Arc<Mutex<ResourceSampler>>,
+    /// In-place restarts: this process's round and where node 0's launcher keeps the rounds
+    /// that ended (read at every request: the launcher rewrites it between rounds).
+    round: u64,
+    round_ends: Option<std::path::PathBuf>,
+}
+
+/// A running server; dropping it stops it.
+pub struct MetricsServer {
+    addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MetricsServer {
+    /// Binds `0.0.0.0:port` (port 0 = ephemeral) and serves until dropped.
+    pub fn start(port: u16, progress: SharedProgress) -> Result<Self> {
+        let err = |e: std::io::Error| {
+            TrainError::Other(Reason::caused(format!("metrics: port {port}"), e))
+        };
+        let listener = std::net::TcpListener::bind(("0.0.0.0", port)).map_err(err)?;
+        listener.set_nonblocking(true).map_err(err)?;
+        let addr = listener.local_addr().map_err(err)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(err)?;
+        let env = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
+        let state = ServerState {
+            progress,
+            resources: Default::default(),
+            round: env(ferrotrain_api::env::FERROTRAIN_ROUND)
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(0),
+            round_ends: env(ferrotrain_api::env::FERROTRAIN_ROUNDS_FILE).map(Into::into),
+        };
+        let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => return tracing::warn!(error = %e, "metrics: cannot serve"),
+                    };
+                    let served = axum::serve(listener, router(state))
+                        .with_graceful_shutdown(async {
+                            let _ = stopped.await;
+                        })
+                        .await;
+                    if let Err(e) = served {
+                        tracing::warn!(error = %e, "metrics: server stopped");
+                    }
+                })
+            })
+            .map_err(err)?;
+        Ok(MetricsServer {
+            addr,
+            shutdown: Some(shutdown),
+            thread: Some(thread),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            // Graceful shutdown waits for open connections; the handlers answer at once.
+            let _ = thread.join();
+        }
+    }
+}
+
+fn router(state: ServerState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/progress", get(progress))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(state)
+}
+
+/// The report with the process's resources read now.
+fn snapshot(state: &ServerState) -> Progress {
+    let mut p = state
+        .progress
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone();
+    let resources = state
+        .resources
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .sample();
+    p.resources = resources.or(p.resources);
+    p.round = state.round;
+    if let Some(path) = &state.round_ends {
+        p.round_ends = std::fs::read(path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+    }
+    p
+}
+
+async fn progress(State(state): State<ServerState>) -> impl IntoResponse {
+    // Progress holds only numbers and strings: encoding cannot fail (a NaN becomes null).
+    let body = serde_json::to_vec(&snapshot(&state)).unwrap_or_default();
+    (
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        body,
+    )
+}
+
+async fn metrics(State(state): State<ServerState>) -> impl IntoResponse {
+    (
+        [
+            (header::CONTENT_TYPE, METRICS_CONTENT_TYPE),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        prometheus_text(&snapshot(&state)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::metrics::fixtures::*;
+
+    fn start(p: Progress) -> (MetricsServer, SharedProgress, SocketAddr) {
+        let shared = Arc::new(Mutex::new(p));
+        let server = MetricsServer::start(0, shared.clone()).unwrap();
+        let port = server.local_addr().port();
+        assert_ne!(port, 0);
+        (server, shared, SocketAddr::from(([127, 0, 0, 1], port)))
+    }
+
+    /// Sends raw bytes, returns (status, lower-cased head, body).
+    fn raw(addr: SocketAddr, request: &[u8]) -> (u16, String, Vec<u8>) {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(request).unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).unwrap();
+        let end = out
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("a complete response head");
+        let head = String::from_utf8(out[..end].to_vec())
+            .unwrap()
+            .to_lowercase();
+        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+        (status, head, out[end + 4..].to_vec())
+    }
+
+    fn get(addr: SocketAddr, path: &str) -> (u16, String, Vec<u8>) {
+        raw(
+            addr,
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+    }
+
+    #[test]
+    fn serves_every_endpoint() {
+        let (_server, shared, addr) = start(full_progress());
+
+        let (status, _, body) = get(addr, "/healthz");
+        assert_eq!((status, body.as_slice()), (200, &b"ok"[..]));
+
+        let (status, head, body) = get(addr, "/progress");
+        assert_eq!(status, 200);
+        assert!(head.contains("content-type: application/json"), "{head}");
+        let back: Progress = serde_json::from_slice(&body).unwrap();
+        // The resources are this process's, read at request time.
+        let res = back.resources.clone().unwrap();
+        assert!(res.rss_bytes > 1 << 20 && res.threads > 1, "{res:?}");
+        assert_eq!(
+            Progress {
+                resources: None,
+                ..back
+            },
+            Progress {
+                resources: None,
+                ..full_progress()
+            }
+        );
+
+        let (status, head, body) = get(addr, "/metrics?name[]=x");
+        assert_eq!(status, 200);
+        assert!(
+            head.contains("content-type: application/openmetrics-text; version=1.0.0"),
+            "{head}"
+        );
+        let m = parse_metrics(std::str::from_utf8(&body).unwrap());
+        assert_eq!(m["ferrotrain_step"], 1234.0);
+        assert!(m["ferrotrain_process_resident_memory_bytes"] > 1e6);
+
+        // The server reads the shared progress at request time.
+        shared.lock().unwrap().step = 1300;
+        let (_, _, body) = get(addr, "/metrics");
+        assert_eq!(
+            parse_metrics(std::str::from_utf8(&body).unwrap())["ferrotrain_step"],
+            1300.0
+        );
+
+        assert_eq!(get(addr, "/nope").0, 404);
+        assert_eq!(get(addr, "/").0, 404);
+        let (status, head, _) = raw(
+            addr,
+            b"POST /progress HTTP/1.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        );
+        assert_eq!(status, 405);
+        assert!(head.contains("allow: get"), "{head}");
+    }
+
+    #[test]
+    fn garbage_is_refused_and_the_server_keeps_serving() {
+        let (_server, _shared, addr) = start(full_progress());
+        for junk in [
+            &b"\x00\xff\xfe garbage\r\n\r\n"[..],
+            b"GET /metrics SPDY/3\r\n\r\n",
+            b"GET metrics HTTP/1.1\r\n\r\n",
+        ] {
+            // hyper answers 4xx, closes, or waits for more: all fine, as long as the next
+            // request is served.
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+            s.write_all(junk).unwrap();
+            let mut out = Vec::new();
+            let _ = s.read_to_end(&mut out);
+            assert!(
+                out.is_empty() || out.starts_with(b"HTTP/1.1 4"),
+                "{:?}",
+                String::from_utf8_lossy(&out)
+            );
+        }
+        // A peer that sends half a request and closes; one that says nothing.
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET /metr").unwrap();
+        drop(s);
+        let _silent = TcpStream::connect(addr).unwrap();
+        let started = Instant::now();
+        assert_eq!(get(addr, "/healthz").0, 200);
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    #[test]
+    fn dropping_the_server_stops_it() {
+        let (server, _shared, addr) = start(full_progress());
+        assert_eq!(get(addr, "/healthz").0, 200);
+        let started = Instant::now();
+        drop(server);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "drop took {:?}",
+            started.elapsed()
+        );
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}"),
+            Ok(mut s) => {
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let _ = s.write_all(b"GET /healthz HTTP/1.1\r\n\r\n");
+                let mut out = Vec::new();
+                let _ = s.read_to_end(&mut out);
+                assert!(out.is_empty(), "answered after drop");
+            }
+        }
+    }
+
+    #[test]
+    fn a_poisoned_lock_still_serves() {
+        let (_server, shared, addr) = start(full_progress());
+        let s2 = shared.clone();
+        let _ = std::thread::spawn(move || {
+            let _guard = s2.lock().unwrap();
+            panic!("training thread panics while holding the lock");
+        })
+        .join();
+        assert!(shared.is_poisoned());
+        assert_eq!(get(addr, "/progress").0, 200);
+    }
+
+    #[test]
+    fn a_busy_port_is_an_error_not_a_panic() {
+        let (server, _shared, _) = start(Progress::default());
+        let port = server.local_addr().port();
+        assert!(MetricsServer::start(port, Arc::new(Mutex::new(Progress::default()))).is_err());
+    }
+}

@@ -1,0 +1,43 @@
+//! The training loop. Per step, like the paper: batch -> forward -> loss -> backward ->
+//! all-reduce -> clip -> optimizer step -> schedule -> maybe evaluate -> maybe checkpoint ->
+//! report.
+//!
+//! Every rank runs this loop on its shard of the same global batches. Rank 0 alone loads and
+//! writes checkpoints and serves progress; it broadcasts the vocabulary, the weights and the
+//! optimizer state, so other ranks never need the checkpoint volume.
+//!
+//! `run` is the loop; each file holds one concern of it: `job` (what a run is given and
+//! returns, the job directory's files), `trainer` (the run's state), `start` (everything
+//! before the first step), `resume`, `step` (batch, forward and backward, optimizer step),
+//! `exchange` (the step's collectives and its one host read), `evaluate`, `save` (when rank
+//! 0 checkpoints), `report` (the step log, the progress report) and `window` (rates).
+
+mod evaluate;
+mod exchange;
+mod job;
+mod replica;
+mod report;
+mod resume;
+mod save;
+mod start;
+mod step;
+mod trainer;
+mod window;
+
+pub use job::{CONFIG_FILE, RunOptions, Summary, TRAIN_LOG, VOCAB_FILE};
+pub use resume::restore_model;
+
+use crate::error::Result;
+use trainer::Trainer;
+
+/// Trains until `maxSteps` (or `maxSeconds`), resuming from the job's latest checkpoint.
+pub fn run(opts: &RunOptions) -> Result<Summary> {
+    let mut t = Trainer::start(opts)?;
+    while !t.done() {
+        let s = t.step()?;
+        t.evaluate_if_due(&s)?;
+        t.checkpoint_if_due(&s)?;
+        t.report(&s);
+    }
+    t.finish()
+}

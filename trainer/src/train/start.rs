@@ -1,0 +1,228 @@
+//! Everything before the first step: the device and the rendezvous, the corpus with one
+//! vocabulary on every rank, the model and optimizer, the resume, rank 0's progress server,
+//! checkpoint store and step log, the batch stream, the signal handlers and the clock.
+
+use std::fs::{File, OpenOptions};
+use std::path::Path;
+use std::time::Instant;
+
+use ferrotrain_api::TrainerPhase;
+use ferrotrain_api::config::Precision;
+use tch::Device;
+
+use super::job::{CONFIG_FILE, RunOptions, TRAIN_LOG, VOCAB_FILE};
+use super::replica::ModelReplica;
+use super::resume::{Start, resume};
+use super::trainer::{Clock, Trainer};
+use super::window::Window;
+use crate::checkpoint::{CheckpointStore, WriterId};
+use crate::data::{self, BatchStream, Corpus, preflight_data};
+use crate::device::{cpu_has_bf16_units, expected_gpus, select_device, startup_line, visible_gpus};
+use crate::dist::{self, Collective, broadcast_bytes};
+use crate::error::{Result, TrainError};
+use crate::metrics::{MetricsServer, Reporter, SharedProgress};
+use crate::model;
+use crate::resources::ResourceSampler;
+use crate::signals;
+
+impl<'a> Trainer<'a> {
+    /// Everything before the first step: device and rendezvous, data, model and optimizer,
+    /// resume, progress server and reporter, batch stream and step log; then the signal
+    /// handlers and the training clock.
+    pub(super) fn start(opts: &'a RunOptions) -> Result<Self> {
+        let started = Instant::now();
+        let config = &opts.config;
+        let (device, mut comm) = open_gang(opts)?;
+        let (rank, world) = (comm.rank(), comm.world_size());
+        let leader = rank == 0;
+        let corpus = load_corpus(opts, comm.as_mut())?;
+        if corpus.train.is_empty() {
+            return Err(TrainError::Data(
+                "the training set is empty after filtering".into(),
+            ));
+        }
+        let bucket_bytes = config.distributed.bucket_mib as usize * 1024 * 1024;
+        let vocab = corpus.vocab.size() as i64;
+        let mut replica = ModelReplica::new(config, device, vocab, comm.as_mut(), bucket_bytes)?;
+        let store = open_store(opts, leader)?;
+        let start = resume(
+            store.as_ref(),
+            config,
+            &replica.params,
+            &mut replica.optimizer,
+            comm.as_mut(),
+            bucket_bytes,
+        )?;
+        let (progress, server) =
+            serve_progress(opts, leader, world, &start, &replica, store.as_ref())?;
+        let reporter = Reporter::start(
+            &progress,
+            leader,
+            &opts.job_dir,
+            &config.tensorboard,
+            &corpus.stats,
+        );
+        // `maxTokens` is per rank: the global micro-batch holds `world` ranks' worth.
+        let global_tokens = config.batch.max_tokens as usize * world;
+        let mut stream = BatchStream::new(&corpus.train, global_tokens, config.seed);
+        stream.seek(start.samples)?;
+        let log = open_log(leader, &opts.job_dir)?;
+        let (eval, save) = Self::first_marks(start.step);
+        // From here a SIGTERM (pod deletion, node drain) or SIGINT stops every rank at the
+        // same step and saves a checkpoint instead of losing the work since the last one.
+        signals::arm();
+        let clock = Clock {
+            loop_started: Instant::now(),
+            earlier_seconds: start.earlier_seconds,
+            budget: config.max_seconds.map(|s| s as f64),
+        };
+        // A first sample now, so the first summary has a utilisation.
+        let mut sampler = ResourceSampler::default();
+        sampler.sample();
+        Ok(Trainer {
+            config,
+            device,
+            rank,
+            world,
+            leader,
+            started,
+            step: start.step,
+            samples: start.samples,
+            resumed_from_step: start.resumed_from_step,
+            clock,
+            window: Window::default(),
+            eval,
+            save,
+            train_loss: None,
+            stop: false,
+            interrupted_by: None,
+            sampler,
+            log,
+            stream,
+            reporter,
+            _server: server,
+            progress,
+            store,
+            replica,
+            corpus,
+            comm,
+        })
+    }
+}
+
+/// Checks the data files, picks the device, meets the other ranks and (rank 0) writes the
+/// job's config.
+fn open_gang(opts: &RunOptions) -> Result<(Device, Box<dyn Collective>)> {
+    let config = &opts.config;
+    preflight_data(config)?;
+    let device = select_device(
+        config.device,
+        opts.rank.local_rank,
+        expected_gpus()?,
+        visible_gpus(),
+    )?;
+    tracing::info!(rank = opts.rank.rank, "{}", startup_line(device));
+    let comm = dist::init(&opts.rank, &config.distributed, device)?;
+    let leader = comm.rank() == 0;
+    if leader && config.precision == Precision::Bf16 && device == Device::Cpu {
+        let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        if !cpu_has_bf16_units(&flags) {
+            tracing::warn!(
+                "precision: bf16 on a CPU without AMX or AVX512-BF16: bf16 is emulated and \
+                 probably slower than fp32 here"
+            );
+        }
+    }
+    if leader {
+        std::fs::create_dir_all(&opts.job_dir)?;
+        std::fs::write(opts.job_dir.join(CONFIG_FILE), config.to_yaml())?;
+    }
+    Ok((device, comm))
+}
+
+/// Loads the corpus on every rank with one vocabulary: rank 0 learns (or reloads) it and
+/// sends it to the others.
+fn load_corpus(opts: &RunOptions, comm: &mut dyn Collective) -> Result<Corpus> {
+    let vocab_path = opts.job_dir.join(VOCAB_FILE);
+    if comm.world_size() == 1 {
+        return data::load_corpus(&opts.config, &vocab_path);
+    }
+    if comm.rank() == 0 {
+        let corpus = data::load_corpus(&opts.config, &vocab_path)?;
+        let bytes = std::fs::read(&vocab_path).ok();
+        broadcast_bytes(comm, bytes)?;
+        Ok(corpus)
+    } else {
+        let bytes = broadcast_bytes(comm, None)?;
+        let local = std::env::temp_dir().join(format!(
+            "ferrotrain-vocab-{}-rank{}.json",
+            std::process::id(),
+            comm.rank()
+        ));
+        if bytes.is_empty() {
+            return data::load_corpus(&opts.config, &local);
+        }
+        std::fs::write(&local, bytes)?;
+        let corpus = data::load_corpus(&opts.config, &local);
+        let _ = std::fs::remove_file(&local);
+        corpus
+    }
+}
+
+/// Rank 0's progress (served on /metrics, /progress and /healthz when `metrics_port` is set),
+/// filled with where the run starts.
+fn serve_progress(
+    opts: &RunOptions,
+    leader: bool,
+    world: usize,
+    start: &Start,
+    replica: &ModelReplica,
+    store: Option<&CheckpointStore>,
+) -> Result<(SharedProgress, Option<MetricsServer>)> {
+    let progress: SharedProgress = Default::default();
+    let server = match (leader, opts.metrics_port) {
+        (true, Some(port)) => {
+            let server = MetricsServer::start(port, progress.clone())?;
+            tracing::info!(addr = %server.local_addr(), "serving /metrics, /progress, /healthz");
+            Some(server)
+        }
+        _ => None,
+    };
+    {
+        let mut p = progress.lock().expect("progress lock");
+        p.phase = TrainerPhase::Training;
+        p.step = start.step;
+        p.total_steps = opts.config.max_steps;
+        p.samples = start.samples;
+        p.world_size = world as u32;
+        p.resumed_from_step = start.resumed_from_step;
+        p.parameters = model::parameter_count(&replica.vs);
+        p.last_checkpoint = store.and_then(|s| s.last_completed());
+    }
+    Ok((progress, server))
+}
+
+/// Rank 0's checkpoint store: it alone loads and writes checkpoints.
+fn open_store(opts: &RunOptions, leader: bool) -> Result<Option<CheckpointStore>> {
+    if !leader {
+        return Ok(None);
+    }
+    Ok(Some(CheckpointStore::open_writer(
+        &opts.job_dir,
+        opts.config.checkpoint.clone(),
+        WriterId::of_rank(&opts.rank),
+    )?))
+}
+
+/// Rank 0's step log (`train-log.jsonl`), appended to across restarts.
+fn open_log(leader: bool, job_dir: &Path) -> Result<Option<File>> {
+    if !leader {
+        return Ok(None);
+    }
+    Ok(Some(
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(job_dir.join(TRAIN_LOG))?,
+    ))
+}
