@@ -21,6 +21,9 @@ pub struct RankEnv {
     /// Node 0's launcher hosts the rendezvous store (FERROTRAIN_STORE_HOSTED=1): rank 0
     /// connects to it like every other rank.
     pub store_hosted: bool,
+    /// The gang's full world size when this (elastic) round has fewer ranks
+    /// (FERROTRAIN_VIRTUAL_WORLD): the ranks cover the missing ones' shards.
+    pub virtual_world: Option<usize>,
 }
 
 /// MASTER_PORT when unset (torchrun's default).
@@ -62,6 +65,8 @@ impl RankEnv {
         let token = var(env::FERROTRAIN_RDZV_TOKEN).unwrap_or_default();
         let round: u64 = parse(&var, env::FERROTRAIN_ROUND, 0)?;
         let store_hosted = var(env::FERROTRAIN_STORE_HOSTED).is_some_and(|v| v.trim() == "1");
+        let virtual_world: usize = parse(&var, env::FERROTRAIN_VIRTUAL_WORLD, 0)?;
+        let virtual_world = (virtual_world > world_size).then_some(virtual_world);
         if world_size == 0 {
             return Err(TrainError::Config("WORLD_SIZE must be at least 1".into()));
         }
@@ -97,6 +102,7 @@ impl RankEnv {
             token,
             round,
             store_hosted,
+            virtual_world,
         })
     }
 }

@@ -62,8 +62,10 @@ impl<'a> Trainer<'a> {
             &config.tensorboard,
             &corpus.stats,
         );
-        // `maxTokens` is per rank: the global micro-batch holds `world` ranks' worth.
-        let global_tokens = config.batch.max_tokens as usize * world;
+        // `maxTokens` is per rank: the global micro-batch holds the full gang's worth (an
+        // elastic round of fewer ranks processes the same batches).
+        let virtual_world = opts.rank.virtual_world.unwrap_or(world).max(world);
+        let global_tokens = config.batch.max_tokens as usize * virtual_world;
         let mut stream = BatchStream::new(&corpus.train, global_tokens, config.seed);
         stream.seek(start.samples)?;
         let log = open_log(leader, &opts.job_dir)?;
@@ -84,6 +86,7 @@ impl<'a> Trainer<'a> {
             device,
             rank,
             world,
+            virtual_world,
             leader,
             started,
             step: start.step,

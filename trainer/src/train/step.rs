@@ -112,33 +112,40 @@ impl Trainer<'_> {
         }
     }
 
-    /// Forward and backward over this rank's shard of each micro-batch, with dropout seeded
-    /// by (seed, step, rank, micro-batch); returns this rank's summed loss, on the device.
-    /// The gradient exchange is armed before the last backward: its buckets start as that
-    /// backward completes them (`exchange` waits for them).
+    /// Forward and backward over this rank's shards of each micro-batch (its own, and in an
+    /// elastic round of fewer ranks those of the missing ones: virtual ranks rank, rank +
+    /// world, ...), with dropout seeded by (seed, step, virtual rank, micro-batch); returns
+    /// this rank's summed loss, on the device. The gradient exchange is armed before the last
+    /// backward: its buckets start as that backward completes them (`exchange` waits for them).
     pub(super) fn forward_backward(&mut self, batch: &GlobalBatch) -> Tensor {
         let config = self.config;
         let train = &self.corpus.train;
         self.replica.optimizer.zero_grad();
-        let shards: Vec<Vec<usize>> = batch
+        let (rank, world, virtual_world) = (self.rank, self.world, self.virtual_world);
+        let shards: Vec<(usize, usize, Vec<usize>)> = batch
             .micro
             .iter()
-            .map(|micro| data::shard(micro, train, self.rank, self.world))
+            .enumerate()
+            .flat_map(|(i, micro)| {
+                (rank..virtual_world)
+                    .step_by(world)
+                    .map(move |v| (i, v, data::shard(micro, train, v, virtual_world)))
+            })
             .collect();
-        let last = shards.iter().rposition(|s| !s.is_empty());
+        let last = shards.iter().rposition(|(_, _, s)| !s.is_empty());
         // The loss stays on the device until the step's one host read.
         let mut loss_local = Tensor::zeros([], (Kind::Double, self.device));
-        for (i, mine) in shards.iter().enumerate() {
+        for (k, (i, v, mine)) in shards.iter().enumerate() {
             if mine.is_empty() {
                 continue;
             }
             let tb = data::to_tensors(train, mine, self.device);
-            if Some(i) == last
+            if Some(k) == last
                 && let Some(sync) = self.replica.grad_sync.as_mut()
             {
                 sync.arm(self.comm.as_mut());
             }
-            tch::manual_seed(step_seed(config.seed, self.step, self.rank, i));
+            tch::manual_seed(step_seed(config.seed, self.step, *v, *i));
             loss_local += self.replica.model.train_loss_backward(
                 &tb,
                 config.label_smoothing,

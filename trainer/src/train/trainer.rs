@@ -67,6 +67,10 @@ pub(super) struct Trainer<'a> {
     pub(super) device: Device,
     pub(super) rank: usize,
     pub(super) world: usize,
+    /// The gang's full world size (FERROTRAIN_VIRTUAL_WORLD, at least `world`): a smaller
+    /// elastic round covers the missing ranks' shards, so every step's global batch is the
+    /// full gang's and the loss curve does not change with the world size.
+    pub(super) virtual_world: usize,
     pub(super) leader: bool,
     /// When `run` began (the summary's seconds).
     pub(super) started: Instant,

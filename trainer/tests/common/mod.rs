@@ -371,6 +371,7 @@ pub fn rank_env(rank: usize, world_size: usize, port: u16, token: &str) -> RankE
         token: token.into(),
         round: 0,
         store_hosted: false,
+        virtual_world: None,
     }
 }
 
