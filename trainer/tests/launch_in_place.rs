@@ -198,12 +198,19 @@ fn a_permanent_failure_ends_every_launcher_at_once() {
   *) exec sleep 30;;
 esac"#,
     );
-    assert_eq!(g.run(3), (Some(1), Some(3)));
+    // Both pods end with the permanent code (the operator may see either first: neither
+    // may look retryable); node 0's says whose failure it was.
+    assert_eq!(g.run(3), (Some(3), Some(3)));
     assert!(!g.exists("start-0-1"), "no second round");
     assert!(
         g.termination(1).contains("permanent"),
         "{}",
         g.termination(1)
+    );
+    assert!(
+        g.termination(0).contains("rank 1") && g.termination(0).contains("data.train.source"),
+        "{}",
+        g.termination(0)
     );
 }
 

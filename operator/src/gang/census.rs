@@ -9,7 +9,7 @@ use k8s_openapi::jiff::SignedDuration;
 
 use super::decider::{Decider, first_line, signed};
 use super::failure::{Failure, disrupted, root_cause};
-use super::observed::{PodState, PodView, WaitCause};
+use super::observed::{PodState, PodView, Termination, WaitCause};
 
 /// The current attempt's ranks, sorted by what they do.
 #[derive(Default)]
@@ -88,11 +88,23 @@ impl<'a, 'o> Decider<'a, 'o> {
             };
             match &pod.state {
                 PodState::Succeeded => census.succeeded += 1,
+                // Deleted, its launcher ended by the signal: it goes away, not fails.
+                PodState::Failed(t) if self.leaving(pod, t) => census.replacing.push(rank),
                 PodState::Failed(t) => census.failures.push(self.exited(pod, t)),
                 PodState::Running | PodState::Pending => self.check_alive(pod, &mut census),
             }
         }
         census
+    }
+
+    /// A pod being deleted (not for a lost node) whose launcher the deletion's signal ended
+    /// (exit code 128 + n, or none): replaced alone when in-place restarts allow it, like a
+    /// pod still terminating. A pod that exited with its own error is a failure all the same.
+    fn leaving(&self, pod: &PodView, t: &Termination) -> bool {
+        pod.deleting_since.is_some()
+            && pod.node_lost_since.is_none()
+            && t.exit_code.is_none_or(|c| c >= 128)
+            && self.replaceable(pod.node_rank)
     }
 
     /// A pod that runs or waits: deleted, on a lost node, or not starting in time?

@@ -71,6 +71,7 @@ impl<'a, 'o> Decider<'a, 'o> {
         if !matches!(self.status.phase, Phase::Succeeded | Phase::Failed) {
             self.gang_condition();
         }
+        self.admission_seen();
         self.record_placement();
         self.clean_up_old_attempts();
         self.force_delete_stuck();

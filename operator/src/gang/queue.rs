@@ -81,6 +81,24 @@ impl<'a, 'o> Decider<'a, 'o> {
         true
     }
 
+    /// A job that left phase Queued for one its pods must have run in (a short job can go
+    /// from Queued to Succeeded between two looks) says it was admitted, unless a pod of the
+    /// attempt is still held (a queue timeout fails a job whose pods never ran).
+    pub(super) fn admission_seen(&mut self) {
+        let ran = matches!(
+            self.status.phase,
+            Phase::Running | Phase::Restarting | Phase::Succeeded | Phase::Failed
+        );
+        let held = self.current_pods().any(|p| {
+            p.waiting
+                .as_ref()
+                .is_some_and(|w| w.cause == WaitCause::Queued)
+        });
+        if ran && !held {
+            self.admitted();
+        }
+    }
+
     /// Queued turns False once no pod of the attempt is held any more: the queue admitted it.
     fn admitted(&mut self) {
         if self.status.is_true(condition::QUEUED) {

@@ -57,8 +57,16 @@ pub fn run(args: &LaunchArgs, l: &Launch) -> Result<i32, LaunchError> {
     let mut agent = Agent::start(args, l)?;
     let code = agent.rounds();
     agent.farewell(code);
+    if agent.collateral {
+        // Another node's permanent failure ended the gang: let the blamed pod end first, so
+        // the operator reads its termination (the root cause) before this one's.
+        let _ = sleep_unless_signalled(COLLATERAL_PAUSE);
+    }
     Ok(code)
 }
+
+/// How long an agent whose gang another node failed for good waits before its pod ends.
+const COLLATERAL_PAUSE: Duration = Duration::from_secs(2);
 
 struct Agent<'a> {
     args: &'a LaunchArgs,
@@ -77,6 +85,8 @@ struct Agent<'a> {
     id: String,
     /// The members of the round this agent last trained in.
     members: Option<Members>,
+    /// The gang ended for another node's permanent failure.
+    collateral: bool,
 }
 
 impl<'a> Agent<'a> {
@@ -134,6 +144,7 @@ impl<'a> Agent<'a> {
                 .filter(|u| !u.is_empty())
                 .unwrap_or_else(crate::dist::auth::random_token),
             members: None,
+            collateral: false,
         })
     }
 
@@ -213,19 +224,19 @@ impl<'a> Agent<'a> {
     }
 
     /// The exit code when round `round` (the `failed`-th failure) was the last: a permanent
-    /// failure, or the budget of restarts spent.
-    fn last_round(&self, round: u64, failed: u64, verdict: &Verdict) -> Option<i32> {
-        let own_code = verdict
-            .code
-            .filter(|_| verdict.node == Some(self.node()))
-            .unwrap_or(exit::RETRYABLE);
+    /// failure (every node exits with its code, so that whichever pod the operator sees end
+    /// first, no restart follows), or the budget of restarts spent.
+    fn last_round(&mut self, round: u64, failed: u64, verdict: &Verdict) -> Option<i32> {
+        let own = verdict.node == Some(self.node());
+        let own_code = verdict.code.filter(|_| own).unwrap_or(exit::RETRYABLE);
         if verdict.permanent {
             let message = format!(
                 "round {round}: {}: {}; permanent, not restarting",
                 who(verdict),
                 verdict.message
             );
-            return Some(self.give_up(&message, own_code));
+            self.collateral = !own;
+            return Some(self.give_up(&message, verdict.code.unwrap_or(own_code)));
         }
         if failed >= u64::from(self.args.max_restarts) {
             let message = format!(

@@ -131,7 +131,7 @@ fn in_place_spec(s: &mut ferrotrain_api::crd::DistributedTrainingSpec) {
 
 #[test]
 fn a_deleted_pod_is_replaced_alone_and_the_others_are_left_running() {
-    use crate::fixtures::{deleting, running_status};
+    use crate::fixtures::{deleting, exited, running_status};
     // Rank 1's pod is being deleted: wait for it to go, touch nothing else.
     let going = run(&Row {
         spec: in_place_spec,
@@ -160,10 +160,40 @@ fn a_deleted_pod_is_replaced_alone_and_the_others_are_left_running() {
         going.events.iter().map(|e| e.reason).collect::<Vec<_>>(),
         ["PodReplaced"]
     );
+    // Its launcher ended by the deletion's SIGTERM (exit 143), the pod not yet gone: still
+    // leaving, not a failure of the gang.
+    let ended = run(&Row {
+        spec: in_place_spec,
+        status: going.status.clone(),
+        pods: vec![
+            running(0, 0),
+            deleting(exited(0, 1, 143, "agent: signalled", 97), 95),
+        ],
+        now: 98,
+        ..Row::default()
+    });
+    assert_eq!(
+        (
+            ended.status.phase,
+            ended.status.restarts,
+            ended.status.attempt
+        ),
+        (Phase::Starting, 0, 0)
+    );
+    assert!(ended.actions.is_empty(), "{:?}", ended.actions);
+    // One that exited with its own error while being deleted failed all the same.
+    let own = run(&Row {
+        spec: in_place_spec,
+        status: going.status.clone(),
+        pods: vec![running(0, 0), deleting(exited(0, 1, 1, "boom", 97), 95)],
+        now: 98,
+        ..Row::default()
+    });
+    assert_eq!(own.status.restarts, 1, "{:?}", own.status.last_failure);
     // Gone: created again alone, under its name.
     let gone = run(&Row {
         spec: in_place_spec,
-        status: going.status.clone(),
+        status: ended.status.clone(),
         pods: vec![running(0, 0)],
         now: 101,
         ..Row::default()

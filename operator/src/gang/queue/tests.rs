@@ -2,7 +2,7 @@
 
 use ferrotrain_api::crd::{Phase, condition};
 
-use crate::fixtures::{pending, starting_status, status};
+use crate::fixtures::{exited, pending, starting_status, status};
 use crate::gang::tests::{Row, run_with};
 use crate::gang::*;
 use crate::scheduling::{GangMode, NativeApi};
@@ -117,13 +117,42 @@ fn the_startup_timeout_does_not_run_while_queued_and_counts_from_the_admission()
 }
 
 #[test]
+fn a_job_that_finishes_between_two_looks_says_it_was_admitted() {
+    // Seen Queued, then next seen with every pod done: Succeeded, and Queued False (Admitted).
+    let queued = run_with(&queued_row(10), &kueue());
+    assert!(queued.status.is_true(condition::QUEUED));
+    let done = run_with(
+        &Row {
+            status: queued.status.clone(),
+            pods: vec![exited(0, 0, 0, "", 40), exited(0, 1, 0, "", 40)],
+            ..queued_row(45)
+        },
+        &kueue(),
+    );
+    assert_eq!(done.status.phase, Phase::Succeeded);
+    let c = done.status.condition(condition::QUEUED).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "Admitted")
+    );
+}
+
+#[test]
 fn a_queue_timeout_fails_the_job_with_its_reason() {
     let row = Row {
         spec: |s| s.scheduling.queue_timeout_seconds = Some(300),
         ..queued_row(299)
     };
-    assert_eq!(run_with(&row, &kueue()).status.phase, Phase::Queued);
-    let d = run_with(&Row { now: 300, ..row }, &kueue());
+    let before = run_with(&row, &kueue());
+    assert_eq!(before.status.phase, Phase::Queued);
+    let d = run_with(
+        &Row {
+            now: 300,
+            status: before.status.clone(),
+            ..row
+        },
+        &kueue(),
+    );
     assert_eq!(d.status.phase, Phase::Failed);
     let f = d.status.last_failure.clone().unwrap();
     assert_eq!(f.reason, "QueueTimeout");
@@ -132,6 +161,8 @@ fn a_queue_timeout_fails_the_job_with_its_reason() {
         d.status.condition(condition::FAILED).unwrap().reason,
         "QueueTimeout"
     );
+    // Never admitted: Queued stays True.
+    assert!(d.status.is_true(condition::QUEUED));
 }
 
 #[test]
