@@ -22,4 +22,6 @@ if [[ -f /var/lib/ferrotrain-cluster/run/ferrotrain-e2e-tag && -z "${FERROTRAIN_
   export FERROTRAIN_E2E_IMAGE
 fi
 echo "operator-scale: cluster $(kubectl version -o json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["serverVersion"]["gitVersion"])' 2>/dev/null || echo '?'), commit $(git rev-parse --short HEAD), $(nproc) cores"
-cargo run --quiet --release -p ferrotrain-e2e --bin operator-scale -- "$@"
+# The harness is a client: the dev profile measures the operator as well and builds in
+# minutes (a release build of the e2e crate takes ~25 minutes on 2 cores).
+cargo run --quiet -p ferrotrain-e2e --bin operator-scale -- "$@"
