@@ -46,6 +46,7 @@ pub mod defaults {
     pub const PROGRESS_INTERVAL_SECONDS: u64 = 5;
     pub const PROGRESS_TIMEOUT_MS: u64 = 2000;
     pub const PROGRESS_GRACE_SECONDS: u64 = 120;
+    pub const PROGRESS_WRITE_INTERVAL_SECONDS: u64 = 15;
     pub const NODE_LOST_GRACE_SECONDS: u64 = 60;
     pub const FORCE_DELETE_GRACE_SECONDS: u64 = 60;
 }
@@ -101,6 +102,16 @@ pub struct Args {
         default_value_t = defaults::PROGRESS_GRACE_SECONDS
     )]
     pub progress_grace_seconds: u64,
+
+    /// Seconds between status writes that only refresh the progress (step, loss, rates): a
+    /// running job costs the API server ~4 writes a minute, not one per poll. Every other
+    /// change (phase, conditions, a restart) is written at once.
+    #[arg(
+        long,
+        env = "FERROTRAIN_OPERATOR_PROGRESS_WRITE_INTERVAL_SECONDS",
+        default_value_t = defaults::PROGRESS_WRITE_INTERVAL_SECONDS
+    )]
+    pub progress_write_interval_seconds: u64,
 
     /// Seconds a node may be NotReady before its pods count as lost and the gang restarts.
     #[arg(
@@ -185,6 +196,7 @@ pub struct Settings {
     pub progress_interval: Duration,
     pub progress_timeout: Duration,
     pub progress_grace: Duration,
+    pub progress_write_interval: Duration,
     pub node_lost_grace: Duration,
     pub force_delete_grace: Duration,
 }
@@ -199,6 +211,7 @@ impl Default for Settings {
             progress_interval: Duration::from_secs(defaults::PROGRESS_INTERVAL_SECONDS),
             progress_timeout: Duration::from_millis(defaults::PROGRESS_TIMEOUT_MS),
             progress_grace: Duration::from_secs(defaults::PROGRESS_GRACE_SECONDS),
+            progress_write_interval: Duration::from_secs(defaults::PROGRESS_WRITE_INTERVAL_SECONDS),
             node_lost_grace: Duration::from_secs(defaults::NODE_LOST_GRACE_SECONDS),
             force_delete_grace: Duration::from_secs(defaults::FORCE_DELETE_GRACE_SECONDS),
         }
@@ -241,6 +254,7 @@ impl From<&Args> for Settings {
             progress_interval: Duration::from_secs(a.progress_interval_seconds.max(1)),
             progress_timeout: Duration::from_millis(a.progress_timeout_ms.max(1)),
             progress_grace: Duration::from_secs(a.progress_grace_seconds),
+            progress_write_interval: Duration::from_secs(a.progress_write_interval_seconds),
             node_lost_grace: Duration::from_secs(a.node_lost_grace_seconds),
             force_delete_grace: Duration::from_secs(a.force_delete_grace_seconds),
         }

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use ferrotrain_api::crd::DistributedTraining;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
@@ -40,6 +41,9 @@ pub struct Context {
     /// see every pod "deleted".
     pub caches_ready: Arc<AtomicBool>,
     written: Mutex<HashMap<String, Written>>,
+    /// When this process last wrote each job's status (by UID): progress-only changes wait
+    /// for `progress_write_interval` (a new leader writes its first at once).
+    status_writes: Mutex<HashMap<String, Timestamp>>,
     /// Consecutive failed reconciles per job (the backoff of `error_policy`).
     pub(crate) error_counts: Mutex<HashMap<String, u32>>,
     /// The version of Kubernetes' own gang scheduling API the API server serves (discovered
@@ -70,6 +74,7 @@ impl Context {
             nodes,
             caches_ready,
             written: Mutex::new(HashMap::new()),
+            status_writes: Mutex::new(HashMap::new()),
             error_counts: Mutex::new(HashMap::new()),
             native_gang: None,
         }
@@ -105,6 +110,24 @@ impl Context {
                 dt
             }
         }
+    }
+
+    /// Whether a status change that only refreshes the progress is due at `now`: this process
+    /// wrote the job's status `progress_write_interval` ago or more, or not at all.
+    pub fn progress_write_due(&self, uid: &str, now: Timestamp) -> bool {
+        let interval = SignedDuration::try_from(self.settings.progress_write_interval)
+            .unwrap_or(SignedDuration::MAX);
+        let writes = self.status_writes.lock().expect("lock");
+        writes
+            .get(uid)
+            .is_none_or(|at| now.duration_since(*at) >= interval)
+    }
+
+    /// Notes a status write of job `uid` at `now`; forgets jobs not written for an hour (gone).
+    pub fn wrote_status(&self, uid: &str, now: Timestamp) {
+        let mut writes = self.status_writes.lock().expect("lock");
+        writes.retain(|_, at| now.duration_since(*at) < SignedDuration::from_hours(1));
+        writes.insert(uid.to_string(), now);
     }
 
     pub fn remember_write(&self, read: &DistributedTraining, object: DistributedTraining) {

@@ -204,8 +204,11 @@ async fn carry_out(
     now: Timestamp,
 ) -> Result<Action> {
     apply::delete_pods(ctx, owner, &decision.actions).await?;
-    if decision.status != *before {
+    let uid = dt.uid().unwrap_or_default();
+    let progress_only = only_progress_changed(before, &decision.status);
+    if decision.status != *before && (!progress_only || ctx.progress_write_due(&uid, now)) {
         apply::status(ctx, dt, owner, decision.status.clone()).await?;
+        ctx.wrote_status(&uid, now);
         record_status_metrics(ctx, dt, before, &decision.status, now);
     }
     let mut events = decision.events.clone();
@@ -228,6 +231,19 @@ async fn carry_out(
     Ok(requeue
         .map(Action::requeue)
         .unwrap_or_else(Action::await_change))
+}
+
+/// Whether `after` differs from `before` in `progress` alone (a new step, loss, rate): such a
+/// change may wait for the next write (`--progress-write-interval-seconds`).
+fn only_progress_changed(
+    before: &DistributedTrainingStatus,
+    after: &DistributedTrainingStatus,
+) -> bool {
+    let strip = |s: &DistributedTrainingStatus| DistributedTrainingStatus {
+        progress: None,
+        ..s.clone()
+    };
+    before.progress != after.progress && strip(before) == strip(after)
 }
 
 /// How soon a launch the API refused (quota, LimitRange, webhook) or a name conflict stopped

@@ -868,6 +868,54 @@ async fn identical_polls_write_nothing_and_a_new_step_writes_once() {
 }
 
 #[tokio::test]
+async fn a_new_step_is_written_at_most_every_progress_write_interval() {
+    // Written at 100; step 121 polled at 105 waits (progress only, 5 s < 15 s); at 115 it is
+    // written. A new operator (another process: a leader change) writes its first at once.
+    let served = Arc::new(std::sync::Mutex::new(unrounded_report(120)));
+    let (port, server) = progress_server_of(served.clone()).await;
+    let settings = Settings {
+        trainer_metrics_port: port,
+        ..Settings::default()
+    };
+    assert_eq!(settings.progress_write_interval, Duration::from_secs(15));
+    let pods = || {
+        vec![
+            api_pod(0, 0)
+                .with_trainer(trainer_running())
+                .with_ip("127.0.0.1"),
+            api_pod(0, 1)
+                .with_trainer(trainer_running())
+                .with_ip("127.0.0.2"),
+        ]
+    };
+    let (ctx, mut handle, _) = Context::test(pods(), settings.clone());
+    let first = Arc::new(job().with_status(running_status(0, 0)));
+    let written = Arc::new(std::sync::Mutex::new(None));
+    let keep = written.clone();
+    let calls = vec![status_call(&first, "101", move |s| {
+        *keep.lock().unwrap() = Some(s);
+    })];
+    (_, handle) = reconcile_expecting(&ctx, handle, first.clone(), t(100), calls).await;
+    let mut dt = (*first).clone();
+    dt.status = written.lock().unwrap().clone();
+    dt.metadata.resource_version = Some("101".into());
+    let dt = Arc::new(dt);
+    *served.lock().unwrap() = unrounded_report(121);
+    (_, handle) = reconcile_expecting(&ctx, handle, dt.clone(), t(105), vec![]).await;
+    let calls = vec![status_call(&dt, "102", |s| {
+        assert_eq!(s.progress.unwrap().report.step, 121);
+    })];
+    (_, handle) = reconcile_expecting(&ctx, handle, dt.clone(), t(115), calls).await;
+    let _ = handle;
+    let (fresh, handle, _) = Context::test(pods(), settings);
+    let calls = vec![status_call(&dt, "102", |s| {
+        assert_eq!(s.progress.unwrap().report.step, 121);
+    })];
+    let _ = reconcile_expecting(&fresh, handle, dt.clone(), t(105), calls).await;
+    server.abort();
+}
+
+#[tokio::test]
 async fn no_reconcile_before_the_caches_are_synced() {
     let (ctx, handle, _) = Context::test(vec![], Settings::default());
     ctx.caches_ready.store(false, Ordering::Relaxed);
