@@ -236,6 +236,20 @@ pub async fn wait_status(
     .await
 }
 
+/// Waits until the job runs with a first checkpoint in its status (of step
+/// `CHECKPOINT_EVERY` or later, on attempt 0); returns that status.
+pub async fn wait_first_checkpoint(ns: &TestNamespace, job: &str) -> DistributedTrainingStatus {
+    wait_status(&ns.jobs(), job, "a first checkpoint", TRAIN_WAIT, |s| {
+        s.phase == Phase::Running
+            && s.attempt == 0
+            && s.progress
+                .as_ref()
+                .and_then(|p| p.report.last_checkpoint.as_ref())
+                .is_some_and(|c| c.step >= CHECKPOINT_EVERY)
+    })
+    .await
+}
+
 /// Waits until the job is in `phase`.
 pub async fn wait_phase(
     jobs: &Api<DistributedTraining>,

@@ -7,7 +7,7 @@ use std::time::Instant;
 use ferrotrain_api::crd::{Phase, condition};
 use ferrotrain_api::recovery::Timestamp;
 use ferrotrain_e2e::{
-    TRAIN_WAIT, TestNamespace, WAIT, copy_job, rank0_progress, wait_for, wait_status,
+    TestNamespace, WAIT, copy_job, rank0_progress, wait_first_checkpoint, wait_for, wait_status,
 };
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
@@ -62,20 +62,7 @@ async fn a_lost_pod_that_cannot_be_placed_leaves_a_smaller_gang_that_grows_back(
     let mut spec = copy_job(3, 1_000_000, Some("elastic-checkpoints"));
     spec["elastic"] = json!({"minReplicas": 2, "waitSeconds": WAIT_SECONDS});
     ns.create_job("elastic", spec).await;
-    wait_status(
-        &ns.jobs(),
-        "elastic",
-        "a first checkpoint",
-        TRAIN_WAIT,
-        |s| {
-            s.phase == Phase::Running
-                && s.progress
-                    .as_ref()
-                    .and_then(|p| p.report.last_checkpoint.as_ref())
-                    .is_some()
-        },
-    )
-    .await;
+    wait_first_checkpoint(&ns, "elastic").await;
 
     // Pods created from now on need a node label no node has: rank 2's replacement cannot
     // be placed (the running pods keep their placement).

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use ferrotrain_api::crd::Phase;
 use ferrotrain_api::recovery::Timestamp;
 use ferrotrain_e2e::{
-    TRAIN_WAIT, TestNamespace, WAIT, copy_job, pods_of, rank0_progress, signal_trainer, wait_for,
-    wait_status,
+    TestNamespace, WAIT, copy_job, pods_of, rank0_progress, signal_trainer, wait_first_checkpoint,
+    wait_for, wait_status,
 };
 use serde_json::json;
 
@@ -27,14 +27,7 @@ async fn training(ns: &TestNamespace, job: &str, collective_timeout: u64) {
     let mut spec = copy_job(2, 1_000_000, Some(&format!("{job}-checkpoints")));
     spec["trainer"]["distributed"]["collectiveTimeoutSeconds"] = json!(collective_timeout);
     ns.create_job(job, spec).await;
-    wait_status(&ns.jobs(), job, "a first checkpoint", TRAIN_WAIT, |s| {
-        s.phase == Phase::Running
-            && s.progress
-                .as_ref()
-                .and_then(|p| p.report.last_checkpoint.as_ref())
-                .is_some()
-    })
-    .await;
+    wait_first_checkpoint(ns, job).await;
 }
 
 /// When rank 0 completed its first step of `round` (its own report, through the pod proxy).

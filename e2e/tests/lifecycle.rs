@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use ferrotrain_api::crd::Phase;
 use ferrotrain_e2e::{
-    CHECKPOINT_EVERY, TRAIN_WAIT, TestNamespace, WAIT, copy_job, pod_names, wait_for, wait_phase,
-    wait_status,
+    CHECKPOINT_EVERY, TRAIN_WAIT, TestNamespace, WAIT, copy_job, pod_names, wait_first_checkpoint,
+    wait_for, wait_phase, wait_status,
 };
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
@@ -20,14 +20,7 @@ async fn suspend_deletes_the_pods_and_resume_continues_from_the_checkpoint() {
     ns.create_checkpoint_claim("hold-checkpoints").await;
     ns.create_job("hold", copy_job(2, 1_000_000, Some("hold-checkpoints")))
         .await;
-    wait_status(&jobs, "hold", "a first checkpoint", TRAIN_WAIT, |s| {
-        s.phase == Phase::Running
-            && s.progress
-                .as_ref()
-                .and_then(|p| p.report.last_checkpoint.as_ref())
-                .is_some_and(|c| c.step >= CHECKPOINT_EVERY)
-    })
-    .await;
+    wait_first_checkpoint(&ns, "hold").await;
 
     let suspend = json!({"spec": {"suspend": true}});
     jobs.patch("hold", &PatchParams::default(), &Patch::Merge(&suspend))

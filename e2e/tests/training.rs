@@ -5,7 +5,8 @@
 use ferrotrain_api::crd::{Phase, custom_resource_definition};
 use ferrotrain_e2e::{
     CHECKPOINT_EVERY, TRAIN_WAIT, TestNamespace, WAIT, at_json_path, config_error_job, copy_job,
-    missing_data_job, pods_of, rank0_progress, volume_at, wait_for, wait_phase, wait_status,
+    missing_data_job, pods_of, rank0_progress, volume_at, wait_first_checkpoint, wait_for,
+    wait_phase, wait_status,
 };
 use kube::api::{DeleteParams, LogParams};
 
@@ -111,15 +112,7 @@ async fn deleting_a_pod_after_a_checkpoint_restarts_the_gang_from_that_checkpoin
     spec["restartPolicy"]["inPlace"] = serde_json::json!(false);
     ns.create_job("resume", spec).await;
 
-    wait_status(&jobs, "resume", "a first checkpoint", TRAIN_WAIT, |s| {
-        s.phase == Phase::Running
-            && s.attempt == 0
-            && s.progress
-                .as_ref()
-                .and_then(|p| p.report.last_checkpoint.as_ref())
-                .is_some_and(|c| c.step >= CHECKPOINT_EVERY)
-    })
-    .await;
+    wait_first_checkpoint(&ns, "resume").await;
     // The step right before the failure, from rank 0 itself (the status lags a poll).
     let before = rank0_progress(&ns.client, &ns.name, "resume-0-0")
         .await

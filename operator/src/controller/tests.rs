@@ -808,6 +808,34 @@ async fn an_unchanged_progress_report_causes_no_write() {
     server.abort();
 }
 
+/// Both ranks running, rank 0 serving /progress on 127.0.0.1.
+fn running_pods() -> Vec<Pod> {
+    vec![
+        api_pod(0, 0)
+            .with_trainer(trainer_running())
+            .with_ip("127.0.0.1"),
+        api_pod(0, 1)
+            .with_trainer(trainer_running())
+            .with_ip("127.0.0.2"),
+    ]
+}
+
+/// A running job whose status a first reconcile at t(100) wrote (with rank 0's report):
+/// the job as the cache then shows it (resourceVersion 101).
+async fn written_at_100(ctx: &Arc<Context>, handle: Handle) -> (Arc<DistributedTraining>, Handle) {
+    let first = Arc::new(job().with_status(running_status(0, 0)));
+    let written = Arc::new(std::sync::Mutex::new(None));
+    let keep = written.clone();
+    let calls = vec![status_call(&first, "101", move |s| {
+        *keep.lock().unwrap() = Some(s);
+    })];
+    let (_, handle) = reconcile_expecting(ctx, handle, first.clone(), t(100), calls).await;
+    let mut dt = (*first).clone();
+    dt.status = written.lock().unwrap().clone();
+    dt.metadata.resource_version = Some("101".into());
+    (Arc::new(dt), handle)
+}
+
 #[tokio::test]
 async fn identical_polls_write_nothing_and_a_new_step_writes_once() {
     // Rank 0's resources are read at request time: CPU seconds tick and RSS wobbles at every
@@ -830,26 +858,8 @@ async fn identical_polls_write_nothing_and_a_new_step_writes_once() {
         trainer_metrics_port: port,
         ..Settings::default()
     };
-    let pods = vec![
-        api_pod(0, 0)
-            .with_trainer(trainer_running())
-            .with_ip("127.0.0.1"),
-        api_pod(0, 1)
-            .with_trainer(trainer_running())
-            .with_ip("127.0.0.2"),
-    ];
-    let (ctx, mut handle, _) = Context::test(pods, settings);
-    let first = Arc::new(job().with_status(running_status(0, 0)));
-    let written = Arc::new(std::sync::Mutex::new(None));
-    let keep = written.clone();
-    let calls = vec![status_call(&first, "101", move |s| {
-        *keep.lock().unwrap() = Some(s);
-    })];
-    (_, handle) = reconcile_expecting(&ctx, handle, first.clone(), t(100), calls).await;
-    let mut dt = (*first).clone();
-    dt.status = written.lock().unwrap().clone();
-    dt.metadata.resource_version = Some("101".into());
-    let dt = Arc::new(dt);
+    let (ctx, handle, _) = Context::test(running_pods(), settings);
+    let (dt, mut handle) = written_at_100(&ctx, handle).await;
     for poll in 1..=5 {
         *served.lock().unwrap() = with_resources(120, poll);
         let now = t(100 + 5 * poll as i64);
@@ -878,28 +888,8 @@ async fn a_new_step_is_written_at_most_every_progress_write_interval() {
         ..Settings::default()
     };
     assert_eq!(settings.progress_write_interval, Duration::from_secs(15));
-    let pods = || {
-        vec![
-            api_pod(0, 0)
-                .with_trainer(trainer_running())
-                .with_ip("127.0.0.1"),
-            api_pod(0, 1)
-                .with_trainer(trainer_running())
-                .with_ip("127.0.0.2"),
-        ]
-    };
-    let (ctx, mut handle, _) = Context::test(pods(), settings.clone());
-    let first = Arc::new(job().with_status(running_status(0, 0)));
-    let written = Arc::new(std::sync::Mutex::new(None));
-    let keep = written.clone();
-    let calls = vec![status_call(&first, "101", move |s| {
-        *keep.lock().unwrap() = Some(s);
-    })];
-    (_, handle) = reconcile_expecting(&ctx, handle, first.clone(), t(100), calls).await;
-    let mut dt = (*first).clone();
-    dt.status = written.lock().unwrap().clone();
-    dt.metadata.resource_version = Some("101".into());
-    let dt = Arc::new(dt);
+    let (ctx, handle, _) = Context::test(running_pods(), settings.clone());
+    let (dt, mut handle) = written_at_100(&ctx, handle).await;
     *served.lock().unwrap() = unrounded_report(121);
     (_, handle) = reconcile_expecting(&ctx, handle, dt.clone(), t(105), vec![]).await;
     let calls = vec![status_call(&dt, "102", |s| {
@@ -907,7 +897,7 @@ async fn a_new_step_is_written_at_most_every_progress_write_interval() {
     })];
     (_, handle) = reconcile_expecting(&ctx, handle, dt.clone(), t(115), calls).await;
     let _ = handle;
-    let (fresh, handle, _) = Context::test(pods(), settings);
+    let (fresh, handle, _) = Context::test(running_pods(), settings);
     let calls = vec![status_call(&dt, "102", |s| {
         assert_eq!(s.progress.unwrap().report.step, 121);
     })];
