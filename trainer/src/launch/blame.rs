@@ -5,7 +5,9 @@
 //! rounds end with several failures. The cause is, in this order:
 //! 1. a permanent failure (by default exit 2, 3 or 4: no restart can fix it);
 //! 2. a node whose launcher was signalled: its pod is going away (deleted, evicted, drained);
-//! 3. a rank killed by a signal (SIGKILL, the OOM killer): killed from outside;
+//! 3. a rank killed by a signal (SIGKILL, the OOM killer): killed from outside. Not a rank that
+//!    exited 143 or 130 after a graceful stop: the ranks stop together on a SIGTERM any of them
+//!    gets (rank 0 saving a checkpoint), so that is how a peer follows, never the cause;
 //! 4. a frozen rank (stopped: SIGSTOP, a debugger) that never failed on its own: it made its
 //!    peers time out, and blaming the peers that waited would be wrong;
 //! 5. a rank its peers name as the one that did not answer in a collective (a hang);
@@ -128,7 +130,7 @@ pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32]) -> Verdict
     if let Some(hit) = leaving {
         return blame(hit, "PodLeaving");
     }
-    if let Some(hit) = earliest(&|f| f.code >= 128) {
+    if let Some(hit) = earliest(&|f| killed(f.code)) {
         return blame(hit, "Killed");
     }
     if let Some((r, rank)) = reports
@@ -171,6 +173,12 @@ pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32]) -> Verdict
             ..base
         },
     }
+}
+
+/// Killed by a signal from outside: 128 + n, but not the graceful stop of SIGTERM or SIGINT
+/// (the trainer exits 128 + n itself after saving).
+fn killed(code: i32) -> bool {
+    code >= 128 && code != 128 + libc::SIGTERM && code != 128 + libc::SIGINT
 }
 
 /// The rank most failures say did not answer, when no failure is that rank's own.
@@ -289,6 +297,26 @@ mod tests {
             (v.rank, v.reason.as_str(), v.permanent),
             (Some(1), "PermanentExitCode", true)
         );
+    }
+
+    #[test]
+    fn a_peer_that_stopped_gracefully_with_the_frozen_rank_is_not_blamed() {
+        // Rank 1 frozen; its launcher stops it (SIGTERM + SIGCONT); the ranks stop together,
+        // and rank 0 exits 143 before its launcher heard of the freeze.
+        let v = verdict(
+            0,
+            &[
+                failed(
+                    0,
+                    0,
+                    143,
+                    "rank 0 exited with code 143: stopped by SIGTERM",
+                    10,
+                ),
+                quiet(1, &[1]),
+            ],
+        );
+        assert_eq!((v.rank, v.reason.as_str()), (Some(1), "Frozen"));
     }
 
     #[test]
