@@ -8,7 +8,7 @@
 #                           [--idle-jobs 100,1000]
 #
 # Needs the operator installed on the cluster $KUBECONFIG names. On this project's machines:
-# scripts/e2e.sh --filter 'none()' sets up ../shared/cluster (binaries, images, chart) without
+# scripts/e2e.sh --setup-only sets up ../shared/cluster (binaries, images, chart) without
 # running a test, then this script uses it. Takes 10-15 minutes with the defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -6,7 +6,7 @@
 # table of tests and seconds. The cluster stays up afterwards unless --down is given.
 #
 #   scripts/e2e.sh [--microshift GIT_DIR] [--repeat N] [--filter EXPR] [--down]
-#                  [--no-images] [--gates]
+#                  [--no-images] [--gates] [--setup-only]
 #
 #   --microshift DIR  a git directory of openshift/microshift, for the one-time build of the
 #                     cluster's binaries (../shared/cluster/build.sh; 5-12 minutes); not needed
@@ -21,6 +21,8 @@
 #   --profile P       cargo profile of the images' binaries (default release; CI uses dev,
 #                     which its unit tests have just built); the tests are built with dev
 #   --skip-if-no-cluster  exit 0, saying so, when the binaries are not cached (CI)
+#   --setup-only      the cluster, images and chart, no test (what bench/operator-scale.sh
+#                     and bench/restart-speed.sh measure against)
 #
 # Needs root (the cluster, Docker). Logs of the cluster's processes: /var/lib/ferrotrain-cluster/logs.
 set -euo pipefail
@@ -37,6 +39,7 @@ IMAGES=1
 GATES=0
 SKIP_IF_NO_CLUSTER=0
 PROFILE=release
+SETUP_ONLY=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --microshift) MICROSHIFT="$2"; shift 2 ;;
@@ -47,6 +50,7 @@ while [[ $# -gt 0 ]]; do
     --gates) GATES=1; shift ;;
     --skip-if-no-cluster) SKIP_IF_NO_CLUSTER=1; shift ;;
     --profile) PROFILE="$2"; shift 2 ;;
+    --setup-only) SETUP_ONLY=1; shift ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "e2e.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -139,6 +143,10 @@ helm upgrade --install ferrotrain charts/ferrotrain -n ferrotrain-system --creat
 kubectl apply --server-side --force-conflicts -f crds/distributedtrainings.yaml >/dev/null
 kubectl -n ferrotrain-system rollout status deployment/ferrotrain --timeout=5m >/dev/null
 say "chart installed in $((SECONDS - install_started)) s"
+if [[ $SETUP_ONLY == 1 ]]; then
+  say "set up: images ferrotrain/{operator,trainer}:$TAG, the chart; KUBECONFIG=$KUBECONFIG"
+  exit 0
+fi
 
 # --- the suite ------------------------------------------------------------------------------
 . scripts/env.sh >/dev/null
