@@ -233,17 +233,21 @@ async fn carry_out(
         .unwrap_or_else(Action::await_change))
 }
 
-/// Whether `after` differs from `before` in `progress` alone (a new step, loss, rate): such a
-/// change may wait for the next write (`--progress-write-interval-seconds`).
+/// Whether `after` differs from `before` only in what every poll of a training job moves:
+/// `progress` (a new step, loss, rate) and the recovery ledger's running numbers (last step,
+/// productive seconds, goodput). Such a change may wait for the next write
+/// (`--progress-write-interval-seconds`); a new ledger record comes with a new attempt or
+/// round, which is written at once.
 fn only_progress_changed(
     before: &DistributedTrainingStatus,
     after: &DistributedTrainingStatus,
 ) -> bool {
     let strip = |s: &DistributedTrainingStatus| DistributedTrainingStatus {
         progress: None,
+        recovery: None,
         ..s.clone()
     };
-    before.progress != after.progress && strip(before) == strip(after)
+    strip(before) == strip(after)
 }
 
 /// How soon a launch the API refused (quota, LimitRange, webhook) or a name conflict stopped
