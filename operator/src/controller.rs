@@ -250,6 +250,12 @@ fn only_progress_changed(
     strip(before) == strip(after)
 }
 
+/// How long the controller waits for more events of a job before reconciling it: the burst of
+/// one change (a pod's status and its container's, the pods of a gang created at once) is one
+/// reconcile, and a new job's pods are created ~0.1 s after it (was 0.5 s: apply -> pods
+/// 0.53 s p50 in bench/operator-scale.sh).
+const DEBOUNCE: Duration = Duration::from_millis(100);
+
 /// How soon a launch the API refused (quota, LimitRange, webhook) or a name conflict stopped
 /// is tried again.
 const REFUSED_RETRY: Duration = Duration::from_secs(30);
@@ -493,8 +499,10 @@ pub async fn run(
     let (dt_store, dt_writer) = reflector::store();
     let health = readiness.clone();
     // Our own status writes do not bump the generation: they never trigger a reconcile.
+    // The caches drop managedFields (nothing here reads them): a tenth of a job's memory.
     let dt_stream = watcher(dts, watcher::Config::default())
         .default_backoff()
+        .modify(|dt: &mut DistributedTraining| dt.managed_fields_mut().clear())
         .reflect(dt_writer)
         .inspect(move |item| health.observe(dt_watch, item))
         .applied_objects()
@@ -505,6 +513,7 @@ pub async fn run(
     let health = readiness.clone();
     let pod_stream = watcher(pods_api, watcher::Config::default().labels(&pod_selector))
         .default_backoff()
+        .modify(|pod: &mut Pod| pod.managed_fields_mut().clear())
         .reflect(pod_writer)
         .inspect(move |item| health.observe(pod_watch, item))
         .touched_objects();
@@ -534,7 +543,7 @@ pub async fn run(
     Controller::for_stream(dt_stream, dt_store)
         .owns_stream(pod_stream)
         .watches_stream(node_stream, move |node| jobs_on_node(&mapper_pods, &node))
-        .with_config(controller::Config::default().debounce(Duration::from_millis(500)))
+        .with_config(controller::Config::default().debounce(DEBOUNCE))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
