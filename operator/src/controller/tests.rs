@@ -738,15 +738,7 @@ async fn progress_is_polled_from_rank_0_and_written_once() {
         trainer_metrics_port: port,
         ..Settings::default()
     };
-    let pods = vec![
-        api_pod(0, 0)
-            .with_trainer(trainer_running())
-            .with_ip("127.0.0.1"),
-        api_pod(0, 1)
-            .with_trainer(trainer_running())
-            .with_ip("127.0.0.2"),
-    ];
-    let (ctx, handle, _) = Context::test(pods, settings);
+    let (ctx, handle, _) = Context::test(running_pods(), settings);
     let dt = Arc::new(job().with_status(running_status(0, 0)));
     let calls = vec![status_call(&dt, "101", |s| {
         assert_eq!(s.phase, Phase::Running);
@@ -772,15 +764,7 @@ async fn an_unchanged_progress_report_causes_no_write() {
         trainer_metrics_port: port,
         ..Settings::default()
     };
-    let pods = vec![
-        api_pod(0, 0)
-            .with_trainer(trainer_running())
-            .with_ip("127.0.0.1"),
-        api_pod(0, 1)
-            .with_trainer(trainer_running())
-            .with_ip("127.0.0.2"),
-    ];
-    let (ctx, handle, _) = Context::test(pods, settings);
+    let (ctx, handle, _) = Context::test(running_pods(), settings);
     let mut status = running_status(0, 0);
     status.progress = Some(TrainingProgress {
         report: crate::report::rounded(&unrounded_report(120)),

@@ -9,7 +9,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::decider::Decider;
 use super::failure::Failure;
-use super::observed::{PodView, WaitCause};
+use super::observed::{PodState, PodView, WaitCause};
 use crate::scheduling;
 
 impl<'a, 'o> Decider<'a, 'o> {
@@ -43,11 +43,7 @@ impl<'a, 'o> Decider<'a, 'o> {
         let held: Vec<&PodView> = waiting
             .iter()
             .copied()
-            .filter(|p| {
-                p.waiting
-                    .as_ref()
-                    .is_some_and(|w| w.cause == WaitCause::Queued)
-            })
+            .filter(|p| held_by_queue(p))
             .collect();
         let Some(first) = held.first() else {
             self.admitted();
@@ -81,20 +77,19 @@ impl<'a, 'o> Decider<'a, 'o> {
         true
     }
 
-    /// A job that left phase Queued for one its pods must have run in (a short job can go
-    /// from Queued to Succeeded between two looks) says it was admitted, unless a pod of the
-    /// attempt is still held (a queue timeout fails a job whose pods never ran).
+    /// A job whose pods ran says it was admitted, even when it went from Queued to Succeeded
+    /// between two looks; not while a pod of the attempt is held, nor when its pods never ran
+    /// (a queue timeout fails a job whose pods go away still gated).
     pub(super) fn admission_seen(&mut self) {
-        let ran = matches!(
-            self.status.phase,
-            Phase::Running | Phase::Restarting | Phase::Succeeded | Phase::Failed
-        );
-        let held = self.current_pods().any(|p| {
-            p.waiting
-                .as_ref()
-                .is_some_and(|w| w.cause == WaitCause::Queued)
+        let ran = self.current_pods().any(|p| {
+            p.running_since.is_some()
+                || match &p.state {
+                    PodState::Succeeded => true,
+                    PodState::Failed(t) => t.exit_code.is_some(),
+                    _ => false,
+                }
         });
-        if ran && !held {
+        if ran && !self.current_pods().any(held_by_queue) {
             self.admitted();
         }
     }
@@ -153,6 +148,13 @@ impl<'a, 'o> Decider<'a, 'o> {
         f.permanent = true;
         Some(f)
     }
+}
+
+/// A pod held by scheduling gates (a queue has not admitted it).
+fn held_by_queue(p: &PodView) -> bool {
+    p.waiting
+        .as_ref()
+        .is_some_and(|w| w.cause == WaitCause::Queued)
 }
 
 #[cfg(test)]

@@ -161,8 +161,19 @@ fn a_queue_timeout_fails_the_job_with_its_reason() {
         d.status.condition(condition::FAILED).unwrap().reason,
         "QueueTimeout"
     );
-    // Never admitted: Queued stays True.
+    // Never admitted: Queued stays True, also once its gated pods are gone.
     assert!(d.status.is_true(condition::QUEUED));
+    let gone = run_with(
+        &Row {
+            spec: |s| s.scheduling.queue_timeout_seconds = Some(300),
+            status: d.status.clone(),
+            pods: vec![],
+            ..queued_row(310)
+        },
+        &kueue(),
+    );
+    assert_eq!(gone.status.phase, Phase::Failed);
+    assert!(gone.status.is_true(condition::QUEUED));
 }
 
 #[test]
