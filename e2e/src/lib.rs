@@ -250,6 +250,29 @@ pub async fn wait_first_checkpoint(ns: &TestNamespace, job: &str) -> Distributed
     .await
 }
 
+/// Polls rank 0's own report (pod `pod`, through the pod proxy: fresher than the status)
+/// until `pick` finds what the caller waits for (`what`); returns it.
+pub async fn wait_rank0<T>(
+    ns: &TestNamespace,
+    pod: &str,
+    what: &str,
+    pick: impl Fn(&Progress) -> Option<T>,
+) -> T {
+    wait_for(what, WAIT, || async {
+        match rank0_progress(&ns.client, &ns.name, pod).await {
+            Ok(p) => (
+                pick(&p),
+                format!(
+                    "round {} world size {} step {}",
+                    p.round, p.world_size, p.step
+                ),
+            ),
+            Err(e) => (None, e),
+        }
+    })
+    .await
+}
+
 /// Waits until the job is in `phase`.
 pub async fn wait_phase(
     jobs: &Api<DistributedTraining>,

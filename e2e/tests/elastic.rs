@@ -7,7 +7,7 @@ use std::time::Instant;
 use ferrotrain_api::crd::{Phase, condition};
 use ferrotrain_api::recovery::Timestamp;
 use ferrotrain_e2e::{
-    TestNamespace, WAIT, copy_job, rank0_progress, wait_first_checkpoint, wait_for, wait_status,
+    TestNamespace, WAIT, copy_job, wait_first_checkpoint, wait_rank0, wait_status,
 };
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
@@ -26,25 +26,14 @@ async fn label_node(client: &Client, node: &str, value: Option<&str>) {
         .unwrap_or_else(|e| panic!("labelling {node}: {e}"));
 }
 
-/// Rank 0's own report once it steps at world size `world` (fresher than the status).
+/// Rank 0's round and that round's first step, once it steps at world size `world`.
 async fn stepping_at(ns: &TestNamespace, world: u32) -> (u64, Timestamp) {
-    wait_for(
-        &format!("rank 0 stepping at world size {world}"),
-        WAIT,
-        || async {
-            match rank0_progress(&ns.client, &ns.name, "elastic-0-0").await {
-                Ok(p) if p.world_size == world => (
-                    p.attempt_first_step_time.map(|t| (p.round, t)),
-                    format!("{p:?}"),
-                ),
-                Ok(p) => (
-                    None,
-                    format!("world size {} in round {}", p.world_size, p.round),
-                ),
-                Err(e) => (None, e),
-            }
-        },
-    )
+    let what = format!("rank 0 stepping at world size {world}");
+    wait_rank0(ns, "elastic-0-0", &what, |p| {
+        p.attempt_first_step_time
+            .filter(|_| p.world_size == world)
+            .map(|t| (p.round, t))
+    })
     .await
 }
 

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use ferrotrain_api::crd::Phase;
 use ferrotrain_api::recovery::Timestamp;
 use ferrotrain_e2e::{
-    TestNamespace, WAIT, copy_job, pods_of, rank0_progress, signal_trainer, wait_first_checkpoint,
-    wait_for, wait_status,
+    TestNamespace, WAIT, copy_job, pods_of, signal_trainer, wait_first_checkpoint, wait_rank0,
+    wait_status,
 };
 use serde_json::json;
 
@@ -32,18 +32,10 @@ async fn training(ns: &TestNamespace, job: &str, collective_timeout: u64) {
 
 /// When rank 0 completed its first step of `round` (its own report, through the pod proxy).
 async fn first_step_of_round(ns: &TestNamespace, job: &str, round: u64) -> Timestamp {
-    let pod = format!("{job}-0-0");
-    wait_for(
-        &format!("rank 0 stepping in round {round}"),
-        WAIT,
-        || async {
-            match rank0_progress(&ns.client, &ns.name, &pod).await {
-                Ok(p) if p.round == round => (p.attempt_first_step_time, format!("{p:?}")),
-                Ok(p) => (None, format!("round {}", p.round)),
-                Err(e) => (None, e),
-            }
-        },
-    )
+    let what = format!("rank 0 stepping in round {round}");
+    wait_rank0(ns, &format!("{job}-0-0"), &what, |p| {
+        p.attempt_first_step_time.filter(|_| p.round == round)
+    })
     .await
 }
 

@@ -205,8 +205,9 @@ async fn carry_out(
 ) -> Result<Action> {
     apply::delete_pods(ctx, owner, &decision.actions).await?;
     let uid = dt.uid().unwrap_or_default();
-    let progress_only = only_progress_changed(before, &decision.status);
-    if decision.status != *before && (!progress_only || ctx.progress_write_due(&uid, now)) {
+    if decision.status != *before
+        && (!only_progress_changed(before, &decision.status) || ctx.progress_write_due(&uid, now))
+    {
         apply::status(ctx, dt, owner, decision.status.clone()).await?;
         ctx.wrote_status(&uid, now);
         record_status_metrics(ctx, dt, before, &decision.status, now);

@@ -97,14 +97,18 @@ impl<'a, 'o> Decider<'a, 'o> {
         census
     }
 
-    /// A pod being deleted (not for a lost node) whose launcher the deletion's signal ended
-    /// (exit code 128 + n, or none): replaced alone when in-place restarts allow it, like a
-    /// pod still terminating. A pod that exited with its own error is a failure all the same.
-    fn leaving(&self, pod: &PodView, t: &Termination) -> bool {
+    /// A pod being deleted, not for a lost node, that in-place restarts replace alone.
+    fn going_away(&self, pod: &PodView) -> bool {
         pod.deleting_since.is_some()
             && pod.node_lost_since.is_none()
-            && t.exit_code.is_none_or(|c| c >= 128)
             && self.replaceable(pod.node_rank)
+    }
+
+    /// A pod [going away](Self::going_away) whose launcher the deletion's signal ended (exit
+    /// code 128 + n, or none): replaced alone like one still terminating. A pod that exited
+    /// with its own error is a failure all the same.
+    fn leaving(&self, pod: &PodView, t: &Termination) -> bool {
+        self.going_away(pod) && t.exit_code.is_none_or(|c| c >= 128)
     }
 
     /// A pod that runs or waits: deleted, on a lost node, or not starting in time?
@@ -113,7 +117,7 @@ impl<'a, 'o> Decider<'a, 'o> {
         if pod.state == PodState::Running {
             census.running += 1;
         }
-        if pod.deleting_since.is_some() && pod.node_lost_since.is_none() && self.replaceable(rank) {
+        if self.going_away(pod) {
             census.replacing.push(rank);
         } else if let Some(since) = pod.deleting_since {
             let message = "pod is being deleted".to_string();
