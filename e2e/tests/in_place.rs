@@ -145,3 +145,51 @@ async fn a_deleted_pod_is_replaced_alone_and_training_resumes() {
         "{f:?}"
     );
 }
+
+#[tokio::test]
+#[ignore = "needs a cluster with the operator and the trainer image (scripts/e2e.sh)"]
+async fn node_0s_deleted_pod_is_replaced_alone_and_the_others_join_its_new_store() {
+    let ns = TestNamespace::create("replace0").await;
+    training(&ns, "replace0", 30).await;
+    let gang = uids(&ns, "replace0").await;
+    let deleted = Timestamp::now();
+    ns.pods()
+        .delete("replace0-0-0", &Default::default())
+        .await
+        .unwrap();
+    // The replacement of node 0 starts round 1 (where node 1 left off), with node 1.
+    let stepped = wait_rank0(&ns, "replace0-0-0", "rank 0 stepping in round 1", |p| {
+        p.attempt_first_step_time
+            .filter(|_| p.round == 1)
+            .map(|t| (t, p.resumed_from_step))
+    })
+    .await;
+    println!(
+        "node 0's pod deleted -> its replacement's first step in round 1: {:.1} s (resumed from step {:?})",
+        stepped.0.duration_since(deleted).as_secs_f64(),
+        stepped.1
+    );
+    assert!(stepped.1.is_some(), "resumed from the checkpoint");
+    let now = uids(&ns, "replace0").await;
+    assert_eq!(
+        now.get("replace0-0-1"),
+        gang.get("replace0-0-1"),
+        "rank 1's pod kept"
+    );
+    assert_ne!(
+        now.get("replace0-0-0"),
+        gang.get("replace0-0-0"),
+        "rank 0's pod replaced"
+    );
+    let counted = wait_status(&ns.jobs(), "replace0", "running again", WAIT, |s| {
+        s.phase == Phase::Running && s.restarts == 1
+    })
+    .await;
+    assert_eq!(counted.attempt, 0, "the same attempt");
+    let f = counted.last_failure.clone().expect("the failure");
+    assert_eq!(
+        (f.reason.as_str(), f.node_rank),
+        ("PodLeaving", Some(0)),
+        "{f:?}"
+    );
+}

@@ -272,6 +272,39 @@ esac"#,
 }
 
 #[test]
+fn losing_node_0s_pod_the_survivor_waits_for_its_replacement_and_joins_its_store() {
+    let g = Gang::new(
+        r#"case "$FERROTRAIN_ROUND" in
+  0) exec sleep 30;;
+  *) sleep 0.3; exit 0;;
+esac"#,
+    );
+    let mut n0 = g.node(0, 3);
+    let mut n1 = g.node(1, 3);
+    wait_exists(&g, "start-1-0");
+    // Node 0's pod is deleted: its launcher, which hosts the store, leaves at once.
+    // SAFETY: signalling the launcher this test started.
+    unsafe {
+        libc::kill(n0.pid(), libc::SIGTERM);
+    }
+    assert_eq!(n0.wait(Duration::from_secs(10)).code(), Some(143));
+    // Its replacement serves a new store at the same address; node 1 never exited.
+    std::thread::sleep(Duration::from_millis(500));
+    let mut replacement = g.node(0, 3);
+    let within = Duration::from_secs(60);
+    assert_eq!(
+        (replacement.wait(within).code(), n1.wait(within).code()),
+        (Some(0), Some(0)),
+        "replacement:\n{}\nnode 1:\n{}",
+        replacement.log(),
+        n1.log()
+    );
+    // The round numbers go on: both trained in round 1, in the new store.
+    assert!(g.exists("start-0-1") && g.exists("start-1-1"));
+    assert!(n1.log().contains("waiting up to"), "{}", n1.log());
+}
+
+#[test]
 fn a_rank_stopped_for_two_seconds_ends_the_round_before_any_collective_timeout() {
     // Rank 0 would wait for ever; rank 1 stops itself. Its own launcher notices.
     let g = Gang::new(

@@ -41,8 +41,9 @@ impl<'a, 'o> Decider<'a, 'o> {
         let replicas = self.o.spec.replicas.max(1);
         // Elastic: enough pods run for the gang to train without the others (their launchers
         // decided so after elastic.waitSeconds); the missing ones wait for capacity.
-        let trains_without_some =
-            self.o.spec.min_replicas() < replicas && census.running >= self.o.spec.min_replicas();
+        let trains_without_some = self.o.spec.min_replicas() < replicas
+            && census.running >= self.o.spec.min_replicas()
+            && !census.replacing.contains(&0);
         if !census.replacing.is_empty() && !trains_without_some {
             self.replace_pods(&census.replacing, census.gone);
         } else if census.succeeded == replicas {
@@ -76,7 +77,7 @@ impl<'a, 'o> Decider<'a, 'o> {
         };
         for rank in 0..replicas {
             let Some(&pod) = by_rank.get(&rank) else {
-                if self.replaceable(rank) {
+                if self.replaceable() {
                     census.replacing.push(rank);
                     census.gone.push(rank);
                     continue;
@@ -99,9 +100,7 @@ impl<'a, 'o> Decider<'a, 'o> {
 
     /// A pod being deleted, not for a lost node, that in-place restarts replace alone.
     fn going_away(&self, pod: &PodView) -> bool {
-        pod.deleting_since.is_some()
-            && pod.node_lost_since.is_none()
-            && self.replaceable(pod.node_rank)
+        pod.deleting_since.is_some() && pod.node_lost_since.is_none() && self.replaceable()
     }
 
     /// A pod [going away](Self::going_away) whose launcher the deletion's signal ended (exit
@@ -133,7 +132,8 @@ impl<'a, 'o> Decider<'a, 'o> {
             (f.at, f.killed) = (Some(since), true);
             let at = since + signed(self.o.timing.node_lost_grace);
             let elastic = self.o.spec.min_replicas() < self.o.spec.replicas.max(1);
-            if self.now() >= at && elastic && self.replaceable(rank) {
+            // Not node 0's pod: behind a partition it could still host a gang of its own.
+            if self.now() >= at && elastic && rank != 0 && self.replaceable() {
                 // The others train on without it; it is deleted (force-deleted after the
                 // grace) and created again where it fits.
                 self.actions

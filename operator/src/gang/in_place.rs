@@ -62,12 +62,17 @@ impl<'a, 'o> Decider<'a, 'o> {
             _ => "a rank".to_string(),
         };
         let max = self.o.spec.restart_policy.max_restarts.max(0);
+        let kept = if info.reason == reason::POD_LEAVING {
+            "its pod is replaced alone, the others are kept"
+        } else {
+            "the pods and their nodes are kept"
+        };
         self.event(
             true,
             reason::RESTARTED_IN_PLACE,
             format!(
                 "{who}: {}: every rank restarted in place as round {next} of attempt {attempt} \
-                 (restart {}/{max}; the pods and their nodes are kept)",
+                 (restart {}/{max}; {kept})",
                 info.message, self.status.restarts
             ),
         );
@@ -123,11 +128,37 @@ impl<'a, 'o> Decider<'a, 'o> {
 }
 
 impl<'a, 'o> Decider<'a, 'o> {
-    /// A lost pod of rank `rank` is replaced alone when the launchers restart in place and it
-    /// is not node 0's, whose launcher hosts the rendezvous store (losing it restarts the
-    /// gang, as does a pod on a lost node, which may still run behind a partition).
-    pub(super) fn replaceable(&self, rank: i32) -> bool {
-        self.o.spec.restarts_in_place() && rank != 0
+    /// A pod that goes away (deleted, evicted, drained) is replaced alone when the launchers
+    /// restart in place, node 0's too: the others wait for its replacement's store.
+    pub(super) fn replaceable(&self) -> bool {
+        self.o.spec.restarts_in_place()
+    }
+
+    /// Node 0's pod went away: its launcher, which rules on every round, cannot say how
+    /// the round ended, so the operator counts it (once per loss: the Running condition
+    /// names the pods being replaced).
+    fn node0_left(&mut self, pod: &str) {
+        let listed = self.status.condition(condition::RUNNING).is_some_and(|c| {
+            c.reason == reason::POD_REPLACED && c.message.split([' ', ',']).any(|word| word == pod)
+        });
+        if listed {
+            return;
+        }
+        let now = self.now();
+        let end = RoundEnd {
+            round: self.status.round.max(0) as u64,
+            end: ferrotrain_api::recovery::AttemptEnd {
+                cause: EndCause::Failure,
+                reason: reason::POD_LEAVING.to_string(),
+                rank: Some(0),
+                exit_code: None,
+                node: None,
+                failed_at: now,
+                detected_at: now,
+            },
+            message: "node 0's pod went away (deleted, evicted or drained); the other launchers wait for its replacement's rendezvous store".into(),
+        };
+        self.restarted_in_place(&end);
     }
 
     /// Pods of `replacing` went away: those already `gone` are created again under their
@@ -144,6 +175,9 @@ impl<'a, 'o> Decider<'a, 'o> {
             "attempt {attempt}: pod {} went away and is replaced alone; the other pods keep running and their launchers wait for it",
             pods.join(", ")
         );
+        if replacing.contains(&0) {
+            self.node0_left(&crate::labels::pod_name(self.o.job, attempt, 0));
+        }
         let known = self
             .status
             .condition(condition::RUNNING)

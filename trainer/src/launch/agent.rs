@@ -20,8 +20,9 @@
 //!
 //! The ranks' own keys live under `round/<r>/` (see dist::Rendezvous). A permanent failure
 //! (exit 2, 3, 4) ends every agent (the pod fails and the operator fails the job); so does
-//! running out of `--max-restarts`, which counts rounds. Losing node 0's agent (its pod) ends
-//! every agent with a retryable code: the operator then restarts the gang.
+//! running out of `--max-restarts`, which counts rounds. Losing node 0's agent (its pod
+//! deleted, evicted or drained) does not end the others: they wait for its replacement's
+//! store and join its first round (see rejoin.rs).
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -36,6 +37,7 @@ use super::group::{GroupOutcome, RankFailure, Spawn, start_group};
 use super::ledger::Ledger;
 use super::local::sleep_unless_signalled;
 use super::members::{self, Members};
+use super::rejoin;
 use super::watch::{Grower, Watcher};
 use crate::dist::auth::Auth;
 use crate::dist::store::{StoreClient, StoreServer};
@@ -65,6 +67,10 @@ pub fn run(args: &LaunchArgs, l: &Launch) -> Result<i32, LaunchError> {
     Ok(code)
 }
 
+/// How long a survivor tries to reach node 0's store after its ranks stopped before it takes
+/// the store for gone with node 0.
+const STORE_GONE_AFTER: Duration = Duration::from_secs(2);
+
 /// How long an agent whose gang another node failed for good waits before its pod ends.
 const COLLATERAL_PAUSE: Duration = Duration::from_secs(2);
 
@@ -87,6 +93,9 @@ struct Agent<'a> {
     members: Option<Members>,
     /// The gang ended for another node's permanent failure.
     collateral: bool,
+    /// The identity of the store this agent joined (node 0's pod), to tell its replacement's
+    /// apart from it.
+    store_id: Option<Vec<u8>>,
 }
 
 impl<'a> Agent<'a> {
@@ -112,8 +121,17 @@ impl<'a> Agent<'a> {
         } else {
             args.master_addr.clone()
         };
-        let client =
+        let mut client =
             StoreClient::connect(&host, args.master_port, &auth, deadline).map_err(store_err)?;
+        let id = std::env::var("POD_UID")
+            .ok()
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(crate::dist::auth::random_token);
+        if args.node_rank == 0 {
+            client
+                .set(rejoin::STORE_ID, id.as_bytes())
+                .map_err(store_err)?;
+        }
         let outs: Vec<_> = args.recovery_file.iter().cloned().collect();
         let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_string())
@@ -139,12 +157,10 @@ impl<'a> Agent<'a> {
             ledger: Ledger::new(&l.logs, outs),
             hostname,
             ends: Vec::new(),
-            id: std::env::var("POD_UID")
-                .ok()
-                .filter(|u| !u.is_empty())
-                .unwrap_or_else(crate::dist::auth::random_token),
+            id,
             members: None,
             collateral: false,
+            store_id: None,
         })
     }
 
@@ -157,16 +173,29 @@ impl<'a> Agent<'a> {
     }
 
     /// A fresh connection (the store drops one idle for 10 minutes, and a training round is
-    /// usually longer).
+    /// usually longer), to the store this agent joined: one that node 0's replacement serves
+    /// at the same address already is an error, which makes the agent join it anew.
     fn reconnect(&mut self) -> crate::error::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        self.client =
+        self.reconnect_within(Duration::from_secs(10))
+    }
+
+    fn reconnect_within(&mut self, within: Duration) -> crate::error::Result<()> {
+        let deadline = Instant::now() + within;
+        let mut client =
             StoreClient::connect(&self.host, self.args.master_port, &self.auth, deadline)?;
+        if let Some(joined) = &self.store_id
+            && client.try_get(rejoin::STORE_ID, Duration::ZERO)?.as_ref() != Some(joined)
+        {
+            return Err(crate::error::TrainError::Distributed(
+                "node 0's store was replaced (node 0's pod was lost)".into(),
+            ));
+        }
+        self.client = client;
         Ok(())
     }
 
     fn rounds(&mut self) -> i32 {
-        let mut round = match self.joining_round() {
+        let mut round = match self.joining_round(0) {
             Ok(round) => round,
             Err(e) => return self.give_up(&format!("agent: joining: {e}"), exit::RETRYABLE),
         };
@@ -176,6 +205,17 @@ impl<'a> Agent<'a> {
         loop {
             let outcome = match self.one_round(round) {
                 Ok(outcome) => outcome,
+                // The store may be gone with node 0: wait for its replacement.
+                Err(e) if self.node() != 0 && failed < u64::from(self.args.max_restarts) => {
+                    failed += 1;
+                    match self.rejoin(round, &e.to_string(), false) {
+                        Ok(next) => {
+                            round = next;
+                            continue;
+                        }
+                        Err(e) => return self.give_up(&format!("agent: {e}"), exit::RETRYABLE),
+                    }
+                }
                 Err(e) => {
                     return self.give_up(&format!("agent: round {round}: {e}"), exit::RETRYABLE);
                 }
@@ -205,6 +245,17 @@ impl<'a> Agent<'a> {
             }
             if let Some(code) = self.last_round(round, failed, &verdict) {
                 return code;
+            }
+            if verdict.node == Some(0) && verdict.reason == blame::POD_LEAVING && self.node() != 0 {
+                // Node 0's pod goes away, and its store with it.
+                failed += 1;
+                match self.rejoin(round, &verdict.message, true) {
+                    Ok(next) => {
+                        round = next;
+                        continue;
+                    }
+                    Err(e) => return self.give_up(&format!("agent: {e}"), exit::RETRYABLE),
+                }
             }
             tracing::warn!(
                 "agent: round {round} ended: {}: {}; restarting in place",
@@ -271,15 +322,48 @@ impl<'a> Agent<'a> {
         }
     }
 
-    /// The round to join: 0 for a new gang; for a pod that replaces a lost one (or an agent
-    /// that restarted), the round the others are about to start: the one after the last
-    /// round that failed (waiting for its verdict), else the current one, whose barrier
-    /// waits for this node.
-    fn joining_round(&mut self) -> crate::error::Result<u64> {
+    /// Round `round` ended with node 0's store (`why`): waits for a store at node 0's
+    /// address (not the lost one when `lost`, as when node 0 said it leaves) and joins it.
+    fn rejoin(&mut self, round: u64, why: &str, lost: bool) -> crate::error::Result<u64> {
+        let timeout = self.rendezvous_timeout();
+        tracing::warn!(
+            "agent: round {round}: {why}; waiting up to {:.0} s for node 0's store at {}:{}",
+            timeout.as_secs_f64(),
+            self.host,
+            self.args.master_port
+        );
+        let lost = self.store_id.take().filter(|_| lost);
+        let deadline = Instant::now() + timeout;
+        self.client = rejoin::reach(
+            &self.host,
+            self.args.master_port,
+            &self.auth,
+            lost.as_deref(),
+            deadline,
+        )?;
+        self.joining_round(round + 1)
+    }
+
+    /// The round to join. Node 0 starts where the others left off (0 for a new gang; see
+    /// rejoin.rs). Any other node says where it would go on (`next`), then joins the round
+    /// node 0 runs: for a pod that replaces a lost one (or a survivor of node 0's loss), the
+    /// one after the last round that failed (waiting for its verdict), else the current one,
+    /// whose barrier waits for this node.
+    fn joining_round(&mut self, next: u64) -> crate::error::Result<u64> {
         self.reconnect()?;
-        let Some(current) = self.client.try_get("agent/round", Duration::ZERO)? else {
-            return Ok(0);
-        };
+        if self.node() == 0 {
+            let elastic = self.args.min_nodes.is_some_and(|m| m < self.args.nnodes);
+            let wait = if elastic {
+                Duration::from_secs_f64(self.args.elastic_wait_seconds.max(0.0))
+            } else {
+                self.rendezvous_timeout()
+            };
+            return rejoin::first_round(&mut self.client, self.args.nnodes, wait);
+        }
+        let node = self.node();
+        rejoin::post(&mut self.client, node, next)?;
+        let current = self.client.get("agent/round", self.rendezvous_timeout())?;
+        self.store_id = self.client.try_get(rejoin::STORE_ID, Duration::ZERO)?;
         let round: u64 = String::from_utf8_lossy(&current).parse().unwrap_or(0);
         let failed = format!("agent/{round}/failed");
         if self.client.try_get(&failed, Duration::ZERO)?.is_none() {
@@ -367,7 +451,9 @@ impl<'a> Agent<'a> {
             | GroupOutcome::PeerFailed { .. }
             | GroupOutcome::Frozen { .. } => {}
         }
-        self.reconnect()?;
+        // Briefly: a store that does not answer at once went with node 0 (a connection to
+        // its vanished address would hang), and the agent goes to wait for its replacement.
+        self.reconnect_within(STORE_GONE_AFTER)?;
         let own = report.failure.is_some() || matches!(outcome, GroupOutcome::Frozen { .. });
         if own && self.client.add(&format!("agent/{round}/failures"), 1)? == 1 {
             self.client.set(
@@ -431,6 +517,13 @@ impl<'a> Agent<'a> {
                     &format!("agent/{round}/failed"),
                     self.node().to_string().as_bytes(),
                 )?;
+            }
+            if self.node() == 0 {
+                // Nobody else can rule: the others learn at once that node 0 leaves.
+                let verdict =
+                    blame::verdict(round, &[report.clone()], &self.args.permanent_exit_codes);
+                let json = serde_json::to_vec(&verdict).expect("a verdict serializes");
+                self.client.set(&format!("agent/{round}/verdict"), &json)?;
             }
             Ok(())
         });
@@ -525,7 +618,9 @@ impl<'a> Agent<'a> {
         }
         let arrived = self.client.add("agent/done", 1).unwrap_or(0);
         let expected = self.members.as_ref().map_or(self.args.nnodes, Members::len);
-        if self.node() == 0 && (arrived as usize) < expected {
+        // A signalled node 0 leaves at once: the others go on with its replacement.
+        let signalled = code > 128;
+        if self.node() == 0 && !signalled && (arrived as usize) < expected {
             let deadline = Instant::now() + FAREWELL;
             while Instant::now() < deadline {
                 match self.client.add("agent/done", 0) {

@@ -58,6 +58,9 @@ pub struct Verdict {
     pub secondary: usize,
 }
 
+/// The reason of a round a node's launcher ended because its pod goes away.
+pub const POD_LEAVING: &str = "PodLeaving";
+
 /// The reason of a round node 0 ended so that the gang grows back (not a failure).
 pub const RESIZED: &str = "Resized";
 
@@ -128,7 +131,7 @@ pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32]) -> Verdict
         .min_by_key(|(_, f)| (f.seen_at, f.rank))
         .copied();
     if let Some(hit) = leaving {
-        return blame(hit, "PodLeaving");
+        return blame(hit, POD_LEAVING);
     }
     if let Some(hit) = earliest(&|f| killed(f.code)) {
         return blame(hit, "Killed");

@@ -22,6 +22,7 @@ mod group;
 mod ledger;
 mod local;
 mod members;
+mod rejoin;
 mod watch;
 
 use ferrotrain_api::env;

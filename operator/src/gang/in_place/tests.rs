@@ -221,13 +221,64 @@ fn a_deleted_pod_is_replaced_alone_and_the_others_are_left_running() {
 }
 
 #[test]
-fn losing_node_0s_pod_or_restarting_the_gang_by_choice_recreates_the_gang() {
+fn losing_node_0s_pod_replaces_it_alone_and_counts_one_restart() {
     use crate::fixtures::running_status;
-    // Node 0's launcher hosts the store: its loss restarts the gang.
-    let d = run(&Row {
+    // Node 0's pod is gone: the others' launchers wait for its replacement's store.
+    let gone = run(&Row {
         spec: in_place_spec,
         status: running_status(0, 0),
         pods: vec![running(0, 1)],
+        now: 100,
+        ..Row::default()
+    });
+    let s = &gone.status;
+    assert_eq!(
+        (s.phase, s.attempt, s.restarts, s.round),
+        (Phase::Starting, 0, 1, 1)
+    );
+    assert_eq!(s.restarts_by_cause.get("PodLeaving"), Some(&1));
+    assert_eq!(s.last_failure.as_ref().unwrap().node_rank, Some(0));
+    assert_eq!(
+        gone.actions,
+        [Action::Launch {
+            attempt: 0,
+            node_ranks: vec![0]
+        }]
+    );
+    // Looked at again before the replacement exists: counted once.
+    let again = run(&Row {
+        spec: in_place_spec,
+        status: gone.status.clone(),
+        pods: vec![running(0, 1)],
+        now: 101,
+        ..Row::default()
+    });
+    assert_eq!((again.status.restarts, again.status.round), (1, 1));
+    assert!(again.events.is_empty(), "said once: {:?}", again.events);
+    // The replacement runs: the same attempt runs again.
+    let back = run(&Row {
+        spec: in_place_spec,
+        status: again.status.clone(),
+        pods: vec![running(0, 0), running(0, 1)],
+        now: 110,
+        ..Row::default()
+    });
+    assert_eq!(
+        (back.status.phase, back.status.attempt, back.status.restarts),
+        (Phase::Running, 0, 1)
+    );
+}
+
+#[test]
+fn node_0_on_a_lost_node_or_restarting_the_gang_by_choice_recreates_the_gang() {
+    use crate::fixtures::{node_lost, running_status};
+    // Behind a partition node 0 could still host a gang of its own: not replaced alone,
+    // even where the others may train without a pod.
+    let d = run(&Row {
+        spec: elastic_spec,
+        status: three_running(),
+        pods: vec![node_lost(running(0, 0), 0), running(0, 1), running(0, 2)],
+        now: 100,
         ..Row::default()
     });
     assert_eq!((d.status.phase, d.status.restarts), (Phase::Restarting, 1));
