@@ -22,6 +22,9 @@ use serde::{Deserialize, Serialize};
 use crate::config::TrainerConfig;
 use crate::progress::Progress;
 
+mod network;
+pub use network::{NetworkPolicySpec, PortRange};
+
 /// API group of the resource.
 pub const GROUP: &str = "ferrotrain.dev";
 /// API version of the resource.
@@ -149,6 +152,11 @@ pub struct DistributedTrainingSpec {
     /// How the gang is scheduled all-or-nothing (docs/scheduling.md).
     #[serde(default)]
     pub scheduling: SchedulingSpec,
+
+    /// Who may reach the gang's pods: a NetworkPolicy per job, on by default, and the pods'
+    /// listening ports pinned to a declared range (docs/security.md).
+    #[serde(default)]
+    pub network_policy: NetworkPolicySpec,
 
     /// The Kueue LocalQueue that admits the job (as the `kueue.x-k8s.io/queue-name` label
     /// of the job does): the pods carry it and wait, Queued, until Kueue admits the gang.
@@ -758,6 +766,7 @@ pub fn custom_resource_definition()
             let mut value = serde_json::to_value(&*schema).expect("schema serializes");
             kubernetes_integer_formats(&mut value);
             trim_volume_descriptions(&mut value);
+            trim_network_peer_descriptions(&mut value);
             readable_descriptions(&mut value);
             *schema = serde_json::from_value(value).expect("schema deserializes");
         }
@@ -774,16 +783,6 @@ pub fn custom_resource_definition()
 /// the 256 KiB that client-side `kubectl apply` can store. Each volume source keeps its own
 /// description; the fields inside it are documented by `kubectl explain pod.spec.volumes`.
 fn trim_volume_descriptions(schema: &mut serde_json::Value) {
-    fn strip(v: &mut serde_json::Value) {
-        match v {
-            serde_json::Value::Object(map) => {
-                map.remove("description");
-                map.values_mut().for_each(strip);
-            }
-            serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
-            _ => {}
-        }
-    }
     let volumes = schema
         .pointer_mut("/properties/spec/properties/podTemplate/properties/volumes")
         .expect("spec.podTemplate.volumes is in the schema");
@@ -800,11 +799,36 @@ fn trim_volume_descriptions(schema: &mut serde_json::Value) {
     {
         for source in sources.values_mut() {
             let description = source.get("description").cloned();
-            strip(source);
+            strip_descriptions(source);
             if let Some(d) = description {
                 source["description"] = d;
             }
         }
+    }
+}
+
+/// The NetworkPolicy peers and egress rules of spec.networkPolicy keep the descriptions of
+/// their two fields only: `kubectl explain networkpolicy.spec.ingress.from` and
+/// `networkpolicy.spec.egress` document what is inside (the CRD stays well under the 256 KiB
+/// client-side apply can store).
+fn trim_network_peer_descriptions(schema: &mut serde_json::Value) {
+    for field in ["metricsFrom", "egressTo"] {
+        let path = format!("/properties/spec/properties/networkPolicy/properties/{field}/items");
+        if let Some(items) = schema.pointer_mut(&path) {
+            strip_descriptions(items);
+        }
+    }
+}
+
+/// Removes every description under `v` (itself included).
+fn strip_descriptions(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(map) => {
+            map.remove("description");
+            map.values_mut().for_each(strip_descriptions);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(strip_descriptions),
+        _ => {}
     }
 }
 

@@ -77,6 +77,12 @@ pub const FERROTRAIN_STORE_HOSTED: &str = "FERROTRAIN_STORE_HOSTED";
 /// Set by the launcher in in-place mode: where node 0's launcher keeps the rounds' ledger
 /// (JSON `Recovery`), which rank 0 serves in its progress report.
 pub const FERROTRAIN_ROUNDS_FILE: &str = "FERROTRAIN_ROUNDS_FILE";
+/// The ports a rank's listeners other than the store and progress may use, `first-last`
+/// (the job's NetworkPolicy allows only these): the TCP ring binds inside it.
+pub const FERROTRAIN_PORT_RANGE: &str = "FERROTRAIN_PORT_RANGE";
+/// Set by the launcher in in-place mode: where node 0's launcher, which hosts the rendezvous
+/// store, counts the connections it refused (JSON, reason -> count); rank 0 serves them.
+pub const FERROTRAIN_REFUSED_FILE: &str = "FERROTRAIN_REFUSED_FILE";
 /// The program each local rank runs (tests and wrappers; default: ferrotrain itself).
 pub const FERROTRAIN_RANK_PROGRAM: &str = "FERROTRAIN_RANK_PROGRAM";
 

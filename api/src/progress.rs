@@ -108,6 +108,11 @@ pub struct Progress {
     /// in-place restart; docs/distributed.md).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub round: u64,
+    /// Connections refused by the rendezvous store and rank 0's ring listener since they
+    /// started, by reason (bad_token, not_ferrotrain, wrong_channel, handshake, bad_frame,
+    /// too_many_connections): something other than this job's ranks connects (docs/security.md).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub rejected_connections: std::collections::BTreeMap<String, u64>,
     /// In-place restarts: how each earlier round of this attempt ended, as node 0's launcher
     /// recorded it. For the operator's recovery ledger; not kept in the status as such.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -182,6 +182,9 @@ pub const QUEUE_TIMEOUT: &str = "QueueTimeout";
 /// the GenericWorkload gate is off on it although the API is served.
 pub const SCHEDULING_GROUP_DROPPED: &str = "SchedulingGroupDropped";
 
+/// Event: the gang's rendezvous store or ring refused 10, 100, 1000, ... connections.
+pub const REJECTED_CONNECTIONS: &str = "RejectedConnections";
+
 #[cfg(test)]
 mod tests {
     /// docs/reasons.md is where users look a reason up: it has a row for every one.

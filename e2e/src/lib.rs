@@ -83,6 +83,19 @@ impl TestNamespace {
             .unwrap_or_else(|e| panic!("creating job {name}: {e}"))
     }
 
+    /// The events about object `name` of this namespace: (reason, message).
+    pub async fn events_of(&self, name: &str) -> Vec<(String, String)> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &self.name);
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .expect("listing events");
+        list.into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some(name))
+            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+            .collect()
+    }
+
     /// Creates a ReadWriteOnce claim of 1Gi in the default storage class (kind's local-path
     /// provisioner binds it when the first pod using it is scheduled).
     pub async fn create_checkpoint_claim(&self, name: &str) {

@@ -92,6 +92,7 @@ async fn the_operators_service_account_can_do_its_work_and_nothing_beside_it() {
         ("create", "services", jobs_ns),
         ("patch", "configmaps", jobs_ns),
         ("create", "secrets", jobs_ns),
+        ("patch", "networkpolicies.networking.k8s.io", jobs_ns),
         ("create", "events.events.k8s.io", jobs_ns),
         ("watch", "nodes", None),
         ("create", "podgroups.scheduling.k8s.io", jobs_ns),
@@ -128,6 +129,8 @@ async fn the_operators_service_account_can_do_its_work_and_nothing_beside_it() {
             None,
         ),
         ("delete", "namespaces", None),
+        // A job's policy goes with the job (garbage collection), never by the operator's hand.
+        ("delete", "networkpolicies.networking.k8s.io", jobs_ns),
         ("update", "leases.coordination.k8s.io", Some("kube-system")),
         (
             "update",

@@ -159,6 +159,12 @@ pub async fn gang(ctx: &Context, owner: &Owner, objects: &GangObjects) -> Result
     if let Some(conflict) = create(ctx, owner, &objects.secret).await? {
         return Ok(conflict);
     }
+    // Before any pod: a pod is never reachable by strangers, not even for a moment.
+    if let Some(policy) = &objects.network_policy
+        && let Some(conflict) = server_side_apply(ctx, owner, policy).await?
+    {
+        return Ok(conflict);
+    }
     if let Some(group) = &objects.group
         && let Some(conflict) = create_group(ctx, owner, group).await?
     {
@@ -376,6 +382,7 @@ fn static_kind<K: Resource<DynamicType = ()>>() -> &'static str {
         "ConfigMap" => "ConfigMap",
         "Secret" => "Secret",
         "Pod" => "Pod",
+        "NetworkPolicy" => "NetworkPolicy",
         _ => "object",
     }
 }

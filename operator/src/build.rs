@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
     EnvVar, EnvVarSource, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod,
     PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile, Secret, SecretKeySelector,
-    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    SecurityContext, Service, ServicePort, ServiceSpec, Sysctl, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -17,6 +17,9 @@ use kube::{Resource, ResourceExt};
 
 use crate::labels;
 use crate::scheduling::{self, GangMode, GroupObject};
+
+mod network;
+pub use network::OperatorPods;
 
 /// Volume names the operator uses itself.
 pub const RESERVED_VOLUMES: [&str; 5] = ["shm", "tmp", "trainer-config", "checkpoints", "data"];
@@ -42,6 +45,9 @@ pub struct BuildSettings {
     pub restarts_left: i32,
     /// How the job's pods are scheduled all-or-nothing (scheduling::mode).
     pub gang: GangMode,
+    /// The operator's own pods, which poll rank 0's progress (the job's NetworkPolicy lets
+    /// them in); None: unknown, and the progress port stays open to every pod.
+    pub operator_pods: Option<OperatorPods>,
 }
 
 /// How the pod's launcher restarts its ranks: in place, up to the restarts left, with the
@@ -163,6 +169,8 @@ pub struct GangObjects {
     /// None when the job runs its own command without a trainer config.
     pub config_map: Option<ConfigMap>,
     pub secret: Secret,
+    /// Who may reach the pods (spec.networkPolicy), applied before any pod exists.
+    pub network_policy: Option<k8s_openapi::api::networking::v1::NetworkPolicy>,
     /// The attempt's PodGroup (or Workload), created before its pods.
     pub group: Option<GroupObject>,
     pub pods: Vec<Pod>,
@@ -186,6 +194,7 @@ pub fn gang(
         service: service(owner, settings),
         config_map: config_map(owner, spec),
         secret: secret(owner, token),
+        network_policy: network_policy(owner, spec, settings),
         group: group_object(owner, spec, &settings.gang, attempt),
         pods: node_ranks
             .iter()
@@ -193,6 +202,26 @@ pub fn gang(
             .collect(),
         pod_fields: scheduling::native_pod_fields(&settings.gang, &group),
     }
+}
+
+/// Who may reach the job's pods (docs/security.md); None when spec.networkPolicy is off.
+pub fn network_policy(
+    owner: &Owner,
+    spec: &DistributedTrainingSpec,
+    s: &BuildSettings,
+) -> Option<k8s_openapi::api::networking::v1::NetworkPolicy> {
+    let meta = owner.meta(labels::network_policy_name(&owner.name), BTreeMap::new());
+    let ports = network::GangPorts {
+        rendezvous: s.master_port,
+        progress: s.trainer_metrics_port,
+    };
+    network::policy(
+        &owner.name,
+        meta,
+        &spec.network_policy,
+        ports,
+        s.operator_pods.as_ref(),
+    )
 }
 
 /// The attempt's group object, labelled and owned like every child.
@@ -357,6 +386,13 @@ pub fn contract_env(
         env::FERROTRAIN_METRICS_PORT,
         s.trainer_metrics_port,
     ));
+    // The ring binds inside the range the job's NetworkPolicy names (and says so if it cannot).
+    if spec.network_policy.enabled {
+        vars.push(env_value(
+            env::FERROTRAIN_PORT_RANGE,
+            spec.network_policy.port_range.env_value(),
+        ));
+    }
     // The root file system is read-only; libraries that write to $HOME get the tmp volume.
     vars.push(env_value("HOME", "/tmp"));
     vars
@@ -400,7 +436,7 @@ pub fn pod(
     let env = pod_env(owner, spec, &template, attempt, node_rank, s);
     let container = trainer_container(spec, s, env, storage.mounts, storage.working_dir);
     let volumes = storage.volumes;
-    let security_context = pod_security_context(&template);
+    let security_context = pod_security_context(spec, &template);
 
     let group = scheduling::group_name(&owner.name, attempt);
     let mut pod = Pod {
@@ -718,8 +754,32 @@ fn trainer_container(
     }
 }
 
-/// The template's pod security context, else non-root 65532 with the default seccomp profile.
-fn pod_security_context(template: &PodTemplateOverrides) -> PodSecurityContext {
+/// The template's pod security context, else non-root 65532 with the default seccomp profile;
+/// with spec.networkPolicy, the ephemeral port range pinned to its portRange (a namespaced
+/// sysctl every kubelet allows since Kubernetes 1.29), so every listener the kernel places
+/// is one the policy names: the ring's, NCCL's, Gloo's.
+fn pod_security_context(
+    spec: &DistributedTrainingSpec,
+    template: &PodTemplateOverrides,
+) -> PodSecurityContext {
+    let mut context = default_security_context(template);
+    let np = &spec.network_policy;
+    if np.enabled {
+        let sysctls = context.sysctls.get_or_insert_with(Vec::new);
+        if !sysctls.iter().any(|s| s.name == PORT_RANGE_SYSCTL) {
+            sysctls.push(Sysctl {
+                name: PORT_RANGE_SYSCTL.into(),
+                value: np.port_range.sysctl_value(),
+            });
+        }
+    }
+    context
+}
+
+/// The sysctl that pins the ports the kernel picks (listeners bound to port 0 included).
+pub const PORT_RANGE_SYSCTL: &str = "net.ipv4.ip_local_port_range";
+
+fn default_security_context(template: &PodTemplateOverrides) -> PodSecurityContext {
     template
         .security_context
         .clone()

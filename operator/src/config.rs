@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use crate::build::OperatorPods;
 use crate::gang::Timing;
 
 /// ferrotrain's Kubernetes operator.
@@ -24,6 +25,20 @@ pub enum Command {
     Run(Box<Args>),
     /// Print the DistributedTraining CustomResourceDefinition as YAML.
     Crd,
+    /// Print the objects the operator would create for the first attempt of each
+    /// DistributedTraining in a file (a dry run; the same flags as `run` set the trainer
+    /// image, ports and the operator's own pods).
+    Render(Box<RenderArgs>),
+}
+
+/// Flags of `ferrotrain-operator render`.
+#[derive(Debug, clap::Args)]
+pub struct RenderArgs {
+    /// A YAML file with one or more DistributedTrainings ("-": standard input).
+    #[arg(long, short = 'f')]
+    pub file: std::path::PathBuf,
+    #[command(flatten)]
+    pub run: Args,
 }
 
 /// Log line format.
@@ -77,6 +92,16 @@ pub struct Args {
         default_value_t = defaults::TRAINER_METRICS_PORT
     )]
     pub trainer_metrics_port: u16,
+
+    /// Labels of the operator's own pods, `key=value,...`: each job's NetworkPolicy lets these
+    /// pods (in --pod-namespace) reach rank 0's progress port. Empty: the operator's
+    /// pods are not known (it runs outside the cluster) and the progress port stays open.
+    #[arg(long, env = "FERROTRAIN_OPERATOR_POD_LABELS", value_parser = parse_labels, default_value = "")]
+    pub pod_labels: std::collections::BTreeMap<String, String>,
+
+    /// Namespace of the operator's own pods (the Helm chart sets it from the downward API).
+    #[arg(long, env = "FERROTRAIN_OPERATOR_POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
 
     /// Seconds between polls of rank 0's /progress while a job runs.
     #[arg(
@@ -199,6 +224,8 @@ pub struct Settings {
     pub progress_write_interval: Duration,
     pub node_lost_grace: Duration,
     pub force_delete_grace: Duration,
+    /// The operator's own pods, for the jobs' NetworkPolicies (None: not known).
+    pub operator_pods: Option<OperatorPods>,
 }
 
 impl Default for Settings {
@@ -214,6 +241,7 @@ impl Default for Settings {
             progress_write_interval: Duration::from_secs(defaults::PROGRESS_WRITE_INTERVAL_SECONDS),
             node_lost_grace: Duration::from_secs(defaults::NODE_LOST_GRACE_SECONDS),
             force_delete_grace: Duration::from_secs(defaults::FORCE_DELETE_GRACE_SECONDS),
+            operator_pods: None,
         }
     }
 }
@@ -257,8 +285,32 @@ impl From<&Args> for Settings {
             progress_write_interval: Duration::from_secs(a.progress_write_interval_seconds),
             node_lost_grace: Duration::from_secs(a.node_lost_grace_seconds),
             force_delete_grace: Duration::from_secs(a.force_delete_grace_seconds),
+            operator_pods: operator_pods(a),
         }
     }
+}
+
+/// The operator's pods when both their labels and namespace are known.
+fn operator_pods(a: &Args) -> Option<OperatorPods> {
+    let namespace = a.pod_namespace.clone().filter(|n| !n.is_empty())?;
+    (!a.pod_labels.is_empty()).then(|| OperatorPods {
+        namespace,
+        labels: a.pod_labels.clone(),
+    })
+}
+
+/// `key=value,key=value` (empty: none).
+fn parse_labels(s: &str) -> Result<std::collections::BTreeMap<String, String>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| match pair.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => {
+                Ok((k.trim().to_string(), v.trim().to_string()))
+            }
+            _ => Err(format!("{pair:?} is not key=value")),
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -88,6 +88,7 @@ impl Context {
             termination_grace_seconds: 30,
             restarts_left: 0,
             gang: crate::scheduling::GangMode::Off,
+            operator_pods: self.settings.operator_pods.clone(),
         }
     }
 

@@ -101,7 +101,14 @@ pub async fn reconcile_at(
     let status = dt.status.clone().unwrap_or_default();
 
     let observed = observe_job(ctx, &owner, &status).await;
-    let problems = observe::spec_problems(&dt.spec);
+    let mut problems = observe::spec_problems(&dt.spec);
+    problems.extend(observe::port_problems(
+        &dt.spec,
+        &[
+            ("rendezvous", ctx.settings.master_port),
+            ("progress", ctx.settings.trainer_metrics_port),
+        ],
+    ));
     let timing = ctx.timing();
     let gang_mode = scheduling::mode(
         &dt.spec,

@@ -268,6 +268,7 @@ pub fn build_settings() -> BuildSettings {
         termination_grace_seconds: 70,
         restarts_left: 10,
         gang: crate::scheduling::GangMode::Off,
+        operator_pods: None,
     }
 }
 

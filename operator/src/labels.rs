@@ -35,6 +35,11 @@ pub fn service_name(job: &str) -> String {
     job.to_string()
 }
 
+/// The job's NetworkPolicy (spec.networkPolicy).
+pub fn network_policy_name(job: &str) -> String {
+    job.to_string()
+}
+
 /// The ConfigMap holding the trainer config.
 pub fn config_map_name(job: &str) -> String {
     format!("{job}-config")

@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod observe;
 pub mod progress;
 pub mod readiness;
+pub mod render;
 pub mod report;
 pub mod scheduling;
 pub mod server;

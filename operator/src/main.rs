@@ -1,4 +1,5 @@
-//! `ferrotrain-operator run` (the controller) and `ferrotrain-operator crd` (the CRD YAML).
+//! `ferrotrain-operator run` (the controller), `ferrotrain-operator crd` (the CRD YAML) and
+//! `ferrotrain-operator render` (the objects of a job, without a cluster).
 
 use anyhow::Context as _;
 use clap::Parser;
@@ -16,6 +17,19 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => run(*args).await,
+        Command::Render(args) => {
+            let text = if args.file.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin()).context("reading standard input")?
+            } else {
+                std::fs::read_to_string(&args.file)
+                    .with_context(|| format!("reading {}", args.file.display()))?
+            };
+            let settings = ferrotrain_operator::config::Settings::from(&args.run);
+            let yaml = ferrotrain_operator::render::render(&text, &settings)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", args.file.display()))?;
+            print!("{yaml}");
+            Ok(())
+        }
     }
 }
 

@@ -269,6 +269,26 @@ pub fn spec_problems(spec: &DistributedTrainingSpec) -> Vec<String> {
     problems
 }
 
+/// The job's port range must leave out the operator's rendezvous and progress ports: as the
+/// pods' ephemeral range, the kernel could hand one of them to an outgoing connection, and
+/// the store or the progress server could then not bind it.
+pub fn port_problems(spec: &DistributedTrainingSpec, ports: &[(&str, u16)]) -> Vec<String> {
+    let np = &spec.network_policy;
+    if !np.enabled {
+        return Vec::new();
+    }
+    ports
+        .iter()
+        .filter(|(_, port)| np.port_range.contains(i32::from(*port)))
+        .map(|(what, port)| {
+            format!(
+                "spec.networkPolicy.portRange: {} holds the {what} port {port}; choose a range without it",
+                np.port_range.env_value()
+            )
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -549,5 +569,25 @@ mod tests {
         }]);
         let d = pod_view(&p, None).unwrap().disruption.unwrap();
         assert_eq!(d.reason, "WorkloadEvictedDueToPreempted");
+    }
+
+    #[test]
+    fn a_port_range_holding_the_rendezvous_or_progress_port_is_a_spec_problem() {
+        let spec = |np: serde_json::Value| -> DistributedTrainingSpec {
+            serde_json::from_value(serde_json::json!({"replicas": 2, "networkPolicy": np})).unwrap()
+        };
+        let ports = [("rendezvous", 29500), ("progress", 9090)];
+        let wide = spec(serde_json::json!({"portRange": {"first": 9000, "last": 30000}}));
+        let problems = port_problems(&wide, &ports);
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert_eq!(
+            problems[0],
+            "spec.networkPolicy.portRange: 9000-30000 holds the rendezvous port 29500; choose a range without it"
+        );
+        assert!(port_problems(&spec(serde_json::json!({})), &ports).is_empty());
+        let off = spec(
+            serde_json::json!({"enabled": false, "portRange": {"first": 9000, "last": 30000}}),
+        );
+        assert!(port_problems(&off, &ports).is_empty());
     }
 }

@@ -110,7 +110,9 @@ fn start_as_the_chart_does(
         let name = var["name"].as_str().unwrap();
         let value = match (name, var["value"].as_str()) {
             ("POD_NAME", _) => "ferrotrain-7d4b9c-abcde".to_string(),
-            ("POD_NAMESPACE", _) => RELEASE_NAMESPACE.to_string(),
+            ("POD_NAMESPACE" | "FERROTRAIN_OPERATOR_POD_NAMESPACE", _) => {
+                RELEASE_NAMESPACE.to_string()
+            }
             ("FERROTRAIN_OPERATOR_HTTP_ADDR", Some(addr)) => {
                 assert_eq!(addr, "0.0.0.0:8080", "the chart's listen address");
                 format!("127.0.0.1:{http_port}")

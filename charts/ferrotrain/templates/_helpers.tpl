@@ -30,10 +30,27 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
+{{/*
+An image reference: repository@digest when a digest is set (the tag is then ignored: the
+digest alone names the bytes), else repository:tag (the tag defaults to the chart's appVersion).
+Called with a dict: image (the values' image block), default (the default tag), what (the
+values key, for the error message).
+*/}}
+{{- define "ferrotrain.imageRef" -}}
+{{- with .image.digest -}}
+{{- if not (regexMatch "^sha256:[0-9a-f]{64}$" .) -}}
+{{- fail (printf "%s.digest must be sha256: and 64 lowercase hex digits, got %q" $.what .) -}}
+{{- end -}}
+{{- printf "%s@%s" $.image.repository . -}}
+{{- else -}}
+{{- printf "%s:%s" .image.repository (default .default .image.tag) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "ferrotrain.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- include "ferrotrain.imageRef" (dict "image" .Values.image "default" .Chart.AppVersion "what" "image") -}}
 {{- end -}}
 
 {{- define "ferrotrain.trainerImage" -}}
-{{- printf "%s:%s" .Values.trainerImage.repository (default .Chart.AppVersion .Values.trainerImage.tag) -}}
+{{- include "ferrotrain.imageRef" (dict "image" .Values.trainerImage "default" .Chart.AppVersion "what" "trainerImage") -}}
 {{- end -}}

@@ -84,6 +84,8 @@ fn env_contract_of_a_gpu_pod() {
         ("FERROTRAIN_CHECKPOINT_DIR", "/checkpoints"),
         ("FERROTRAIN_RDZV_TOKEN", "secret:mt-rdzv/token"),
         ("FERROTRAIN_METRICS_PORT", "9090"),
+        // The ports the job's NetworkPolicy names for the ring.
+        ("FERROTRAIN_PORT_RANGE", "41000-42999"),
         ("HOME", "/tmp"),
         // The user's extra variable, after the contract; their WORLD_SIZE is dropped.
         ("NCCL_DEBUG", "INFO"),
@@ -431,6 +433,49 @@ fn restricted_security_context() {
     );
     assert_eq!(spec.automount_service_account_token, Some(false));
     assert_eq!(spec.enable_service_links, Some(false));
+}
+
+#[test]
+fn the_pods_listeners_are_pinned_to_the_policys_port_range_unless_it_is_off() {
+    let built = |np: serde_json::Value, template: serde_json::Value| {
+        let dt = job().with_spec(serde_json::json!({
+            "replicas": 2, "networkPolicy": np, "podTemplate": template
+        }));
+        pod(&Owner::of(&dt).unwrap(), &dt.spec, 0, 1, &build_settings())
+    };
+    let sysctls = |p: &Pod| -> Vec<(String, String)> {
+        let psc = p.spec.as_ref().unwrap().security_context.as_ref().unwrap();
+        psc.sysctls
+            .iter()
+            .flatten()
+            .map(|s| (s.name.clone(), s.value.clone()))
+            .collect()
+    };
+    let range = |p: &Pod| {
+        env_of(p)
+            .into_iter()
+            .find(|(k, _)| k == "FERROTRAIN_PORT_RANGE")
+            .map(|(_, v)| v)
+    };
+    let p = built(serde_json::json!({}), serde_json::json!({}));
+    assert_eq!(
+        sysctls(&p),
+        [(PORT_RANGE_SYSCTL.to_string(), "41000 42999".to_string())]
+    );
+    assert_eq!(range(&p).as_deref(), Some("41000-42999"));
+    // A template's own security context keeps its sysctls; its own range wins.
+    let own = serde_json::json!({"securityContext": {"sysctls": [
+        {"name": "net.ipv4.tcp_keepalive_time", "value": "60"}
+    ]}});
+    let p = built(
+        serde_json::json!({"portRange": {"first": 50000, "last": 50999}}),
+        own,
+    );
+    assert_eq!(sysctls(&p).len(), 2);
+    assert_eq!(sysctls(&p)[1].1, "50000 50999");
+    let p = built(serde_json::json!({"enabled": false}), serde_json::json!({}));
+    assert!(sysctls(&p).is_empty());
+    assert_eq!(range(&p), None);
 }
 
 #[test]

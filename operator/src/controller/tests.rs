@@ -209,6 +209,10 @@ fn service_path() -> String {
     format!("/api/v1/namespaces/{NS}/services/{NAME}")
 }
 
+fn policy_path() -> String {
+    format!("/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies/{NAME}")
+}
+
 fn config_map_path() -> String {
     format!("/api/v1/namespaces/{NS}/configmaps/{NAME}-config")
 }
@@ -291,6 +295,17 @@ async fn first_reconcile_writes_status_then_creates_the_gang() {
                 assert_eq!(body["stringData"]["token"].as_str().unwrap().len(), 64);
             },
         ),
+        // Who may reach the pods, before any pod exists.
+        get_absent(&policy_path()),
+        call(Method::PATCH, &policy_path(), Answer::Echo, |body| {
+            assert_eq!(body["kind"], "NetworkPolicy");
+            assert_eq!(body["apiVersion"], "networking.k8s.io/v1");
+            assert_eq!(
+                body["spec"]["podSelector"]["matchLabels"]["ferrotrain.dev/job"],
+                NAME
+            );
+            assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], UID);
+        }),
         call(
             Method::POST,
             &format!("/api/v1/namespaces/{NS}/pods"),
@@ -337,6 +352,8 @@ async fn objects_that_already_exist_are_not_an_error() {
             |_| {},
         ),
         get_existing(&secret, "Secret", Some(UID)),
+        get_existing(&policy_path(), "NetworkPolicy", Some(UID)),
+        call(Method::PATCH, &policy_path(), Answer::Echo, |_| {}),
         // The pods are created at once: both POSTs leave before either answer's GET.
         call(
             Method::POST,
@@ -618,6 +635,8 @@ async fn a_failed_rank_restarts_the_whole_gang_once_even_from_a_stale_cache() {
             "Secret",
             Some(UID),
         ),
+        get_existing(&policy_path(), "NetworkPolicy", Some(UID)),
+        call(Method::PATCH, &policy_path(), Answer::Echo, |_| {}),
         call(
             Method::POST,
             &format!("/api/v1/namespaces/{NS}/pods"),

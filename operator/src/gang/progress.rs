@@ -27,6 +27,7 @@ impl<'a, 'o> Decider<'a, 'o> {
     fn store_report(&mut self, report: &Progress) {
         self.count_rounds(report);
         self.world_size(report);
+        self.refused_connections(report);
         let now = self.now();
         let rounded = report::rounded(report);
         let changed = self
@@ -56,6 +57,36 @@ impl<'a, 'o> Decider<'a, 'o> {
                 );
             }
         }
+    }
+
+    /// A Warning event each time the connections the gang refused pass 10, 100, 1000, ...:
+    /// something that is not this job's ranks is connecting to them (docs/security.md).
+    fn refused_connections(&mut self, report: &Progress) {
+        let total = |p: &Progress| p.rejected_connections.values().sum::<u64>();
+        let before = self
+            .status
+            .progress
+            .as_ref()
+            .map_or(0, |p| total(&p.report));
+        let now = total(report);
+        let threshold = |n: u64| if n < 10 { 0 } else { n.ilog10() };
+        if threshold(now) <= threshold(before) {
+            return;
+        }
+        let by_reason: Vec<String> = report
+            .rejected_connections
+            .iter()
+            .map(|(reason, n)| format!("{reason} {n}"))
+            .collect();
+        self.event(
+            true,
+            reason::REJECTED_CONNECTIONS,
+            format!(
+                "{now} connections to the gang's rendezvous store or ring were refused ({}): \
+                 something other than this job's ranks connects to them (docs/security.md)",
+                by_reason.join(", ")
+            ),
+        );
     }
 
     /// Rank 0 answered: its report stored, ProgressAvailable True (an event only after False).

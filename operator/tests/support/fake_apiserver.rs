@@ -129,6 +129,7 @@ fn kind_of(collection: &str) -> (String, String) {
         "distributedtrainings" => "DistributedTraining",
         "podgroups" => "PodGroup",
         "workloads" => "Workload",
+        "networkpolicies" => "NetworkPolicy",
         other => panic!("fake API server: unknown resource {other}"),
     };
     (api_version.to_string(), kind.to_string())

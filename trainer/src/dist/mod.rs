@@ -9,7 +9,8 @@
 //! the ring's wiring), `ring` (the TCP ring algorithm) and `ring_collective` (the ring as a
 //! `Collective`), `nccl`/`nccl_lib` (the GPU backend), `grads` (the gradient exchange in
 //! buckets during backward), `store` and `auth` (the rendezvous store and its handshake),
-//! `strict` (the device-strict twin for tests), `bench`.
+//! `ports` (listeners inside the NetworkPolicy's port range), `refused` (refused connections
+//! counted for /metrics), `strict` (the device-strict twin for tests), `bench`.
 
 pub mod auth;
 pub mod bench;
@@ -19,7 +20,9 @@ pub mod grads;
 pub mod nccl;
 #[cfg(feature = "cuda")]
 pub mod nccl_lib;
+pub mod ports;
 mod rank;
+pub mod refused;
 mod rendezvous;
 pub mod ring;
 mod ring_collective;

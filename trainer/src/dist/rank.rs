@@ -24,6 +24,9 @@ pub struct RankEnv {
     /// The gang's full world size when this (elastic) round has fewer ranks
     /// (FERROTRAIN_VIRTUAL_WORLD): the ranks cover the missing ones' shards.
     pub virtual_world: Option<usize>,
+    /// Where this rank's ring listener must bind (FERROTRAIN_PORT_RANGE: the ports the job's
+    /// NetworkPolicy names).
+    pub port_range: Option<(u16, u16)>,
 }
 
 /// MASTER_PORT when unset (torchrun's default).
@@ -67,6 +70,10 @@ impl RankEnv {
         let store_hosted = var(env::FERROTRAIN_STORE_HOSTED).is_some_and(|v| v.trim() == "1");
         let virtual_world: usize = parse(&var, env::FERROTRAIN_VIRTUAL_WORLD, 0)?;
         let virtual_world = (virtual_world > world_size).then_some(virtual_world);
+        let port_range = var(env::FERROTRAIN_PORT_RANGE)
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| super::ports::parse_range(&v))
+            .transpose()?;
         if world_size == 0 {
             return Err(TrainError::Config("WORLD_SIZE must be at least 1".into()));
         }
@@ -103,6 +110,7 @@ impl RankEnv {
             round,
             store_hosted,
             virtual_world,
+            port_range,
         })
     }
 }

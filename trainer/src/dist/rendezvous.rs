@@ -69,7 +69,7 @@ impl Rendezvous {
     /// rank has.
     pub fn ring(&mut self, config: &DistributedConfig) -> Result<Ring> {
         let (rank, world) = (self.env.rank, self.env.world_size);
-        let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+        let listener = super::ports::listen(self.env.port_range)?;
         let port = listener.local_addr()?.port();
         // Others reach this rank at the address it reaches rank 0 from; they reach rank 0
         // where they reached its store.

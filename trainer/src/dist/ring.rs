@@ -690,7 +690,10 @@ fn accept_prev(
                         Ok(hello) => {
                             tracing::warn!("ring: rank {hello} connected, expected rank {prev}")
                         }
-                        Err(e) => tracing::debug!("ring: rejected {addr}: {e}"),
+                        Err(e) => {
+                            tracing::debug!("ring: rejected {addr}: {e}");
+                            super::refused::count(super::refused::Reason::of(&e), addr, "ring");
+                        }
                     }
                 });
             }

@@ -23,6 +23,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::auth::{Auth, Channel, HandshakeError};
+use super::refused::{self, Reason};
 use crate::error::{Result, TrainError};
 
 /// Largest request or response frame; the store only carries addresses and ids.
@@ -125,6 +126,7 @@ fn accept_loop(
             Ok((stream, peer)) => {
                 if active.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
                     stats.rejected.fetch_add(1, Ordering::Relaxed);
+                    refused::count(Reason::TooManyConnections, peer, "rendezvous store");
                     continue;
                 }
                 active.fetch_add(1, Ordering::SeqCst);
@@ -178,6 +180,7 @@ fn serve_connection(
         Err(e) => {
             stats.rejected.fetch_add(1, Ordering::Relaxed);
             tracing::debug!("rendezvous store: rejected {peer}: {e}");
+            refused::count(Reason::of(&e), peer, "rendezvous store");
             return;
         }
     }
@@ -198,6 +201,7 @@ fn serve_connection(
         let Some(response) = handle(&request, state) else {
             stats.dropped_frames.fetch_add(1, Ordering::Relaxed);
             tracing::debug!("rendezvous store: malformed request from {peer}");
+            refused::count(Reason::BadFrame, peer, "rendezvous store");
             return;
         };
         if write_frame(&mut stream, &response).is_err() {

@@ -111,6 +111,7 @@ impl<'a> Agent<'a> {
             )
             .map_err(store_err)?;
             let handshake = rendezvous.min(Duration::from_secs(10));
+            super::files::keep_refusals_written(l.logs.clone());
             Some(StoreServer::start(listener, auth.clone(), handshake).map_err(store_err)?)
         } else {
             None

@@ -11,7 +11,7 @@ use ferrotrain_api::{env, exit};
 use serde::{Deserialize, Serialize};
 
 use super::args::LaunchArgs;
-use super::files::{PROGRESS_FILE, ROUNDS_FILE};
+use super::files::{PROGRESS_FILE, REFUSED_FILE, ROUNDS_FILE};
 use crate::signals;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -290,7 +290,8 @@ pub fn start_group(a: &Spawn<'_>) -> std::io::Result<Group> {
         if let Some(round) = a.round {
             cmd.env(env::FERROTRAIN_ROUND, round.to_string())
                 .env(env::FERROTRAIN_STORE_HOSTED, "1")
-                .env(env::FERROTRAIN_ROUNDS_FILE, a.logs.join(ROUNDS_FILE));
+                .env(env::FERROTRAIN_ROUNDS_FILE, a.logs.join(ROUNDS_FILE))
+                .env(env::FERROTRAIN_REFUSED_FILE, a.logs.join(REFUSED_FILE));
         }
         if let Some(t) = &a.omp_threads {
             cmd.env("OMP_NUM_THREADS", t);

@@ -35,6 +35,7 @@ pub(super) fn full_progress() -> Progress {
         attempt_first_step_time: Some("2026-01-02T03:00:00Z".parse().unwrap()),
         round: 0,
         round_ends: Vec::new(),
+        rejected_connections: [("bad_token".to_string(), 3)].into(),
         gang_resources: Some(GangResources {
             ranks: 4,
             cpu_utilization: Some(ferrotrain_api::progress::Spread {

@@ -4,7 +4,7 @@
 use ferrotrain_api::progress::GangResources;
 use ferrotrain_api::{DataStats, Progress, ResourceUsage, TrainerPhase};
 use prometheus_client::encoding::text::encode;
-use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
@@ -41,11 +41,30 @@ pub fn prometheus_text(p: &Progress) -> String {
     if let Some(d) = &p.data {
         data_metrics(&mut r, d);
     }
+    refused_metrics(&mut r, &p.rejected_connections);
 
     let mut out = String::with_capacity(8192);
     // Writing to a String cannot fail.
     let _ = encode(&mut out, &r);
     out
+}
+
+/// `rejected_connections_total{reason}`: connections the rendezvous store and rank 0's ring
+/// listener refused (docs/security.md). Always present, 0 until one is refused, so an alert
+/// on its rate needs no absent() case.
+fn refused_metrics(r: &mut Registry, counts: &std::collections::BTreeMap<String, u64>) {
+    let family = Family::<Vec<(&'static str, String)>, Counter>::default();
+    let _ = family.get_or_create(&vec![("reason", "bad_token".to_string())]);
+    for (reason, n) in counts {
+        family
+            .get_or_create(&vec![("reason", reason.clone())])
+            .inc_by(*n);
+    }
+    r.register(
+        "rejected_connections",
+        "Connections refused by the rendezvous store or rank 0's ring listener, by reason",
+        family,
+    );
 }
 
 /// One family `phase` with a 1 for the current phase and a 0 for each other.
@@ -402,6 +421,10 @@ mod tests {
             ("ferrotrain_phase{phase=\"starting\"}", 0.0),
             ("ferrotrain_phase{phase=\"evaluating\"}", 0.0),
             ("ferrotrain_phase{phase=\"finished\"}", 0.0),
+            (
+                "ferrotrain_rejected_connections_total{reason=\"bad_token\"}",
+                3.0,
+            ),
             ("ferrotrain_process_cpu_seconds_total", 12.5),
             ("ferrotrain_process_cpu_utilization", 1.75),
             ("ferrotrain_process_resident_memory_bytes", (3 << 20) as f64),

@@ -27,6 +27,8 @@ struct ServerState {
     /// that ended (read at every request: the launcher rewrites it between rounds).
     round: u64,
     round_ends: Option<std::path::PathBuf>,
+    /// Where node 0's launcher, which hosts the rendezvous store, counts refused connections.
+    refused: Option<std::path::PathBuf>,
 }
 
 /// A running server; dropping it stops it.
@@ -57,6 +59,7 @@ impl MetricsServer {
                 .and_then(|r| r.parse().ok())
                 .unwrap_or(0),
             round_ends: env(ferrotrain_api::env::FERROTRAIN_ROUNDS_FILE).map(Into::into),
+            refused: env(ferrotrain_api::env::FERROTRAIN_REFUSED_FILE).map(Into::into),
         };
         let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
@@ -130,6 +133,14 @@ fn snapshot(state: &ServerState) -> Progress {
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default();
     }
+    let hosted: std::collections::BTreeMap<String, u64> = state
+        .refused
+        .as_ref()
+        .and_then(|path| std::fs::read(path).ok())
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    let here = crate::dist::refused::merged(crate::dist::refused::snapshot(), &hosted);
+    p.rejected_connections = crate::dist::refused::merged(here, &p.rejected_connections);
     p
 }
 

@@ -324,3 +324,53 @@ fn a_finished_job_shows_rank_0s_final_report() {
     assert_eq!(p.report.phase, TrainerPhase::Finished);
     assert_eq!(p.eta, None);
 }
+
+#[test]
+fn refused_connections_warn_each_time_they_pass_a_power_of_ten() {
+    let polled = |status: DistributedTrainingStatus, refused: &[(&str, u64)]| {
+        let mut r = report(100, 2.0);
+        r.rejected_connections = refused.iter().map(|(k, n)| (k.to_string(), *n)).collect();
+        run(&Row {
+            status,
+            pods: vec![running(0, 0), running(0, 1)],
+            progress: ProgressObservation::Report(Box::new(r)),
+            ..Row::default()
+        })
+    };
+    let warnings = |d: &Decision| -> Vec<String> {
+        d.events
+            .iter()
+            .filter(|e| e.warning && e.reason == ferrotrain_api::reason::REJECTED_CONNECTIONS)
+            .map(|e| e.note.clone())
+            .collect()
+    };
+    let few = polled(reporting_status(), &[("bad_token", 9)]);
+    assert!(warnings(&few).is_empty());
+    // 9 -> 12: past 10, one warning naming the reasons.
+    let more = polled(
+        few.status.clone(),
+        &[("bad_token", 10), ("not_ferrotrain", 2)],
+    );
+    assert_eq!(
+        warnings(&more),
+        [
+            "12 connections to the gang's rendezvous store or ring were refused (bad_token 10, not_ferrotrain 2): something other than this job's ranks connects to them (docs/security.md)"
+        ]
+    );
+    assert_eq!(
+        more.status
+            .progress
+            .as_ref()
+            .unwrap()
+            .report
+            .rejected_connections["bad_token"],
+        10
+    );
+    // 12 -> 99: the same decade, quiet; 99 -> 100: the next one.
+    let quiet = polled(more.status.clone(), &[("bad_token", 99)]);
+    assert!(warnings(&quiet).is_empty());
+    assert_eq!(
+        warnings(&polled(quiet.status.clone(), &[("bad_token", 100)])).len(),
+        1
+    );
+}
