@@ -22,7 +22,7 @@ fn main() {
         .map(|v| v.trim().to_string())
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=FERROTRAIN_LIBTORCH_VERSION={version}");
-    compile_autograd_shim(
+    compile_shims(
         lib.as_deref()
             .expect("torch-sys did not say where libtorch is (DEP_TCH_LIBTORCH_LIB); set LIBTORCH"),
     );
@@ -40,9 +40,12 @@ fn main() {
     println!("cargo:rustc-env=FERROTRAIN_LIBTORCH_BUILD={build}");
 }
 
-/// Compiles csrc/autograd.cpp (see its header) against `lib`/../include.
-fn compile_autograd_shim(lib: &str) {
+/// Compiles csrc/autograd.cpp and csrc/memory.cpp (see their headers) against
+/// `lib`/../include.
+fn compile_shims(lib: &str) {
     println!("cargo:rerun-if-changed=csrc/autograd.cpp");
+    println!("cargo:rerun-if-changed=csrc/memory.cpp");
+    println!("cargo:rerun-if-changed=csrc/guarded.h");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     let include = std::path::Path::new(lib).join("../include");
     let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
@@ -56,5 +59,6 @@ fn compile_autograd_shim(lib: &str) {
         .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
         .flag("-DGLOG_USE_GLOG_EXPORT")
         .file("csrc/autograd.cpp")
-        .compile("ferrotrain_autograd");
+        .file("csrc/memory.cpp")
+        .compile("ferrotrain_shims");
 }

@@ -11,29 +11,10 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <cstdlib>
-#include <cstring>
-#include <exception>
+
+#include "guarded.h"
 
 namespace {
-
-char* error_copy(const char* what) {
-  size_t n = std::strlen(what) + 1;
-  char* out = static_cast<char*>(std::malloc(n));
-  if (out != nullptr) std::memcpy(out, what, n);
-  return out;
-}
-
-template <typename F>
-char* guarded(F f) {
-  try {
-    f();
-    return nullptr;
-  } catch (const std::exception& e) {
-    return error_copy(e.what());
-  } catch (...) {
-    return error_copy("unknown C++ exception");
-  }
-}
 
 using ReadyFn = void (*)(void* context, size_t index);
 
@@ -50,11 +31,11 @@ struct ReadyHook : torch::autograd::PostAccumulateGradHook {
 extern "C" {
 
 char* ft_set_grad(at::Tensor* param, const at::Tensor* grad) {
-  return guarded([&] { param->mutable_grad() = *grad; });
+  return ft::guarded([&] { param->mutable_grad() = *grad; });
 }
 
 char* ft_set_grad_ready_hook(at::Tensor* param, ReadyFn fn, void* context, size_t index) {
-  return guarded([&] {
+  return ft::guarded([&] {
     TORCH_CHECK(param->is_leaf() && param->requires_grad(),
                 "a gradient hook needs a leaf tensor that requires grad");
     torch::autograd::impl::set_post_acc_grad_hooks(
@@ -63,7 +44,7 @@ char* ft_set_grad_ready_hook(at::Tensor* param, ReadyFn fn, void* context, size_
 }
 
 char* ft_clear_grad_ready_hook(at::Tensor* param) {
-  return guarded([&] { torch::autograd::impl::post_acc_grad_hooks(*param).reset(); });
+  return ft::guarded([&] { torch::autograd::impl::post_acc_grad_hooks(*param).reset(); });
 }
 
 void ft_free_error(char* error) { std::free(error); }

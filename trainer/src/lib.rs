@@ -18,6 +18,7 @@ pub mod device;
 pub mod dist;
 pub mod error;
 pub mod launch;
+pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod optim;

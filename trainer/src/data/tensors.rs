@@ -106,9 +106,15 @@ pub fn to_tensors(examples: &[Example], indices: &[usize], device: Device) -> Te
 /// keeps the pinned block until the copy is done.
 pub fn to_device_queued(host: &Tensor, device: Device) -> Tensor {
     match device {
-        Device::Cuda(_) => host
-            .pin_memory(device)
-            .to_device_(device, host.kind(), true, false),
+        // Pinned without naming the device (tch's pin_memory(device) is deprecated and
+        // warns on every call); a copy that cannot be pinned is made the plain way.
+        Device::Cuda(_) => match crate::memory::pin_memory(host) {
+            Ok(pinned) => pinned.to_device_(device, host.kind(), true, false),
+            Err(e) => {
+                tracing::debug!("{e}; copying without pinning");
+                host.to_device(device)
+            }
+        },
         _ => host.to_device(device),
     }
 }

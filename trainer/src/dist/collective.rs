@@ -26,9 +26,26 @@ pub trait Collective: Send {
         Ok(crate::data::to_device_queued(&host, self.device()))
     }
     /// A result copied back to the host as f64 (exact for f32 values): one synchronisation
-    /// on a GPU, so the trainer reads what it needs of a step at once.
+    /// on a GPU, so the trainer reads what it needs of a step at once. `tensor` lives on
+    /// `device()`: one of this collective's buffers (or a part of one).
     fn download(&mut self, tensor: Tensor) -> Result<Vec<f64>> {
         let host = tensor.f_to_device(Device::Cpu)?.f_to_kind(Kind::Double)?;
+        Ok(Vec::try_from(&host)?)
+    }
+    /// A tensor of the model's device (a gradient norm, a loss) on `device()`, to be read
+    /// with this collective's results: itself under NCCL, a host copy under the TCP ring on
+    /// a GPU (whose buffers live on the CPU: concatenating the two would mix devices).
+    fn adopt(&mut self, tensor: &Tensor) -> Result<Tensor> {
+        Ok(tensor.f_to_device(self.device())?)
+    }
+    /// Several results read at once, in order (one synchronisation): each one of this
+    /// collective's buffers or [`adopt`](Collective::adopt)ed.
+    fn download_parts(&mut self, parts: &[Tensor]) -> Result<Vec<f64>> {
+        let doubles = parts
+            .iter()
+            .map(|p| p.f_to_kind(Kind::Double))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let host = Tensor::f_cat(&doubles, 0)?.f_to_device(Device::Cpu)?;
         Ok(Vec::try_from(&host)?)
     }
     /// Element-wise sum over ranks, in place. `tensor` is contiguous f32 on `device()`.

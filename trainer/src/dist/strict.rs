@@ -139,6 +139,21 @@ impl Strict {
         }
     }
 
+    /// A host read of a tensor this collective neither allocated nor adopted: under the ring
+    /// on a GPU it would be on CUDA while the collective's buffers are on the CPU (a
+    /// device mix that fails the first step), under NCCL the other way round.
+    fn foreign(&mut self, t: &Tensor, what: &str) -> TrainError {
+        let message = format!(
+            "{what} of a tensor ({:?}, {} elements) the communicator did not allocate: a \
+             tensor of the model's device mixed into the collective's host read (with the \
+             ring on a GPU: CUDA and CPU tensors in one cat); pass it through Collective::adopt",
+            t.kind(),
+            t.numel()
+        );
+        self.broken = Some(message.clone());
+        TrainError::Distributed(message.into())
+    }
+
     /// Fails (and stays failed) when all-reduces are started and not finished: the
     /// contract allows nothing but more starts until `finish_started`.
     fn check_nothing_started(&mut self, what: &str) -> Result<()> {
@@ -188,8 +203,32 @@ impl Collective for Strict {
         self.register(&t);
         Ok(t)
     }
+    fn adopt(&mut self, tensor: &Tensor) -> Result<Tensor> {
+        let t = tensor.f_to_device(self.device)?.f_detach_copy()?;
+        self.register(&t);
+        Ok(t)
+    }
+    fn download_parts(&mut self, parts: &[Tensor]) -> Result<Vec<f64>> {
+        self.check_nothing_started("download")?;
+        if let Some(p) = parts.iter().find(|p| p.numel() > 0 && !self.is_resident(p)) {
+            return Err(self.foreign(p, "download_parts"));
+        }
+        self.counters.downloads.fetch_add(1, Ordering::Relaxed);
+        for p in parts {
+            let ptr = p.data_ptr() as usize;
+            self.resident.retain(|(_, s, _)| *s != ptr);
+        }
+        let doubles = parts
+            .iter()
+            .map(|p| p.f_to_kind(Kind::Double))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(Vec::try_from(&Tensor::f_cat(&doubles, 0)?)?)
+    }
     fn download(&mut self, tensor: Tensor) -> Result<Vec<f64>> {
         self.check_nothing_started("download")?;
+        if tensor.numel() > 0 && !self.is_resident(&tensor) {
+            return Err(self.foreign(&tensor, "download"));
+        }
         if tensor.device() != self.device {
             return Err(TrainError::Distributed(
                 format!(
@@ -336,6 +375,32 @@ mod tests {
         let mut comm = strict();
         let mut param = Tensor::zeros([4], (Kind::Float, Device::Cpu));
         assert!(comm.all_reduce_sum(&mut param).is_err());
+    }
+
+    #[test]
+    fn a_model_tensor_in_a_host_read_is_rejected_unless_adopted() {
+        // The ring on a GPU: its scalars on the CPU, the gradient norm on CUDA. Here both
+        // are CPU tensors; residency tells them apart, as under NCCL.
+        let mut comm = strict();
+        let scalars = comm.upload(&[1.0, 2.0]).unwrap();
+        let norm = Tensor::from_slice(&[3.0f32]);
+        let cat = Tensor::cat(&[scalars.shallow_clone(), norm.shallow_clone()], 0);
+        let e = comm.download(cat).unwrap_err().to_string();
+        assert!(e.contains("did not allocate"), "{e}");
+        let mut comm = strict();
+        let scalars = comm.upload(&[1.0, 2.0]).unwrap();
+        let e = comm
+            .download_parts(&[scalars.shallow_clone(), norm.shallow_clone()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("Collective::adopt"), "{e}");
+        let mut comm = strict();
+        let scalars = comm.upload(&[1.0, 2.0]).unwrap();
+        let adopted = comm.adopt(&norm).unwrap();
+        assert_eq!(
+            comm.download_parts(&[scalars, adopted]).unwrap(),
+            [1.0, 2.0, 3.0]
+        );
     }
 
     #[test]

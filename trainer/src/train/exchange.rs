@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use ferrotrain_api::progress::GangResources;
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 use super::trainer::Trainer;
 use crate::error::Result;
@@ -82,11 +82,15 @@ impl Trainer<'_> {
                 .f_copy_(&end.loss_local.reshape([1]))
         })?;
         self.comm.all_reduce_sum(&mut scalars)?;
-        // The step's one host read: the summed scalars and the (summed) gradients' norm.
+        // The step's one host read: the summed scalars and the (summed) gradients' norm,
+        // which lives on the model's device: with the ring on a GPU the scalars are on the
+        // CPU, so it joins them there.
         let norm = self.replica.optimizer.grad_norm();
-        let mut parts = vec![scalars.to_kind(Kind::Double)];
-        parts.extend(norm.map(|n| n.reshape([1])));
-        let v = self.comm.download(Tensor::cat(&parts, 0))?;
+        let mut parts = vec![scalars];
+        if let Some(n) = norm {
+            parts.push(self.comm.adopt(&n.reshape([1]))?);
+        }
+        let v = self.comm.download_parts(&parts)?;
         comm_seconds += c0.elapsed().as_secs_f64();
         Ok(Synced {
             loss: v[0] / end.target_tokens as f64,
