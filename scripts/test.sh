@@ -31,6 +31,22 @@ step "tests (cargo nextest)"
 tests_status=0
 cargo nextest run --workspace --no-fail-fast --profile ci || tests_status=$?
 
+# Third-party checks of what the operator creates (docs/security.md), run with the
+# ferrotrain-operator binary the tests just built (no earlier step builds it: clippy builds no
+# binaries): checkov on the chart and on the operator's objects for the example jobs, and
+# network-config-analyzer on what the jobs' NetworkPolicies mean. Each self-test proves its
+# check can fail: it must exit 1 (2 means the check itself is broken).
+step "security scan: checkov (scripts/scan.sh)"
+scripts/scan.sh
+step "security scan self-test (scripts/scan.sh --self-test must exit 1)"
+rc=0; scripts/scan.sh --self-test >/dev/null || rc=$?
+[[ $rc == 1 ]] || { echo "FAILED: scripts/scan.sh --self-test exited $rc, not 1" >&2; exit 1; }
+step "NetworkPolicy semantics: network-config-analyzer (scripts/netpol-check.sh)"
+scripts/netpol-check.sh
+step "NetworkPolicy semantics self-test (scripts/netpol-check.sh --self-test must exit 1)"
+rc=0; scripts/netpol-check.sh --self-test >/dev/null || rc=$?
+[[ $rc == 1 ]] || { echo "FAILED: scripts/netpol-check.sh --self-test exited $rc, not 1" >&2; exit 1; }
+
 # The real images, built from the binaries the tests just built, and tested with real
 # containers (docs/images.md). They run even when a Rust test failed, so CI shows both.
 step "container images (scripts/test-images.sh)"

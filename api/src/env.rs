@@ -34,6 +34,9 @@ pub const FERROTRAIN_CONFIG: &str = "FERROTRAIN_CONFIG";
 pub const FERROTRAIN_CHECKPOINT_DIR: &str = "FERROTRAIN_CHECKPOINT_DIR";
 /// Shared secret every rendezvous connection must prove it knows.
 pub const FERROTRAIN_RDZV_TOKEN: &str = "FERROTRAIN_RDZV_TOKEN";
+/// A file holding the rendezvous token, read when FERROTRAIN_RDZV_TOKEN is unset (the
+/// operator mounts the job's Secret there: a token in a file is not in the environment).
+pub const FERROTRAIN_RDZV_TOKEN_FILE: &str = "FERROTRAIN_RDZV_TOKEN_FILE";
 /// Port of rank 0's HTTP server (/metrics, /progress, /healthz).
 pub const FERROTRAIN_METRICS_PORT: &str = "FERROTRAIN_METRICS_PORT";
 /// GPUs the pod was given (the operator sets it to gpusPerReplica when above 0): a rank that

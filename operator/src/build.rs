@@ -8,7 +8,7 @@ use ferrotrain_api::env;
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
     EnvVar, EnvVarSource, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod,
-    PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile, Secret, SecretKeySelector,
+    PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource,
     SecurityContext, Service, ServicePort, ServiceSpec, Sysctl, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -22,7 +22,14 @@ mod network;
 pub use network::OperatorPods;
 
 /// Volume names the operator uses itself.
-pub const RESERVED_VOLUMES: [&str; 5] = ["shm", "tmp", "trainer-config", "checkpoints", "data"];
+pub const RESERVED_VOLUMES: [&str; 6] = [
+    "shm",
+    "tmp",
+    "trainer-config",
+    "rdzv-token",
+    "checkpoints",
+    "data",
+];
 /// The non-root user and group the pods run as by default.
 pub const RUN_AS: i64 = 65532;
 /// The GPU resource.
@@ -370,18 +377,10 @@ pub fn contract_env(
         env::FERROTRAIN_CHECKPOINT_DIR,
         checkpoint_mount_path(spec),
     ));
-    vars.push(EnvVar {
-        name: env::FERROTRAIN_RDZV_TOKEN.into(),
-        value: None,
-        value_from: Some(EnvVarSource {
-            secret_key_ref: Some(SecretKeySelector {
-                name: labels::secret_name(&owner.name),
-                key: labels::TOKEN_KEY.into(),
-                optional: Some(false),
-            }),
-            ..EnvVarSource::default()
-        }),
-    });
+    vars.push(env_value(
+        env::FERROTRAIN_RDZV_TOKEN_FILE,
+        format!("{}/{}", labels::TOKEN_DIR, labels::TOKEN_KEY),
+    ));
     vars.push(env_value(
         env::FERROTRAIN_METRICS_PORT,
         s.trainer_metrics_port,
@@ -533,6 +532,23 @@ fn storage(
             ..VolumeMount::default()
         },
     ];
+    // The rendezvous token as a file, not an environment variable (which anything that can
+    // read the process's environment, a crash dump or `ps e` would show).
+    volumes.push(Volume {
+        name: "rdzv-token".into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(labels::secret_name(&owner.name)),
+            default_mode: Some(0o444),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    });
+    mounts.push(VolumeMount {
+        name: "rdzv-token".into(),
+        mount_path: labels::TOKEN_DIR.into(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    });
     if spec.trainer.is_some() {
         volumes.push(Volume {
             name: "trainer-config".into(),

@@ -22,8 +22,10 @@ pub const TRAINER_CONTAINER: &str = "trainer";
 pub const CONFIG_KEY: &str = "trainer.yaml";
 /// Where the ConfigMap is mounted.
 pub const CONFIG_DIR: &str = "/etc/ferrotrain";
-/// Key of the rendezvous token in the Secret.
+/// Key of the rendezvous token in the Secret (and its file name where it is mounted).
 pub const TOKEN_KEY: &str = "token";
+/// Where the rendezvous token's Secret is mounted (FERROTRAIN_RDZV_TOKEN_FILE).
+pub const TOKEN_DIR: &str = "/var/run/ferrotrain/rdzv";
 
 /// `<job>-<attempt>-<nodeRank>`.
 pub fn pod_name(job: &str, attempt: i32, node_rank: i32) -> String {

@@ -15,6 +15,8 @@ use ferrotrain_api::Recovery;
 struct Gang {
     dir: tempfile::TempDir,
     port: u16,
+    /// The launchers read the token from a file, as in a pod (FERROTRAIN_RDZV_TOKEN_FILE).
+    token_file: bool,
 }
 
 impl Gang {
@@ -34,7 +36,11 @@ impl Gang {
             &body,
         );
         let port = common::free_port();
-        Gang { dir, port }
+        Gang {
+            dir,
+            port,
+            token_file: false,
+        }
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -101,6 +107,12 @@ impl Gang {
             .args(extra)
             .env_remove("OMP_NUM_THREADS")
             .stderr(std::fs::File::create(&log).unwrap());
+        if self.token_file {
+            let file = self.path("token");
+            std::fs::write(&file, "gang-token\n").unwrap();
+            cmd.env_remove("FERROTRAIN_RDZV_TOKEN")
+                .env("FERROTRAIN_RDZV_TOKEN_FILE", file);
+        }
         ProcessGroup::spawn(cmd, Some(log))
     }
 
@@ -157,6 +169,21 @@ esac"#,
         (3, Some(1)),
         "round 1 of attempt 3"
     );
+}
+
+#[test]
+fn a_token_in_a_file_stays_out_of_the_ranks_environment() {
+    let mut g = Gang::new(
+        r#"echo "${FERROTRAIN_RDZV_TOKEN:-none} ${FERROTRAIN_RDZV_TOKEN_FILE:-none}" \
+  > "$FAKE_OUT/token-$RANK"
+exit 0"#,
+    );
+    g.token_file = true;
+    assert_eq!(g.run(1), (Some(0), Some(0)));
+    let file = g.path("token").display().to_string();
+    for rank in 0..2 {
+        assert_eq!(read(&g, &format!("token-{rank}")), format!("none {file}"));
+    }
 }
 
 #[test]

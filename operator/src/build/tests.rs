@@ -82,7 +82,10 @@ fn env_contract_of_a_gpu_pod() {
         ("FERROTRAIN_EXPECT_GPUS", "4"),
         ("FERROTRAIN_CONFIG", "/etc/ferrotrain/trainer.yaml"),
         ("FERROTRAIN_CHECKPOINT_DIR", "/checkpoints"),
-        ("FERROTRAIN_RDZV_TOKEN", "secret:mt-rdzv/token"),
+        (
+            "FERROTRAIN_RDZV_TOKEN_FILE",
+            "/var/run/ferrotrain/rdzv/token",
+        ),
         ("FERROTRAIN_METRICS_PORT", "9090"),
         // The ports the job's NetworkPolicy names for the ring.
         ("FERROTRAIN_PORT_RANGE", "41000-42999"),
@@ -175,6 +178,7 @@ fn volumes_and_mounts() {
         [
             "shm",
             "tmp",
+            "rdzv-token",
             "trainer-config",
             "checkpoints",
             "data",
@@ -184,10 +188,13 @@ fn volumes_and_mounts() {
     let shm = volumes[0].empty_dir.as_ref().unwrap();
     assert_eq!(shm.medium.as_deref(), Some("Memory"));
     assert_eq!(shm.size_limit, Some(Quantity("8Gi".into())));
-    assert_eq!(volumes[2].config_map.as_ref().unwrap().name, "mt-config");
-    let ckpt = volumes[3].persistent_volume_claim.as_ref().unwrap();
+    // The token as a file of the job's Secret, not an environment variable.
+    let token = volumes[2].secret.as_ref().unwrap();
+    assert_eq!(token.secret_name.as_deref(), Some("mt-rdzv"));
+    assert_eq!(volumes[3].config_map.as_ref().unwrap().name, "mt-config");
+    let ckpt = volumes[4].persistent_volume_claim.as_ref().unwrap();
     assert_eq!((ckpt.claim_name.as_str(), ckpt.read_only), ("ckpt", None));
-    let data = volumes[4].persistent_volume_claim.as_ref().unwrap();
+    let data = volumes[5].persistent_volume_claim.as_ref().unwrap();
     assert_eq!(
         (data.claim_name.as_str(), data.read_only),
         ("wmt", Some(true))
@@ -206,6 +213,7 @@ fn volumes_and_mounts() {
         [
             ("shm", "/dev/shm", None),
             ("tmp", "/tmp", None),
+            ("rdzv-token", "/var/run/ferrotrain/rdzv", Some(true)),
             ("trainer-config", "/etc/ferrotrain", Some(true)),
             ("checkpoints", "/checkpoints", None),
             ("data", "/data", Some(true)),
@@ -346,7 +354,7 @@ fn only_the_node_rank_0_pod_mounts_the_checkpoint_volume_so_read_write_once_work
         let (name, source) = checkpoint_mount(&pod, "/checkpoints");
         assert_eq!((name.as_str(), source), at_path, "{what}");
         let (all, _) = volumes_of(&pod);
-        let own = ["shm", "tmp", "trainer-config"];
+        let own = ["shm", "tmp", "rdzv-token", "trainer-config"];
         let user: Vec<(&str, &str)> = all
             .iter()
             .filter(|(n, _)| !own.contains(&n.as_str()))
@@ -375,7 +383,7 @@ fn checkpoint_and_data_share_a_named_user_volume_at_their_own_paths() {
     let pod = pod(&owner, &dt.spec, 0, 0, &build_settings());
     let spec = pod.spec.unwrap();
     let names: Vec<String> = spec.volumes.unwrap().into_iter().map(|v| v.name).collect();
-    assert_eq!(names, ["shm", "tmp", "trainer-config", "nfs"]);
+    assert_eq!(names, ["shm", "tmp", "rdzv-token", "trainer-config", "nfs"]);
     let mounts: Vec<(String, String, Option<bool>)> = spec.containers[0]
         .volume_mounts
         .clone()

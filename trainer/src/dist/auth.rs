@@ -57,6 +57,30 @@ impl std::fmt::Debug for Auth {
     }
 }
 
+/// The rendezvous token: FERROTRAIN_RDZV_TOKEN, else the content of the file
+/// FERROTRAIN_RDZV_TOKEN_FILE names (trimmed; the operator mounts the job's Secret there);
+/// None when neither is set. `var` reads the environment (tests pass their own).
+pub fn token_from(var: impl Fn(&str) -> Option<String>) -> crate::error::Result<Option<String>> {
+    use ferrotrain_api::env;
+    if let Some(t) = var(env::FERROTRAIN_RDZV_TOKEN).filter(|t| !t.is_empty()) {
+        return Ok(Some(t));
+    }
+    let Some(path) = var(env::FERROTRAIN_RDZV_TOKEN_FILE).filter(|p| !p.trim().is_empty()) else {
+        return Ok(None);
+    };
+    let token = std::fs::read_to_string(path.trim()).map_err(|e| {
+        crate::error::TrainError::Config(
+            format!(
+                "{}={path}: cannot read the rendezvous token: {e}",
+                env::FERROTRAIN_RDZV_TOKEN_FILE
+            )
+            .into(),
+        )
+    })?;
+    let token = token.trim().to_string();
+    Ok((!token.is_empty()).then_some(token))
+}
+
 /// Why a handshake failed.
 #[derive(Debug, thiserror::Error)]
 pub enum HandshakeError {
@@ -241,6 +265,34 @@ mod tests {
             assert!(matches!(s, Err(HandshakeError::BadMac)), "{s:?}");
             assert!(matches!(c, Err(HandshakeError::BadMac)), "{c:?}");
         }
+    }
+
+    #[test]
+    fn the_token_comes_from_the_variable_else_from_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "from-file\n").unwrap();
+        let path = file.to_str().unwrap().to_string();
+        let lookup = |pairs: Vec<(&'static str, String)>| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+        };
+        let both = lookup(vec![
+            ("FERROTRAIN_RDZV_TOKEN", "from-env".into()),
+            ("FERROTRAIN_RDZV_TOKEN_FILE", path.clone()),
+        ]);
+        assert_eq!(token_from(both).unwrap().as_deref(), Some("from-env"));
+        let file_only = lookup(vec![("FERROTRAIN_RDZV_TOKEN_FILE", path)]);
+        assert_eq!(token_from(file_only).unwrap().as_deref(), Some("from-file"));
+        assert_eq!(token_from(lookup(vec![])).unwrap(), None);
+        let missing = lookup(vec![(
+            "FERROTRAIN_RDZV_TOKEN_FILE",
+            "/nonexistent/token".into(),
+        )]);
+        let e = token_from(missing).unwrap_err().to_string();
+        assert!(
+            e.contains("FERROTRAIN_RDZV_TOKEN_FILE=/nonexistent/token"),
+            "{e}"
+        );
     }
 
     #[test]

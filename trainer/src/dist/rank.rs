@@ -65,7 +65,7 @@ impl RankEnv {
         let master_addr = var(env::MASTER_ADDR)
             .filter(|s| !s.trim().is_empty())
             .unwrap_or_else(|| "127.0.0.1".to_string());
-        let token = var(env::FERROTRAIN_RDZV_TOKEN).unwrap_or_default();
+        let token = super::auth::token_from(&var)?.unwrap_or_default();
         let round: u64 = parse(&var, env::FERROTRAIN_ROUND, 0)?;
         let store_hosted = var(env::FERROTRAIN_STORE_HOSTED).is_some_and(|v| v.trim() == "1");
         let virtual_world: usize = parse(&var, env::FERROTRAIN_VIRTUAL_WORLD, 0)?;

@@ -108,10 +108,14 @@ pub enum LaunchError {
     EphemeralPortNeedsOneNode,
     /// Several nodes must share a rendezvous token (permanent, exit 2).
     #[error(
-        "{} must be set (the same on every node) when --nnodes > 1",
-        env::FERROTRAIN_RDZV_TOKEN
+        "{} (or {}) must be set (the same on every node) when --nnodes > 1",
+        env::FERROTRAIN_RDZV_TOKEN,
+        env::FERROTRAIN_RDZV_TOKEN_FILE
     )]
     MissingToken,
+    /// FERROTRAIN_RDZV_TOKEN_FILE names a file that cannot be read (permanent, exit 2).
+    #[error("{0}")]
+    Token(String),
     /// The launcher's own I/O failed (retryable).
     #[error("in-place restarts: {0}")]
     Rendezvous(String),
@@ -129,7 +133,8 @@ impl LaunchError {
         match self {
             LaunchError::InvalidGang { .. }
             | LaunchError::EphemeralPortNeedsOneNode
-            | LaunchError::MissingToken => exit::INVALID_CONFIG,
+            | LaunchError::MissingToken
+            | LaunchError::Token(_) => exit::INVALID_CONFIG,
             LaunchError::Io { .. } | LaunchError::Rendezvous(_) => exit::RETRYABLE,
         }
     }

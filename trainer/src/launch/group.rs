@@ -276,7 +276,6 @@ pub fn start_group(a: &Spawn<'_>) -> std::io::Result<Group> {
             .env(env::MASTER_PORT, a.port.to_string())
             .env(env::FERROTRAIN_ATTEMPT, a.attempt.to_string())
             .env(env::TORCHELASTIC_RESTART_COUNT, a.attempt.to_string())
-            .env(env::FERROTRAIN_RDZV_TOKEN, a.token)
             .env(env::FERROTRAIN_CONFIG, &args.config)
             .env(env::FERROTRAIN_TERMINATION_LOG, &log)
             .env(env::FERROTRAIN_PROGRESS_FILE, a.logs.join(PROGRESS_FILE));
@@ -286,6 +285,14 @@ pub fn start_group(a: &Spawn<'_>) -> std::io::Result<Group> {
                 env::FERROTRAIN_VIRTUAL_WORLD,
                 (args.nnodes * args.nproc_per_node).to_string(),
             );
+        }
+        // A token the pod holds in a file (the operator mounts the job's Secret) stays there:
+        // the ranks read the same file (FERROTRAIN_RDZV_TOKEN_FILE, inherited) instead of
+        // finding the token in their environment.
+        let set = |name| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
+        let from_file = !set(env::FERROTRAIN_RDZV_TOKEN) && set(env::FERROTRAIN_RDZV_TOKEN_FILE);
+        if !from_file {
+            cmd.env(env::FERROTRAIN_RDZV_TOKEN, a.token);
         }
         if let Some(round) = a.round {
             cmd.env(env::FERROTRAIN_ROUND, round.to_string())

@@ -48,10 +48,11 @@ pub fn run(args: LaunchArgs) -> Result<i32, LaunchError> {
         Some(p) => p.clone(),
         None => std::env::current_exe().map_err(LaunchError::io("cannot find own binary"))?,
     };
-    let token = match std::env::var(env::FERROTRAIN_RDZV_TOKEN) {
-        Ok(t) if !t.is_empty() => t,
-        _ if multi_node => return Err(LaunchError::MissingToken),
-        _ => random_token(),
+    let token = match crate::dist::auth::token_from(|k| std::env::var(k).ok()) {
+        Ok(Some(t)) => t,
+        Ok(None) if multi_node => return Err(LaunchError::MissingToken),
+        Ok(None) => random_token(),
+        Err(e) => return Err(LaunchError::Token(e.to_string())),
     };
     let base_attempt: u64 = std::env::var(env::FERROTRAIN_ATTEMPT)
         .ok()
