@@ -344,6 +344,12 @@ pub fn volume_at(pod: &Pod, path: &str) -> String {
 /// Rank 0's own /progress, read through the API server's pod proxy: fresher than the status,
 /// which the operator refreshes every few seconds.
 pub async fn rank0_progress(client: &Client, ns: &str, pod: &str) -> Result<Progress, String> {
+    let text = rank0_get(client, ns, pod, "progress").await?;
+    serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))
+}
+
+/// `path` (progress, metrics) of rank 0's HTTP server, through the API server's pod proxy.
+pub async fn rank0_get(client: &Client, ns: &str, pod: &str, path: &str) -> Result<String, String> {
     let port = Api::<Pod>::namespaced(client.clone(), ns)
         .get(pod)
         .await
@@ -358,15 +364,14 @@ pub async fn rank0_progress(client: &Client, ns: &str, pod: &str) -> Result<Prog
         })
         .unwrap_or_else(|| "9090".into());
     let request = http::Request::get(format!(
-        "/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/progress"
+        "/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/{path}"
     ))
     .body(Vec::new())
     .map_err(|e| e.to_string())?;
-    let text = client
+    client
         .request_text(request)
         .await
-        .map_err(|e| e.to_string())?;
-    serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))
+        .map_err(|e| e.to_string())
 }
 
 /// The trainer image of the test jobs, when $FERROTRAIN_E2E_IMAGE names one.

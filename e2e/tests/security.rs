@@ -8,10 +8,13 @@
 use std::collections::BTreeSet;
 
 use ferrotrain_api::crd::Phase;
-use ferrotrain_e2e::{TestNamespace, WAIT, copy_job, exec, wait_phase, wait_rank0, wait_status};
+use ferrotrain_e2e::{
+    TRAIN_WAIT, TestNamespace, WAIT, copy_job, exec, rank0_get, wait_for, wait_phase, wait_rank0,
+};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
-use kube::api::Api;
+use kube::api::{Api, PostParams};
 use serde_json::json;
 
 /// The pod's TCP sockets (/proc/net/tcp and tcp6, from its trainer container): (state,
@@ -134,46 +137,80 @@ async fn a_job_gets_a_policy_it_owns_and_its_pods_listen_only_where_it_says() {
     }
 }
 
+/// A pod a user creates with the gang's label, running `script` in the trainer's image.
+async fn intruder(ns: &TestNamespace, job: &str, script: &str) -> Pod {
+    let image = ns
+        .pods()
+        .get(&format!("{job}-0-0"))
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .containers[0]
+        .image
+        .clone();
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "intruder", "labels": {"ferrotrain.dev/job": job}},
+        "spec": {
+            "restartPolicy": "Never",
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532},
+            "containers": [{
+                "name": "intruder", "image": image, "imagePullPolicy": "IfNotPresent",
+                "command": ["bash", "-c", script]
+            }]
+        }
+    }))
+    .unwrap();
+    ns.pods()
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 #[ignore = "needs a cluster with the operator and the trainer image (scripts/e2e.sh)"]
-async fn connections_the_store_refuses_are_counted_and_reported() {
+async fn a_pod_with_the_gangs_label_gets_through_the_policy_and_the_token_refuses_it() {
     let ns = TestNamespace::create("refused").await;
-    ns.create_job("refused", copy_job(2, 1_000_000, None)).await;
+    ns.create_job("refused", copy_job(2, 2500, None)).await;
     wait_rank0(&ns, "refused-0-0", "rank 0 stepping", |p| {
         (p.step > 0).then_some(())
     })
     .await;
-    // A stranger (here a shell in rank 1's pod: the kit enforces no NetworkPolicy, and any
-    // pod that copies the gang's labels would get through one) opens 12 connections to the
-    // store and sends bytes that are no handshake.
+    // The policy selects by label, so a pod with the gang's label is let in (as NetworkPolicy
+    // allows: docs/security.md); the token is the defence. 20 connections to the store, each
+    // sending bytes that are no handshake.
     let store = format!("refused-0-0.refused.{}.svc", ns.name);
     let script = format!(
-        "for i in $(seq 12); do \
-           bash -c 'exec 3<>/dev/tcp/{store}/29500; printf \"GET / HTTP/1.0\\r\\n\\r\\n\" >&3; sleep 0.2'; \
-         done; echo done"
+        "for i in $(seq 20); do \
+           bash -c 'exec 3<>/dev/tcp/{store}/29500 && printf \"GET / HTTP/1.0\\r\\n\\r\\n\" >&3; sleep 0.2'; \
+         done"
     );
-    let out = exec(&ns.pods(), "refused-0-1", &script).await;
-    assert!(out.contains("done"), "{out}");
-    let refused = wait_rank0(&ns, "refused-0-0", "the refusals in rank 0's report", |p| {
-        let total: u64 = p.rejected_connections.values().sum();
-        (total >= 12).then(|| p.rejected_connections.clone())
+    intruder(&ns, "refused", &script).await;
+    wait_for("the intruder to finish", WAIT, || async {
+        let pod = ns.pods().get("intruder").await.ok();
+        let phase = pod.and_then(|p| p.status?.phase).unwrap_or_default();
+        ((phase == "Succeeded").then_some(()), phase)
     })
     .await;
-    println!("rank 0 reports refused connections: {refused:?}");
-    let counted = wait_status(
-        &ns.jobs(),
-        "refused",
-        "the refusals in the status",
-        WAIT,
-        |s| {
-            s.progress
-                .as_ref()
-                .is_some_and(|p| p.report.rejected_connections.values().sum::<u64>() >= 12)
-        },
-    )
+    let refused = wait_rank0(&ns, "refused-0-0", "20 refusals in rank 0's report", |p| {
+        let total: u64 = p.rejected_connections.values().sum();
+        (total >= 20).then(|| p.rejected_connections.clone())
+    })
     .await;
-    assert_eq!(counted.phase, Phase::Running, "the gang is undisturbed");
-    assert_eq!(counted.restarts, 0);
+    let metrics = rank0_get(&ns.client, &ns.name, "refused-0-0", "metrics")
+        .await
+        .unwrap();
+    let series: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("ferrotrain_rejected_connections_total{"))
+        .collect();
+    println!("after 20 hostile connections, rank 0's /metrics: {series:?} (report: {refused:?})");
+    let counted: f64 = series
+        .iter()
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
+    assert_eq!(counted, 20.0, "{series:?}");
+    assert_eq!(refused.values().sum::<u64>(), 20, "{refused:?}");
     let events = ns.events_of("refused").await;
     assert!(
         events
@@ -181,6 +218,27 @@ async fn connections_the_store_refuses_are_counted_and_reported() {
             .any(|(reason, note)| reason == "RejectedConnections" && note.contains("refused")),
         "{events:?}"
     );
+    // Undisturbed: it runs to its end without a restart.
+    let done = wait_phase(&ns.jobs(), "refused", Phase::Succeeded, TRAIN_WAIT).await;
+    assert_eq!((done.restarts, done.attempt), (0, 0), "{done:?}");
+    assert!(
+        done.progress
+            .is_some_and(|p| p.report.rejected_connections.values().sum::<u64>() >= 20),
+        "the status keeps the count"
+    );
+    // The policy goes with the job (garbage collection of its owner reference).
+    ns.jobs()
+        .delete("refused", &Default::default())
+        .await
+        .unwrap();
+    let policies: Api<NetworkPolicy> = Api::namespaced(ns.client.clone(), &ns.name);
+    wait_for("the job's policy to be deleted with it", WAIT, || async {
+        match policies.get_opt("refused").await {
+            Ok(None) => (Some(()), "gone".to_string()),
+            other => (None, format!("{:?}", other.map(|p| p.is_some()))),
+        }
+    })
+    .await;
 }
 
 #[tokio::test]

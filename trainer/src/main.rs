@@ -224,8 +224,16 @@ fn run(args: RunArgs) -> Result<Option<i32>> {
         );
     }
     if options.rank.rank == 0 && summary.interrupted_by.is_none() {
-        // /progress goes away with this process: the final numbers reach the operator here.
-        write_termination_message(&summary.final_progress.to_termination_message());
+        // /progress goes away with this process: the final numbers reach the operator here,
+        // the refused connections with them (as /progress counts them).
+        let mut report = summary.final_progress.clone();
+        let hosted = std::env::var_os(ferrotrain_api::env::FERROTRAIN_REFUSED_FILE);
+        let counted = ferrotrain_trainer::dist::refused::with_hosted(
+            hosted.as_deref().map(std::path::Path::new),
+        );
+        report.rejected_connections =
+            ferrotrain_trainer::dist::refused::merged(counted, &report.rejected_connections);
+        write_termination_message(&report.to_termination_message());
     }
     if let Some(signal) = summary.interrupted_by {
         let message = format!(

@@ -133,13 +133,7 @@ fn snapshot(state: &ServerState) -> Progress {
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default();
     }
-    let hosted: std::collections::BTreeMap<String, u64> = state
-        .refused
-        .as_ref()
-        .and_then(|path| std::fs::read(path).ok())
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default();
-    let here = crate::dist::refused::merged(crate::dist::refused::snapshot(), &hosted);
+    let here = crate::dist::refused::with_hosted(state.refused.as_deref());
     p.rejected_connections = crate::dist::refused::merged(here, &p.rejected_connections);
     p
 }
