@@ -18,6 +18,7 @@
 # a venv in the cache beside checkov's (scripts/scan.sh), once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/python-tool.sh
 
 NCA_VERSION=2.1.0
 CACHE_ROOT="${FERROTRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ferrotrain}"
@@ -43,14 +44,7 @@ started=$SECONDS
 [[ -x "$OPERATOR" ]] || die "$OPERATOR is missing: cargo build -p ferrotrain-operator (or set FERROTRAIN_OPERATOR_BIN)"
 
 # --- network-config-analyzer, in its own venv ----------------------------------------------
-if [[ "$(cat "$VENV/.complete" 2>/dev/null)" != "$NCA_VERSION" ]]; then
-  echo "netpol-check: installing network-config-analyzer==$NCA_VERSION into $VENV" >&2
-  rm -rf "$VENV"
-  mkdir -p "$CACHE_ROOT"
-  python3 -m venv "$VENV" || die "python3 -m venv failed"
-  "$VENV/bin/pip" install --quiet "network-config-analyzer==$NCA_VERSION" >&2 || die "pip install failed"
-  echo "$NCA_VERSION" > "$VENV/.complete"
-fi
+ensure_python_tool "$VENV" network-config-analyzer "$NCA_VERSION" || die "cannot install network-config-analyzer"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/ferrotrain-netpol.XXXXXX")
 trap 'rm -rf "$work"' EXIT

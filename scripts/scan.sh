@@ -23,6 +23,7 @@
 # ferrotrain-operator; or set FERROTRAIN_OPERATOR_BIN), except for --self-test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/python-tool.sh
 
 CHECKOV_VERSION=3.3.30
 CACHE_ROOT="${FERROTRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ferrotrain}"
@@ -54,14 +55,7 @@ else
 fi
 
 # --- checkov, in its own venv --------------------------------------------------------------
-if [[ "$(cat "$VENV/.complete" 2>/dev/null)" != "$CHECKOV_VERSION" ]]; then
-  echo "scan: installing checkov==$CHECKOV_VERSION into $VENV" >&2
-  rm -rf "$VENV"
-  mkdir -p "$CACHE_ROOT"
-  python3 -m venv "$VENV" || die "python3 -m venv failed"
-  "$VENV/bin/pip" install --quiet "checkov==$CHECKOV_VERSION" >&2 || die "pip install failed"
-  echo "$CHECKOV_VERSION" > "$VENV/.complete"
-fi
+ensure_python_tool "$VENV" checkov "$CHECKOV_VERSION" || die "cannot install checkov"
 
 # --- what to scan: one subdirectory of $root per input ------------------------------------
 work=$(mktemp -d "${TMPDIR:-/tmp}/ferrotrain-scan.XXXXXX")

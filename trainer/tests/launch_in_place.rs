@@ -278,21 +278,10 @@ esac"#,
         std::thread::sleep(Duration::from_millis(20));
     }
     // The pod of node 1 is deleted: its launcher gets SIGTERM and tells the others at once.
-    // SAFETY: signalling the launcher this test started.
-    unsafe {
-        libc::kill(n1.pid(), libc::SIGTERM);
-    }
-    assert_eq!(n1.wait(Duration::from_secs(20)).code(), Some(143));
+    assert_eq!(deleted(&mut n1), Some(143));
     // Its replacement (a new pod of the same name) joins the round node 0 waits in.
     let mut replacement = g.node(1, 3);
-    let within = Duration::from_secs(60);
-    assert_eq!(
-        (n0.wait(within).code(), replacement.wait(within).code()),
-        (Some(0), Some(0)),
-        "node 0:\n{}\nreplacement:\n{}",
-        n0.log(),
-        replacement.log()
-    );
+    both_succeed(&mut n0, &mut replacement);
     assert!(g.exists("start-0-1") && g.exists("start-1-1"));
     let end = g.ledger().attempts[0].end.clone().unwrap();
     assert_eq!((end.reason.as_str(), end.rank), ("PodLeaving", Some(1)));
@@ -310,22 +299,11 @@ esac"#,
     let mut n1 = g.node(1, 3);
     wait_exists(&g, "start-1-0");
     // Node 0's pod is deleted: its launcher, which hosts the store, leaves at once.
-    // SAFETY: signalling the launcher this test started.
-    unsafe {
-        libc::kill(n0.pid(), libc::SIGTERM);
-    }
-    assert_eq!(n0.wait(Duration::from_secs(10)).code(), Some(143));
+    assert_eq!(deleted(&mut n0), Some(143));
     // Its replacement serves a new store at the same address; node 1 never exited.
     std::thread::sleep(Duration::from_millis(500));
     let mut replacement = g.node(0, 3);
-    let within = Duration::from_secs(60);
-    assert_eq!(
-        (replacement.wait(within).code(), n1.wait(within).code()),
-        (Some(0), Some(0)),
-        "replacement:\n{}\nnode 1:\n{}",
-        replacement.log(),
-        n1.log()
-    );
+    both_succeed(&mut replacement, &mut n1);
     // The round numbers go on: both trained in round 1, in the new store.
     assert!(g.exists("start-0-1") && g.exists("start-1-1"));
     assert!(n1.log().contains("waiting up to"), "{}", n1.log());
@@ -350,6 +328,27 @@ esac"#,
     );
     let end = g.ledger().attempts[0].end.clone().unwrap();
     assert_eq!((end.reason.as_str(), end.rank), ("Frozen", Some(1)));
+}
+
+/// The launcher's pod is deleted: SIGTERM; its exit code.
+fn deleted(launcher: &mut ProcessGroup) -> Option<i32> {
+    // SAFETY: signalling a launcher the test started.
+    unsafe {
+        libc::kill(launcher.pid(), libc::SIGTERM);
+    }
+    launcher.wait(Duration::from_secs(20)).code()
+}
+
+/// Both launchers end with 0 (their logs otherwise).
+fn both_succeed(a: &mut ProcessGroup, b: &mut ProcessGroup) {
+    let within = Duration::from_secs(60);
+    assert_eq!(
+        (a.wait(within).code(), b.wait(within).code()),
+        (Some(0), Some(0)),
+        "first:\n{}\nsecond:\n{}",
+        a.log(),
+        b.log()
+    );
 }
 
 fn read(g: &Gang, name: &str) -> String {
