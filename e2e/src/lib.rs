@@ -485,6 +485,41 @@ pub async fn exec(pods: &Api<Pod>, pod: &str, script: &str) -> String {
     out
 }
 
+/// Kills (SIGKILL) the launcher of the pod with UID `uid`, the container's first process,
+/// from this machine: the cluster kit's kubelets run here, so its containers' processes are
+/// this machine's (found by the POD_UID the operator gives them). A process cannot SIGKILL
+/// its own container's init from inside; the node's OOM killer or an operator can.
+pub fn kill_launcher_from_host(uid: &str) -> u32 {
+    let wanted = format!("POD_UID={uid}");
+    let mut killed = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let read = |f: &str| std::fs::read(format!("/proc/{pid}/{f}")).unwrap_or_default();
+        let cmdline = read("cmdline");
+        let argv: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_launcher = argv.first().is_some_and(|a| a.ends_with(b"ferrotrain"))
+            && argv.get(1) == Some(&&b"launch"[..]);
+        let environ = read("environ");
+        let of_pod = environ.split(|b| *b == 0).any(|v| v == wanted.as_bytes());
+        if is_launcher && of_pod {
+            let status = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status()
+                .expect("kill(1)");
+            assert!(status.success(), "kill -KILL {pid}");
+            killed.push(pid);
+        }
+    }
+    assert_eq!(
+        killed.len(),
+        1,
+        "the launcher of pod {uid} among this machine's processes (the kit runs its nodes here)"
+    );
+    killed[0]
+}
+
 /// Sends `signal` (KILL, STOP, ...) to the trainer process (`ferrotrain run`) of the pod, not
 /// to its launcher; returns the pid it signalled.
 pub async fn signal_trainer(pods: &Api<Pod>, pod: &str, signal: &str) -> u32 {

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use ferrotrain_api::crd::Phase;
 use ferrotrain_api::recovery::Timestamp;
 use ferrotrain_e2e::{
-    TestNamespace, WAIT, copy_job, pods_of, signal_trainer, wait_first_checkpoint, wait_rank0,
-    wait_status,
+    TestNamespace, WAIT, copy_job, kill_launcher_from_host, pods_of, signal_trainer,
+    wait_first_checkpoint, wait_rank0, wait_status,
 };
 use serde_json::json;
 
@@ -192,4 +192,37 @@ async fn node_0s_deleted_pod_is_replaced_alone_and_the_others_join_its_new_store
         ("PodLeaving", Some(0)),
         "{f:?}"
     );
+}
+
+#[tokio::test]
+#[ignore = "needs a cluster with the operator and the trainer image (scripts/e2e.sh)"]
+async fn a_pod_whose_launcher_was_killed_is_replaced_alone() {
+    let ns = TestNamespace::create("agentkill").await;
+    training(&ns, "agentkill", 30).await;
+    let gang = uids(&ns, "agentkill").await;
+    // The pod's own process, the launcher (not a trainer: that one restarts in place), is
+    // killed as the OOM killer would: the pod fails with 137.
+    let killed_at = Timestamp::now();
+    kill_launcher_from_host(&gang["agentkill-0-1"]);
+    let first = first_step_of_round(&ns, "agentkill", 1).await;
+    println!(
+        "launcher of rank 1's pod killed -> round 1's first step with its replacement {:.1} s later",
+        first.duration_since(killed_at).as_secs_f64()
+    );
+    let now = uids(&ns, "agentkill").await;
+    assert_eq!(
+        now.get("agentkill-0-0"),
+        gang.get("agentkill-0-0"),
+        "rank 0's pod kept"
+    );
+    assert_ne!(
+        now.get("agentkill-0-1"),
+        gang.get("agentkill-0-1"),
+        "rank 1's pod replaced"
+    );
+    let counted = wait_status(&ns.jobs(), "agentkill", "the round counted", WAIT, |s| {
+        s.phase == Phase::Running && s.round == 1
+    })
+    .await;
+    assert_eq!((counted.attempt, counted.restarts), (0, 1), "{counted:?}");
 }

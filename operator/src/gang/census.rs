@@ -91,6 +91,12 @@ impl<'a, 'o> Decider<'a, 'o> {
                 PodState::Succeeded => census.succeeded += 1,
                 // Deleted, its launcher ended by the signal: it goes away, not fails.
                 PodState::Failed(t) if self.leaving(pod, t) => census.replacing.push(rank),
+                PodState::Failed(t) if self.launcher_killed(pod, t) => {
+                    // Deleted first: its replacement takes its name.
+                    self.actions
+                        .push(super::decision::Action::DeletePod(pod.name.clone()));
+                    census.replacing.push(rank);
+                }
                 PodState::Failed(t) => census.failures.push(self.exited(pod, t)),
                 PodState::Running | PodState::Pending => self.check_alive(pod, &mut census),
             }
@@ -108,6 +114,22 @@ impl<'a, 'o> Decider<'a, 'o> {
     /// with its own error is a failure all the same.
     fn leaving(&self, pod: &PodView, t: &Termination) -> bool {
         self.going_away(pod) && t.exit_code.is_none_or(|c| c >= 128)
+    }
+
+    /// A pod whose launcher was killed (SIGKILL, the OOM killer: its container exited with a
+    /// signal's code), not for a lost node, a deletion or a disruption: in place, it is
+    /// replaced alone like a deleted one, while restarts are left (its rank's failure ended
+    /// the round the others are in; their launchers take the replacement into the next). A
+    /// launcher that exits by itself (a permanent code, restarts spent) fails the attempt.
+    fn launcher_killed(&self, pod: &PodView, t: &Termination) -> bool {
+        let killed = t.exit_code.is_some_and(|c| c >= 128) || t.reason == "OOMKilled";
+        let max = self.o.spec.restart_policy.max_restarts.max(0);
+        killed
+            && self.replaceable()
+            && pod.deleting_since.is_none()
+            && pod.node_lost_since.is_none()
+            && pod.disruption.is_none()
+            && self.status.restarts < max
     }
 
     /// A pod that runs or waits: deleted, on a lost node, or not starting in time?

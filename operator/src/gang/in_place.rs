@@ -156,7 +156,7 @@ impl<'a, 'o> Decider<'a, 'o> {
                 failed_at: now,
                 detected_at: now,
             },
-            message: "node 0's pod went away (deleted, evicted or drained); the other launchers wait for its replacement's rendezvous store".into(),
+            message: "node 0's pod went away (deleted, drained, or its launcher killed); the other launchers wait for its replacement's rendezvous store".into(),
         };
         self.restarted_in_place(&end);
     }

@@ -270,6 +270,60 @@ fn losing_node_0s_pod_replaces_it_alone_and_counts_one_restart() {
 }
 
 #[test]
+fn a_pod_whose_launcher_was_killed_is_replaced_alone_while_restarts_are_left() {
+    use crate::fixtures::{exited, running_status};
+    // Its launcher got SIGKILL (or the OOM killer): the pod failed with 137, nothing deleted it.
+    let killed = run(&Row {
+        spec: in_place_spec,
+        status: running_status(0, 0),
+        pods: vec![running(0, 0), exited(0, 1, 137, "", 99)],
+        now: 100,
+        ..Row::default()
+    });
+    assert_eq!(
+        (killed.status.phase, killed.status.attempt),
+        (Phase::Starting, 0)
+    );
+    assert_eq!(killed.actions, [Action::DeletePod("mt-0-1".into())]);
+    // Gone: created again under its name; the others' launchers take it into their next round.
+    let gone = run(&Row {
+        spec: in_place_spec,
+        status: killed.status.clone(),
+        pods: vec![running(0, 0)],
+        now: 101,
+        ..Row::default()
+    });
+    assert_eq!(
+        gone.actions,
+        [Action::Launch {
+            attempt: 0,
+            node_ranks: vec![1]
+        }]
+    );
+    // A launcher that exits by itself (restarts spent, exit 1) fails the attempt as before;
+    // so does a killed one when no restart is left.
+    let gave_up = run(&Row {
+        spec: in_place_spec,
+        status: running_status(0, 0),
+        pods: vec![running(0, 0), exited(0, 1, 1, "giving up", 99)],
+        now: 100,
+        ..Row::default()
+    });
+    assert_eq!(gave_up.status.phase, Phase::Restarting);
+    let spent = run(&Row {
+        spec: |s| {
+            in_place_spec(s);
+            s.restart_policy.max_restarts = 2;
+        },
+        status: running_status(0, 2),
+        pods: vec![running(0, 0), exited(0, 1, 137, "", 99)],
+        now: 100,
+        ..Row::default()
+    });
+    assert_eq!(spent.status.phase, Phase::Failed);
+}
+
+#[test]
 fn node_0_on_a_lost_node_or_restarting_the_gang_by_choice_recreates_the_gang() {
     use crate::fixtures::{node_lost, running_status};
     // Behind a partition node 0 could still host a gang of its own: not replaced alone,
