@@ -94,6 +94,13 @@ pub struct DistributedTrainingSpec {
     #[schemars(range(min = 0, max = 64))]
     pub gpus_per_replica: i32,
 
+    /// Give the trainer container the IPC_LOCK capability, the one capability a job may add:
+    /// RDMA (InfiniBand, RoCE, AWS EFA) pins its buffers in memory. Request the network's
+    /// devices in resources (rdma/..., vpc.amazonaws.com/efa) and see docs/gpu.md. Pod
+    /// Security `restricted` refuses such pods; `baseline` admits them.
+    #[serde(default)]
+    pub ipc_lock: bool,
+
     /// CPU and memory requests/limits of each pod's trainer container. GPUs are added from
     /// gpusPerReplica.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -262,7 +269,8 @@ pub struct PodTemplateOverrides {
     pub volume_mounts: Vec<VolumeMount>,
     /// Replaces the operator's restricted pod security context (non-root uid 65532, fsGroup
     /// 65532, RuntimeDefault seccomp). The container itself always runs without privilege
-    /// escalation, with all capabilities dropped and a read-only root file system.
+    /// escalation, with all capabilities dropped (IPC_LOCK added back with spec.ipcLock) and
+    /// a read-only root file system.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_context: Option<PodSecurityContext>,
     /// Size limit of /dev/shm (a memory-backed emptyDir; it counts against the memory limit).

@@ -691,6 +691,11 @@ fn pod_env(
             .filter(|e| !contract.iter().any(|c| c.name == e.name))
             .cloned(),
     );
+    // Defaults a job's podTemplate.env may override: on GPUs NCCL says why it fails (else a
+    // bare "unhandled system error", docs/gpu.md).
+    if spec.gpus_per_replica > 0 && !env.iter().any(|e| e.name == "NCCL_DEBUG") {
+        env.push(env_value("NCCL_DEBUG", "WARN"));
+    }
 
     env
 }
@@ -759,7 +764,7 @@ fn trainer_container(
             run_as_non_root: Some(true),
             capabilities: Some(Capabilities {
                 drop: Some(vec!["ALL".into()]),
-                add: None,
+                add: spec.ipc_lock.then(|| vec!["IPC_LOCK".into()]),
             }),
             ..SecurityContext::default()
         }),

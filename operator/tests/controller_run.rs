@@ -233,7 +233,14 @@ async fn progress_server(step: u64) -> (u16, JoinHandle<()>) {
             async move { ([("content-type", "application/json")], body) }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    // Not in the jobs' default portRange (41000-42999): the operator refuses a job whose
+    // range holds the progress port (InvalidSpec), and the kernel may draw one from it.
+    let listener = loop {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        if !(41000..=42999).contains(&l.local_addr().unwrap().port()) {
+            break l;
+        }
+    };
     let port = listener.local_addr().unwrap().port();
     let task = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;

@@ -487,6 +487,53 @@ fn the_pods_listeners_are_pinned_to_the_policys_port_range_unless_it_is_off() {
 }
 
 #[test]
+fn rdma_jobs_get_ipc_lock_alone_and_gpu_pods_an_nccl_debug_level_they_may_override() {
+    let built = |spec: serde_json::Value| {
+        let dt = job().with_spec(spec);
+        pod(&Owner::of(&dt).unwrap(), &dt.spec, 0, 0, &build_settings())
+    };
+    let caps = |p: &Pod| {
+        p.spec.as_ref().unwrap().containers[0]
+            .security_context
+            .as_ref()
+            .unwrap()
+            .capabilities
+            .clone()
+            .unwrap()
+    };
+    let nccl_debug = |p: &Pod| {
+        env_of(p)
+            .into_iter()
+            .filter(|(k, _)| k == "NCCL_DEBUG")
+            .map(|(_, v)| v)
+            .collect::<Vec<_>>()
+    };
+    let rdma = built(serde_json::json!({
+        "replicas": 2, "gpusPerReplica": 8, "ipcLock": true,
+        "resources": {"limits": {"rdma/hca": 1}}
+    }));
+    let c = caps(&rdma);
+    assert_eq!(c.drop.as_deref(), Some(&["ALL".to_string()][..]));
+    assert_eq!(c.add.as_deref(), Some(&["IPC_LOCK".to_string()][..]));
+    let limits = rdma.spec.as_ref().unwrap().containers[0]
+        .resources
+        .clone()
+        .unwrap()
+        .limits
+        .unwrap();
+    assert!(limits.contains_key("rdma/hca") && limits.contains_key(GPU_RESOURCE));
+    assert_eq!(nccl_debug(&rdma), ["WARN"]);
+    // Without ipcLock nothing is added; the job's own NCCL_DEBUG wins; CPU pods get none.
+    let tcp = built(serde_json::json!({
+        "replicas": 2, "gpusPerReplica": 8,
+        "podTemplate": {"env": [{"name": "NCCL_DEBUG", "value": "INFO"}]}
+    }));
+    assert_eq!(caps(&tcp).add, None);
+    assert_eq!(nccl_debug(&tcp), ["INFO"]);
+    assert!(nccl_debug(&built(serde_json::json!({"replicas": 2}))).is_empty());
+}
+
+#[test]
 fn resources_carry_gpus() {
     let dt = gpu_job();
     let owner = Owner::of(&dt).unwrap();
