@@ -16,6 +16,7 @@ pub mod data;
 pub mod decode;
 pub mod device;
 pub mod dist;
+pub mod doctor;
 pub mod error;
 pub mod launch;
 pub mod memory;

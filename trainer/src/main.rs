@@ -47,6 +47,10 @@ enum Command {
     /// WORLD_SIZE, MASTER_ADDR, MASTER_PORT, FERROTRAIN_RDZV_TOKEN); rank 0 prints one JSON
     /// line per size. bench/collectives.sh runs it.
     BenchCollective(BenchArgs),
+    /// What this machine or pod offers the trainer (libtorch, CUDA devices against those
+    /// given, NCCL, NVML, PCI topology, /dev/shm, network interfaces, RDMA, port range) as a
+    /// table: exit 0 when nothing found can fail a job here, 1 otherwise.
+    Doctor,
 }
 
 #[derive(clap::Args, Debug)]
@@ -479,6 +483,12 @@ fn main() -> ExitCode {
         Command::Translate(args) => translate(args),
         Command::Bleu { reference } => score_bleu(&reference),
         Command::BenchCollective(args) => bench_collective(&args),
+        Command::Doctor => {
+            let findings =
+                ferrotrain_trainer::doctor::findings(&ferrotrain_trainer::doctor::Machine::here());
+            print!("{}", ferrotrain_trainer::doctor::table(&findings));
+            return ExitCode::from(u8::from(findings.iter().any(|f| !f.ok)));
+        }
     };
     match result {
         Ok(()) => ExitCode::from(exit::SUCCESS as u8),

@@ -125,6 +125,8 @@ fn open_gang(opts: &RunOptions) -> Result<(Device, Box<dyn Collective>)> {
         visible_gpus(),
     )?;
     tracing::info!(rank = opts.rank.rank, "{}", startup_line(device));
+    let doctor = crate::doctor::findings(&crate::doctor::Machine::here());
+    tracing::info!(rank = opts.rank.rank, "{}", crate::doctor::summary(&doctor));
     let comm = dist::init(&opts.rank, &config.distributed, device)?;
     let leader = comm.rank() == 0;
     if leader && config.precision == Precision::Bf16 && device == Device::Cpu {
