@@ -12,6 +12,11 @@ fi
 cargo build -p ferrotrain-trainer
 runs=runs/bench-baseline
 rm -rf "$runs"
+mkdir -p "$(dirname "$runs")"   # a fresh clone has no runs/
+# bf16 is only fast on CPUs with bf16 matrix units (AMX-BF16, AVX512-BF16); elsewhere it is
+# emulated, and slower than fp32 (docs/performance.md).
+units=$(grep -ow -e amx_bf16 -e avx512_bf16 /proc/cpuinfo 2>/dev/null | sort -u | tr '\n' ' ' || true)
+echo "CPU: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | xargs); bf16 units: ${units:-none (bf16 is emulated here)}"
 # ferrotrain: 70 steps of the Multi30k recipe in fp32 and in bf16 (the first run learns and
 # saves the BPE that every other run reuses).
 for precision in fp32 bf16; do
@@ -24,5 +29,6 @@ for precision in fp32 bf16; do
     | grep "step 70/" | sed 's/.*step 70/step 70/'
 done
 for flag in "" --bf16; do
+  echo -n "PyTorch eager precision=$([[ -n $flag ]] && echo bf16 || echo fp32): "
   "$venv/bin/python" bench/pytorch_transformer.py --tokenizer "$runs/fp32/tokenizer.json" $flag "$@"
 done

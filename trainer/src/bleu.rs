@@ -262,7 +262,9 @@ impl BleuStats {
             .iter()
             .map(|&p| if p == 0.0 { -9_999_999_999.0 } else { p.ln() })
             .sum();
-        bleu.score = brevity_penalty * (log_sum / MAX_ORDER as f64).exp();
+        // exp(ln 100) is 100.00000000000004 in floating point: a perfect score is 100, as
+        // sacreBLEU prints it.
+        bleu.score = (brevity_penalty * (log_sum / MAX_ORDER as f64).exp()).min(100.0);
         bleu
     }
 }
@@ -654,5 +656,13 @@ mod tests {
         assert_eq!(one.matches, [3, 2, 0, 0]); // sacrebleu: [6, 3, 3, 2, 0, 0, 6, 5, 4, 3]
         assert_eq!(one.totals, [6, 5, 4, 3]);
         assert_eq!((one.hyp_len, one.ref_len), (6, 3));
+    }
+
+    #[test]
+    fn a_perfect_translation_scores_exactly_100() {
+        let text = vec!["a man rides a red bicycle down the street".to_string()];
+        let b = corpus_bleu(&text, &text);
+        assert_eq!(b.score, 100.0);
+        assert_eq!(format!("{}", b.score), "100");
     }
 }
