@@ -52,7 +52,14 @@ fn objects(
         dt.metadata.namespace = Some("default".into());
     }
     dt.metadata.uid = Some(UID_PLACEHOLDER.into());
-    let problems = crate::observe::spec_problems(&dt.spec);
+    let mut problems = crate::observe::spec_problems(&dt.spec);
+    problems.extend(crate::observe::port_problems(
+        &dt.spec,
+        &[
+            ("rendezvous", settings.master_port),
+            ("progress", settings.trainer_metrics_port),
+        ],
+    ));
     if !problems.is_empty() {
         return Err(format!("{name}: {}", problems.join("; ")));
     }
