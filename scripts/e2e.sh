@@ -95,7 +95,14 @@ if running kube-apiserver && [[ "$(cat "$gates_file" 2>/dev/null || echo '|')" !
   "$KIT/down.sh" >/dev/null
 fi
 cluster_started=$SECONDS
-"$KIT/up.sh" >/dev/null
+# The kit's up.sh can start a kubelet before its containerd serves CRI ("server is not
+# initialized yet") and then times out waiting for the kubelets; a second up.sh brings them
+# up (seen after down.sh/up.sh on this project's machine; reported to the kit's maintainers).
+# Once, and said: a cluster that does not come up twice fails the run.
+if ! "$KIT/up.sh" >/dev/null; then
+  say "the cluster kit's up.sh failed (above); starting it once more"
+  "$KIT/up.sh" >/dev/null
+fi
 mkdir -p "$FTC_DIR/run" && echo "$want_gates" > "$gates_file"
 export KUBECONFIG="$ADMIN_KUBECONFIG"
 say "cluster up in $((SECONDS - cluster_started)) s (KUBECONFIG=$KUBECONFIG)"
