@@ -20,6 +20,27 @@ async fn uids(ns: &TestNamespace, job: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// Of job `job`'s two pods (UIDs by name, before and `now`), only rank `replaced`'s is new.
+fn replaced_alone(
+    before: &BTreeMap<String, String>,
+    now: &BTreeMap<String, String>,
+    job: &str,
+    replaced: i32,
+) {
+    for rank in 0..2 {
+        let pod = format!("{job}-0-{rank}");
+        if rank == replaced {
+            assert_ne!(
+                now.get(&pod),
+                before.get(&pod),
+                "rank {rank}'s pod replaced"
+            );
+        } else {
+            assert_eq!(now.get(&pod), before.get(&pod), "rank {rank}'s pod kept");
+        }
+    }
+}
+
 /// A running 2-pod copy job past its first checkpoint, with this collective timeout.
 async fn training(ns: &TestNamespace, job: &str, collective_timeout: u64) {
     ns.create_checkpoint_claim(&format!("{job}-checkpoints"))
@@ -123,16 +144,7 @@ async fn a_deleted_pod_is_replaced_alone_and_training_resumes() {
     first_step_of_round(&ns, "replace", 1).await;
     let now = uids(&ns, "replace").await;
     assert_eq!(now.len(), 2, "{now:?}");
-    assert_eq!(
-        now.get("replace-0-0"),
-        gang.get("replace-0-0"),
-        "rank 0's pod kept"
-    );
-    assert_ne!(
-        now.get("replace-0-1"),
-        gang.get("replace-0-1"),
-        "rank 1's pod replaced"
-    );
+    replaced_alone(&gang, &now, "replace", 1);
     let counted = wait_status(&ns.jobs(), "replace", "the round counted", WAIT, |s| {
         s.phase == Phase::Running && s.round == 1
     })
@@ -171,16 +183,7 @@ async fn node_0s_deleted_pod_is_replaced_alone_and_the_others_join_its_new_store
     );
     assert!(stepped.1.is_some(), "resumed from the checkpoint");
     let now = uids(&ns, "replace0").await;
-    assert_eq!(
-        now.get("replace0-0-1"),
-        gang.get("replace0-0-1"),
-        "rank 1's pod kept"
-    );
-    assert_ne!(
-        now.get("replace0-0-0"),
-        gang.get("replace0-0-0"),
-        "rank 0's pod replaced"
-    );
+    replaced_alone(&gang, &now, "replace0", 0);
     let counted = wait_status(&ns.jobs(), "replace0", "running again", WAIT, |s| {
         s.phase == Phase::Running && s.restarts == 1
     })
@@ -210,16 +213,7 @@ async fn a_pod_whose_launcher_was_killed_is_replaced_alone() {
         first.duration_since(killed_at).as_secs_f64()
     );
     let now = uids(&ns, "agentkill").await;
-    assert_eq!(
-        now.get("agentkill-0-0"),
-        gang.get("agentkill-0-0"),
-        "rank 0's pod kept"
-    );
-    assert_ne!(
-        now.get("agentkill-0-1"),
-        gang.get("agentkill-0-1"),
-        "rank 1's pod replaced"
-    );
+    replaced_alone(&gang, &now, "agentkill", 1);
     let counted = wait_status(&ns.jobs(), "agentkill", "the round counted", WAIT, |s| {
         s.phase == Phase::Running && s.round == 1
     })

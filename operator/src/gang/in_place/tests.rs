@@ -125,6 +125,29 @@ fn a_new_attempt_starts_at_round_0() {
     assert_eq!((next.status.attempt, next.status.round), (1, 0));
 }
 
+/// One look at an in-place job ([`in_place_spec`]) from `status`, its pods `pods`, at `now`.
+fn in_place(
+    status: &ferrotrain_api::crd::DistributedTrainingStatus,
+    pods: Vec<PodView>,
+    now: i64,
+) -> Decision {
+    run(&Row {
+        spec: in_place_spec,
+        status: status.clone(),
+        pods,
+        now,
+        ..Row::default()
+    })
+}
+
+/// Creates rank `rank`'s pod of attempt 0 again, alone.
+fn relaunch(rank: i32) -> Action {
+    Action::Launch {
+        attempt: 0,
+        node_ranks: vec![rank],
+    }
+}
+
 fn in_place_spec(s: &mut ferrotrain_api::crd::DistributedTrainingSpec) {
     s.restart_policy.in_place = true;
 }
@@ -182,38 +205,18 @@ fn a_deleted_pod_is_replaced_alone_and_the_others_are_left_running() {
     );
     assert!(ended.actions.is_empty(), "{:?}", ended.actions);
     // One that exited with its own error while being deleted failed all the same.
-    let own = run(&Row {
-        spec: in_place_spec,
-        status: going.status.clone(),
-        pods: vec![running(0, 0), deleting(exited(0, 1, 1, "boom", 97), 95)],
-        now: 98,
-        ..Row::default()
-    });
+    let own = in_place(
+        &going.status,
+        vec![running(0, 0), deleting(exited(0, 1, 1, "boom", 97), 95)],
+        98,
+    );
     assert_eq!(own.status.restarts, 1, "{:?}", own.status.last_failure);
     // Gone: created again alone, under its name.
-    let gone = run(&Row {
-        spec: in_place_spec,
-        status: ended.status.clone(),
-        pods: vec![running(0, 0)],
-        now: 101,
-        ..Row::default()
-    });
-    assert_eq!(
-        gone.actions,
-        [Action::Launch {
-            attempt: 0,
-            node_ranks: vec![1]
-        }]
-    );
+    let gone = in_place(&ended.status, vec![running(0, 0)], 101);
+    assert_eq!(gone.actions, [relaunch(1)]);
     assert!(gone.events.is_empty(), "said once: {:?}", gone.events);
     // The replacement runs: the gang runs again, same attempt.
-    let back = run(&Row {
-        spec: in_place_spec,
-        status: gone.status.clone(),
-        pods: vec![running(0, 0), running(0, 1)],
-        now: 110,
-        ..Row::default()
-    });
+    let back = in_place(&gone.status, vec![running(0, 0), running(0, 1)], 110);
     assert_eq!(
         (back.status.phase, back.status.attempt),
         (Phase::Running, 0)
@@ -224,13 +227,7 @@ fn a_deleted_pod_is_replaced_alone_and_the_others_are_left_running() {
 fn losing_node_0s_pod_replaces_it_alone_and_counts_one_restart() {
     use crate::fixtures::running_status;
     // Node 0's pod is gone: the others' launchers wait for its replacement's store.
-    let gone = run(&Row {
-        spec: in_place_spec,
-        status: running_status(0, 0),
-        pods: vec![running(0, 1)],
-        now: 100,
-        ..Row::default()
-    });
+    let gone = in_place(&running_status(0, 0), vec![running(0, 1)], 100);
     let s = &gone.status;
     assert_eq!(
         (s.phase, s.attempt, s.restarts, s.round),
@@ -238,31 +235,13 @@ fn losing_node_0s_pod_replaces_it_alone_and_counts_one_restart() {
     );
     assert_eq!(s.restarts_by_cause.get("PodLeaving"), Some(&1));
     assert_eq!(s.last_failure.as_ref().unwrap().node_rank, Some(0));
-    assert_eq!(
-        gone.actions,
-        [Action::Launch {
-            attempt: 0,
-            node_ranks: vec![0]
-        }]
-    );
+    assert_eq!(gone.actions, [relaunch(0)]);
     // Looked at again before the replacement exists: counted once.
-    let again = run(&Row {
-        spec: in_place_spec,
-        status: gone.status.clone(),
-        pods: vec![running(0, 1)],
-        now: 101,
-        ..Row::default()
-    });
+    let again = in_place(&gone.status, vec![running(0, 1)], 101);
     assert_eq!((again.status.restarts, again.status.round), (1, 1));
     assert!(again.events.is_empty(), "said once: {:?}", again.events);
     // The replacement runs: the same attempt runs again.
-    let back = run(&Row {
-        spec: in_place_spec,
-        status: again.status.clone(),
-        pods: vec![running(0, 0), running(0, 1)],
-        now: 110,
-        ..Row::default()
-    });
+    let back = in_place(&again.status, vec![running(0, 0), running(0, 1)], 110);
     assert_eq!(
         (back.status.phase, back.status.attempt, back.status.restarts),
         (Phase::Running, 0, 1)
@@ -273,42 +252,26 @@ fn losing_node_0s_pod_replaces_it_alone_and_counts_one_restart() {
 fn a_pod_whose_launcher_was_killed_is_replaced_alone_while_restarts_are_left() {
     use crate::fixtures::{exited, running_status};
     // Its launcher got SIGKILL (or the OOM killer): the pod failed with 137, nothing deleted it.
-    let killed = run(&Row {
-        spec: in_place_spec,
-        status: running_status(0, 0),
-        pods: vec![running(0, 0), exited(0, 1, 137, "", 99)],
-        now: 100,
-        ..Row::default()
-    });
+    let killed = in_place(
+        &running_status(0, 0),
+        vec![running(0, 0), exited(0, 1, 137, "", 99)],
+        100,
+    );
     assert_eq!(
         (killed.status.phase, killed.status.attempt),
         (Phase::Starting, 0)
     );
     assert_eq!(killed.actions, [Action::DeletePod("mt-0-1".into())]);
     // Gone: created again under its name; the others' launchers take it into their next round.
-    let gone = run(&Row {
-        spec: in_place_spec,
-        status: killed.status.clone(),
-        pods: vec![running(0, 0)],
-        now: 101,
-        ..Row::default()
-    });
-    assert_eq!(
-        gone.actions,
-        [Action::Launch {
-            attempt: 0,
-            node_ranks: vec![1]
-        }]
-    );
+    let gone = in_place(&killed.status, vec![running(0, 0)], 101);
+    assert_eq!(gone.actions, [relaunch(1)]);
     // A launcher that exits by itself (restarts spent, exit 1) fails the attempt as before;
     // so does a killed one when no restart is left.
-    let gave_up = run(&Row {
-        spec: in_place_spec,
-        status: running_status(0, 0),
-        pods: vec![running(0, 0), exited(0, 1, 1, "giving up", 99)],
-        now: 100,
-        ..Row::default()
-    });
+    let gave_up = in_place(
+        &running_status(0, 0),
+        vec![running(0, 0), exited(0, 1, 1, "giving up", 99)],
+        100,
+    );
     assert_eq!(gave_up.status.phase, Phase::Restarting);
     let spent = run(&Row {
         spec: |s| {
