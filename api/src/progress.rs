@@ -118,6 +118,16 @@ pub struct Progress {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(skip)]
     pub round_ends: Vec<crate::recovery::RoundEnd>,
+    /// The precision the ranks train in, and why (`precision: auto` decides at start-up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<PrecisionChoice>,
+    /// `fp16`: the dynamic loss scale now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<f64>,
+    /// `fp16`: optimizer steps this run of the trainer skipped because the gradients
+    /// overflowed (held an inf or NaN); the data position moved on past them.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped_steps: u64,
     /// Model parameters.
     #[serde(default)]
     pub parameters: u64,
@@ -134,6 +144,18 @@ pub struct Progress {
     /// The training set as loaded: sizes, lengths, what was filtered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<DataStats>,
+}
+
+/// The precision a run trains in: what the config asked for, what the trainer uses and why.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PrecisionChoice {
+    /// The config's `precision`.
+    pub requested: crate::config::Precision,
+    /// The precision of the matrix multiplies (never `auto`).
+    pub used: crate::config::Precision,
+    /// Why: the hardware that decided `auto`, or that the config asked for it.
+    pub reason: String,
 }
 
 /// One resource over the ranks: the mean, and the lowest and highest rank.
@@ -327,6 +349,7 @@ impl Progress {
             resumed_from_step: self.resumed_from_step,
             first_step_at: self.attempt_first_step_time,
             checkpoint_step: self.last_checkpoint.as_ref().map(|c| c.step),
+            skipped_steps: self.skipped_steps,
         }
     }
 
@@ -353,8 +376,9 @@ impl Progress {
 
 /// Optional report fields, in the order they are left out when a report is too long for a
 /// termination message: detail first, then rates; step, losses, eval and the checkpoint stay.
-const DROPPED_FIRST: [&str; 9] = [
+const DROPPED_FIRST: [&str; 10] = [
     "data",
+    "precision",
     "resources",
     "peakMemoryBytes",
     "samplesPerSecond",

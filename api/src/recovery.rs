@@ -143,6 +143,10 @@ pub struct AttemptRecord {
     /// else estimated from its last checkpoint).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lost_steps: Option<u64>,
+    /// `fp16`: steps it skipped because the gradients overflowed (their data is not
+    /// trained again; their time is not productive).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped_steps: u64,
     /// Seconds of its training that produced kept steps.
     #[serde(default)]
     pub productive_seconds: f64,
@@ -171,8 +175,8 @@ impl AttemptRecord {
         if done == 0 {
             return 0.0;
         }
-        let lost = self.lost_steps.unwrap_or(0).min(done);
-        training * (done - lost) as f64 / done as f64
+        let wasted = (self.lost_steps.unwrap_or(0) + self.skipped_steps).min(done);
+        training * (done - wasted) as f64 / done as f64
     }
 }
 
@@ -198,6 +202,9 @@ pub struct Recovery {
     /// Steps trained twice because an attempt ended after its last checkpoint.
     #[serde(default)]
     pub lost_steps: u64,
+    /// `fp16`: steps skipped on a gradient overflow, over every attempt.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped_steps: u64,
     /// Ended attempts by cause (Failure, Disruption, Stall, Stopped): every restart, counted
     /// or not against maxRestarts.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -227,6 +234,9 @@ pub struct Retired {
     /// Their lost steps.
     #[serde(default)]
     pub lost_steps: u64,
+    /// Their skipped steps (`fp16` overflows).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped_steps: u64,
     /// Sum of their failures' detection times.
     #[serde(default)]
     pub detect_seconds: f64,
@@ -254,6 +264,8 @@ pub struct StepReport {
     pub resumed_from_step: Option<u64>,
     pub first_step_at: Option<Timestamp>,
     pub checkpoint_step: Option<u64>,
+    /// `fp16`: steps the run skipped on a gradient overflow so far.
+    pub skipped_steps: u64,
 }
 
 impl Recovery {
@@ -302,6 +314,7 @@ impl Recovery {
             checkpoint_step: None,
             end: None,
             lost_steps: None,
+            skipped_steps: 0,
             productive_seconds: 0.0,
         });
         self.retire();
@@ -332,6 +345,7 @@ impl Recovery {
             a.last_step_at = Some(at);
         }
         a.last_step = Some(r.step);
+        a.skipped_steps = r.skipped_steps;
         if r.checkpoint_step.is_some() {
             a.checkpoint_step = r.checkpoint_step;
         }
@@ -387,6 +401,7 @@ impl Recovery {
             r.attempts += 1;
             r.productive_seconds += old.productive_seconds;
             r.lost_steps += old.lost_steps.unwrap_or(0);
+            r.skipped_steps += old.skipped_steps;
             if let Some((detect, recovery)) = failure_costs(&old, next_first_step) {
                 r.detect_seconds += detect;
                 r.detections += 1;
@@ -434,6 +449,8 @@ impl Recovery {
                 .iter()
                 .filter_map(|a| a.lost_steps)
                 .sum::<u64>();
+        self.skipped_steps =
+            r.skipped_steps + self.attempts.iter().map(|a| a.skipped_steps).sum::<u64>();
         let end = match self.attempts.last().and_then(|a| a.end.as_ref()) {
             Some(e) => e.detected_at,
             None => now,
@@ -442,6 +459,10 @@ impl Recovery {
         self.goodput_percent = (self.total_seconds > 0.0)
             .then(|| round3(100.0 * self.productive_seconds / self.total_seconds).min(100.0));
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// What an attempt that ended without succeeding cost: seconds from its failure to its
@@ -478,6 +499,7 @@ mod tests {
             resumed_from_step: Some(resumed),
             first_step_at: Some(t(first)),
             checkpoint_step: ckpt,
+            skipped_steps: 0,
         }
     }
 
@@ -507,6 +529,34 @@ mod tests {
         r.report(report(81, 80, 125, Some(80)), t(126));
         r.report(report(200, 80, 125, Some(200)), t(245));
         r
+    }
+
+    #[test]
+    fn skipped_fp16_steps_are_counted_and_not_productive() {
+        let mut r = Recovery::default();
+        r.start(0, t(0));
+        r.report(report(50, 0, 10, None), t(60));
+        r.report(
+            StepReport {
+                skipped_steps: 4,
+                ..report(100, 0, 10, Some(100))
+            },
+            t(110),
+        );
+        // 100 s of training, 4 of 100 steps skipped.
+        assert_eq!(r.attempts[0].skipped_steps, 4);
+        assert_eq!(r.attempts[0].productive_seconds, 96.0);
+        assert_eq!(r.skipped_steps, 4);
+        r.end(failure(110, 111));
+        r.start(1, t(120));
+        r.report(
+            StepReport {
+                skipped_steps: 1,
+                ..report(150, 100, 125, Some(150))
+            },
+            t(175),
+        );
+        assert_eq!(r.skipped_steps, 5, "every attempt's own count, summed");
     }
 
     #[test]

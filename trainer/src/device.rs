@@ -1,6 +1,5 @@
 //! Where a process computes: the device a rank picks (a GPU when it has one, the CPU only
-//! when the pod was given none), the line that says so at start-up, and whether a CPU has
-//! bf16 units.
+//! when the pod was given none) and the line that says so at start-up.
 
 use ferrotrain_api::config::DeviceKind;
 use tch::Device;
@@ -91,34 +90,9 @@ pub fn startup_line(device: Device) -> String {
 /// The tch crate this binary was built with (it pins the libtorch version).
 const TCH_VERSION: &str = "0.24.0";
 
-/// Whether /proc/cpuinfo's `flags` name bf16 matrix units (AMX-BF16 or AVX512-BF16). Empty
-/// text (not Linux) counts as yes: nothing to warn about.
-pub fn cpu_has_bf16_units(cpuinfo: &str) -> bool {
-    let flags: Vec<&str> = cpuinfo
-        .lines()
-        .filter(|l| l.starts_with("flags"))
-        .flat_map(|l| l.split_whitespace())
-        .collect();
-    cpuinfo.is_empty()
-        || flags
-            .iter()
-            .any(|f| matches!(*f, "amx_bf16" | "avx512_bf16"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bf16_units_are_read_from_cpuinfo_flags() {
-        let sapphire = "processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile\n";
-        let zen4 = "flags\t\t: fpu avx2 avx512f avx512_bf16\n";
-        let skylake = "model name\t: Xeon avx512_bf16\nflags\t\t: fpu avx2 avx512f\n";
-        assert!(cpu_has_bf16_units(sapphire));
-        assert!(cpu_has_bf16_units(zen4));
-        assert!(!cpu_has_bf16_units(skylake), "only the flags line counts");
-        assert!(cpu_has_bf16_units(""));
-    }
 
     #[test]
     fn a_pod_given_gpus_never_trains_on_the_cpu_by_accident() {

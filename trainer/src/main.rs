@@ -10,7 +10,7 @@ use ferrotrain_api::config::Precision;
 use ferrotrain_api::{TrainerConfig, env, exit};
 use ferrotrain_trainer::error::{Reason, Result, TrainError, write_termination_message};
 use ferrotrain_trainer::{
-    bleu, checkpoint, data, decode, device, dist, launch, model, signals, train,
+    bleu, checkpoint, data, decode, device, dist, launch, model, precision, signals, train,
 };
 
 #[derive(Parser, Debug)]
@@ -103,17 +103,14 @@ struct TranslateArgs {
     /// and the complete checkpoints before it in its job directory (as many as there are).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     average: u32,
-    /// Precision of the matrix multiplies while decoding (default: the training config's).
+    /// Precision of the matrix multiplies while decoding: auto, fp32, bf16 or fp16 (default:
+    /// the training config's).
     #[arg(long, value_parser = parse_precision)]
     precision: Option<Precision>,
 }
 
 fn parse_precision(s: &str) -> std::result::Result<Precision, String> {
-    match s {
-        "fp32" => Ok(Precision::Fp32),
-        "bf16" => Ok(Precision::Bf16),
-        _ => Err(format!("expected fp32 or bf16, got {s:?}")),
-    }
+    s.parse()
 }
 
 fn init_logging(rank: usize) {
@@ -307,11 +304,14 @@ fn translate(args: TranslateArgs) -> Result<()> {
         device::visible_gpus(),
     )?;
     let vs = tch::nn::VarStore::new(device);
+    let requested = args.precision.unwrap_or(config.precision);
+    let precision = precision::decide(requested, &precision::Hardware::of(device));
+    tracing::info!("{}", precision::startup_line(&precision));
     let net = model::Transformer::new(
         &vs.root(),
         &config.model,
         vocab.size() as i64,
-        args.precision.unwrap_or(config.precision),
+        precision.used,
     );
     train::restore_model(&model::named_parameters(&vs), &weights)?;
     tracing::info!(?steps, dir = %dir.display(), beam = args.beam, "translating");

@@ -270,6 +270,12 @@ impl AdamW {
         };
     }
 
+    /// Divides the gradients by the fp16 loss scale in the next `step` (after `clip_to`,
+    /// which was given the unscaled norm), in the same one multiply.
+    pub fn unscale(&mut self, loss_scale: f64) {
+        self.grad_scale /= loss_scale;
+    }
+
     /// The state as named tensors (`<param>.exp_avg`, `<param>.exp_avg_sq`, and `step`).
     pub fn state(&self) -> Vec<(String, Tensor)> {
         let mut out = Vec::with_capacity(2 * self.slots.len() + 1);
@@ -540,5 +546,28 @@ mod tests {
             mismatched.load_state(&state),
             Err(TrainError::IncompatibleCheckpoint(_))
         ));
+    }
+
+    #[test]
+    fn fp16_gradients_are_unscaled_and_clipped_by_their_true_norm() {
+        let config = OptimizerConfig {
+            lr: 0.1,
+            beta1: 0.9,
+            beta2: 0.98,
+            eps: 1e-9,
+            weight_decay: 0.0,
+            clip_norm: 5.0,
+        };
+        let w = Tensor::from_slice(&[3.0f32, 4.0]).set_requires_grad(true);
+        // The loss scaled by 1024: grad = 1024 * (6, 8), true norm 10.
+        ((&w * &w).sum(Kind::Float) * 1024.0).backward();
+        let mut opt = AdamW::new(&[("w".to_string(), w.shallow_clone())], &config);
+        let scaled = opt.grad_norm().unwrap().double_value(&[]);
+        opt.clip_to(scaled / 1024.0, config.clip_norm);
+        opt.unscale(1024.0);
+        opt.step(0.1);
+        // The step used (6, 8) clipped to norm 5: the first moment is 0.1 of that.
+        let first_moment = opt.state()[0].1.norm().double_value(&[]);
+        assert!((first_moment - 0.5).abs() < 1e-5, "{first_moment}");
     }
 }

@@ -38,13 +38,70 @@ struct Summary {
     value: Vec<SummaryValue>,
 }
 
-/// `tensorflow.Summary.Value` with `simple_value` (a scalar).
+/// `tensorflow.Summary.Value` with `simple_value` (a scalar), or a plugin's `metadata` and
+/// `tensor`.
 #[derive(Clone, PartialEq, prost::Message)]
 struct SummaryValue {
     #[prost(string, tag = "1")]
     tag: String,
     #[prost(float, optional, tag = "2")]
     simple_value: Option<f32>,
+    #[prost(message, optional, tag = "8")]
+    tensor: Option<TensorProto>,
+    #[prost(message, optional, tag = "9")]
+    metadata: Option<SummaryMetadata>,
+}
+
+/// `tensorflow.TensorProto`: the hparams plugin's summaries hold a float 0.
+#[derive(Clone, PartialEq, prost::Message)]
+struct TensorProto {
+    /// `DT_FLOAT` = 1.
+    #[prost(int32, tag = "1")]
+    dtype: i32,
+    #[prost(float, repeated, tag = "5")]
+    float_val: Vec<f32>,
+}
+
+/// `tensorflow.SummaryMetadata` with its `plugin_data`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct SummaryMetadata {
+    #[prost(message, optional, tag = "1")]
+    plugin_data: Option<PluginData>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct PluginData {
+    #[prost(string, tag = "1")]
+    plugin_name: String,
+    #[prost(bytes = "vec", tag = "2")]
+    content: Vec<u8>,
+}
+
+/// `tensorboard.hparams.HParamsPluginData` (plugins/hparams/plugin_data.proto), version 0,
+/// with its `session_start_info`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct HParamsPluginData {
+    #[prost(int32, tag = "1")]
+    version: i32,
+    #[prost(message, optional, tag = "3")]
+    session_start_info: Option<SessionStartInfo>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct SessionStartInfo {
+    #[prost(map = "string, message", tag = "1")]
+    hparams: std::collections::HashMap<String, ProtoValue>,
+    #[prost(double, tag = "5")]
+    start_time_secs: f64,
+}
+
+/// `google.protobuf.Value`, its string and number kinds.
+#[derive(Clone, PartialEq, prost::Message)]
+struct ProtoValue {
+    #[prost(double, optional, tag = "2")]
+    number_value: Option<f64>,
+    #[prost(string, optional, tag = "3")]
+    string_value: Option<String>,
 }
 
 /// TFRecord's CRC: CRC-32C rotated and offset, so a CRC of data holding CRCs stays strong.
@@ -97,6 +154,7 @@ impl EventWriter {
             .map(|&(tag, v)| SummaryValue {
                 tag: tag.to_string(),
                 simple_value: Some(v as f32),
+                ..Default::default()
             })
             .collect();
         self.write_event(&Event {
@@ -104,6 +162,49 @@ impl EventWriter {
             step: step as i64,
             file_version: None,
             summary: Some(Summary { value }),
+        })
+    }
+
+    /// The run's hyper-parameters (TensorBoard's HPARAMS tab): `session_start_info` of the
+    /// hparams plugin, as `tensorboard.plugins.hparams.summary` writes it.
+    pub fn hparams(&mut self, values: &[(&str, &str)]) -> Result<()> {
+        let info = SessionStartInfo {
+            hparams: values
+                .iter()
+                .map(|&(k, v)| {
+                    let value = ProtoValue {
+                        string_value: Some(v.to_string()),
+                        ..Default::default()
+                    };
+                    (k.to_string(), value)
+                })
+                .collect(),
+            start_time_secs: unix_now(),
+        };
+        let content = HParamsPluginData {
+            version: 0,
+            session_start_info: Some(info),
+        }
+        .encode_to_vec();
+        let value = SummaryValue {
+            tag: "_hparams_/session_start_info".into(),
+            tensor: Some(TensorProto {
+                dtype: 1,
+                float_val: vec![0.0],
+            }),
+            metadata: Some(SummaryMetadata {
+                plugin_data: Some(PluginData {
+                    plugin_name: "hparams".into(),
+                    content,
+                }),
+            }),
+            ..Default::default()
+        };
+        self.write_event(&Event {
+            wall_time: unix_now(),
+            step: 0,
+            file_version: None,
+            summary: Some(Summary { value: vec![value] }),
         })
     }
 
@@ -153,9 +254,18 @@ pub struct TrainingBoard {
 }
 
 impl TrainingBoard {
+    /// A board for this attempt; the precision the run trains in goes into its hparams.
     pub fn create(dir: &Path, resumed: &Progress) -> Result<Self> {
+        let mut events = EventWriter::create(dir)?;
+        if let Some(p) = &resumed.precision {
+            events.hparams(&[
+                ("precision", p.used.as_str()),
+                ("precision_requested", p.requested.as_str()),
+                ("precision_reason", &p.reason),
+            ])?;
+        }
         Ok(TrainingBoard {
-            events: EventWriter::create(dir)?,
+            events,
             eval_step: resumed.eval_step,
             // The checkpoint a run resumes from was plotted by the attempt that saved it.
             checkpoint_step: resumed.last_checkpoint.as_ref().map(|c| c.step),
@@ -169,15 +279,24 @@ impl TrainingBoard {
     /// Writes step `p.step`: `loss` and `grad_norm` are this step's own; the rest comes from
     /// the report (rates are its recent averages). Flushes.
     pub fn report(&mut self, p: &Progress, loss: f64, grad_norm: Option<f64>) -> Result<()> {
-        let mut values: Vec<(&str, f64)> = vec![("train/loss", loss)];
         let optional = [
+            ("train/loss", Some(loss)),
             ("train/learning_rate", p.learning_rate),
             ("train/grad_norm", grad_norm),
             ("train/tokens_per_second", p.tokens_per_second),
             ("train/step_time_seconds", p.step_time_seconds),
             ("train/comm_fraction", p.comm_fraction),
+            ("train/loss_scale", p.loss_scale),
+            (
+                "train/skipped_steps",
+                p.loss_scale.map(|_| p.skipped_steps as f64),
+            ),
         ];
-        values.extend(optional.into_iter().filter_map(|(t, v)| Some((t, v?))));
+        // An fp16 step skipped on an overflow has an infinite gradient norm (and maybe loss).
+        let values: Vec<(&str, f64)> = optional
+            .into_iter()
+            .filter_map(|(t, v)| Some((t, v.filter(|v| v.is_finite())?)))
+            .collect();
         self.events.scalars(p.step, &values)?;
         if p.eval_step.is_some() && p.eval_step != self.eval_step {
             self.eval_step = p.eval_step;

@@ -64,6 +64,8 @@ fn state(step: u64) -> TrainerState {
         eval_bleu: None,
         time: "2026-01-01T00:00:00Z".into(),
         train_seconds: 0.0,
+        precision: None,
+        loss_scale: None,
     }
 }
 

@@ -188,7 +188,7 @@ fn translation_job_trains_evaluates_translates_and_scores() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stderr(&out).contains("steps=[60, 120]"), "{}", stderr(&out));
     assert_eq!(String::from_utf8(out.stdout).unwrap().lines().count(), 2);
-    for bad in [["--average", "0"], ["--precision", "fp16"]] {
+    for bad in [["--average", "0"], ["--precision", "fp8"]] {
         let out = translate(&job, &bad, sources);
         assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", stderr(&out));
         assert!(stderr(&out).contains(bad[0]), "{}", stderr(&out));

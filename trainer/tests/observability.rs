@@ -123,6 +123,51 @@ fn tensorboard_reads_back_the_scalars_written() {
 }
 
 #[test]
+fn tensorboard_reads_back_the_precision_as_hparams() {
+    let Some(python) = tensorboard_python() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let mut events = EventWriter::create(tmp.path()).unwrap();
+    events
+        .hparams(&[
+            ("precision", "bf16"),
+            ("precision_requested", "auto"),
+            ("precision_reason", "auto: this CPU has AVX512-BF16"),
+        ])
+        .unwrap();
+    events.scalars(1, &[("train/loss", 2.5)]).unwrap();
+    events.flush().unwrap();
+    let script = "import json, sys\n\
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator\n\
+        from tensorboard.plugins.hparams import plugin_data_pb2\n\
+        acc = EventAccumulator(sys.argv[1])\n\
+        acc.Reload()\n\
+        content = acc.PluginTagToContent('hparams')['_hparams_/session_start_info']\n\
+        data = plugin_data_pb2.HParamsPluginData.FromString(content)\n\
+        assert data.version == 0 and data.HasField('session_start_info')\n\
+        hp = data.session_start_info.hparams\n\
+        print(json.dumps({k: v.string_value for k, v in hp.items()}))\n";
+    let out = Command::new(&python)
+        .args(["-c", script])
+        .arg(tmp.path())
+        .output()
+        .expect("run python");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let hparams: BTreeMap<String, String> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(hparams["precision"], "bf16");
+    assert_eq!(hparams["precision_requested"], "auto");
+    assert_eq!(
+        hparams["precision_reason"],
+        "auto: this CPU has AVX512-BF16"
+    );
+}
+
+#[test]
 fn a_copy_run_writes_every_tag_per_attempt() {
     let Some(python) = tensorboard_python() else {
         return;

@@ -39,6 +39,8 @@ pub(super) fn state(step: u64, eval_loss: Option<f64>) -> TrainerState {
         eval_bleu: eval_loss.map(|l| 40.0 - l),
         time: "2026-01-02T03:04:05Z".into(),
         train_seconds: step as f64 * 0.5,
+        precision: None,
+        loss_scale: None,
     }
 }
 

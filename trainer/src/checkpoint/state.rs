@@ -1,6 +1,9 @@
 //! trainer.json: the checkpoint's state besides its tensors.
 
+use ferrotrain_api::progress::PrecisionChoice;
 use serde::{Deserialize, Serialize};
+
+use crate::loss_scale::ScaleState;
 
 /// trainer.json: what a resume needs besides the tensors.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -23,4 +26,10 @@ pub struct TrainerState {
     /// time-horizon schedule count from here after a resume. 0 in older checkpoints.
     #[serde(default)]
     pub train_seconds: f64,
+    /// The precision the run trained in, and why (absent in older checkpoints).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<PrecisionChoice>,
+    /// `fp16`: the dynamic loss scale after this step; a resume goes on with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<ScaleState>,
 }

@@ -150,8 +150,12 @@ pub fn recovery_lines(r: &Recovery) -> Vec<String> {
             .lost_steps
             .map_or(String::new(), |l| format!(", {l} steps lost"));
         let round = a.round.map_or(String::new(), |r| format!(" round {r}"));
+        let skipped = match a.skipped_steps {
+            0 => String::new(),
+            n => format!(", {n} step(s) skipped on an fp16 overflow"),
+        };
         lines.push(format!(
-            "attempt {}{round}: resumed from step {}, {to_first}, reached step {}, {end}{lost}",
+            "attempt {}{round}: resumed from step {}, {to_first}, reached step {}, {end}{lost}{skipped}",
             a.attempt,
             a.resumed_from_step.unwrap_or(0),
             a.last_step.unwrap_or(0),

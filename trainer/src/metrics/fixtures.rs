@@ -1,7 +1,8 @@
 //! What the metrics tests build from: a progress report with every field set, and a
 //! parser of the OpenMetrics text the tests read back.
 
-use ferrotrain_api::progress::GangResources;
+use ferrotrain_api::config::Precision;
+use ferrotrain_api::progress::{GangResources, PrecisionChoice};
 use ferrotrain_api::{CheckpointInfo, DataStats, GpuUsage, Progress, ResourceUsage, TrainerPhase};
 
 pub(super) fn full_progress() -> Progress {
@@ -35,6 +36,13 @@ pub(super) fn full_progress() -> Progress {
         attempt_first_step_time: Some("2026-01-02T03:00:00Z".parse().unwrap()),
         round: 0,
         round_ends: Vec::new(),
+        precision: Some(PrecisionChoice {
+            requested: Precision::Auto,
+            used: Precision::Fp16,
+            reason: "auto: GPU compute capability 7.0 has fp16 tensor cores but no bf16".into(),
+        }),
+        loss_scale: Some(8192.0),
+        skipped_steps: 3,
         rejected_connections: [("bad_token".to_string(), 3)].into(),
         gang_resources: Some(GangResources {
             ranks: 4,

@@ -42,6 +42,7 @@ pub fn prometheus_text(p: &Progress) -> String {
         data_metrics(&mut r, d);
     }
     refused_metrics(&mut r, &p.rejected_connections);
+    precision_metrics(&mut r, p);
 
     let mut out = String::with_capacity(8192);
     // Writing to a String cannot fail.
@@ -65,6 +66,38 @@ fn refused_metrics(r: &mut Registry, counts: &std::collections::BTreeMap<String,
         "Connections refused by the rendezvous store or rank 0's ring listener, by reason",
         family,
     );
+}
+
+/// `precision{used, requested}` 1 once the precision is decided; with fp16 the loss scale
+/// and `skipped_steps_total` (steps skipped on a gradient overflow, this run).
+fn precision_metrics(r: &mut Registry, p: &Progress) {
+    if let Some(choice) = &p.precision {
+        let family =
+            Family::<Vec<(&'static str, String)>, ConstGauge<i64>>::new_with_constructor(|| {
+                ConstGauge::new(1)
+            });
+        let _ = family.get_or_create(&vec![
+            ("used", choice.used.as_str().to_string()),
+            ("requested", choice.requested.as_str().to_string()),
+        ]);
+        r.register(
+            "precision",
+            "The precision of the matrix multiplies (used) and the config's (requested)",
+            family,
+        );
+    }
+    if let Some(scale) = p.loss_scale {
+        r.register(
+            "loss_scale",
+            "fp16: the dynamic loss scale",
+            ConstGauge::new(scale),
+        );
+        r.register(
+            "skipped_steps",
+            "fp16: optimizer steps skipped because the gradients overflowed, this run",
+            ConstCounter::new(p.skipped_steps),
+        );
+    }
 }
 
 /// One family `phase` with a 1 for the current phase and a 0 for each other.
@@ -447,6 +480,12 @@ mod tests {
             ("ferrotrain_data_valid_truncated", 2.0),
             ("ferrotrain_data_mean_source_tokens", 13.5),
             ("ferrotrain_data_mean_target_tokens", 14.25),
+            (
+                "ferrotrain_precision{used=\"fp16\",requested=\"auto\"}",
+                1.0,
+            ),
+            ("ferrotrain_loss_scale", 8192.0),
+            ("ferrotrain_skipped_steps_total", 3.0),
         ];
         for (series, v) in want {
             assert_eq!(m.get(series), Some(&v), "{series}");
@@ -475,6 +514,9 @@ mod tests {
             "ferrotrain_process_",
             "ferrotrain_data_",
             "ferrotrain_gpu_",
+            "ferrotrain_precision",
+            "ferrotrain_loss_scale",
+            "ferrotrain_skipped_steps",
         ] {
             assert!(
                 !text.contains(absent),

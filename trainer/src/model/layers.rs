@@ -24,6 +24,8 @@ pub(super) fn compute_kind(precision: Precision) -> Kind {
     match precision {
         Precision::Fp32 => Kind::Float,
         Precision::Bf16 => Kind::BFloat16,
+        Precision::Fp16 => Kind::Half,
+        Precision::Auto => unreachable!("precision: auto is decided before a model is built"),
     }
 }
 

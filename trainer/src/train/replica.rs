@@ -13,6 +13,7 @@ use std::ffi::c_void;
 use std::sync::Mutex;
 
 use ferrotrain_api::TrainerConfig;
+use ferrotrain_api::config::Precision;
 use tch::{Device, Kind, Tensor, nn};
 
 use crate::autograd;
@@ -37,13 +38,14 @@ impl ModelReplica {
     pub fn new(
         config: &TrainerConfig,
         device: Device,
+        precision: Precision,
         vocab: i64,
         comm: &mut dyn Collective,
         bucket_bytes: usize,
     ) -> Result<ModelReplica> {
         tch::manual_seed(config.seed as i64);
         let vs = nn::VarStore::new(device);
-        let model = Transformer::new(&vs.root(), &config.model, vocab, config.precision);
+        let model = Transformer::new(&vs.root(), &config.model, vocab, precision);
         let params = model::named_parameters(&vs);
         let order = completion_order(&model, &params, device)?;
         let order = agree_on_order(comm, order, params.len())?;

@@ -14,22 +14,30 @@ use crate::metrics::SharedProgress;
 
 impl Trainer<'_> {
     /// Keeps the step for the rates and the reported loss, refuses a loss that is not
-    /// finite, and (rank 0) appends the step's line to the train log.
+    /// finite (unless fp16 skipped the step: the loss scale backs off), and (rank 0) appends
+    /// the step's line to the train log.
     pub(super) fn record(&mut self, s: &StepOutcome) -> Result<()> {
         self.window
             .push(s.seconds, s.comm_seconds, s.tokens, s.samples);
-        self.window.push_loss(s.loss);
         let (step, loss) = (s.step, s.loss);
-        if !loss.is_finite() {
+        if loss.is_finite() {
+            self.window.push_loss(loss);
+        } else if !s.skipped {
             return Err(TrainError::Other(format!(
                 "loss became {loss} at step {step}: lower optimizer.lr or raise schedule.warmupSteps"
             ).into()));
         }
         if let Some(log) = self.log.as_mut() {
-            let line = serde_json::json!({
+            let mut line = serde_json::json!({
                 "step": step, "loss": loss, "lr": s.lr, "gradNorm": s.grad_norm, "samples": self.samples,
                 "tokens": s.tokens, "seconds": s.seconds, "commSeconds": s.comm_seconds,
             });
+            if let Some(scale) = s.loss_scale {
+                line["lossScale"] = scale.into();
+            }
+            if s.skipped {
+                line["skipped"] = true.into();
+            }
             writeln!(log, "{line}")?;
         }
         Ok(())
@@ -47,6 +55,8 @@ impl Trainer<'_> {
         p.epoch = self.stream.position().epoch;
         p.loss = Some(self.window.mean_loss());
         p.learning_rate = Some(lr);
+        p.loss_scale = s.loss_scale;
+        p.skipped_steps = self.skipped_steps;
         if let Some(r) = rates {
             p.steps_per_second = Some(r.steps_per_second);
             p.samples_per_second = Some(r.samples_per_second);
@@ -66,9 +76,13 @@ impl Trainer<'_> {
             p.gang_resources = Some(g.clone());
         }
         self.reporter.step(&p, s.loss, s.grad_norm);
+        let scale = s
+            .loss_scale
+            .map(|l| format!(" loss scale {l} ({} skipped)", p.skipped_steps))
+            .unwrap_or_default();
         if self.leader && (step % config.log_every_steps == 0 || step == 1 || s.final_step) {
             tracing::info!(
-                "step {step}/{} loss {:.4} lr {lr:.3e} {:.2} steps/s {:.0} tok/s comm {:.0}% eta {:.0}s",
+                "step {step}/{} loss {:.4} lr {lr:.3e} {:.2} steps/s {:.0} tok/s comm {:.0}% eta {:.0}s{scale}",
                 config.max_steps,
                 p.loss.unwrap_or(f64::NAN),
                 p.steps_per_second.unwrap_or(0.0),

@@ -8,6 +8,7 @@ use tch::Tensor;
 use crate::checkpoint::{CheckpointStore, Named, TrainerState};
 use crate::dist::{self, Collective, broadcast_u64s};
 use crate::error::{Result, TrainError};
+use crate::loss_scale::ScaleState;
 use crate::optim::AdamW;
 
 /// What rank 0 found in the job's checkpoints.
@@ -21,30 +22,56 @@ enum ResumeStatus {
 
 /// Where training starts, as rank 0 decided it; every rank learns it from rank 0. Encoded
 /// and decoded here only.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 struct ResumeHeader {
     status: ResumeStatus,
     step: u64,
     samples: u64,
     optimizer_steps: u64,
+    /// The checkpoint's fp16 loss scale, if it has one.
+    loss_scale: Option<ScaleState>,
 }
 
 impl ResumeHeader {
-    fn encode(&self) -> [u64; 4] {
+    fn encode(&self) -> [u64; 7] {
         let status = match self.status {
             ResumeStatus::Fresh => 0,
             ResumeStatus::Resumed => 1,
             ResumeStatus::Incompatible => 4,
         };
-        [status, self.step, self.samples, self.optimizer_steps]
+        let (has_scale, scale, tracker) = self
+            .loss_scale
+            .map_or((0, 0, 0), |s| (1, s.scale.to_bits(), s.growth_tracker));
+        [
+            status,
+            self.step,
+            self.samples,
+            self.optimizer_steps,
+            has_scale,
+            scale,
+            tracker,
+        ]
     }
 
     fn decode(v: &[u64]) -> Result<Self> {
-        let &[status, step, samples, optimizer_steps] = v else {
+        let &[
+            status,
+            step,
+            samples,
+            optimizer_steps,
+            has_scale,
+            scale,
+            tracker,
+        ] = v
+        else {
             return Err(TrainError::Distributed(
-                format!("resume header: {} values, expected 4", v.len()).into(),
+                format!("resume header: {} values, expected 7", v.len()).into(),
             ));
         };
+        let loss_scale = (has_scale == 1).then(|| ScaleState {
+            scale: f64::from_bits(scale),
+            growth_tracker: tracker,
+        });
         let status = match status {
             0 => ResumeStatus::Fresh,
             1 => ResumeStatus::Resumed,
@@ -60,6 +87,7 @@ impl ResumeHeader {
             step,
             samples,
             optimizer_steps,
+            loss_scale,
         })
     }
 
@@ -105,6 +133,8 @@ pub(super) struct Start {
     /// clock every step).
     pub(super) earlier_seconds: f64,
     pub(super) resumed_from_step: Option<u64>,
+    /// The checkpoint's fp16 loss scale (rank 0's, on every rank).
+    pub(super) loss_scale: Option<ScaleState>,
 }
 
 /// Resume: rank 0 (the one with a `store`) reads the newest complete checkpoint into the
@@ -154,18 +184,21 @@ pub(super) fn resume(
         .as_ref()
         .map_or((0, 0), |s| (s.step, s.samples));
     let earlier_seconds = resume_state.as_ref().map_or(0.0, |s| s.train_seconds);
+    let mut loss_scale = resume_state.as_ref().and_then(|s| s.loss_scale);
     if comm.world_size() > 1 {
         let header = ResumeHeader {
             status,
             step,
             samples,
             optimizer_steps: optimizer.steps,
+            loss_scale,
         }
         .broadcast(comm)?;
         status = header.status;
         step = header.step;
         samples = header.samples;
         optimizer.steps = header.optimizer_steps;
+        loss_scale = header.loss_scale;
         if status == ResumeStatus::Incompatible {
             return Err(incompatible.unwrap_or_else(|| {
                 TrainError::IncompatibleCheckpoint(
@@ -184,6 +217,7 @@ pub(super) fn resume(
         samples,
         earlier_seconds,
         resumed_from_step,
+        loss_scale,
     })
 }
 
@@ -195,16 +229,27 @@ mod tests {
 
     #[test]
     fn the_resume_header_round_trips_and_refuses_garbage() {
-        for status in [
+        let scales = [
+            None,
+            Some(ScaleState {
+                scale: 0.125,
+                growth_tracker: 1999,
+            }),
+        ];
+        for (status, loss_scale) in [
             ResumeStatus::Fresh,
             ResumeStatus::Resumed,
             ResumeStatus::Incompatible,
-        ] {
+        ]
+        .into_iter()
+        .flat_map(|s| scales.map(|l| (s, l)))
+        {
             let h = ResumeHeader {
                 status,
                 step: u64::MAX - 3,
                 samples: 1 << 40,
                 optimizer_steps: 17,
+                loss_scale,
             };
             assert_eq!(ResumeHeader::decode(&h.encode()).unwrap(), h);
             let mut comm = dist::Single {
@@ -212,7 +257,7 @@ mod tests {
             };
             assert_eq!(h.broadcast(&mut comm).unwrap(), h);
         }
-        assert!(ResumeHeader::decode(&[2, 0, 0, 0]).is_err());
-        assert!(ResumeHeader::decode(&[0, 0, 0]).is_err());
+        assert!(ResumeHeader::decode(&[2, 0, 0, 0, 0, 0, 0]).is_err());
+        assert!(ResumeHeader::decode(&[0, 0, 0, 0]).is_err());
     }
 }

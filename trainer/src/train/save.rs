@@ -42,6 +42,8 @@ impl Trainer<'_> {
             eval_bleu: evaluated_now.then(|| last_eval.and_then(|e| e.1)).flatten(),
             time: rfc3339::format(SystemTime::now(), Resolution::Exact),
             train_seconds: s.train_seconds,
+            precision: Some(self.precision.clone()),
+            loss_scale: self.scaler.as_ref().map(|l| l.state),
         };
         let blocked = store.save(&self.replica.params, &self.replica.optimizer.state(), state)?;
         tracing::debug!(step, blocked, "checkpoint started");

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use ferrotrain_api::TrainerPhase;
 use ferrotrain_api::config::Precision;
+use ferrotrain_api::progress::PrecisionChoice;
 use tch::Device;
 
 use super::job::{CONFIG_FILE, RunOptions, TRAIN_LOG, VOCAB_FILE};
@@ -17,11 +18,13 @@ use super::trainer::{Clock, Trainer};
 use super::window::Window;
 use crate::checkpoint::{CheckpointStore, WriterId};
 use crate::data::{self, BatchStream, Corpus, preflight_data};
-use crate::device::{cpu_has_bf16_units, expected_gpus, select_device, startup_line, visible_gpus};
+use crate::device::{expected_gpus, select_device, startup_line, visible_gpus};
 use crate::dist::{self, Collective, broadcast_bytes};
 use crate::error::{Result, TrainError};
+use crate::loss_scale::LossScaler;
 use crate::metrics::{MetricsServer, Reporter, SharedProgress};
 use crate::model;
+use crate::precision;
 use crate::resources::ResourceSampler;
 use crate::signals;
 
@@ -32,7 +35,7 @@ impl<'a> Trainer<'a> {
     pub(super) fn start(opts: &'a RunOptions) -> Result<Self> {
         let started = Instant::now();
         let config = &opts.config;
-        let (device, mut comm) = open_gang(opts)?;
+        let (device, mut comm, precision) = open_gang(opts)?;
         let (rank, world) = (comm.rank(), comm.world_size());
         let leader = rank == 0;
         let corpus = load_corpus(opts, comm.as_mut())?;
@@ -43,7 +46,14 @@ impl<'a> Trainer<'a> {
         }
         let bucket_bytes = config.distributed.bucket_mib as usize * 1024 * 1024;
         let vocab = corpus.vocab.size() as i64;
-        let mut replica = ModelReplica::new(config, device, vocab, comm.as_mut(), bucket_bytes)?;
+        let mut replica = ModelReplica::new(
+            config,
+            device,
+            precision.used,
+            vocab,
+            comm.as_mut(),
+            bucket_bytes,
+        )?;
         let store = open_store(opts, leader)?;
         let start = resume(
             store.as_ref(),
@@ -53,8 +63,22 @@ impl<'a> Trainer<'a> {
             comm.as_mut(),
             bucket_bytes,
         )?;
+        let scaler = (precision.used == Precision::Fp16)
+            .then(|| LossScaler::new(&config.loss_scale, start.loss_scale));
+        if let (true, Some(s)) = (leader, &scaler) {
+            tracing::info!(
+                scale = s.scale(),
+                resumed = start.loss_scale.is_some(),
+                "fp16: dynamic loss scale"
+            );
+        }
         let (progress, server) =
             serve_progress(opts, leader, world, &start, &replica, store.as_ref())?;
+        {
+            let mut p = progress.lock().expect("progress lock");
+            p.precision = Some(precision.clone());
+            p.loss_scale = scaler.as_ref().map(LossScaler::scale);
+        }
         let reporter = Reporter::start(
             &progress,
             leader,
@@ -99,6 +123,9 @@ impl<'a> Trainer<'a> {
             train_loss: None,
             stop: false,
             interrupted_by: None,
+            precision,
+            scaler,
+            skipped_steps: 0,
             sampler,
             log,
             stream,
@@ -113,9 +140,9 @@ impl<'a> Trainer<'a> {
     }
 }
 
-/// Checks the data files, picks the device, meets the other ranks and (rank 0) writes the
-/// job's config.
-fn open_gang(opts: &RunOptions) -> Result<(Device, Box<dyn Collective>)> {
+/// Checks the data files, picks the device, meets the other ranks, agrees on the precision
+/// and (rank 0) writes the job's config.
+fn open_gang(opts: &RunOptions) -> Result<(Device, Box<dyn Collective>, PrecisionChoice)> {
     let config = &opts.config;
     preflight_data(config)?;
     let device = select_device(
@@ -127,22 +154,24 @@ fn open_gang(opts: &RunOptions) -> Result<(Device, Box<dyn Collective>)> {
     tracing::info!(rank = opts.rank.rank, "{}", startup_line(device));
     let doctor = crate::doctor::findings(&crate::doctor::Machine::here());
     tracing::info!(rank = opts.rank.rank, "{}", crate::doctor::summary(&doctor));
-    let comm = dist::init(&opts.rank, &config.distributed, device)?;
+    let mut comm = dist::init(&opts.rank, &config.distributed, device)?;
     let leader = comm.rank() == 0;
-    if leader && config.precision == Precision::Bf16 && device == Device::Cpu {
-        let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        if !cpu_has_bf16_units(&flags) {
-            tracing::warn!(
-                "precision: bf16 on a CPU without AMX or AVX512-BF16: bf16 is emulated and \
-                 probably slower than fp32 here"
-            );
-        }
+    let hardware = precision::Hardware::of(device);
+    let choice = precision::decide(config.precision, &hardware);
+    tracing::info!(
+        rank = opts.rank.rank,
+        "{}",
+        precision::startup_line(&choice)
+    );
+    if let (true, Some(warning)) = (leader, precision::emulation_warning(&choice, &hardware)) {
+        tracing::warn!("{warning}");
     }
+    precision::agree(comm.as_mut(), &choice)?;
     if leader {
         std::fs::create_dir_all(&opts.job_dir)?;
         std::fs::write(opts.job_dir.join(CONFIG_FILE), config.to_yaml())?;
     }
-    Ok((device, comm))
+    Ok((device, comm, choice))
 }
 
 /// Loads the corpus on every rank with one vocabulary: rank 0 learns (or reloads) it and

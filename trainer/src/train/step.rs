@@ -9,7 +9,8 @@ use ferrotrain_api::progress::GangResources;
 
 use super::trainer::Trainer;
 use crate::data::{self, Example};
-use crate::error::Result;
+use crate::error::{Result, TrainError};
+use crate::loss_scale::{self, LossScaler, MAX_CONSECUTIVE_SKIPS, Update};
 use crate::optim;
 
 /// The step's global batch: `batch.accumulate` micro-batches of the stream (every rank
@@ -43,6 +44,10 @@ pub(super) struct StepOutcome {
     pub(super) gang_resources: Option<GangResources>,
     /// The run's last step: maxSteps reached, the time budget spent or a signal received.
     pub(super) final_step: bool,
+    /// `fp16`: the gradients overflowed, the update was skipped (on every rank).
+    pub(super) skipped: bool,
+    /// `fp16`: the loss scale after this step.
+    pub(super) loss_scale: Option<f64>,
 }
 
 impl Trainer<'_> {
@@ -52,14 +57,15 @@ impl Trainer<'_> {
         let t0 = Instant::now();
         let config = self.config;
         let batch = self.next_batch();
-        let loss_local = self.forward_backward(&batch);
+        let loss_scale = self.scaler.as_ref().map_or(1.0, LossScaler::scale);
+        let loss_local = self.forward_backward(&batch, loss_scale);
         let synced = self.exchange(&loss_local, batch.target_tokens)?;
         if synced.interrupted_by.is_some() {
             self.interrupted_by = synced.interrupted_by;
         }
         self.stop = self.clock.over_budget(synced.train_seconds) || self.interrupted_by.is_some();
-        let optimizer = &mut self.replica.optimizer;
-        optimizer.clip_to(synced.grad_norm, config.optimizer.clip_norm);
+        let grad_norm = synced.grad_norm / loss_scale;
+        let skipped = self.overflowed(grad_norm.is_finite())?;
         let lr = optim::learning_rate(
             config.optimizer.lr,
             &config.schedule,
@@ -67,14 +73,21 @@ impl Trainer<'_> {
             self.step + 1,
             self.clock.time_used(synced.train_seconds),
         );
-        optimizer.step(lr);
+        if !skipped {
+            let optimizer = &mut self.replica.optimizer;
+            optimizer.clip_to(grad_norm, config.optimizer.clip_norm);
+            optimizer.unscale(loss_scale);
+            optimizer.step(lr);
+        }
         self.step += 1;
         self.samples += batch.samples;
-        self.train_loss = Some(synced.loss);
+        if synced.loss.is_finite() || !skipped {
+            self.train_loss = Some(synced.loss);
+        }
         let outcome = StepOutcome {
             step: self.step,
             loss: synced.loss,
-            grad_norm: synced.grad_norm,
+            grad_norm,
             lr,
             seconds: t0.elapsed().as_secs_f64(),
             comm_seconds: synced.comm_seconds,
@@ -83,9 +96,45 @@ impl Trainer<'_> {
             train_seconds: synced.train_seconds,
             gang_resources: synced.gang_resources,
             final_step: self.step >= config.max_steps || self.stop,
+            skipped,
+            loss_scale: self.scaler.as_ref().map(LossScaler::scale),
         };
         self.record(&outcome)?;
         Ok(outcome)
+    }
+
+    /// `fp16`: updates the loss scale from whether the step's all-reduced gradients were
+    /// `finite` (the same on every rank); true when the update must be skipped. Fails when
+    /// the gradients overflowed on `MAX_CONSECUTIVE_SKIPS` steps in a row.
+    fn overflowed(&mut self, finite: bool) -> Result<bool> {
+        let Some(scaler) = self.scaler.as_mut() else {
+            return Ok(false);
+        };
+        let step = self.step + 1;
+        match scaler.update(finite) {
+            Update::Kept => Ok(false),
+            Update::Grew { from } => {
+                tracing::debug!(step, from, to = scaler.scale(), "fp16: loss scale grew");
+                Ok(false)
+            }
+            Update::Skipped { from } => {
+                self.skipped_steps += 1;
+                tracing::warn!(
+                    rank = self.rank,
+                    "fp16: gradients overflowed at step {step}: step skipped, loss scale {from} -> {}",
+                    scaler.scale()
+                );
+                if scaler.consecutive_skips >= MAX_CONSECUTIVE_SKIPS {
+                    return Err(TrainError::Other(format!(
+                        "precision fp16: the gradients overflowed on {MAX_CONSECUTIVE_SKIPS} steps in a \
+                         row (loss scale now {:e}): the model's activations overflow fp16 itself; use \
+                         precision bf16 or fp32, or lower optimizer.lr",
+                        scaler.scale()
+                    ).into()));
+                }
+                Ok(true)
+            }
+        }
     }
 
     /// The step's micro-batches, drawn from the stream.
@@ -117,7 +166,8 @@ impl Trainer<'_> {
     /// world, ...), with dropout seeded by (seed, step, virtual rank, micro-batch); returns
     /// this rank's summed loss, on the device. The gradient exchange is armed before the last
     /// backward: its buckets start as that backward completes them (`exchange` waits for them).
-    pub(super) fn forward_backward(&mut self, batch: &GlobalBatch) -> Tensor {
+    /// The gradients are `loss_scale` times the loss's (`fp16`; 1 otherwise).
+    pub(super) fn forward_backward(&mut self, batch: &GlobalBatch, loss_scale: f64) -> Tensor {
         let config = self.config;
         let train = &self.corpus.train;
         self.replica.optimizer.zero_grad();
@@ -133,6 +183,10 @@ impl Trainer<'_> {
             })
             .collect();
         let last = shards.iter().rposition(|(_, _, s)| !s.is_empty());
+        let mut grad_scale = loss_scale / batch.target_tokens as f64;
+        if self.scaler.is_some() && loss_scale::overflow_injected(self.step + 1, rank) {
+            grad_scale = f64::INFINITY;
+        }
         // The loss stays on the device until the step's one host read.
         let mut loss_local = Tensor::zeros([], (Kind::Double, self.device));
         for (k, (i, v, mine)) in shards.iter().enumerate() {
@@ -146,11 +200,10 @@ impl Trainer<'_> {
                 sync.arm(self.comm.as_mut());
             }
             tch::manual_seed(step_seed(config.seed, self.step, *v, *i));
-            loss_local += self.replica.model.train_loss_backward(
-                &tb,
-                config.label_smoothing,
-                1.0 / batch.target_tokens as f64,
-            );
+            loss_local +=
+                self.replica
+                    .model
+                    .train_loss_backward(&tb, config.label_smoothing, grad_scale);
         }
         loss_local
     }

@@ -5,6 +5,7 @@
 use std::fs::File;
 use std::time::Instant;
 
+use ferrotrain_api::progress::PrecisionChoice;
 use ferrotrain_api::{TrainerConfig, TrainerPhase};
 use tch::Device;
 
@@ -15,6 +16,7 @@ use crate::checkpoint::CheckpointStore;
 use crate::data::{BatchStream, Corpus};
 use crate::dist::Collective;
 use crate::error::Result;
+use crate::loss_scale::LossScaler;
 use crate::metrics::{MetricsServer, Reporter, SharedProgress};
 use crate::resources::ResourceSampler;
 
@@ -88,6 +90,12 @@ pub(super) struct Trainer<'a> {
     /// The last step was the run's last (time budget or signal).
     pub(super) stop: bool,
     pub(super) interrupted_by: Option<i32>,
+    /// The precision every rank trains in, and why.
+    pub(super) precision: PrecisionChoice,
+    /// `fp16`'s dynamic loss scale (None in the other precisions).
+    pub(super) scaler: Option<LossScaler>,
+    /// Steps this run skipped on a gradient overflow (`fp16`).
+    pub(super) skipped_steps: u64,
     /// Every rank's CPU, memory and GPU, summed into rank 0's view with the step's all-reduce
     /// every logEverySteps.
     pub(super) sampler: ResourceSampler,

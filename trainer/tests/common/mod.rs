@@ -200,7 +200,9 @@ pub fn loss_lines(job_dir: &Path) -> Vec<(u64, f64)> {
         .collect()
 }
 
-/// A small copy-task config: trains in seconds on one thread.
+/// A small copy-task config: trains in seconds on one thread, in fp32 (`precision: auto`
+/// would follow the machine's bf16 units; a test that wants another precision replaces the
+/// line).
 pub fn copy_config(max_steps: u64, checkpoint_every: u64, extra: &str) -> String {
     format!(
         "task: copy\nseed: 7\nmaxSteps: {max_steps}\nthreads: 1\n\
@@ -211,7 +213,7 @@ pub fn copy_config(max_steps: u64, checkpoint_every: u64, extra: &str) -> String
          schedule: {{warmupSteps: 10}}\n\
          eval: {{everySteps: 0, maxSentences: 20}}\n\
          checkpoint: {{everySteps: {checkpoint_every}, keepLatest: 2}}\n\
-         logEverySteps: 10\n{extra}"
+         logEverySteps: 10\nprecision: fp32\n{extra}"
     )
 }
 
@@ -318,6 +320,7 @@ distributed:
   collectiveTimeoutSeconds: {collective_timeout_seconds}
   rendezvousTimeoutSeconds: 30
 logEverySteps: {log_every}
+precision: fp32
 "
         )
     }
