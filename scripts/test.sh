@@ -18,8 +18,10 @@ cargo fmt --all -- --check
 step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets -- -D warnings
 
-step "cargo build --features cuda (the NCCL path compiles without a GPU)"
+step "cargo clippy and unit tests --features cuda (the NCCL path compiles and its GPU-free tests run)"
+cargo clippy -p ferrotrain-trainer --features cuda --all-targets -- -D warnings
 cargo build -p ferrotrain-trainer --features cuda
+cargo nextest run -p ferrotrain-trainer --features cuda --lib --profile ci -E 'test(/nccl|watchdog|dist::/)'
 
 if [[ -x scripts/setup-helm.sh ]]; then
   step "helm"

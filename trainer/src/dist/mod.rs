@@ -28,6 +28,7 @@ pub mod ring;
 mod ring_collective;
 pub mod store;
 pub mod strict;
+pub mod watchdog;
 
 use ferrotrain_api::config::{Backend, DistributedConfig};
 use tch::Device;

@@ -6,17 +6,20 @@
 //! Collectives run on a side stream of their own, ordered against libtorch's stream (the
 //! legacy default stream, where the model's kernels run) by events: a collective waits for
 //! the work queued before it, and `finish_started` makes libtorch's later work wait for the
-//! collectives, all on the GPU. Nothing here blocks the host except `download` and
-//! `barrier`, which poll an event recorded on libtorch's stream, and NCCL's asynchronous
-//! error, until done or the collective timeout, when they abort the communicator so a dead
-//! or hung peer never hangs the gang. The trainer's step reads the host once, at its end,
+//! collectives, all on the GPU. The communicator is non-blocking (NCCL 2.14+): joining it and
+//! queueing a collective return at once and are polled (`watchdog.rs`), so no NCCL call
+//! blocks the host. `download` and `barrier` poll events recorded on libtorch's stream and
+//! NCCL's asynchronous error in two phases, the compute before the last collective, then
+//! the collectives under the collective timeout; a hang or an error aborts the communicator
+//! (ncclCommAbort, never a destroy that would wait), so a dead or hung peer never hangs the
+//! gang. The trainer's step reads the host once, at its end,
 //! so a step has one such wait; gradient buckets started during backward run on the side
 //! stream while backward's kernels run on libtorch's. Every CUDA call first makes the
 //! communicator's context current on the calling thread (the backward hooks run on
 //! libtorch's device thread).
 
 use std::ffi::{CStr, c_void};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cudarc::driver::sys as cu;
 use cudarc::nccl::sys as nc;
@@ -24,9 +27,10 @@ use ferrotrain_api::config::DistributedConfig;
 use tch::{Device, Kind, Tensor};
 
 use super::collective::Collective;
-use super::nccl_lib::{NcclLib, nccl};
+use super::nccl_lib::{Code, IN_PROGRESS, NcclLib, NonBlockingConfig, SUCCESS, code_name, nccl};
 use super::rank::RankEnv;
 use super::rendezvous::Rendezvous;
+use super::watchdog::{Abortable, Poll};
 use crate::error::{Result, TrainError};
 
 const ID_KEY: &str = "nccl/unique-id";
@@ -69,8 +73,13 @@ pub fn check_available(ordinal: usize) -> Result<&'static NcclLib> {
     nccl()
 }
 
-fn nccl_error(what: &str, r: nc::ncclResult_t) -> TrainError {
-    // SAFETY: ncclGetErrorString returns a static C string.
+fn nccl_error(what: &str, r: Code) -> TrainError {
+    TrainError::Distributed(format!("NCCL {what} failed: {}", code_text(r)).into())
+}
+
+/// An `ncclResult_t`'s name and NCCL's own words for it.
+fn code_text(r: Code) -> String {
+    // SAFETY: ncclGetErrorString returns a static C string for any code.
     let text = unsafe {
         let p = match nccl() {
             Ok(lib) => (lib.get_error_string)(r),
@@ -82,7 +91,39 @@ fn nccl_error(what: &str, r: nc::ncclResult_t) -> TrainError {
             CStr::from_ptr(p).to_string_lossy().into_owned()
         }
     };
-    TrainError::Distributed(format!("NCCL {what} failed: {r:?} {text}").into())
+    format!("{} {text}", code_name(r))
+}
+
+/// Aborts a communicator (ncclCommAbort: also ends the collectives in flight).
+fn abort_comm(comm: nc::ncclComm_t) {
+    if let Ok(lib) = nccl() {
+        // SAFETY: a communicator made by ncclCommInitRank*, not used afterwards.
+        unsafe {
+            (lib.comm_abort)(comm);
+        }
+    }
+}
+
+/// NCCL's asynchronous state of `comm` as a poll: ready, in progress, or an error.
+fn async_state(lib: &NcclLib, comm: nc::ncclComm_t, what: &str) -> Poll {
+    let mut state = SUCCESS;
+    // SAFETY: a live communicator and a valid out-pointer.
+    let r = unsafe { (lib.comm_get_async_error)(comm, &mut state) };
+    match (r, state) {
+        (SUCCESS, SUCCESS) => Poll::Ready,
+        (SUCCESS, IN_PROGRESS) => Poll::Pending,
+        (SUCCESS, e) | (e, _) => Poll::Failed(format!("NCCL {what}: {}", code_text(e))),
+    }
+}
+
+/// A CUDA event recorded earlier, as a poll.
+fn event_state(event: cu::CUevent, what: &str) -> Poll {
+    // SAFETY: a live event of ours.
+    match unsafe { cu::cuEventQuery(event) } {
+        cu::CUresult::CUDA_SUCCESS => Poll::Ready,
+        cu::CUresult::CUDA_ERROR_NOT_READY => Poll::Pending,
+        other => Poll::Failed(format!("CUDA error during {what}: {other:?}")),
+    }
 }
 
 fn data_type(kind: Kind) -> Result<nc::ncclDataType_t> {
@@ -106,13 +147,14 @@ fn data_type(kind: Kind) -> Result<nc::ncclDataType_t> {
 /// An NCCL communicator over all ranks.
 pub struct Nccl {
     lib: &'static NcclLib,
-    comm: nc::ncclComm_t,
+    /// Non-blocking where NCCL has ncclCommInitRankConfig (2.14+): no NCCL call blocks the
+    /// host; every wait is bounded and a hang aborts it.
+    comm: Abortable<nc::ncclComm_t>,
     rank: usize,
     world: usize,
     device: Device,
     bf16: bool,
     timeout: Duration,
-    broken: Option<String>,
     streams: Streams,
     /// Started all-reduces not finished yet: (the caller's tensor, what went over the wire
     /// when that is a bf16 copy), kept alive until libtorch's stream waits for them.
@@ -155,9 +197,19 @@ impl Streams {
                 cu::cuDevicePrimaryCtxRetain(&mut context, dev),
             )?;
             cuda("cuCtxSetCurrent", cu::cuCtxSetCurrent(context))?;
+            // The side stream at the highest priority: a bucket's all-reduce is scheduled
+            // ahead of backward's kernels queued after it (as PyTorch's NCCL streams are).
+            let (mut least, mut greatest) = (0, 0);
+            cuda(
+                "cuCtxGetStreamPriorityRange",
+                cu::cuCtxGetStreamPriorityRange(&mut least, &mut greatest),
+            )?;
             let mut side = std::ptr::null_mut();
             let flags = cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
-            cuda("cuStreamCreate", cu::cuStreamCreate(&mut side, flags))?;
+            cuda(
+                "cuStreamCreateWithPriority",
+                cu::cuStreamCreateWithPriority(&mut side, flags, greatest),
+            )?;
             let event = || -> Result<cu::CUevent> {
                 let mut e = std::ptr::null_mut();
                 let flags = cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
@@ -245,7 +297,7 @@ impl Nccl {
             let mut id = std::mem::MaybeUninit::<nc::ncclUniqueId>::uninit();
             // SAFETY: valid out-pointer; the library is present (checked above).
             let r = unsafe { (lib.get_unique_id)(id.as_mut_ptr()) };
-            if r != nc::ncclResult_t::ncclSuccess {
+            if r != SUCCESS {
                 return Err(nccl_error("GetUniqueId", r));
             }
             // SAFETY: initialized by ncclGetUniqueId on success.
@@ -267,44 +319,17 @@ impl Nccl {
             nc::ncclUniqueId { internal }
         };
         let (rank, world, ordinal) = (env.rank, env.world_size, ordinal as i32);
-        // ncclCommInitRank blocks until every rank joins and has no timeout of its own: run
-        // it on a thread and give up at the rendezvous deadline (the process then exits).
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            // SAFETY: driver and NCCL calls with valid pointers; the primary context of
-            // `ordinal` is made current on this thread first, as NCCL expects.
-            let result = unsafe {
-                let mut dev = 0;
-                let mut ctx = std::ptr::null_mut();
-                if cu::cuDeviceGet(&mut dev, ordinal) != cu::CUresult::CUDA_SUCCESS
-                    || cu::cuDevicePrimaryCtxRetain(&mut ctx, dev) != cu::CUresult::CUDA_SUCCESS
-                    || cu::cuCtxSetCurrent(ctx) != cu::CUresult::CUDA_SUCCESS
-                {
-                    Err(TrainError::Distributed(
-                        format!("cannot make GPU {ordinal} current").into(),
-                    ))
-                } else {
-                    let mut comm = std::ptr::null_mut();
-                    let r = (lib.comm_init_rank)(&mut comm, world as i32, id, rank as i32);
-                    if r == nc::ncclResult_t::ncclSuccess {
-                        Ok(comm as usize)
-                    } else {
-                        Err(nccl_error("CommInitRank", r))
-                    }
-                }
-            };
-            let _ = tx.send(result);
-        });
-        let comm =
-            match rx.recv_timeout(meeting.left().max(Duration::from_secs(1))) {
-                Ok(r) => r? as nc::ncclComm_t,
-                Err(_) => {
-                    return Err(TrainError::Distributed(format!(
-                    "NCCL: not all {world} ranks joined the communicator before the rendezvous \
-                     timeout"
-                ).into()));
-                }
-            };
+        let streams = Streams::new(ordinal)?;
+        let comm = match lib.comm_init_rank_config {
+            Some(init) => join_non_blocking(lib, init, world, id, rank, meeting.left())?,
+            None => {
+                tracing::warn!(
+                    "NCCL before 2.14 has no non-blocking communicator: a hang while \
+                     connecting cannot be aborted, only ended with the process"
+                );
+                join_blocking(lib, world, id, rank, ordinal, meeting.left())?
+            }
+        };
         Ok(Nccl {
             lib,
             comm,
@@ -313,99 +338,61 @@ impl Nccl {
             device,
             bf16: config.bf16_gradients,
             timeout: Duration::from_secs(config.collective_timeout_seconds),
-            broken: None,
-            streams: Streams::new(ordinal)?,
+            streams,
             started: Vec::new(),
         })
     }
 
     /// Waits until the work queued so far on libtorch's stream (which includes every
-    /// finished collective) is done, an NCCL error shows, or the timeout passes. Polls an
-    /// event: a hung peer must not block this thread in a synchronising call.
+    /// finished collective) is done, an NCCL error shows, or the time runs out, in two
+    /// phases: the compute queued before the last collective (its `ready` event; a slow step
+    /// is not a hang), then the rest under the collective timeout. Polls events: a hung peer
+    /// never blocks this thread in a synchronising call, and a hang aborts the communicator.
     fn host_wait(&mut self, what: &str) -> Result<()> {
-        self.check()?;
+        let comm = self.comm.live()?;
         self.streams.current()?;
         // SAFETY: our event; the null stream is the context's legacy stream.
         let r = unsafe { cu::cuEventRecord(self.streams.host, std::ptr::null_mut()) };
         if let Err(e) = cuda("cuEventRecord", r) {
-            return self.abort(e.to_string());
+            return self.comm.fail(e.to_string());
         }
-        let start = Instant::now();
-        loop {
-            // SAFETY: a query of our event and of our live communicator.
-            let (event, async_error) = unsafe {
-                let q = cu::cuEventQuery(self.streams.host);
-                let mut e = nc::ncclResult_t::ncclSuccess;
-                (self.lib.comm_get_async_error)(self.comm, &mut e);
-                (q, e)
-            };
-            if async_error != nc::ncclResult_t::ncclSuccess
-                && async_error != nc::ncclResult_t::ncclInProgress
-            {
-                return self.abort(nccl_error(what, async_error).to_string());
-            }
-            match event {
-                cu::CUresult::CUDA_SUCCESS => return Ok(()),
-                cu::CUresult::CUDA_ERROR_NOT_READY => {}
-                other => return self.abort(format!("CUDA error during {what}: {other:?}")),
-            }
-            let waited = start.elapsed();
-            if waited >= self.timeout {
-                return self.abort(format!(
-                    "NCCL {what} did not complete within {} s: a peer rank died or hangs",
-                    self.timeout.as_secs_f64()
-                ));
-            }
-            // Spin briefly (a step's end is usually microseconds away), then yield the core
-            // in short naps: at most 100 us late, never the 5 ms of a doubling backoff.
-            if waited > Duration::from_micros(200) {
-                std::thread::sleep(Duration::from_micros(50));
-            } else {
-                std::thread::yield_now();
-            }
-        }
+        let (lib, ready, host) = (self.lib, self.streams.ready, self.streams.host);
+        let what = format!("NCCL {what}");
+        let checked = |event| match async_state(lib, comm, &what) {
+            Poll::Failed(e) => Poll::Failed(e),
+            _ => event_state(event, &what),
+        };
+        self.comm
+            .wait_step(&what, self.timeout, || checked(ready), || checked(host))
     }
 
     /// Queues `op` (an NCCL call on the given stream) on the side stream after the work
-    /// queued so far on libtorch's stream.
+    /// queued so far on libtorch's stream. A non-blocking communicator may answer
+    /// ncclInProgress (connecting to its peers on its first collective): then this waits,
+    /// bounded by the collective timeout, until NCCL has queued it.
     fn enqueue(
         &mut self,
         what: &str,
-        op: impl FnOnce(cu::CUstream) -> nc::ncclResult_t,
+        op: impl FnOnce(nc::ncclComm_t, cu::CUstream) -> Code,
     ) -> Result<()> {
-        self.check()?;
+        let comm = self.comm.live()?;
         if let Err(e) = self
             .streams
             .current()
             .and_then(|_| self.streams.side_waits_for_libtorch())
         {
-            return self.abort(e.to_string());
+            return self.comm.fail(e.to_string());
         }
-        let r = op(self.streams.side);
-        if r != nc::ncclResult_t::ncclSuccess {
-            return self.abort(nccl_error(what, r).to_string());
-        }
-        Ok(())
-    }
-
-    fn abort<T>(&mut self, message: String) -> Result<T> {
-        if !self.comm.is_null() {
-            // SAFETY: aborting our own communicator; it is not used afterwards.
-            unsafe {
-                (self.lib.comm_abort)(self.comm);
+        let what = format!("NCCL {what}");
+        match op(comm, self.streams.side) {
+            SUCCESS => Ok(()),
+            IN_PROGRESS => {
+                let lib = self.lib;
+                self.comm.wait(&what, "queueing", self.timeout, || {
+                    async_state(lib, comm, &what)
+                })
             }
-        }
-        self.comm = std::ptr::null_mut();
-        self.broken = Some(message.clone());
-        Err(TrainError::Distributed(message.into()))
-    }
-
-    fn check(&self) -> Result<()> {
-        match &self.broken {
-            Some(b) => Err(TrainError::Distributed(
-                format!("the NCCL communicator was aborted by an earlier failure: {b}").into(),
-            )),
-            None => Ok(()),
+            r => self.comm.fail(format!("{what} failed: {}", code_text(r))),
         }
     }
 
@@ -438,7 +425,7 @@ impl Collective for Nccl {
     }
 
     fn start_all_reduce_sum(&mut self, tensor: &Tensor) -> Result<()> {
-        self.check()?;
+        self.comm.live()?;
         Self::check_tensor(tensor)?;
         let exchange_bf16 = self.bf16 && tensor.kind() == Kind::Float;
         // The bf16 copy is made on libtorch's stream, before the side stream's wait.
@@ -453,10 +440,10 @@ impl Collective for Nccl {
             on_wire.numel(),
             data_type(on_wire.kind())?,
         );
-        let (lib, comm) = (self.lib, self.comm);
+        let lib = self.lib;
         // SAFETY: `on_wire` is a contiguous CUDA tensor of `numel` elements, kept alive in
         // `started` until libtorch's stream waits for the side stream (`finish_started`).
-        self.enqueue("AllReduce", |stream| unsafe {
+        self.enqueue("AllReduce", |comm, stream| unsafe {
             (lib.all_reduce)(
                 ptr as *const c_void,
                 ptr,
@@ -473,14 +460,14 @@ impl Collective for Nccl {
 
     fn finish_started(&mut self) -> Result<()> {
         if self.started.is_empty() {
-            return self.check();
+            return self.comm.live().map(|_| ());
         }
         if let Err(e) = self
             .streams
             .current()
             .and_then(|_| self.streams.libtorch_waits_for_side())
         {
-            return self.abort(e.to_string());
+            return self.comm.fail(e.to_string());
         }
         // Queued on libtorch's stream after its wait: the bf16 sums back into the tensors.
         for (tensor, wire) in std::mem::take(&mut self.started) {
@@ -495,10 +482,10 @@ impl Collective for Nccl {
         self.finish_started()?;
         Self::check_tensor(tensor)?;
         let (ptr, numel, kind) = (tensor.data_ptr(), tensor.numel(), data_type(tensor.kind())?);
-        let (lib, comm) = (self.lib, self.comm);
+        let lib = self.lib;
         // SAFETY: as in start_all_reduce_sum; `tensor` is the caller's, alive past the
         // wait below.
-        self.enqueue("Broadcast", |stream| unsafe {
+        self.enqueue("Broadcast", |comm, stream| unsafe {
             (lib.broadcast)(
                 ptr as *const c_void,
                 ptr,
@@ -531,6 +518,9 @@ impl Collective for Nccl {
 
 impl Drop for Nccl {
     fn drop(&mut self) {
+        // First the communicator: aborted, never destroyed (a destroy waits for anything
+        // still queued), before the stream its kernels ran on goes.
+        self.comm.close();
         // SAFETY: our stream and events, not used afterwards.
         unsafe {
             let _ = self.streams.current();
@@ -539,11 +529,91 @@ impl Drop for Nccl {
             }
             cu::cuStreamDestroy_v2(self.streams.side);
         }
-        if !self.comm.is_null() {
-            // SAFETY: our communicator, not used afterwards.
-            unsafe {
-                (self.lib.comm_destroy)(self.comm);
-            }
+    }
+}
+
+/// Joins the communicator without blocking (ncclCommInitRankConfig, blocking = 0): NCCL
+/// connects in the background while this polls its state until every rank joined, an error
+/// shows, or `left` (the rendezvous deadline) passes, when the half-made communicator is
+/// aborted. The GPU's context must be current on this thread (`Streams::new`).
+fn join_non_blocking(
+    lib: &'static NcclLib,
+    init: unsafe extern "C" fn(
+        *mut nc::ncclComm_t,
+        std::ffi::c_int,
+        nc::ncclUniqueId,
+        std::ffi::c_int,
+        *mut NonBlockingConfig,
+    ) -> Code,
+    world: usize,
+    id: nc::ncclUniqueId,
+    rank: usize,
+    left: Duration,
+) -> Result<Abortable<nc::ncclComm_t>> {
+    let mut comm = std::ptr::null_mut();
+    let mut config = NonBlockingConfig::default();
+    // SAFETY: valid out-pointer and config; NCCL copies the config.
+    let r = unsafe { init(&mut comm, world as i32, id, rank as i32, &mut config) };
+    if comm.is_null() || !(r == SUCCESS || r == IN_PROGRESS) {
+        if !comm.is_null() {
+            abort_comm(comm);
         }
+        return Err(nccl_error("CommInitRankConfig", r));
+    }
+    let mut comm = Abortable::new(comm, abort_comm);
+    let handle = comm.live()?;
+    comm.wait(
+        &format!("NCCL: joining the communicator of {world} ranks"),
+        "every rank joining, within the rendezvous timeout",
+        left.max(Duration::from_secs(1)),
+        || async_state(lib, handle, "CommInitRankConfig"),
+    )?;
+    Ok(comm)
+}
+
+/// NCCL before 2.14: ncclCommInitRank blocks until every rank joins and has no timeout of
+/// its own, so it runs on a thread and this gives up at the rendezvous deadline (the
+/// process then exits, leaving the thread).
+fn join_blocking(
+    lib: &'static NcclLib,
+    world: usize,
+    id: nc::ncclUniqueId,
+    rank: usize,
+    ordinal: i32,
+    left: Duration,
+) -> Result<Abortable<nc::ncclComm_t>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // SAFETY: driver and NCCL calls with valid pointers; the primary context of
+        // `ordinal` is made current on this thread first, as NCCL expects.
+        let result = unsafe {
+            let mut dev = 0;
+            let mut ctx = std::ptr::null_mut();
+            if cu::cuDeviceGet(&mut dev, ordinal) != cu::CUresult::CUDA_SUCCESS
+                || cu::cuDevicePrimaryCtxRetain(&mut ctx, dev) != cu::CUresult::CUDA_SUCCESS
+                || cu::cuCtxSetCurrent(ctx) != cu::CUresult::CUDA_SUCCESS
+            {
+                Err(TrainError::Distributed(
+                    format!("cannot make GPU {ordinal} current").into(),
+                ))
+            } else {
+                let mut comm = std::ptr::null_mut();
+                match (lib.comm_init_rank)(&mut comm, world as i32, id, rank as i32) {
+                    SUCCESS => Ok(comm as usize),
+                    r => Err(nccl_error("CommInitRank", r)),
+                }
+            }
+        };
+        let _ = tx.send(result);
+    });
+    match rx.recv_timeout(left.max(Duration::from_secs(1))) {
+        Ok(r) => Ok(Abortable::new(r? as nc::ncclComm_t, abort_comm)),
+        Err(_) => Err(TrainError::Distributed(
+            format!(
+                "NCCL: not all {world} ranks joined the communicator before the rendezvous \
+                 timeout"
+            )
+            .into(),
+        )),
     }
 }

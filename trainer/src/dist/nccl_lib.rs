@@ -16,18 +16,66 @@ use crate::error::{Result, TrainError};
 
 type Stream = nc::cudaStream_t;
 
+/// An `ncclResult_t` as the C ABI returns it: an int, mapped by value (a code newer than
+/// this build knows must not become an invalid Rust enum).
+pub type Code = c_int;
+pub const SUCCESS: Code = 0;
+pub const IN_PROGRESS: Code = 7;
+
+/// The name of an `ncclResult_t` code.
+pub fn code_name(code: Code) -> String {
+    match code {
+        0 => "ncclSuccess".into(),
+        1 => "ncclUnhandledCudaError".into(),
+        2 => "ncclSystemError".into(),
+        3 => "ncclInternalError".into(),
+        4 => "ncclInvalidArgument".into(),
+        5 => "ncclInvalidUsage".into(),
+        6 => "ncclRemoteError".into(),
+        7 => "ncclInProgress".into(),
+        other => format!("ncclResult {other}"),
+    }
+}
+
+/// `ncclConfig_t` as NCCL 2.14 defined it (NCCL_CONFIG_INITIALIZER: `size`, `magic`,
+/// `version`, then every field undefined): later NCCLs read a config of the size it says it
+/// has and keep their defaults for the fields it lacks. Only `blocking` is set, to 0.
+#[repr(C)]
+pub struct NonBlockingConfig {
+    size: usize,
+    magic: std::ffi::c_uint,
+    version: std::ffi::c_uint,
+    blocking: c_int,
+    cga_cluster_size: c_int,
+    min_ctas: c_int,
+    max_ctas: c_int,
+    net_name: *const c_char,
+}
+
+impl Default for NonBlockingConfig {
+    fn default() -> Self {
+        const UNDEF_INT: c_int = c_int::MIN;
+        NonBlockingConfig {
+            size: std::mem::size_of::<NonBlockingConfig>(),
+            magic: 0xcafe_beef,
+            version: 21400,
+            blocking: 0,
+            cga_cluster_size: UNDEF_INT,
+            min_ctas: UNDEF_INT,
+            max_ctas: UNDEF_INT,
+            net_name: std::ptr::null(),
+        }
+    }
+}
+
 /// The NCCL entry points the trainer calls.
 pub struct NcclLib {
     /// Which candidate was loaded (for the start-up log).
     pub name: String,
-    pub get_version: unsafe extern "C" fn(*mut c_int) -> nc::ncclResult_t,
-    pub get_unique_id: unsafe extern "C" fn(*mut nc::ncclUniqueId) -> nc::ncclResult_t,
-    pub comm_init_rank: unsafe extern "C" fn(
-        *mut nc::ncclComm_t,
-        c_int,
-        nc::ncclUniqueId,
-        c_int,
-    ) -> nc::ncclResult_t,
+    pub get_version: unsafe extern "C" fn(*mut c_int) -> Code,
+    pub get_unique_id: unsafe extern "C" fn(*mut nc::ncclUniqueId) -> Code,
+    pub comm_init_rank:
+        unsafe extern "C" fn(*mut nc::ncclComm_t, c_int, nc::ncclUniqueId, c_int) -> Code,
     pub all_reduce: unsafe extern "C" fn(
         *const c_void,
         *mut c_void,
@@ -36,7 +84,7 @@ pub struct NcclLib {
         nc::ncclRedOp_t,
         nc::ncclComm_t,
         Stream,
-    ) -> nc::ncclResult_t,
+    ) -> Code,
     pub broadcast: unsafe extern "C" fn(
         *const c_void,
         *mut c_void,
@@ -45,12 +93,20 @@ pub struct NcclLib {
         c_int,
         nc::ncclComm_t,
         Stream,
-    ) -> nc::ncclResult_t,
-    pub comm_get_async_error:
-        unsafe extern "C" fn(nc::ncclComm_t, *mut nc::ncclResult_t) -> nc::ncclResult_t,
-    pub comm_abort: unsafe extern "C" fn(nc::ncclComm_t) -> nc::ncclResult_t,
-    pub comm_destroy: unsafe extern "C" fn(nc::ncclComm_t) -> nc::ncclResult_t,
-    pub get_error_string: unsafe extern "C" fn(nc::ncclResult_t) -> *const c_char,
+    ) -> Code,
+    /// `ncclCommInitRankConfig` (NCCL >= 2.14): a non-blocking communicator.
+    pub comm_init_rank_config: Option<
+        unsafe extern "C" fn(
+            *mut nc::ncclComm_t,
+            c_int,
+            nc::ncclUniqueId,
+            c_int,
+            *mut NonBlockingConfig,
+        ) -> Code,
+    >,
+    pub comm_get_async_error: unsafe extern "C" fn(nc::ncclComm_t, *mut Code) -> Code,
+    pub comm_abort: unsafe extern "C" fn(nc::ncclComm_t) -> Code,
+    pub get_error_string: unsafe extern "C" fn(Code) -> *const c_char,
     /// Keeps the symbols above valid.
     _lib: libloading::Library,
 }
@@ -117,9 +173,9 @@ impl NcclLib {
                 comm_init_rank: sym(&lib, "ncclCommInitRank")?,
                 all_reduce: sym(&lib, "ncclAllReduce")?,
                 broadcast: sym(&lib, "ncclBroadcast")?,
+                comm_init_rank_config: sym(&lib, "ncclCommInitRankConfig").ok(),
                 comm_get_async_error: sym(&lib, "ncclCommGetAsyncError")?,
                 comm_abort: sym(&lib, "ncclCommAbort")?,
-                comm_destroy: sym(&lib, "ncclCommDestroy")?,
                 get_error_string: sym(&lib, "ncclGetErrorString")?,
                 _lib: lib,
             })
@@ -131,7 +187,7 @@ impl NcclLib {
         let mut v: c_int = 0;
         // SAFETY: valid out-pointer.
         let r = unsafe { (self.get_version)(&mut v) };
-        (r == nc::ncclResult_t::ncclSuccess).then(|| version_string(v))
+        (r == SUCCESS).then(|| version_string(v))
     }
 }
 
@@ -187,6 +243,23 @@ mod tests {
         // libc opens but has no ncclGetVersion: the loader must go on, not accept it.
         let err = NcclLib::load(&["libc.so.6".to_string()]).err().unwrap();
         assert!(err.to_string().contains("ncclGetVersion"), "{err}");
+    }
+
+    #[test]
+    fn result_codes_are_named_by_value_even_unknown_ones() {
+        assert_eq!(code_name(SUCCESS), "ncclSuccess");
+        assert_eq!(code_name(IN_PROGRESS), "ncclInProgress");
+        assert_eq!(code_name(6), "ncclRemoteError");
+        assert_eq!(code_name(42), "ncclResult 42");
+    }
+
+    #[test]
+    fn the_non_blocking_config_is_nccl_2_14s_initializer() {
+        let c = NonBlockingConfig::default();
+        // size_t, 2 x unsigned, 4 x int, a pointer: 40 bytes on 64-bit Linux.
+        assert_eq!((c.size, c.magic, c.version), (40, 0xcafe_beef, 21400));
+        assert_eq!((c.blocking, c.cga_cluster_size), (0, c_int::MIN));
+        assert!(c.net_name.is_null());
     }
 
     #[test]

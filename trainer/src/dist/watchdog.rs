@@ -1,0 +1,300 @@
+//! Bounded waits on work the host cannot interrupt (a GPU stream, an NCCL communicator): poll,
+//! nap, give up at a deadline, so that the caller can abort the communicator (ncclCommAbort)
+//! instead of blocking forever in a synchronising call.
+//!
+//! A step's wait has two phases: the compute queued before its collectives (a slow step, not
+//! a hang), then the collectives themselves, which the collective timeout bounds from the
+//! moment their inputs were ready (as PyTorch's NCCL watchdog times a collective from its
+//! start, not from its enqueue).
+
+use std::time::{Duration, Instant};
+
+use crate::error::{Result, TrainError};
+
+/// What one poll of asynchronous work found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Poll {
+    Ready,
+    Pending,
+    /// An error the work reported (an NCCL async error, a CUDA error).
+    Failed(String),
+}
+
+/// Why a bounded wait ended without the work.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Hang {
+    Failed(String),
+    /// `phase` was still pending after `after`.
+    TimedOut {
+        phase: &'static str,
+        after: Duration,
+    },
+}
+
+impl Hang {
+    /// The message a rank fails with, naming the wait.
+    pub fn message(&self, what: &str) -> String {
+        match self {
+            Hang::Failed(e) => format!("{what} failed: {e}"),
+            Hang::TimedOut { phase, after } => format!(
+                "{what} did not complete within {:.0} s ({phase}): a peer rank died or hangs",
+                after.as_secs_f64()
+            ),
+        }
+    }
+}
+
+/// The compute before a step's collectives may take this many collective timeouts (at least
+/// `MIN_COMPUTE_LIMIT`) before the wait gives up on it: a GPU that stopped, not a slow step.
+pub const COMPUTE_LIMIT_FACTOR: u32 = 10;
+pub const MIN_COMPUTE_LIMIT: Duration = Duration::from_secs(600);
+
+/// The limit of the compute phase for a collective timeout.
+pub fn compute_limit(collective_timeout: Duration) -> Duration {
+    (collective_timeout * COMPUTE_LIMIT_FACTOR).max(MIN_COMPUTE_LIMIT)
+}
+
+/// Polls until `poll` is ready or failed, or `limit` passed since the start (then
+/// `TimedOut` naming `phase`). Spins briefly (a step's end is usually microseconds away),
+/// then naps 50 µs at a time: at most that late, never the 5 ms of a doubling backoff.
+pub fn wait(
+    phase: &'static str,
+    limit: Duration,
+    mut poll: impl FnMut() -> Poll,
+) -> Result<(), Hang> {
+    let start = Instant::now();
+    loop {
+        match poll() {
+            Poll::Ready => return Ok(()),
+            Poll::Failed(e) => return Err(Hang::Failed(e)),
+            Poll::Pending => {}
+        }
+        let waited = start.elapsed();
+        if waited >= limit {
+            return Err(Hang::TimedOut {
+                phase,
+                after: waited,
+            });
+        }
+        if waited > Duration::from_micros(200) {
+            std::thread::sleep(Duration::from_micros(50).min(limit - waited));
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// A step's wait: `compute` (the work queued before the collectives) within
+/// `compute_limit(timeout)`, then `collectives` within `timeout` counted from there.
+pub fn wait_two_phase(
+    timeout: Duration,
+    compute: impl FnMut() -> Poll,
+    collectives: impl FnMut() -> Poll,
+) -> Result<(), Hang> {
+    wait(
+        "the compute before the collectives",
+        compute_limit(timeout),
+        compute,
+    )?;
+    wait("the collectives", timeout, collectives)
+}
+
+/// A communicator handle that is never waited on without a limit: its waits go through
+/// the functions above, and the first failure or hang aborts it (ncclCommAbort, which also
+/// ends collectives in flight) and fails this call and every later one with that reason.
+/// A handle still live when dropped is aborted too: a destroy would wait for whatever may
+/// still be queued (as PyTorch aborts its communicators when a process group is destroyed).
+pub struct Abortable<C: Copy> {
+    handle: Option<C>,
+    broken: Option<String>,
+    abort: fn(C),
+}
+
+impl<C: Copy> Abortable<C> {
+    pub fn new(handle: C, abort: fn(C)) -> Self {
+        Abortable {
+            handle: Some(handle),
+            broken: None,
+            abort,
+        }
+    }
+
+    /// The live handle, or the error of the failure that aborted it.
+    pub fn live(&self) -> Result<C> {
+        match (&self.broken, self.handle) {
+            (None, Some(h)) => Ok(h),
+            (broken, _) => Err(TrainError::Distributed(
+                format!(
+                    "the communicator was aborted by an earlier failure: {}",
+                    broken.as_deref().unwrap_or("closed")
+                )
+                .into(),
+            )),
+        }
+    }
+
+    /// Aborts the handle (once) and fails with `message`; later calls fail with it too.
+    pub fn fail<T>(&mut self, message: String) -> Result<T> {
+        if let Some(h) = self.handle.take() {
+            (self.abort)(h);
+        }
+        self.broken.get_or_insert(message.clone());
+        Err(TrainError::Distributed(message.into()))
+    }
+
+    /// Aborts a live handle now (a clean end: nothing may be left waiting on it).
+    pub fn close(&mut self) {
+        if let Some(h) = self.handle.take() {
+            (self.abort)(h);
+        }
+        self.broken.get_or_insert_with(|| "closed".into());
+    }
+
+    /// `wait`, aborting on a hang or an error.
+    pub fn wait(
+        &mut self,
+        what: &str,
+        phase: &'static str,
+        limit: Duration,
+        poll: impl FnMut() -> Poll,
+    ) -> Result<()> {
+        self.live()?;
+        wait(phase, limit, poll).or_else(|hang| self.fail(hang.message(what)))
+    }
+
+    /// `wait_two_phase`, aborting on a hang or an error.
+    pub fn wait_step(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        compute: impl FnMut() -> Poll,
+        collectives: impl FnMut() -> Poll,
+    ) -> Result<()> {
+        self.live()?;
+        wait_two_phase(timeout, compute, collectives).or_else(|hang| self.fail(hang.message(what)))
+    }
+}
+
+impl<C: Copy> Drop for Abortable<C> {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    #[test]
+    fn a_collective_that_never_completes_times_out_within_its_limit() {
+        let timeout = Duration::from_millis(300);
+        let start = Instant::now();
+        let mut polls = 0;
+        let hang = wait_two_phase(
+            timeout,
+            || Poll::Ready,
+            || {
+                polls += 1;
+                Poll::Pending
+            },
+        )
+        .unwrap_err();
+        let took = start.elapsed();
+        assert!(
+            took >= timeout && took < timeout + Duration::from_secs(1),
+            "{took:?}"
+        );
+        assert!(polls > 10, "it polls, it does not block: {polls}");
+        let Hang::TimedOut { phase, .. } = &hang else {
+            panic!("{hang:?}")
+        };
+        assert_eq!(*phase, "the collectives");
+        assert!(
+            hang.message("NCCL AllReduce")
+                .contains("a peer rank died or hangs")
+        );
+    }
+
+    #[test]
+    fn slow_compute_does_not_count_against_the_collective_timeout() {
+        // 400 ms of compute, then a collective of 50 ms, under a 200 ms collective timeout.
+        let start = Instant::now();
+        let compute_done = start + Duration::from_millis(400);
+        let mut collective_done = None;
+        let result = wait_two_phase(
+            Duration::from_millis(200),
+            || match Instant::now() >= compute_done {
+                true => Poll::Ready,
+                false => Poll::Pending,
+            },
+            || {
+                let done =
+                    *collective_done.get_or_insert(Instant::now() + Duration::from_millis(50));
+                match Instant::now() >= done {
+                    true => Poll::Ready,
+                    false => Poll::Pending,
+                }
+            },
+        );
+        assert_eq!(result, Ok(()));
+        assert!(start.elapsed() >= Duration::from_millis(450));
+    }
+
+    #[test]
+    fn an_error_ends_the_wait_at_once_and_the_compute_limit_has_a_floor() {
+        let start = Instant::now();
+        let result = wait("the collectives", Duration::from_secs(60), || {
+            Poll::Failed("ncclRemoteError".into())
+        });
+        assert_eq!(result, Err(Hang::Failed("ncclRemoteError".into())));
+        assert!(start.elapsed() < Duration::from_secs(1));
+        assert_eq!(compute_limit(Duration::from_secs(5)), MIN_COMPUTE_LIMIT);
+        assert_eq!(
+            compute_limit(Duration::from_secs(300)),
+            Duration::from_secs(3000)
+        );
+    }
+
+    #[test]
+    fn a_hung_collective_is_aborted_once_and_the_rank_exits_retryable() {
+        static ABORTS: AtomicU32 = AtomicU32::new(0);
+        fn abort(handle: u32) {
+            assert_eq!(handle, 7);
+            ABORTS.fetch_add(1, Ordering::SeqCst);
+        }
+        let mut comm = Abortable::new(7u32, abort);
+        assert_eq!(comm.live().unwrap(), 7);
+        let timeout = Duration::from_millis(200);
+        let start = Instant::now();
+        // The fake collective: its inputs are ready, it never completes.
+        let err = comm
+            .wait_step("NCCL AllReduce", timeout, || Poll::Ready, || Poll::Pending)
+            .unwrap_err();
+        assert!(start.elapsed() < timeout + Duration::from_secs(1));
+        assert_eq!(ABORTS.load(Ordering::SeqCst), 1);
+        assert_eq!(err.exit_code(), ferrotrain_api::exit::RETRYABLE);
+        assert!(
+            err.to_string().contains("NCCL AllReduce did not complete"),
+            "{err}"
+        );
+        // Every later call fails with the first reason, without touching the handle.
+        let later = comm.wait("NCCL Broadcast", "enqueue", timeout, || Poll::Ready);
+        assert!(
+            later
+                .unwrap_err()
+                .to_string()
+                .contains("NCCL AllReduce did not complete")
+        );
+        drop(comm);
+        assert_eq!(
+            ABORTS.load(Ordering::SeqCst),
+            1,
+            "aborted once, not again on drop"
+        );
+        // A live handle dropped is aborted, never destroyed (a destroy may wait forever).
+        drop(Abortable::new(7u32, abort));
+        assert_eq!(ABORTS.load(Ordering::SeqCst), 2);
+    }
+}
