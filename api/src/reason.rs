@@ -90,6 +90,9 @@ pub const KILLED: &str = "Killed";
 pub const FROZEN: &str = "Frozen";
 /// A rank did not answer its peers in a collective (hung); they name it in their timeouts.
 pub const UNRESPONSIVE: &str = "Unresponsive";
+/// A pod's launcher sent no report of the round: it was killed (SIGKILL, the OOM killer) or
+/// its pod lost, and its ranks with it; the pod is replaced alone.
+pub const AGENT_LOST: &str = "AgentLost";
 /// Warning event: every rank restarted in place, in the same pods, as a new round.
 pub const RESTARTED_IN_PLACE: &str = "RestartedInPlace";
 /// Running=False and a Normal event: a pod went away (deleted, evicted) and is created again

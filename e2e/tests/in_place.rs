@@ -219,4 +219,11 @@ async fn a_pod_whose_launcher_was_killed_is_replaced_alone() {
     })
     .await;
     assert_eq!((counted.attempt, counted.restarts), (0, 1), "{counted:?}");
+    // Blamed: the pod whose launcher sent no report, not the peer whose ring broke first.
+    let f = counted.last_failure.clone().expect("the failure");
+    assert_eq!(
+        (f.reason.as_str(), f.node_rank),
+        ("AgentLost", Some(1)),
+        "{f:?}"
+    );
 }

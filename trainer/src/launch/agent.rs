@@ -437,6 +437,7 @@ impl<'a> Agent<'a> {
                 GroupOutcome::Frozen { rank, .. } => vec![*rank],
                 _ => Vec::new(),
             },
+            silent: false,
         };
         match outcome {
             GroupOutcome::Finished => {
@@ -563,13 +564,18 @@ impl<'a> Agent<'a> {
             |m| m.nodes.iter().map(|(n, _)| *n).collect(),
         );
         let mut reports = Vec::new();
-        for node in nodes {
+        let nproc = self.args.nproc_per_node;
+        for (position, node) in nodes.into_iter().enumerate() {
             match self
                 .client
                 .get(&format!("agent/{round}/report/{node}"), wait)
             {
                 Ok(bytes) => reports.extend(serde_json::from_slice::<NodeReport>(&bytes).ok()),
-                Err(e) => tracing::warn!("agent: round {round}: no report from node {node}: {e}"),
+                Err(e) => {
+                    tracing::warn!("agent: round {round}: no report from node {node}: {e}");
+                    let ranks = (position * nproc..(position + 1) * nproc).collect();
+                    reports.push(NodeReport::silent(node, ranks));
+                }
             }
         }
         let verdict = blame::verdict(round, &reports, &self.args.permanent_exit_codes);

@@ -10,8 +10,11 @@
 //!    gets (rank 0 saving a checkpoint), so that is how a peer follows, never the cause;
 //! 4. a frozen rank (stopped: SIGSTOP, a debugger) that never failed on its own: it made its
 //!    peers time out, and blaming the peers that waited would be wrong;
-//! 5. a rank its peers name as the one that did not answer in a collective (a hang);
-//! 6. otherwise the earliest failure (ties: the lower rank).
+//! 5. a node whose agent sent no report: its launcher was killed (SIGKILL, the OOM killer) or
+//!    its pod lost without a signal, and its ranks with it; its peers' ranks only saw their
+//!    ring break;
+//! 6. a rank its peers name as the one that did not answer in a collective (a hang);
+//! 7. otherwise the earliest failure (ties: the lower rank).
 
 use ferrotrain_api::recovery::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -34,7 +37,28 @@ pub struct NodeReport {
     pub failure: Option<RankFailure>,
     /// Its local ranks that were stopped (not running) when the round ended.
     pub frozen: Vec<usize>,
+    /// Node 0 heard nothing from this node's agent (it wrote this report for it).
+    #[serde(default)]
+    pub silent: bool,
 }
+
+impl NodeReport {
+    /// The report node 0 writes for a node whose agent sent none.
+    pub fn silent(node: usize, ranks: Vec<usize>) -> Self {
+        NodeReport {
+            node,
+            host: String::new(),
+            ranks,
+            leaving: false,
+            failure: None,
+            frozen: Vec::new(),
+            silent: true,
+        }
+    }
+}
+
+/// The reason of a round ended by a node whose agent was lost (its launcher killed).
+pub const AGENT_LOST: &str = ferrotrain_api::reason::AGENT_LOST;
 
 /// Why a round ended: the rank blamed and how its peers followed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -153,6 +177,19 @@ pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32]) -> Verdict
             ..base
         };
     }
+    if let Some(r) = reports.iter().find(|r| r.silent) {
+        return Verdict {
+            rank: r.ranks.first().copied(),
+            node: Some(r.node),
+            reason: AGENT_LOST.into(),
+            message: format!(
+                "node {}'s launcher sent no report: it was killed (SIGKILL, the OOM killer) or \
+                 its pod was lost, and its ranks {:?} with it",
+                r.node, r.ranks
+            ),
+            ..base
+        };
+    }
     if let Some(rank) = named_unresponsive(&failures) {
         let node = reports.iter().find(|r| r.ranks.contains(&rank));
         let said = earliest(&|f| unresponsive_rank(&f.reason) == Some(rank)).map(|(_, f)| f);
@@ -236,6 +273,7 @@ mod tests {
                 seen_at: at(seen),
             }),
             frozen: Vec::new(),
+            silent: false,
         }
     }
 
@@ -247,7 +285,47 @@ mod tests {
             leaving: false,
             failure: None,
             frozen: frozen.to_vec(),
+            silent: false,
         }
+    }
+
+    #[test]
+    fn a_node_whose_agent_is_gone_is_blamed_not_the_peer_whose_ring_broke() {
+        // Node 1's launcher was SIGKILLed: its ranks died with it and its agent never
+        // reported; node 0's rank failed first on the broken ring.
+        let broke = "rank 0: the ring to rank 1 broke: connection reset by peer";
+        let v = verdict(
+            2,
+            &[
+                failed(0, 0, 1, broke, 10),
+                NodeReport::silent(1, vec![2, 3]),
+            ],
+        );
+        assert_eq!(v.reason, AGENT_LOST);
+        assert_eq!((v.rank, v.node, v.code), (Some(2), Some(1), None));
+        assert!(
+            v.message.contains("node 1's launcher sent no report"),
+            "{}",
+            v.message
+        );
+        assert!(!v.permanent);
+        // A permanent failure elsewhere still rules; so does a rank killed on a reporting node.
+        let v = verdict(
+            2,
+            &[
+                failed(0, 0, 2, "config", 10),
+                NodeReport::silent(1, vec![1]),
+            ],
+        );
+        assert_eq!(v.reason, "PermanentExitCode");
+        let v = verdict(
+            2,
+            &[
+                failed(0, 0, 137, "killed", 10),
+                NodeReport::silent(1, vec![1]),
+            ],
+        );
+        assert_eq!(v.reason, "Killed");
     }
 
     #[test]
