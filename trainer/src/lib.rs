@@ -27,6 +27,8 @@ pub mod optim;
 pub mod precision;
 pub mod resources;
 pub mod rfc3339;
+pub mod select;
 pub mod signals;
 pub mod tensorboard;
 pub mod train;
+pub mod translate;

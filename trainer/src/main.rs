@@ -8,10 +8,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use ferrotrain_api::config::Precision;
 use ferrotrain_api::{TrainerConfig, env, exit};
-use ferrotrain_trainer::error::{Reason, Result, TrainError, write_termination_message};
-use ferrotrain_trainer::{
-    bleu, checkpoint, data, decode, device, dist, launch, model, precision, signals, train,
-};
+use ferrotrain_trainer::error::{Result, TrainError, write_termination_message};
+use ferrotrain_trainer::{bleu, data, dist, launch, precision, select, signals, train, translate};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -37,6 +35,10 @@ enum Command {
     },
     /// Translate sentences from stdin (one a line) with a checkpoint; write them to stdout.
     Translate(TranslateArgs),
+    /// Choose the checkpoint, or the average of checkpoints, to translate with by BLEU on a
+    /// validation set (never a test set): writes `<job>/selected.json` for `translate
+    /// --selected`.
+    Select(SelectArgs),
     /// Corpus BLEU (sacreBLEU 13a, cased) of hypotheses on stdin against a reference file.
     Bleu {
         /// Reference translations, one a line (.gz accepted).
@@ -86,6 +88,34 @@ struct RunArgs {
 }
 
 #[derive(clap::Args, Debug)]
+struct SelectArgs {
+    /// The job directory (`<checkpoint-dir>/<job>`).
+    #[arg(long)]
+    job: PathBuf,
+    /// Validation source sentences, one a line (.gz accepted).
+    #[arg(long)]
+    source: PathBuf,
+    /// Their reference translations.
+    #[arg(long)]
+    reference: PathBuf,
+    /// Beam width to decode with (as the final translation will).
+    #[arg(long, default_value_t = 4)]
+    beam: usize,
+    /// Average at most this many checkpoints (the last K and the best K by validation loss).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    max_average: u32,
+    /// Source tokens per decoding batch.
+    #[arg(long, default_value_t = 4000)]
+    max_tokens: usize,
+    /// Intra-op threads (default: all cores).
+    #[arg(long)]
+    threads: Option<i32>,
+    /// Precision of the matrix multiplies while decoding (default: the training config's).
+    #[arg(long, value_parser = parse_precision)]
+    precision: Option<Precision>,
+}
+
+#[derive(clap::Args, Debug)]
 struct TranslateArgs {
     /// A checkpoint directory (`.../step-00001000`) or a job directory (its newest checkpoint).
     #[arg(long)]
@@ -103,6 +133,12 @@ struct TranslateArgs {
     /// and the complete checkpoints before it in its job directory (as many as there are).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     average: u32,
+    /// Translate with the average of the job's checkpoints at these steps (comma-separated).
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["average", "selected"])]
+    steps: Vec<u64>,
+    /// Translate with what `ferrotrain select` chose (`<job>/selected.json`).
+    #[arg(long, conflicts_with = "average")]
+    selected: bool,
     /// Precision of the matrix multiplies while decoding: auto, fp32, bf16 or fp16 (default:
     /// the training config's).
     #[arg(long, value_parser = parse_precision)]
@@ -259,27 +295,6 @@ fn validate(config: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Resolves `--checkpoint` to (job directory, checkpoint directory).
-fn resolve_checkpoint(path: &Path) -> Result<(PathBuf, PathBuf)> {
-    if path.join("trainer.json").is_file() {
-        let job = path.parent().unwrap_or(Path::new(".")).to_path_buf();
-        return Ok((job, path.to_path_buf()));
-    }
-    if !path.is_dir() {
-        return Err(TrainError::Data(
-            format!("--checkpoint {}: no such directory", path.display()).into(),
-        ));
-    }
-    let store = checkpoint::CheckpointStore::new(path, Default::default())?;
-    match store.latest()? {
-        Some((dir, _)) => Ok((path.to_path_buf(), dir)),
-        None => Err(TrainError::Data(format!(
-            "--checkpoint {}: neither a checkpoint directory nor a job directory with a complete checkpoint",
-            path.display()
-        ).into())),
-    }
-}
-
 fn translate(args: TranslateArgs) -> Result<()> {
     init_logging(0);
     keep_freed_memory();
@@ -287,124 +302,64 @@ fn translate(args: TranslateArgs) -> Result<()> {
     if let Some(t) = args.threads {
         tch::set_num_threads(t);
     }
-    let (job_dir, dir) = resolve_checkpoint(&args.checkpoint)?;
-    let config = load_config(&job_dir.join(train::CONFIG_FILE))?;
-    let vocab_path = job_dir.join(train::VOCAB_FILE);
-    let vocab = if vocab_path.is_file() {
-        data::Vocabulary::load(&vocab_path)?
+    let (job_dir, dir) = translate::resolve_checkpoint(&args.checkpoint)?;
+    let job = translate::Job::open(&job_dir)?;
+    let (dirs, steps) = if args.selected {
+        let chosen = select::read_selection(&job_dir)?.chosen;
+        (translate::at_steps(&job, &chosen.steps)?, chosen.steps)
+    } else if !args.steps.is_empty() {
+        (translate::at_steps(&job, &args.steps)?, args.steps.clone())
     } else {
-        // The copy task's symbols are not saved: they follow from the config.
-        data::load_corpus(&config, &vocab_path)?.vocab
+        translate::newest_before(&job, &dir, args.average as usize)?
     };
-    let (weights, steps) = averaged_weights(&job_dir, &dir, args.average as usize, &config)?;
-    let device = device::select_device(
-        config.device,
-        0,
-        device::expected_gpus()?,
-        device::visible_gpus(),
-    )?;
-    let vs = tch::nn::VarStore::new(device);
-    let requested = args.precision.unwrap_or(config.precision);
-    let precision = precision::decide(requested, &precision::Hardware::of(device));
-    tracing::info!("{}", precision::startup_line(&precision));
-    let net = model::Transformer::new(
-        &vs.root(),
-        &config.model,
-        vocab.size() as i64,
-        precision.used,
-    );
-    train::restore_model(&model::named_parameters(&vs), &weights)?;
-    tracing::info!(?steps, dir = %dir.display(), beam = args.beam, "translating");
+    let weights = job.weights(&dirs)?;
+    let requested = args.precision.unwrap_or(job.config.precision);
+    let translator = translate::Translator::new(&job, &weights, requested)?;
+    tracing::info!("{}", precision::startup_line(&translator.precision));
+    tracing::info!(?steps, job = %job_dir.display(), beam = args.beam, "translating");
     let lines: Vec<String> = std::io::stdin()
         .lock()
         .lines()
         .collect::<std::io::Result<_>>()?;
-    let limit = (net.max_positions() - 2).max(1) as usize;
-    let sources: Vec<Vec<u32>> = lines
-        .iter()
-        .map(|l| {
-            let mut ids = vocab.encode(l);
-            ids.truncate(limit);
-            ids
-        })
-        .collect();
-    let outputs = decode::translate(&net, &sources, args.beam, args.max_tokens, device);
     let mut out = std::io::stdout().lock();
-    for ids in outputs {
-        writeln!(out, "{}", vocab.decode(&ids))?;
+    for line in translator.translate(&job.vocab, &lines, args.beam, args.max_tokens) {
+        writeln!(out, "{line}")?;
     }
     Ok(())
 }
 
-/// The model weights of checkpoint `dir`, or with `count` > 1 their average with the
-/// complete checkpoints before it in `job_dir` (fewer if the job has fewer). Returns the
-/// steps averaged, oldest first.
-fn averaged_weights(
-    job_dir: &Path,
-    dir: &Path,
-    count: usize,
-    config: &TrainerConfig,
-) -> Result<(checkpoint::Named, Vec<u64>)> {
-    let newest = checkpoint::CheckpointStore::load(dir)?;
-    check_digest(&newest, job_dir, config)?;
-    let mut dirs = Vec::new();
-    if count > 1 {
-        let store = checkpoint::CheckpointStore::new(job_dir, Default::default())?;
-        dirs = store
-            .complete()?
-            .into_iter()
-            .filter(|(_, state)| state.step < newest.state.step)
-            .map(|(d, _)| d)
-            .collect();
-        dirs.drain(..dirs.len().saturating_sub(count - 1));
+fn select_checkpoint(args: SelectArgs) -> Result<()> {
+    init_logging(0);
+    keep_freed_memory();
+    flush_denormals();
+    if let Some(t) = args.threads {
+        tch::set_num_threads(t);
     }
-    let mut steps = vec![newest.state.step];
-    let mut models = vec![newest.model];
-    for d in &dirs {
-        let loaded = checkpoint::CheckpointStore::load(d)?;
-        check_digest(&loaded, job_dir, config)?;
-        steps.push(loaded.state.step);
-        models.push(loaded.model);
-    }
-    let weights = checkpoint::average_weights(models)
-        .map_err(|e| TrainError::IncompatibleCheckpoint(e.into()))?;
-    steps.sort_unstable();
-    Ok((weights, steps))
-}
-
-/// A checkpoint must come from the job's own config (same model, same vocabulary).
-fn check_digest(loaded: &checkpoint::Loaded, job_dir: &Path, config: &TrainerConfig) -> Result<()> {
-    if loaded.state.config_digest != config.digest() {
-        return Err(TrainError::IncompatibleCheckpoint(
-            format!(
-                "{} does not belong to the config in {}",
-                loaded.dir.display(),
-                job_dir.display()
-            )
-            .into(),
-        ));
-    }
-    Ok(())
-}
-
-/// Lines of a text file, `.gz` decompressed.
-fn read_text_lines(path: &Path) -> Result<Vec<String>> {
-    let file = std::fs::File::open(path).map_err(|e| {
-        TrainError::Data(Reason::caused(format!("cannot read {}", path.display()), e))
+    let s = select::select(&select::Request {
+        job_dir: &args.job,
+        source: &args.source,
+        reference: &args.reference,
+        beam: args.beam,
+        max_average: args.max_average as usize,
+        max_tokens: args.max_tokens,
+        precision: args.precision,
     })?;
-    let reader: Box<dyn std::io::Read> = if path.extension().is_some_and(|e| e == "gz") {
-        Box::new(flate2::read::MultiGzDecoder::new(file))
-    } else {
-        Box::new(file)
-    };
-    std::io::BufReader::new(reader)
-        .lines()
-        .collect::<std::io::Result<Vec<_>>>()
-        .map_err(|e| TrainError::Data(Reason::caused(format!("cannot read {}", path.display()), e)))
+    for (c, bleu) in &s.scored {
+        println!("{bleu:6.2}  {:<22} steps {:?}", c.name, c.steps);
+    }
+    println!(
+        "selected: {} (steps {:?}), val BLEU {:.2} with beam {}; written to {}",
+        s.chosen.name,
+        s.chosen.steps,
+        s.val_bleu,
+        s.beam,
+        args.job.join(select::SELECTED_FILE).display()
+    );
+    Ok(())
 }
 
 fn score_bleu(reference: &Path) -> Result<()> {
-    let refs = read_text_lines(reference)?;
+    let refs = translate::read_text_lines(reference)?;
     let hyps: Vec<String> = std::io::stdin()
         .lock()
         .lines()
@@ -481,6 +436,7 @@ fn main() -> ExitCode {
         }
         Command::Validate { config } => validate(&config),
         Command::Translate(args) => translate(args),
+        Command::Select(args) => select_checkpoint(args),
         Command::Bleu { reference } => score_bleu(&reference),
         Command::BenchCollective(args) => bench_collective(&args),
         Command::Doctor => {

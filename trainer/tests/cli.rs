@@ -56,7 +56,7 @@ fn translation_config(train: &(String, String), extra: &str) -> String {
          data:\n  train: {{source: '{}', target: '{}'}}\n  valid: {{source: '{}', target: '{}'}}\n  tokenizer: {{vocabSize: 100, minFrequency: 1}}\n  maxSentenceTokens: 30\n\
          model: {{dModel: 32, heads: 2, encoderLayers: 1, decoderLayers: 1, ffnDim: 64, dropout: 0.0, maxPositions: 64}}\n\
          batch: {{maxTokens: 400}}\noptimizer: {{lr: 0.005}}\nschedule: {{warmupSteps: 20}}\nlabelSmoothing: 0.1\n\
-         eval: {{everySteps: 60, beamSize: 1, maxSentences: 30}}\ncheckpoint: {{everySteps: 60}}\nlogEverySteps: 20\n{extra}",
+         eval: {{everySteps: 60, beamSize: 1, maxSentences: 30}}\ncheckpoint: {{everySteps: 60}}\nlogEverySteps: 20\nprecision: fp32\n{extra}",
         train.0, train.1, train.0, train.1
     )
 }
@@ -204,6 +204,84 @@ fn translation_job_trains_evaluates_translates_and_scores() {
     let out = with_stdin(cmd, &hyps);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("BLEU = "));
+}
+
+#[test]
+fn select_chooses_on_validation_bleu_and_translate_uses_the_choice() {
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = write_corpus(tmp.path(), 400);
+    // Evaluated and saved at 40, 80 and 120, all three kept.
+    let config = translation_config(&corpus, "")
+        .replace("everySteps: 60, beamSize", "everySteps: 40, beamSize")
+        .replace(
+            "checkpoint: {everySteps: 60}",
+            "checkpoint: {everySteps: 40, keepLatest: 3}",
+        );
+    let cfg = write(tmp.path(), "sel.yaml", &config);
+    let ckpt = tmp.path().join("ckpt");
+    let out = run_job(&cfg, &ckpt, &tmp.path().join("log"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let job = ckpt.join("sel");
+    let out = translate(&job, &["--selected"], "a small cat sleeps .\n");
+    assert_fails(&out, 3, "ferrotrain select");
+
+    // A validation set: the first 30 pairs (the selection only needs files that pair up).
+    let (src, tgt) = (&corpus.0, &corpus.1);
+    let head = |path: &str| -> String {
+        let text = std::fs::read_to_string(path).unwrap();
+        text.lines().take(30).map(|l| format!("{l}\n")).collect()
+    };
+    let val_src = write(tmp.path(), "val.en", &head(src));
+    let val_ref = write(tmp.path(), "val.de", &head(tgt));
+    let mut cmd = ferrotrain();
+    cmd.arg("select").arg("--job").arg(&job);
+    cmd.arg("--source")
+        .arg(&val_src)
+        .arg("--reference")
+        .arg(&val_ref);
+    cmd.args(["--beam", "1", "--max-average", "3"]);
+    let out = with_stdin(cmd, "");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(printed.contains("selected: "), "{printed}");
+    let selection: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(job.join("selected.json")).unwrap()).unwrap();
+    let scored = selection["scored"].as_array().unwrap();
+    let names: Vec<&str> = scored
+        .iter()
+        .map(|s| s[0]["name"].as_str().unwrap())
+        .collect();
+    for name in ["step 40", "step 80", "step 120", "last 2", "last 3"] {
+        assert!(names.contains(&name), "{name} not scored: {names:?}");
+    }
+    let best = scored
+        .iter()
+        .map(|s| s[1].as_f64().unwrap())
+        .fold(f64::MIN, f64::max);
+    assert_eq!(selection["valBleu"].as_f64().unwrap(), best, "{selection}");
+    let steps: Vec<u64> = selection["chosen"]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_u64().unwrap())
+        .collect();
+
+    let out = translate(
+        &job,
+        &["--selected", "--beam", "1"],
+        "a small cat sleeps .\n",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("steps={steps:?}")),
+        "{steps:?}: {}",
+        stderr(&out)
+    );
+    let out = translate(&job, &["--steps", "40,120", "--beam", "1"], "a cat .\n");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("steps=[40, 120]"), "{}", stderr(&out));
+    let out = translate(&job, &["--steps", "50"], "a cat .\n");
+    assert_fails(&out, 3, "step 50");
 }
 
 #[test]
