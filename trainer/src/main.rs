@@ -295,13 +295,18 @@ fn validate(config: &Path) -> Result<()> {
     Ok(())
 }
 
-fn translate(args: TranslateArgs) -> Result<()> {
+/// Logging, memory and float settings and threads of a decoding command.
+fn start_decoding(threads: Option<i32>) {
     init_logging(0);
     keep_freed_memory();
     flush_denormals();
-    if let Some(t) = args.threads {
+    if let Some(t) = threads {
         tch::set_num_threads(t);
     }
+}
+
+fn translate(args: TranslateArgs) -> Result<()> {
+    start_decoding(args.threads);
     let (job_dir, dir) = translate::resolve_checkpoint(&args.checkpoint)?;
     let job = translate::Job::open(&job_dir)?;
     let (dirs, steps) = if args.selected {
@@ -329,12 +334,7 @@ fn translate(args: TranslateArgs) -> Result<()> {
 }
 
 fn select_checkpoint(args: SelectArgs) -> Result<()> {
-    init_logging(0);
-    keep_freed_memory();
-    flush_denormals();
-    if let Some(t) = args.threads {
-        tch::set_num_threads(t);
-    }
+    start_decoding(args.threads);
     let s = select::select(&select::Request {
         job_dir: &args.job,
         source: &args.source,

@@ -508,16 +508,21 @@ mod tests {
     const REFERENCE_W: [f64; 3] = [0.35937872955887085, -0.890471888323569, 1.9067597148719575];
     const REFERENCE_B: [f64; 1] = [0.12978892340184256];
 
-    #[test]
-    fn clipping_scales_to_the_max_norm_and_state_round_trips() {
-        let config = OptimizerConfig {
+    /// AdamW without weight decay, clipping to norm 1.
+    fn clipping_config() -> OptimizerConfig {
+        OptimizerConfig {
             lr: 0.1,
             beta1: 0.9,
             beta2: 0.98,
             eps: 1e-9,
             weight_decay: 0.0,
             clip_norm: 1.0,
-        };
+        }
+    }
+
+    #[test]
+    fn clipping_scales_to_the_max_norm_and_state_round_trips() {
+        let config = clipping_config();
         let w = Tensor::from_slice(&[3.0f32, 4.0]).set_requires_grad(true);
         (&w * &w).sum(Kind::Float).backward(); // grad = 2w = (6, 8), norm 10
         let params = vec![("w".to_string(), w.shallow_clone())];
@@ -551,12 +556,8 @@ mod tests {
     #[test]
     fn fp16_gradients_are_unscaled_and_clipped_by_their_true_norm() {
         let config = OptimizerConfig {
-            lr: 0.1,
-            beta1: 0.9,
-            beta2: 0.98,
-            eps: 1e-9,
-            weight_decay: 0.0,
             clip_norm: 5.0,
+            ..clipping_config()
         };
         let w = Tensor::from_slice(&[3.0f32, 4.0]).set_requires_grad(true);
         // The loss scaled by 1024: grad = 1024 * (6, 8), true norm 10.

@@ -77,13 +77,19 @@ fn read_scalars(python: &Path, dir: &Path) -> BTreeMap<String, Vec<(u64, f64)>> 
     serde_json::from_slice(&out.stdout).expect("the reader's JSON")
 }
 
+/// A Python that reads TensorBoard events, and an event writer in a fresh directory.
+fn board() -> Option<(PathBuf, tempfile::TempDir, EventWriter)> {
+    let python = tensorboard_python()?;
+    let tmp = tempfile::tempdir().unwrap();
+    let events = EventWriter::create(tmp.path()).unwrap();
+    Some((python, tmp, events))
+}
+
 #[test]
 fn tensorboard_reads_back_the_scalars_written() {
-    let Some(python) = tensorboard_python() else {
+    let Some((python, tmp, mut events)) = board() else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let mut events = EventWriter::create(tmp.path()).unwrap();
     assert!(
         events
             .path()
@@ -124,11 +130,9 @@ fn tensorboard_reads_back_the_scalars_written() {
 
 #[test]
 fn tensorboard_reads_back_the_precision_as_hparams() {
-    let Some(python) = tensorboard_python() else {
+    let Some((python, tmp, mut events)) = board() else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let mut events = EventWriter::create(tmp.path()).unwrap();
     events
         .hparams(&[
             ("precision", "bf16"),

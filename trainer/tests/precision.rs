@@ -155,3 +155,24 @@ fn a_resumed_run_goes_on_with_its_checkpoints_loss_scale() {
         "not the checkpoint's scale"
     );
 }
+
+#[test]
+fn forty_overflows_in_a_row_fail_the_run_with_a_config_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = copy_config(STEPS, 0, "").replace("precision: fp32", "precision: fp16");
+    let config = write(dir.path(), "hopeless.yaml", &config);
+    let every: Vec<String> = (1..=40).map(|s| format!("{s}@0")).collect();
+    let out = run_command(&config, &dir.path().join("runs"))
+        .env("OMP_NUM_THREADS", "1")
+        .env("FERROTRAIN_INJECT_OVERFLOW", every.join(","))
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "permanent, no restart loop: {log}"
+    );
+    assert!(log.contains("overflowed on 40 steps in a row"), "{log}");
+    assert!(log.contains("use precision bf16 or fp32"), "{log}");
+}

@@ -27,7 +27,9 @@ use ferrotrain_api::config::DistributedConfig;
 use tch::{Device, Kind, Tensor};
 
 use super::collective::Collective;
-use super::nccl_lib::{Code, IN_PROGRESS, NcclLib, NonBlockingConfig, SUCCESS, code_name, nccl};
+use super::nccl_lib::{
+    Code, IN_PROGRESS, NcclLib, NonBlockingConfig, SUCCESS, code_hint, code_name, nccl,
+};
 use super::rank::RankEnv;
 use super::rendezvous::Rendezvous;
 use super::watchdog::{Abortable, Poll};
@@ -91,7 +93,10 @@ fn code_text(r: Code) -> String {
             CStr::from_ptr(p).to_string_lossy().into_owned()
         }
     };
-    format!("{} {text}", code_name(r))
+    match code_hint(r) {
+        "" => format!("{} {text}", code_name(r)),
+        hint => format!("{} {text} ({hint})", code_name(r)),
+    }
 }
 
 /// Aborts a communicator (ncclCommAbort: also ends the collectives in flight).

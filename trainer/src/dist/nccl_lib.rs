@@ -22,6 +22,26 @@ pub type Code = c_int;
 pub const SUCCESS: Code = 0;
 pub const IN_PROGRESS: Code = 7;
 
+/// What an `ncclResult_t` code usually means in a pod, for the error a rank fails with.
+pub fn code_hint(code: Code) -> &'static str {
+    match code {
+        1 => {
+            "a CUDA call inside NCCL failed: the GPU or its driver (nvidia-smi, dmesg on the node)"
+        }
+        2 => {
+            "a system call failed: often /sys/bus/pci hidden from the container (sandboxed \
+              runtimes such as gVisor) or /dev/shm too small (spec.podTemplate.shmSize); run \
+              `ferrotrain doctor` in the pod"
+        }
+        3 => "NCCL's internal error: often different NCCL versions on the ranks",
+        6 => {
+            "a peer rank failed, or the network between the ranks did (NCCL_SOCKET_IFNAME, \
+              NCCL_IB_* settings; docs/gpu.md)"
+        }
+        _ => "",
+    }
+}
+
 /// The name of an `ncclResult_t` code.
 pub fn code_name(code: Code) -> String {
     match code {
@@ -251,6 +271,9 @@ mod tests {
         assert_eq!(code_name(IN_PROGRESS), "ncclInProgress");
         assert_eq!(code_name(6), "ncclRemoteError");
         assert_eq!(code_name(42), "ncclResult 42");
+        assert!(code_hint(2).contains("ferrotrain doctor"));
+        assert!(code_hint(6).contains("peer rank"));
+        assert_eq!(code_hint(42), "");
     }
 
     #[test]

@@ -125,7 +125,8 @@ impl Trainer<'_> {
                     scaler.scale()
                 );
                 if scaler.consecutive_skips >= MAX_CONSECUTIVE_SKIPS {
-                    return Err(TrainError::Other(format!(
+                    // Permanent (exit 2): a restart from the checkpoint would overflow again.
+                    return Err(TrainError::Config(format!(
                         "precision fp16: the gradients overflowed on {MAX_CONSECUTIVE_SKIPS} steps in a \
                          row (loss scale now {:e}): the model's activations overflow fp16 itself; use \
                          precision bf16 or fp32, or lower optimizer.lr",
