@@ -19,7 +19,9 @@
 # every collective (all-reduce, broadcast, barrier) on one rank, and NCCL all-reduce
 # bandwidth; (d) two ranks over the TCP ring on the one GPU reach the loss of one rank;
 # (e) Multi30k tokens/s in bf16 at 2k and 16k tokens per batch, against
-# bench/pytorch_transformer.py (PyTorch eager, fused AdamW, bf16 autocast) on the same GPU.
+# bench/pytorch_transformer.py (PyTorch eager, fused AdamW, bf16 autocast) on the same GPU;
+# (f) fp32, bf16 and fp16 (loss scaling) at 16k tokens: tokens/s and loss; (g) a rank killed
+# with kill -9 resumes from its checkpoint and the run finishes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="" py="" data=../shared/data/multi30k out="" steps=70
@@ -73,15 +75,17 @@ missing=$(ldd "$bin" | grep 'not found' || true)
 if [[ -z "$missing" ]]; then row "a. every library resolves" PASS ""; else row "a. every library resolves" FAIL "$(echo "$missing" | tr '\n' ' ')"; fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2 || true
 
-# (b) the copy task on one GPU, fp32 and bf16
-for precision in fp32 bf16; do
+# (b) the copy task on one GPU in every precision; auto must pick bf16 on compute capability
+# >= 8.0 (fp16 on 7.x), and says so on its start-up line
+for precision in fp32 bf16 fp16 auto; do
   c="$out/copy-$precision.yaml" log="$out/copy-$precision.log"
   config examples/copy.yaml "$c" "device: cuda" "precision: $precision"
   if "$bin" run --config "$c" --checkpoint-dir "$out/runs" --job "copy-$precision" > "$log" 2>&1; then
     device_line=$(grep -o 'device Cuda([0-9]*)[^"]*' "$log" | head -1 || true)
     loss=$(last_eval_loss "$log")
     verdict=$(awk -v l="${loss:-99}" 'BEGIN { print (l < 0.5) ? "PASS" : "FAIL" }')
-    row "b. copy task, 1 GPU, $precision" "$verdict" "eval loss $loss, $(tokens_per_second "$log") tok/s; ${device_line:-no cuda device line}"
+    used=$(grep -o 'precision: [a-z0-9]* (.*)' "$log" | head -1 || true)
+    row "b. copy task, 1 GPU, $precision" "$verdict" "eval loss $loss, $(tokens_per_second "$log") tok/s; ${used:-no precision line}; ${device_line:-no cuda device line}"
   else
     row "b. copy task, 1 GPU, $precision" FAIL "exit $?: $(tail -1 "$log")"
   fi
@@ -129,6 +133,38 @@ for tokens in 2000 16000; do
   verdict=$(awk -v r="$ratio" -v t="$tokens" 'BEGIN { if (r == "-") print "FAIL"; else if (t < 16000 || r >= 0.9) print "PASS"; else print "BELOW" }')
   row "e. Multi30k bf16, $tokens tokens/batch" "$verdict" "ferrotrain ${ours:-?} tok/s, PyTorch ${theirs:-?} tok/s, ratio $ratio (target >= 0.9 at 16k)"
 done
+
+# (f) Multi30k at 16k tokens per batch in fp32, bf16 and fp16 (loss scaling): tokens/s and
+# the training loss after the same steps (the loss must agree within a few percent)
+for precision in fp32 bf16 fp16; do
+  c="$out/m30k-$precision.yaml" log="$out/m30k-$precision.log"
+  config "$out/m30k-16000.yaml" "$c" "precision: $precision"
+  mkdir -p "$out/runs/m30k-$precision"
+  cp "$out/runs/m30k-2000/tokenizer.json" "$out/runs/m30k-$precision/" 2>/dev/null || true
+  "$bin" run --config "$c" --checkpoint-dir "$out/runs" --job "m30k-$precision" > "$log" 2>&1 || true
+  skipped=$(grep -c 'gradients overflowed' "$log" || true)
+  row "f. Multi30k 16k tokens, $precision" "$([[ -n $(last_loss "$log") ]] && echo PASS || echo FAIL)" \
+    "$(tokens_per_second "$log") tok/s, loss $(last_loss "$log") at step $steps; fp16 skipped steps: $skipped"
+done
+
+# (g) kill -9 of a rank mid-run: the launcher restarts it from the latest checkpoint and the
+# run finishes
+c="$out/copy-kill.yaml" log="$out/copy-kill.log"
+config examples/copy.yaml "$c" "device: cuda" "maxSteps: 400" "logEverySteps: 50"
+sed -i 's/^  everySteps: .*/  everySteps: 50/' "$c"
+FERROTRAIN_CHECKPOINT_DIR="$out/runs" FERROTRAIN_JOB="kill" \
+  "$bin" launch --config "$c" --nproc-per-node 1 --master-port 0 --max-restarts 2 > "$log" 2>&1 &
+launcher=$!
+for _ in $(seq 1 120); do
+  [[ -f "$out/runs/kill/step-00000100/trainer.json" ]] && break
+  sleep 1
+done
+pkill -9 -f "run --config $c" || true
+if wait "$launcher" && grep -q 'resuming from checkpoint' "$log"; then
+  row "g. kill -9 of a rank, resume" PASS "$(grep -o 'resuming from checkpoint step=[0-9]*' "$log" | tail -1)"
+else
+  row "g. kill -9 of a rank, resume" FAIL "$(tail -1 "$log")"
+fi
 
 echo
 echo "GPU validation ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)); logs in $out"

@@ -34,12 +34,17 @@ toks=$(grep -o '[0-9]* tok/s' "$runs/$job.log" | tail -n1)
 echo "multi30k: ranks=$ranks steps=$steps train_minutes=$(( (end - start) / 60 )) last $toks; $(grep -o 'precision: [a-z0-9]* (.*)' "$runs/$job.log" | head -1)"
 
 # The choice, on val only.
-ferrotrain select --job "$job_dir" --source "$data/val.en.gz" --reference "$data/val.de.gz" --beam 4 \
-  | sed 's/^/  val: /'
+chosen=$(ferrotrain select --job "$job_dir" --source "$data/val.en.gz" --reference "$data/val.de.gz" --beam 4)
+sed 's/^/  val: /' <<<"$chosen"
 # The test set, once, with that choice.
+declare -A test_bleu
 for beam in 1 4; do
   zcat "$data/test_2016_flickr.en.gz" \
     | ferrotrain translate --checkpoint "$job_dir" --selected --beam "$beam" > "$job_dir/test.beam$beam.de"
   score=$(ferrotrain bleu --reference "$data/test_2016_flickr.de.gz" < "$job_dir/test.beam$beam.de")
   echo "multi30k test_2016_flickr (selected on val): ranks=$ranks steps=$steps beam=$beam $score"
+  test_bleu[$beam]=$(awk '{print $3}' <<<"$score")
 done
+# A row for docs/performance.md ("Chosen on validation data").
+choice=$(tail -n1 <<<"$chosen" | sed -e 's/^selected: //' -e 's/; written to.*//')
+echo "| $(git rev-parse --short HEAD) | $(basename "$config") | $ranks | $steps | ${toks% tok/s} | $choice | ${test_bleu[1]} | ${test_bleu[4]} |"
