@@ -64,6 +64,11 @@ fn read_scalars(python: &Path, dir: &Path) -> BTreeMap<String, Vec<(u64, f64)>> 
         acc = EventAccumulator(sys.argv[1], size_guidance={'scalars': 0})\n\
         acc.Reload()\n\
         print(json.dumps({t: [[e.step, e.value] for e in acc.Scalars(t)] for t in acc.Tags()['scalars']}))\n";
+    run_reader(python, script, dir)
+}
+
+/// Runs a reader `script` (with `dir` as its argument) and parses the JSON it prints.
+fn run_reader<T: serde::de::DeserializeOwned>(python: &Path, script: &str, dir: &Path) -> T {
     let out = Command::new(python)
         .args(["-c", script])
         .arg(dir)
@@ -152,17 +157,7 @@ fn tensorboard_reads_back_the_precision_as_hparams() {
         assert data.version == 0 and data.HasField('session_start_info')\n\
         hp = data.session_start_info.hparams\n\
         print(json.dumps({k: v.string_value for k, v in hp.items()}))\n";
-    let out = Command::new(&python)
-        .args(["-c", script])
-        .arg(tmp.path())
-        .output()
-        .expect("run python");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let hparams: BTreeMap<String, String> = serde_json::from_slice(&out.stdout).unwrap();
+    let hparams: BTreeMap<String, String> = run_reader(&python, script, tmp.path());
     assert_eq!(hparams["precision"], "bf16");
     assert_eq!(hparams["precision_requested"], "auto");
     assert_eq!(
