@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use ferrotrain_api::crd::Phase;
+use ferrotrain_api::crd::{DistributedTrainingStatus, FailureInfo, Phase};
 use ferrotrain_api::recovery::Timestamp;
 use ferrotrain_e2e::{
     TestNamespace, WAIT, copy_job, kill_launcher_from_host, pods_of, signal_trainer,
@@ -42,6 +42,17 @@ fn replaced_alone(
 }
 
 /// A running 2-pod copy job past its first checkpoint, with this collective timeout.
+/// The job's last failure, checked to blame `reason` on the pod of `node_rank`.
+fn blamed(status: &DistributedTrainingStatus, reason: &str, node_rank: i32) -> FailureInfo {
+    let f = status.last_failure.clone().expect("the failure");
+    assert_eq!(
+        (f.reason.as_str(), f.node_rank),
+        (reason, Some(node_rank)),
+        "{f:?}"
+    );
+    f
+}
+
 async fn training(ns: &TestNamespace, job: &str, collective_timeout: u64) {
     ns.create_checkpoint_claim(&format!("{job}-checkpoints"))
         .await;
@@ -150,12 +161,7 @@ async fn a_deleted_pod_is_replaced_alone_and_training_resumes() {
     })
     .await;
     assert_eq!(counted.attempt, 0, "the same attempt");
-    let f = counted.last_failure.clone().expect("the failure");
-    assert_eq!(
-        (f.reason.as_str(), f.node_rank),
-        ("PodLeaving", Some(1)),
-        "{f:?}"
-    );
+    blamed(&counted, "PodLeaving", 1);
 }
 
 #[tokio::test]
@@ -189,12 +195,7 @@ async fn node_0s_deleted_pod_is_replaced_alone_and_the_others_join_its_new_store
     })
     .await;
     assert_eq!(counted.attempt, 0, "the same attempt");
-    let f = counted.last_failure.clone().expect("the failure");
-    assert_eq!(
-        (f.reason.as_str(), f.node_rank),
-        ("PodLeaving", Some(0)),
-        "{f:?}"
-    );
+    blamed(&counted, "PodLeaving", 0);
 }
 
 #[tokio::test]
@@ -220,10 +221,5 @@ async fn a_pod_whose_launcher_was_killed_is_replaced_alone() {
     .await;
     assert_eq!((counted.attempt, counted.restarts), (0, 1), "{counted:?}");
     // Blamed: the pod whose launcher sent no report, not the peer whose ring broke first.
-    let f = counted.last_failure.clone().expect("the failure");
-    assert_eq!(
-        (f.reason.as_str(), f.node_rank),
-        ("AgentLost", Some(1)),
-        "{f:?}"
-    );
+    blamed(&counted, "AgentLost", 1);
 }
