@@ -2,7 +2,8 @@
 //! global batches (`batch.maxTokens` is per rank: 600, 300 and 150), seed and no dropout log
 //! the same loss curve, up to float summation order; so do 2 ranks standing in for a gang of
 //! 4 (an elastic round shrunk to half: FERROTRAIN_VIRTUAL_WORLD=4, each rank covering two
-//! ranks' shards).
+//! ranks' shards), and 2 ranks given the 1-rank recipe's batch as `batch.globalTokens: 600`
+//! (with `maxTokens` unchanged at 600).
 
 mod common;
 
@@ -19,12 +20,21 @@ const STEPS: u64 = 30;
 /// missing shard, an unsynchronized parameter or a wrong scale moves the loss by > 1e-2).
 const TOLERANCE: f64 = 1e-4;
 
+/// How the runs say their batch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Batch {
+    /// `maxTokens: 600 / gang`, per rank.
+    PerRank,
+    /// `maxTokens: 600` and `globalTokens: 600`, whatever the number of ranks.
+    Global,
+}
+
 /// Runs the job with `ranks` processes (1 = plain `ferrotrain run`) standing for a gang of
-/// `gang` ranks (`maxTokens` per gang rank); returns the losses.
-fn losses(dir: &Path, ranks: usize, gang: usize) -> Vec<f64> {
-    let runs = dir.join(format!("runs-{ranks}-{gang}"));
+/// `gang` ranks; returns the losses.
+fn losses(dir: &Path, ranks: usize, gang: usize, batch: Batch) -> Vec<f64> {
+    let runs = dir.join(format!("runs-{ranks}-{gang}-{batch:?}"));
     // The job is named after the file: one directory per run, each with job.yaml.
-    let config_dir = dir.join(format!("config-{ranks}-{gang}"));
+    let config_dir = dir.join(format!("config-{ranks}-{gang}-{batch:?}"));
     std::fs::create_dir_all(&config_dir).unwrap();
     let config = config_dir.join("job.yaml");
     let job = common::GangCopyJob {
@@ -32,14 +42,26 @@ fn losses(dir: &Path, ranks: usize, gang: usize) -> Vec<f64> {
         max_steps: STEPS,
         train_samples: 2000,
         valid_samples: 16,
-        max_tokens: 600 / gang,
+        max_tokens: if batch == Batch::Global {
+            600
+        } else {
+            600 / gang
+        },
         checkpoint_every: 0,
         keep_latest: 1,
         collective_timeout_seconds: 20,
         log_every: 1000,
     };
-    std::fs::write(&config, job.yaml()).unwrap();
-    let log = dir.join(format!("stderr-{ranks}.log"));
+    let mut yaml = job.yaml();
+    if batch == Batch::Global {
+        yaml = yaml.replace(
+            "  maxTokens: 600\n",
+            "  maxTokens: 600\n  globalTokens: 600\n",
+        );
+        assert!(yaml.contains("globalTokens"), "{yaml}");
+    }
+    std::fs::write(&config, yaml).unwrap();
+    let log = dir.join(format!("stderr-{ranks}-{gang}-{batch:?}.log"));
     let cmd = if ranks == 1 {
         let mut cmd = common::run_command(&config, &runs);
         cmd.env("OMP_NUM_THREADS", "1")
@@ -69,27 +91,33 @@ fn losses(dir: &Path, ranks: usize, gang: usize) -> Vec<f64> {
 #[test]
 fn one_two_and_four_ranks_follow_the_same_loss_curve() {
     let dir = tempfile::tempdir().unwrap();
-    let single = losses(dir.path(), 1, 1);
+    let single = losses(dir.path(), 1, 1, Batch::PerRank);
     assert!(
         single[STEPS as usize - 1] < single[0] - 0.3,
         "the run must learn something for the comparison to mean anything: {single:?}"
     );
-    for (ranks, gang) in [(2, 2), (4, 4), (2, 4)] {
-        let multi = losses(dir.path(), ranks, gang);
+    let runs = [
+        (2, 2, Batch::PerRank),
+        (4, 4, Batch::PerRank),
+        (2, 4, Batch::PerRank),
+        (2, 2, Batch::Global),
+    ];
+    for (ranks, gang, batch) in runs {
+        let multi = losses(dir.path(), ranks, gang, batch);
         let worst = single
             .iter()
             .zip(&multi)
             .map(|(a, b)| (a - b).abs())
             .fold(0.0, f64::max);
         eprintln!(
-            "{ranks} ranks (gang of {gang}): final loss {:.6} vs {:.6} (1 rank), max |diff| over \
+            "{ranks} ranks (gang of {gang}, {batch:?}): final loss {:.6} vs {:.6} (1 rank), max |diff| over \
              {STEPS} steps {worst:.2e}",
             multi[STEPS as usize - 1],
             single[STEPS as usize - 1]
         );
         assert!(
             worst <= TOLERANCE,
-            "{ranks} ranks (gang of {gang}) diverge from 1 rank by {worst}: {multi:?} vs {single:?}"
+            "{ranks} ranks (gang of {gang}, {batch:?}) diverge from 1 rank by {worst}: {multi:?} vs {single:?}"
         );
     }
 }

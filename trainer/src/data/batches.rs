@@ -153,7 +153,7 @@ impl BatchStream {
                 format!(
                     "data position {samples} (epoch {epoch}, example {within} of {n}) is not on a \
                  batch boundary of this run (the nearest are {} and {}): the training data, \
-                 data.maxSentenceTokens, batch.maxTokens or seed differ from the checkpoint's",
+                 data.maxSentenceTokens, seed or the batch (batch.maxTokens, batch.globalTokens, the number of ranks) differ from the checkpoint's",
                     samples - within + consumed - batches[batch - 1].len() as u64,
                     samples - within + consumed,
                 )

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use ferrotrain_api::TrainerPhase;
-use ferrotrain_api::config::Precision;
+use ferrotrain_api::config::{BatchConfig, Precision, StepPlan};
 use ferrotrain_api::progress::PrecisionChoice;
 use tch::Device;
 
@@ -86,11 +86,14 @@ impl<'a> Trainer<'a> {
             &config.tensorboard,
             &corpus.stats,
         );
-        // `maxTokens` is per rank: the global micro-batch holds the full gang's worth (an
-        // elastic round of fewer ranks processes the same batches).
+        // The whole gang's batch (an elastic round of fewer ranks processes the same
+        // batches): `globalTokens` per step, or `maxTokens` per rank.
         let virtual_world = opts.rank.virtual_world.unwrap_or(world).max(world);
-        let global_tokens = config.batch.max_tokens as usize * virtual_world;
-        let mut stream = BatchStream::new(&corpus.train, global_tokens, config.seed);
+        let plan = config.batch.plan(virtual_world);
+        if leader {
+            log_plan(&config.batch, plan, virtual_world);
+        }
+        let mut stream = BatchStream::new(&corpus.train, plan.micro_tokens as usize, config.seed);
         stream.seek(start.samples)?;
         let log = open_log(leader, &opts.job_dir)?;
         let (eval, save) = Self::first_marks(start.step);
@@ -111,6 +114,7 @@ impl<'a> Trainer<'a> {
             rank,
             world,
             virtual_world,
+            accumulate: plan.accumulate,
             leader,
             started,
             step: start.step,
@@ -259,4 +263,22 @@ fn open_log(leader: bool, job_dir: &Path) -> Result<Option<File>> {
             .append(true)
             .open(job_dir.join(TRAIN_LOG))?,
     ))
+}
+
+/// The start-up line that says how a step's batch is cut for this gang.
+fn log_plan(batch: &BatchConfig, plan: StepPlan, ranks: usize) {
+    let per_rank = plan.micro_tokens as usize / ranks.max(1);
+    match batch.global_tokens {
+        Some(global) => tracing::info!(
+            "batch: globalTokens {global} per step over {ranks} rank(s): {} micro-batch(es) of {} tokens per side, about {per_rank} per rank",
+            plan.accumulate,
+            plan.micro_tokens,
+        ),
+        None => tracing::info!(
+            "batch: {} micro-batch(es) of {} tokens per side per step ({ranks} rank(s) x maxTokens {}), about {per_rank} per rank",
+            plan.accumulate,
+            plan.micro_tokens,
+            batch.max_tokens,
+        ),
+    }
 }

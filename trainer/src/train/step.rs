@@ -13,7 +13,7 @@ use crate::error::{Result, TrainError};
 use crate::loss_scale::{self, LossScaler, MAX_CONSECUTIVE_SKIPS, Update};
 use crate::optim;
 
-/// The step's global batch: `batch.accumulate` micro-batches of the stream (every rank
+/// The step's global batch: the plan's `accumulate` micro-batches of the stream (every rank
 /// draws all of them and trains on its shard of each).
 pub(super) struct GlobalBatch {
     pub(super) micro: Vec<Vec<usize>>,
@@ -140,7 +140,7 @@ impl Trainer<'_> {
 
     /// The step's micro-batches, drawn from the stream.
     pub(super) fn next_batch(&mut self) -> GlobalBatch {
-        let micro: Vec<Vec<usize>> = (0..self.config.batch.accumulate)
+        let micro: Vec<Vec<usize>> = (0..self.accumulate)
             .map(|_| self.stream.next_batch())
             .collect();
         let train = &self.corpus.train;

@@ -73,6 +73,8 @@ pub(super) struct Trainer<'a> {
     /// elastic round covers the missing ranks' shards, so every step's global batch is the
     /// full gang's and the loss curve does not change with the world size.
     pub(super) virtual_world: usize,
+    /// Micro-batches per optimizer step (`batch.plan`).
+    pub(super) accumulate: u32,
     pub(super) leader: bool,
     /// When `run` began (the summary's seconds).
     pub(super) started: Instant,
