@@ -6,12 +6,22 @@
 # Prints steps, tokens/s, the validation choice and BLEU, and test BLEU. Not a test: it takes
 # ~40 minutes.
 #
-#   bench/multi30k-bleu.sh [--ranks N] [config]        (default 1 rank, examples/multi30k.yaml)
+# Then, unless --no-baseline, the same model and batch in PyTorch eager against ferrotrain
+# (bench/run-pytorch-baseline.sh: tokens/s and the ratios, ~5 minutes more).
+#
+#   bench/multi30k-bleu.sh [--ranks N] [--no-baseline] [config]   (default 1 rank, examples/multi30k.yaml)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
 ranks=1
-if [[ "${1:-}" == --ranks ]]; then ranks="$2"; shift 2; fi
+baseline=1
+while [[ "${1:-}" == --* ]]; do
+  case "$1" in
+    --ranks) ranks="$2"; shift 2 ;;
+    --no-baseline) baseline=0; shift ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
 config="${1:-examples/multi30k.yaml}"
 data="${MULTI30K:-../shared/data/multi30k}"
 runs="${RUNS:-runs/bench}"
@@ -48,3 +58,7 @@ done
 # A row for docs/performance.md ("Chosen on validation data").
 choice=$(tail -n1 <<<"$chosen" | sed -e 's/^selected: //' -e 's/; written to.*//')
 echo "| $(git rev-parse --short HEAD) | $(basename "$config") | $ranks | $steps | ${toks% tok/s} | $choice | ${test_bleu[1]} | ${test_bleu[4]} |"
+# Throughput against PyTorch eager, same model and batch, in the same run.
+if [[ "$baseline" == 1 ]]; then
+  bash bench/run-pytorch-baseline.sh
+fi
