@@ -879,25 +879,29 @@ impl TrainerConfig {
                 ),
             );
         }
-        if self.data.max_sentence_tokens + 2 > self.batch.max_tokens {
-            bad(
-                "batch.maxTokens",
-                format!(
-                    "{} cannot hold one sentence of data.maxSentenceTokens {} plus BOS/EOS",
-                    self.batch.max_tokens, self.data.max_sentence_tokens
-                ),
-            );
-        }
-        if let Some(global) = self.batch.global_tokens
-            && self.data.max_sentence_tokens + 2 > global
-        {
-            bad(
-                "batch.globalTokens",
-                format!(
-                    "{global} cannot hold one sentence of data.maxSentenceTokens {} plus BOS/EOS",
-                    self.data.max_sentence_tokens
-                ),
-            );
+        self.check_batch_holds(
+            self.data.max_sentence_tokens,
+            "sentence of data.maxSentenceTokens",
+            problems,
+        );
+    }
+
+    /// `batch.maxTokens` and `batch.globalTokens` each hold the longest sequence plus BOS/EOS
+    /// (`what` names it: "sentence of data.maxSentenceTokens").
+    fn check_batch_holds(&self, longest: u32, what: &str, problems: &mut Problems) {
+        let limits = [
+            ("batch.maxTokens", Some(self.batch.max_tokens)),
+            ("batch.globalTokens", self.batch.global_tokens),
+        ];
+        for (path, limit) in limits {
+            if let Some(limit) = limit
+                && longest + 2 > limit
+            {
+                problems.bad(
+                    path,
+                    format!("{limit} cannot hold one {what} {longest} plus BOS/EOS"),
+                );
+            }
         }
     }
 
@@ -932,32 +936,13 @@ impl TrainerConfig {
                 ),
             );
         }
-        if c.max_length + 2 > self.batch.max_tokens {
-            bad(
-                "batch.maxTokens",
-                format!(
-                    "{} cannot hold one sequence of copy.maxLength {} plus BOS/EOS",
-                    self.batch.max_tokens, c.max_length
-                ),
-            );
-        }
-        if let Some(global) = self.batch.global_tokens
-            && c.max_length + 2 > global
-        {
-            bad(
-                "batch.globalTokens",
-                format!(
-                    "{global} cannot hold one sequence of copy.maxLength {} plus BOS/EOS",
-                    c.max_length
-                ),
-            );
-        }
         if c.train_samples == 0 {
             bad("copy.trainSamples", "must be at least 1".into());
         }
         if c.valid_samples == 0 {
             bad("copy.validSamples", "must be at least 1".into());
         }
+        self.check_batch_holds(c.max_length, "sequence of copy.maxLength", problems);
     }
 
     /// The model's shape and dropouts.
