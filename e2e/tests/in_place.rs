@@ -41,7 +41,6 @@ fn replaced_alone(
     }
 }
 
-/// A running 2-pod copy job past its first checkpoint, with this collective timeout.
 /// The job's last failure, checked to blame `reason` on the pod of `node_rank`.
 fn blamed(status: &DistributedTrainingStatus, reason: &str, node_rank: i32) -> FailureInfo {
     let f = status.last_failure.clone().expect("the failure");
@@ -53,6 +52,7 @@ fn blamed(status: &DistributedTrainingStatus, reason: &str, node_rank: i32) -> F
     f
 }
 
+/// A running 2-pod copy job past its first checkpoint, with this collective timeout.
 async fn training(ns: &TestNamespace, job: &str, collective_timeout: u64) {
     ns.create_checkpoint_claim(&format!("{job}-checkpoints"))
         .await;

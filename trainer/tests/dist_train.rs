@@ -47,20 +47,13 @@ fn losses(dir: &Path, ranks: usize, gang: usize, batch: Batch) -> Vec<f64> {
         } else {
             600 / gang
         },
+        global_tokens: (batch == Batch::Global).then_some(600),
         checkpoint_every: 0,
         keep_latest: 1,
         collective_timeout_seconds: 20,
         log_every: 1000,
     };
-    let mut yaml = job.yaml();
-    if batch == Batch::Global {
-        yaml = yaml.replace(
-            "  maxTokens: 600\n",
-            "  maxTokens: 600\n  globalTokens: 600\n",
-        );
-        assert!(yaml.contains("globalTokens"), "{yaml}");
-    }
-    std::fs::write(&config, yaml).unwrap();
+    std::fs::write(&config, job.yaml()).unwrap();
     let log = dir.join(format!("stderr-{ranks}-{gang}-{batch:?}.log"));
     let cmd = if ranks == 1 {
         let mut cmd = common::run_command(&config, &runs);

@@ -23,6 +23,7 @@ fn config(max_steps: u64) -> String {
         train_samples: 4000,
         valid_samples: 32,
         max_tokens: 512,
+        global_tokens: None,
         checkpoint_every: CHECKPOINT_EVERY,
         keep_latest: 2,
         collective_timeout_seconds: COLLECTIVE_TIMEOUT,

@@ -258,13 +258,15 @@ pub fn write_corpus(dir: &Path, pairs: usize) -> (String, String) {
 }
 
 /// The copy job the multi-rank tests train: one layer each side, no dropout and no label
-/// smoothing, no evaluation. `max_tokens` is per rank.
+/// smoothing, no evaluation. `max_tokens` is per rank; `global_tokens`, when set, is the
+/// whole gang's batch (`batch.globalTokens`).
 pub struct GangCopyJob {
     pub seed: u64,
     pub max_steps: u64,
     pub train_samples: u64,
     pub valid_samples: u64,
     pub max_tokens: usize,
+    pub global_tokens: Option<usize>,
     pub checkpoint_every: u64,
     pub keep_latest: u32,
     pub collective_timeout_seconds: u64,
@@ -279,11 +281,15 @@ impl GangCopyJob {
             train_samples,
             valid_samples,
             max_tokens,
+            global_tokens,
             checkpoint_every,
             keep_latest,
             collective_timeout_seconds,
             log_every,
         } = self;
+        let global_tokens = global_tokens
+            .map(|g| format!("\n  globalTokens: {g}"))
+            .unwrap_or_default();
         format!(
             "task: copy
 seed: {seed}
@@ -303,7 +309,7 @@ model:
   dropout: 0.0
   maxPositions: 16
 batch:
-  maxTokens: {max_tokens}
+  maxTokens: {max_tokens}{global_tokens}
 optimizer:
   lr: 0.003
 schedule:
