@@ -358,7 +358,11 @@ pub struct RestartPolicy {
     #[serde(default = "defaults::max_restarts")]
     #[schemars(range(min = 0, max = 10000))]
     pub max_restarts: i32,
-    /// Wait before the first restart; doubles with every restart up to maxBackoffSeconds.
+    /// Wait before a gang restart; doubles with each failure in a row up to
+    /// maxBackoffSeconds. The count starts again after an attempt (or in-place round) that
+    /// saved a checkpoint of its own: a job that was training well before it failed waits
+    /// only backoffSeconds, and one that keeps failing before it saves anything waits longer
+    /// each time. In-place restarts wait nothing after such a failure, then this, doubling.
     #[serde(default = "defaults::backoff_seconds")]
     #[schemars(range(min = 0, max = 86400))]
     pub backoff_seconds: i64,
@@ -369,9 +373,14 @@ pub struct RestartPolicy {
     /// After a retryable failure of a trainer process whose pod stays (a crash, a kill, an
     /// OOM kill inside the container, a hang), restart every pod's ranks in place as a new
     /// round of the same attempt: the pods, their nodes and GPUs are kept, and the next step
-    /// comes seconds later. Counted against maxRestarts like a gang restart. A lost pod still
-    /// restarts the gang. Needs ferrotrain's own launcher (no custom `command`) and more than
-    /// one replica; false restarts the whole gang on every failure.
+    /// comes seconds later. Counted against maxRestarts like a gang restart. A pod that goes
+    /// away (deleted, evicted, its launcher killed) is created again alone and joins the
+    /// others' next round; a pod on a lost node restarts the gang, unless `elastic` lets the
+    /// others train on without it (node rank 0's always restarts the gang). Needs ferrotrain's own launcher (no custom `command`) and more than
+    /// one replica; false restarts the whole gang on every failure. A few seconds into each
+    /// round every pod starts a spare trainer per rank that waits, libtorch loaded, to be the
+    /// next round's rank (about 120 MB of memory each, within the pod's limit; env
+    /// FERROTRAIN_SPARE_RANKS=false in podTemplate.env turns them off).
     #[serde(default = "defaults::in_place")]
     pub in_place: bool,
     /// Container exit codes that no restart can fix: the job Fails with the rank's termination

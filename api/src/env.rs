@@ -74,6 +74,12 @@ pub const FERROTRAIN_VIRTUAL_WORLD: &str = "FERROTRAIN_VIRTUAL_WORLD";
 /// Set by the launcher in in-place mode: the round (0, 1, ...) the rank belongs to; its
 /// rendezvous keys live under `round/<r>/` and its ring connections prove the round.
 pub const FERROTRAIN_ROUND: &str = "FERROTRAIN_ROUND";
+/// Set by the launcher on a spare rank (in-place mode): a trainer started ahead of the next
+/// round, which loads libtorch and its config, then waits on its stdin for the round's
+/// environment (one JSON line) before it trains; EOF ends it quietly (launch/spare.rs).
+pub const FERROTRAIN_SPARE: &str = "FERROTRAIN_SPARE";
+/// `false` turns spare ranks off (`ferrotrain launch --spare-ranks`; default true).
+pub const FERROTRAIN_SPARE_RANKS: &str = "FERROTRAIN_SPARE_RANKS";
 /// Set by the launcher in in-place mode: node 0's launcher hosts the rendezvous store, so
 /// rank 0 connects to it instead of starting one.
 pub const FERROTRAIN_STORE_HOSTED: &str = "FERROTRAIN_STORE_HOSTED";

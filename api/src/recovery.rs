@@ -19,6 +19,7 @@
 //! budget's use stays visible however long the job runs.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 pub use jiff::Timestamp;
 use schemars::JsonSchema;
@@ -26,6 +27,16 @@ use serde::{Deserialize, Serialize};
 
 /// Attempts kept in the history (the totals count all of them).
 pub const MAX_ATTEMPTS: usize = 10;
+
+/// The wait before a restart that follows `in_a_row` failures in a row
+/// ([`Recovery::failures_in_a_row`]): `initial`, doubled for each failure in a row after the
+/// first, at most `max` (or `initial` when that is larger).
+pub fn restart_wait(initial: Duration, max: Duration, in_a_row: u32) -> Duration {
+    let doublings = in_a_row.max(1).saturating_sub(1).min(30);
+    initial
+        .saturating_mul(1u32 << doublings)
+        .min(max.max(initial))
+}
 
 /// Why an attempt ended, in the three buckets people budget for.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq, Hash)]
@@ -158,6 +169,13 @@ impl AttemptRecord {
         self.first_step_at.map(|t| seconds(self.started_at, t))
     }
 
+    /// Whether it saved a checkpoint of its own (past the one it resumed from): it was
+    /// training, so a failure after it is one failure, not a job that keeps failing.
+    pub fn saved_a_checkpoint(&self) -> bool {
+        self.checkpoint_step
+            .is_some_and(|c| c > self.resumed_from_step.unwrap_or(0))
+    }
+
     fn steps_done(&self) -> u64 {
         let from = self.resumed_from_step.unwrap_or(0);
         self.last_step.unwrap_or(from).saturating_sub(from)
@@ -272,6 +290,22 @@ impl Recovery {
     /// The attempt being recorded, if it has not ended.
     pub fn current(&self) -> Option<&AttemptRecord> {
         self.attempts.last().filter(|a| a.end.is_none())
+    }
+
+    /// The failures in a row that the next restart follows: those of the attempts (or
+    /// rounds) at the end of the history that saved no checkpoint of their own, plus the
+    /// failure that ended the last one that did (it was training well: the count starts
+    /// again there); at least 1. None without a record (nothing known).
+    pub fn failures_in_a_row(&self) -> Option<u32> {
+        self.attempts.last()?;
+        let fruitless = self
+            .attempts
+            .iter()
+            .rev()
+            .take_while(|a| !a.saved_a_checkpoint())
+            .count();
+        let after_a_good_one = usize::from(fruitless < self.attempts.len());
+        Some(((fruitless + after_a_good_one) as u32).max(1))
     }
 
     fn current_mut(&mut self) -> Option<&mut AttemptRecord> {
@@ -529,6 +563,50 @@ mod tests {
         r.report(report(81, 80, 125, Some(80)), t(126));
         r.report(report(200, 80, 125, Some(200)), t(245));
         r
+    }
+
+    #[test]
+    fn failures_in_a_row_start_again_after_an_attempt_that_saved_a_checkpoint() {
+        let mut r = Recovery::default();
+        assert_eq!(r.failures_in_a_row(), None, "nothing known");
+        r.start(0, t(0));
+        r.report(report(5, 0, 1, None), t(2));
+        r.end(failure(3, 4));
+        assert_eq!(
+            r.failures_in_a_row(),
+            Some(1),
+            "a first attempt that saved nothing"
+        );
+        let mut r = Recovery::default();
+        // Attempt 0 saved step 80, then died: one failure.
+        r.start(0, t(0));
+        r.report(report(100, 0, 10, Some(80)), t(110));
+        r.end(failure(110, 111));
+        assert_eq!(r.failures_in_a_row(), Some(1));
+        // Attempts 1 and 2 die before saving anything past 80: two, then three in a row.
+        for (attempt, at) in [(1, 120), (2, 140)] {
+            r.start(attempt, t(at));
+            r.report(report(85, 80, at + 5, Some(80)), t(at + 6));
+            r.end(failure(at + 7, at + 8));
+        }
+        assert_eq!(r.failures_in_a_row(), Some(3));
+        // Attempt 3 saves step 120 before it dies: the count starts again.
+        r.start(3, t(200));
+        r.report(report(130, 80, 205, Some(120)), t(260));
+        r.end(failure(261, 262));
+        assert_eq!(r.failures_in_a_row(), Some(1));
+    }
+
+    #[test]
+    fn the_restart_wait_doubles_with_failures_in_a_row_up_to_the_cap() {
+        let s = Duration::from_secs;
+        let waits: Vec<u64> = (0..=6)
+            .map(|n| restart_wait(s(10), s(60), n).as_secs())
+            .collect();
+        assert_eq!(waits, [10, 10, 20, 40, 60, 60, 60]);
+        assert_eq!(restart_wait(s(10), s(0), 4), s(10), "a cap below the start");
+        assert_eq!(restart_wait(s(0), s(60), 9), s(0));
+        assert_eq!(restart_wait(s(1), s(86400), u32::MAX), s(86400));
     }
 
     #[test]

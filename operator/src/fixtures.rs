@@ -8,6 +8,7 @@ use ferrotrain_api::Progress;
 use ferrotrain_api::crd::{
     DistributedTraining, DistributedTrainingSpec, DistributedTrainingStatus, Phase, condition,
 };
+use ferrotrain_api::reason;
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus, Pod,
     PodStatus,
@@ -135,7 +136,11 @@ pub fn running_status(attempt: i32, restarts: i32) -> DistributedTrainingStatus 
             restarts,
             vec![
                 cond(condition::CREATED, true, 0),
-                cond(condition::RUNNING, true, 10),
+                Condition {
+                    reason: reason::ALL_RANKS_RUNNING.into(),
+                    message: format!("all 2 pods of attempt {attempt} run"),
+                    ..cond(condition::RUNNING, true, 10)
+                },
             ],
         )
     }

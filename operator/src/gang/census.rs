@@ -55,7 +55,7 @@ impl<'a, 'o> Decider<'a, 'o> {
                     node_ranks: census.gone.clone(),
                 });
             }
-            self.all_running();
+            self.all_running(census.running + census.succeeded);
             self.track_progress(census.rank0);
             self.requeue_in(self.o.timing.progress_interval);
         } else {

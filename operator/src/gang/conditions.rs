@@ -102,26 +102,40 @@ impl<'a, 'o> Decider<'a, 'o> {
         }
     }
 
-    /// Every pod of the attempt runs: phase Running, Running=True, a Normal event, and the
-    /// ledger's clock of the attempt (once; nothing while it stays so).
-    pub(super) fn all_running(&mut self) {
+    /// Every pod of the attempt runs or has finished (or, elastic, enough of them,
+    /// `present`, train without the others): phase Running, Running=True, a Normal event, and
+    /// the ledger's clock of the attempt (once); afterwards only the condition's message
+    /// follows `present`.
+    pub(super) fn all_running(&mut self, present: i32) {
+        let (replicas, attempt) = (self.o.spec.replicas.max(1), self.status.attempt);
+        // Elastic: the gang trains while some pods are away; the message follows them.
+        let (pods, away) = if present >= replicas {
+            (format!("all {replicas} pods"), "")
+        } else {
+            (
+                format!("{present} of {replicas} pods"),
+                "; the gang trains without the others (see Resized)",
+            )
+        };
+        let message = format!("{pods} of attempt {attempt} run{away}");
         if self.status.phase == Phase::Running {
+            let stale = self
+                .status
+                .condition(condition::RUNNING)
+                .is_none_or(|c| c.message != message);
+            if stale {
+                self.set_condition(condition::RUNNING, true, reason::ALL_RANKS_RUNNING, message);
+            }
             return;
         }
-        let (replicas, attempt) = (self.o.spec.replicas.max(1), self.status.attempt);
         let now = self.now();
         self.recovery().running(now);
         self.status.phase = Phase::Running;
-        self.set_condition(
-            condition::RUNNING,
-            true,
-            reason::ALL_RANKS_RUNNING,
-            format!("all {replicas} pods of attempt {attempt} run"),
-        );
+        self.set_condition(condition::RUNNING, true, reason::ALL_RANKS_RUNNING, message);
         self.event(
             false,
             reason::RUNNING,
-            format!("attempt {attempt}: all {replicas} pods run"),
+            format!("attempt {attempt}: {pods} run"),
         );
     }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use ferrotrain_api::Recovery;
 use ferrotrain_api::crd::{DistributedTrainingSpec, Phase, condition};
 use ferrotrain_api::reason;
-use ferrotrain_api::recovery::{AttemptEnd, EndCause};
+use ferrotrain_api::recovery::{AttemptEnd, EndCause, restart_wait};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::SignedDuration;
 
@@ -15,13 +15,15 @@ use super::decision::Action;
 use super::failure::{Failure, ended_by};
 use super::observed::PodView;
 
-/// Restart backoff before attempt `restarts + 1`: backoff * 2^(restarts-1), capped.
-pub fn backoff(spec: &DistributedTrainingSpec, restarts: i32) -> Duration {
+/// Restart backoff after `in_a_row` failures in a row: backoff * 2^(in_a_row-1), capped.
+pub fn backoff(spec: &DistributedTrainingSpec, in_a_row: i32) -> Duration {
     let p = &spec.restart_policy;
-    let initial = p.backoff_seconds.max(0) as u64;
-    let max = p.max_backoff_seconds.max(0) as u64;
-    let exp = (restarts.max(1) - 1).min(30) as u32;
-    Duration::from_secs(initial.saturating_mul(1u64 << exp).min(max.max(initial)))
+    let s = |secs: i64| Duration::from_secs(secs.max(0) as u64);
+    restart_wait(
+        s(p.backoff_seconds),
+        s(p.max_backoff_seconds),
+        in_a_row.max(1) as u32,
+    )
 }
 
 impl<'a, 'o> Decider<'a, 'o> {
@@ -174,16 +176,23 @@ impl<'a, 'o> Decider<'a, 'o> {
         true
     }
 
-    /// The wait before the next attempt: the doubling backoff after failures, the initial
-    /// one after a disruption (nothing went wrong that waiting longer would help).
+    /// The wait before the next attempt: the backoff doubled for each failure in a row (since
+    /// the last attempt or round that saved a checkpoint: a job that trained well before it
+    /// failed waits only the initial backoff; without a ledger, every restart counts), the
+    /// initial one after a disruption (nothing went wrong that waiting longer would help).
     fn restart_backoff(&self) -> Duration {
         let disrupted = self
             .status
             .last_failure
             .as_ref()
             .is_some_and(|f| f.attempt == self.status.attempt && f.reason == reason::DISRUPTED);
-        let restarts = if disrupted { 1 } else { self.status.restarts };
-        backoff(self.o.spec, restarts)
+        let in_a_row = self
+            .status
+            .recovery
+            .as_ref()
+            .and_then(Recovery::failures_in_a_row)
+            .map_or(self.status.restarts, |n| n as i32);
+        backoff(self.o.spec, if disrupted { 1 } else { in_a_row })
     }
 
     /// The attempt is over: a permanent failure fails the job, anything else restarts it.

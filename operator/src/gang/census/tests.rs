@@ -445,3 +445,16 @@ fn an_operator_restarted_between_the_pods_start_and_its_deletion_names_its_node(
     });
     assert_rank_1_blamed_on_node_1(&d);
 }
+
+#[test]
+fn a_rank_that_finished_first_still_counts_as_present_in_the_running_condition() {
+    let d = run(&Row {
+        status: running_status(0, 0),
+        pods: vec![running(0, 0), exited(0, 1, 0, "", 50)],
+        now: 60,
+        ..Row::default()
+    });
+    assert_eq!(d.status.phase, Phase::Running);
+    let c = d.status.condition(condition::RUNNING).expect("Running");
+    assert_eq!(c.message, "all 2 pods of attempt 0 run");
+}

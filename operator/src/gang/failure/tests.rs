@@ -259,3 +259,62 @@ fn disruptions_spend_no_restart_and_are_counted_by_cause() {
     // The initial backoff, not the one doubled by the earlier failure.
     assert_eq!(d.requeue_after, Some(Duration::from_secs(10)));
 }
+
+/// Attempts 0..=2 each failed; `saved` says which of them saved a checkpoint of its own.
+fn ledger(saved: [bool; 3]) -> ferrotrain_api::Recovery {
+    use ferrotrain_api::recovery::{AttemptEnd, EndCause, StepReport};
+    let mut r = ferrotrain_api::Recovery::default();
+    for (attempt, saved) in saved.into_iter().enumerate() {
+        let from = 100 * attempt as u64;
+        r.start(attempt as i64, t(attempt as i64 * 10));
+        let report = StepReport {
+            step: from + 60,
+            resumed_from_step: Some(from),
+            first_step_at: None,
+            checkpoint_step: Some(if saved { from + 50 } else { from }),
+            skipped_steps: 0,
+        };
+        r.report(report, t(attempt as i64 * 10 + 5));
+        if attempt < 2 {
+            r.end(AttemptEnd {
+                cause: EndCause::Failure,
+                reason: "ExitCode".into(),
+                rank: Some(1),
+                exit_code: Some(1),
+                node: None,
+                failed_at: t(attempt as i64 * 10 + 8),
+                detected_at: t(attempt as i64 * 10 + 8),
+            });
+        }
+    }
+    r
+}
+
+#[test]
+fn the_backoff_doubles_only_for_failures_in_a_row_that_saved_no_checkpoint() {
+    // The third restart (attempt 2 fails; backoff 10 s doubling, at most 300 s).
+    let cases = [
+        // Attempt 2 saved a checkpoint before it failed: it was training, wait 10 s.
+        ([false, false, true], 10),
+        // Attempt 1 saved one, attempt 2 did not: the second failure in a row.
+        ([false, true, false], 20),
+        // None saved anything: the third in a row.
+        ([false, false, false], 40),
+    ];
+    for (saved, wait) in cases {
+        let mut status = running_status(2, 2);
+        status.recovery = Some(ledger(saved));
+        let row = Row {
+            status,
+            pods: vec![running(2, 0), exited(2, 1, 1, "CUDA error", 90)],
+            ..Row::default()
+        };
+        let d = run(&row);
+        assert_eq!(d.status.phase, Phase::Restarting, "{saved:?}");
+        assert_eq!(
+            d.requeue_after,
+            Some(Duration::from_secs(wait)),
+            "attempts that saved a checkpoint: {saved:?}"
+        );
+    }
+}

@@ -2,7 +2,7 @@
 //! a ledger record per round, one event, and nothing twice.
 
 use ferrotrain_api::Progress;
-use ferrotrain_api::crd::Phase;
+use ferrotrain_api::crd::{Phase, condition};
 use ferrotrain_api::recovery::{AttemptEnd, EndCause, RoundEnd};
 
 use crate::fixtures::{report, running, t};
@@ -350,6 +350,14 @@ fn elastic_a_replacement_that_cannot_be_placed_waits_while_the_others_train() {
         (Phase::Running, 0, 0)
     );
     assert!(d.actions.is_empty(), "{:?}", d.actions);
+    let running = d.status.condition(condition::RUNNING).expect("Running");
+    assert_eq!(
+        (running.status.as_str(), running.message.as_str()),
+        (
+            "True",
+            "2 of 3 pods of attempt 0 run; the gang trains without the others (see Resized)"
+        )
+    );
 }
 
 #[test]
