@@ -3,7 +3,8 @@
 from each kill to the next completed step, with `ferrotrain launch` on this machine:
 
 - in place: two launchers (nodes 0 and 1, one rank each, --restart-in-place) on 127.0.0.1,
-  every rank restarted in a new round, the launchers never exiting;
+  every rank restarted in a new round, the launchers never exiting; with the spare trainers
+  that wait for the next round (launch/spare.rs) and without them (--spare-ranks false);
 - group restart: one launcher of two ranks (a single node restarts its whole group).
 
 The next step's time is the launcher's own ledger (--recovery-file: the first step of the
@@ -86,7 +87,7 @@ def ts(s):
     return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
 
 
-def run(binary, kills, in_place):
+def run(binary, kills, in_place, spares=True):
     work = tempfile.mkdtemp(prefix="restart-speed-")
     with open(os.path.join(work, "job.yaml"), "w") as f:
         f.write(CONFIG)
@@ -99,6 +100,7 @@ def run(binary, kills, in_place):
         procs = [launch(binary, work, ["--nnodes", "2", "--node-rank", str(n), "--master-addr",
                                        "127.0.0.1", "--master-port", str(port), "--restart-in-place",
                                        "--recovery-file", ledger if n == 0 else ledger + ".node-1",
+                                       "--spare-ranks", "true" if spares else "false",
                                        *common], f"node-{n}", env) for n in (0, 1)]
         victim_parent, key = procs[1].pid, "FERROTRAIN_ROUND"
     else:
@@ -110,8 +112,9 @@ def run(binary, kills, in_place):
         for i in range(kills):
             want = ["RANK=1", f"{key}={i}"]
             pid = wait(f"rank 1 of {key} {i}", 60, lambda: children_with(victim_parent, want))[0]
-            # Let it train a little (past its first step and a checkpoint).
-            time.sleep(3)
+            # Let it train a little: past its first step, a checkpoint and (in place) the
+            # start of the next round's spare trainers, 3 s into a round (launch/spare.rs).
+            time.sleep(5)
             killed.append(time.time())
             os.kill(pid, signal.SIGKILL)
         wait("the last restart", 60,
@@ -137,7 +140,8 @@ def run(binary, kills, in_place):
 def main():
     binary = sys.argv[1]
     kills = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-    rows = [("in place, 2 launchers (rounds)", run(binary, kills, True)),
+    rows = [("in place, 2 launchers (rounds), spare trainers", run(binary, kills, True)),
+            ("in place, 2 launchers, no spares", run(binary, kills, True, spares=False)),
             ("whole group, 1 launcher (attempts)", run(binary, kills, False))]
     print("\n| local launcher restart | kills | next step after the kill: median | max | each |")
     print("|---|---|---|---|---|")

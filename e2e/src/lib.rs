@@ -522,13 +522,34 @@ pub fn kill_launcher_from_host(uid: &str) -> u32 {
 
 /// Sends `signal` (KILL, STOP, ...) to the trainer process (`ferrotrain run`) of the pod, not
 /// to its launcher; returns the pid it signalled.
+/// The pid of the spare trainer (process name ft-spare, launch/spare.rs) waiting in `pod`'s
+/// trainer container for the next round, once its agent has started one (bounded wait).
+pub async fn wait_spare(pods: &Api<Pod>, pod: &str) -> u32 {
+    let script = "for d in /proc/[0-9]*; do \
+                    [ \"$(cat $d/comm 2>/dev/null)\" = ft-spare ] && echo ${d#/proc/}; \
+                  done; true";
+    wait_for(&format!("a spare trainer in {pod}"), WAIT, || async {
+        let out = exec(pods, pod, script).await;
+        (
+            out.trim()
+                .lines()
+                .next()
+                .and_then(|l| l.trim().parse().ok()),
+            out,
+        )
+    })
+    .await
+}
+
 pub async fn signal_trainer(pods: &Api<Pod>, pod: &str, signal: &str) -> u32 {
     // argv[0] a ferrotrain binary and argv[1] `run`: the launcher (`launch`) and this very
-    // shell (whose script names the pattern) are left alone.
+    // shell (whose script names the pattern) are left alone, and so are spares waiting for
+    // the next round (process name ft-spare, launch/spare.rs).
     let script = format!(
         "for d in /proc/[0-9]*; do \
            set -- $(tr '\\0' ' ' < $d/cmdline 2>/dev/null); \
-           if [ \"${{1##*/}}\" = ferrotrain ] && [ \"$2\" = run ]; then \
+           if [ \"${{1##*/}}\" = ferrotrain ] && [ \"$2\" = run ] \
+              && [ \"$(cat $d/comm 2>/dev/null)\" != ft-spare ]; then \
              kill -{signal} ${{d#/proc/}} && echo ${{d#/proc/}}; \
            fi; \
          done"

@@ -26,15 +26,23 @@ async fn label_node(client: &Client, node: &str, value: Option<&str>) {
         .unwrap_or_else(|e| panic!("labelling {node}: {e}"));
 }
 
-/// Rank 0's round and that round's first step, once it steps at world size `world`.
+/// Rank 0's round and that round's first step, once it steps at world size `world`; prints
+/// how each earlier round ended (what a failure of the timing below needs to be read).
 async fn stepping_at(ns: &TestNamespace, world: u32) -> (u64, Timestamp) {
     let what = format!("rank 0 stepping at world size {world}");
-    wait_rank0(ns, "elastic-0-0", &what, |p| {
+    let (round, first, ends) = wait_rank0(ns, "elastic-0-0", &what, |p| {
         p.attempt_first_step_time
             .filter(|_| p.world_size == world)
-            .map(|t| (p.round, t))
+            .map(|t| (p.round, t, p.round_ends.clone()))
     })
-    .await
+    .await;
+    for e in ends {
+        eprintln!(
+            "  round {} ended at {}: {} (rank {:?}, {:?}): {}",
+            e.round, e.end.failed_at, e.end.reason, e.end.rank, e.end.node, e.message
+        );
+    }
+    (round, first)
 }
 
 fn resized(s: &ferrotrain_api::crd::DistributedTrainingStatus) -> (String, String) {
@@ -55,11 +63,23 @@ async fn a_lost_pod_that_cannot_be_placed_leaves_a_smaller_gang_that_grows_back(
 
     // Pods created from now on need a node label no node has: rank 2's replacement cannot
     // be placed (the running pods keep their placement).
+    // The operator must have seen the change before the deletion: a replacement made from
+    // the spec it had before would be placed.
     let selector = json!({"spec": {"podTemplate": {"nodeSelector": {LABEL: ns.name}}}});
-    ns.jobs()
+    let patched = ns
+        .jobs()
         .patch("elastic", &PatchParams::default(), &Patch::Merge(&selector))
         .await
         .expect("the node selector");
+    let generation = patched.metadata.generation;
+    wait_status(
+        &ns.jobs(),
+        "elastic",
+        "the new generation observed",
+        WAIT,
+        |s| s.observed_generation >= generation,
+    )
+    .await;
     let deleted = Timestamp::now();
     let deleted_clock = Instant::now();
     ns.pods()
@@ -79,6 +99,13 @@ async fn a_lost_pod_that_cannot_be_placed_leaves_a_smaller_gang_that_grows_back(
     })
     .await;
     assert_eq!(resized(&shrunk), ("True".into(), "Shrunk".into()));
+    let running = shrunk
+        .condition(condition::RUNNING)
+        .map(|c| c.message.as_str());
+    assert_eq!(
+        running,
+        Some("2 of 3 pods of attempt 0 run; the gang trains without the others (see Resized)")
+    );
     assert_eq!(
         (shrunk.attempt, shrunk.phase),
         (0, Phase::Running),

@@ -8,7 +8,7 @@ use ferrotrain_api::crd::{DistributedTrainingStatus, FailureInfo, Phase};
 use ferrotrain_api::recovery::Timestamp;
 use ferrotrain_e2e::{
     TestNamespace, WAIT, copy_job, kill_launcher_from_host, pods_of, signal_trainer,
-    wait_first_checkpoint, wait_rank0, wait_status,
+    wait_first_checkpoint, wait_rank0, wait_spare, wait_status,
 };
 use serde_json::json;
 
@@ -78,10 +78,14 @@ async fn a_killed_trainer_restarts_in_place_in_seconds_in_the_same_pods() {
     training(&ns, "inplace", 30).await;
     let gang = uids(&ns, "inplace").await;
     assert_eq!(gang.len(), 2, "{gang:?}");
+    // Rank 1's agent has a spare trainer waiting for round 1 (libtorch already loaded).
+    let spare = wait_spare(&ns.pods(), "inplace-0-1").await;
 
     let killed_at = Timestamp::now();
     signal_trainer(&ns.pods(), "inplace-0-1", "KILL").await;
     let first = first_step_of_round(&ns, "inplace", 1).await;
+    let trainer = signal_trainer(&ns.pods(), "inplace-0-1", "0").await;
+    assert_eq!(trainer, spare, "rank 1 of round 1 is the spare that waited");
     let to_step = first.duration_since(killed_at).as_secs_f64();
     eprintln!("kill -9 of rank 1's trainer -> round 1's first step {to_step:.2} s later");
 

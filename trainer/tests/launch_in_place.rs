@@ -260,6 +260,50 @@ esac"#,
 }
 
 #[test]
+fn the_backoff_doubles_only_while_rounds_keep_failing_before_they_save_a_checkpoint() {
+    // Rank 0's report of a round that saved step 50 past its start at 0.
+    let saved = ferrotrain_api::Progress {
+        step: 60,
+        resumed_from_step: Some(0),
+        last_checkpoint: Some(ferrotrain_api::progress::CheckpointInfo {
+            step: 50,
+            size_bytes: 1,
+            time: "2026-11-27T08:00:00Z".into(),
+            blocking_seconds: None,
+            save_seconds: None,
+        }),
+        ..Default::default()
+    };
+    // Rank 1 fails in rounds 0 to 3; only round 2 saves a checkpoint; round 4 succeeds.
+    let g = Gang::new(
+        r#"[ "$FERROTRAIN_ROUND" -ge 4 ] && exit 0
+case "$RANK" in
+  1) sleep 0.3; exit 1;;
+  *) [ "$FERROTRAIN_ROUND" = 2 ] && cp "$FAKE_OUT/saved.json" "$FERROTRAIN_PROGRESS_FILE"
+     exec sleep 30;;
+esac"#,
+    );
+    std::fs::write(g.path("saved.json"), serde_json::to_vec(&saved).unwrap()).unwrap();
+    let (mut n0, mut n1) = (g.node(0, 5), g.node(1, 5));
+    both_succeed(&mut n0, &mut n1);
+    let waits: Vec<String> = read(&g, "launcher-1.log")
+        .lines()
+        .filter_map(|l| l.split("restarting in place in ").nth(1))
+        .map(|w| w.to_string())
+        .collect();
+    assert_eq!(
+        waits,
+        [
+            "0.0 s (failure 1 in a row)",
+            "0.2 s (failure 2 in a row)",
+            // Round 2 saved a checkpoint: it was training, the count starts again.
+            "0.0 s (failure 1 in a row)",
+            "0.2 s (failure 2 in a row)",
+        ]
+    );
+}
+
+#[test]
 fn a_replacement_pod_joins_the_next_round_of_the_gang_it_left() {
     let g = Gang::new(
         r#"case "$FERROTRAIN_ROUND" in

@@ -14,6 +14,9 @@ use common::ProcessGroup;
 
 const CHECKPOINT_EVERY: u64 = 20;
 const MAX_STEPS: u64 = 240;
+/// Long enough that the job still trains when the next round's spares start, 3 s into round
+/// 0 (240 steps take about 3 s on an idle machine).
+const IN_PLACE_STEPS: u64 = 1200;
 const COLLECTIVE_TIMEOUT: u64 = 5;
 
 fn config(max_steps: u64) -> String {
@@ -110,6 +113,13 @@ fn rank_pid(launcher: i32, rank: usize, attempt: u64) -> Option<i32> {
 }
 
 /// The pid of the launcher's child whose environment holds every one of `vars`.
+/// The process name of `pid` (/proc/PID/comm), empty once it is gone.
+fn comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim().to_string())
+        .unwrap_or_default()
+}
+
 fn child_with(launcher: i32, vars: &[String]) -> Option<i32> {
     for entry in std::fs::read_dir("/proc").ok()? {
         let Ok(entry) = entry else { continue };
@@ -341,7 +351,7 @@ fn launch_node(job: &Job, node: usize, port: u16) -> Launcher {
 
 #[test]
 fn in_place_a_killed_rank_restarts_every_rank_in_a_new_round_and_resumes() {
-    let job = Job::new(&config(MAX_STEPS));
+    let job = Job::new(&config(IN_PLACE_STEPS));
     let port = common::free_port();
     let mut node0 = launch_node(&job, 0, port);
     let mut node1 = launch_node(&job, 1, port);
@@ -359,14 +369,21 @@ fn in_place_a_killed_rank_restarts_every_rank_in_a_new_round_and_resumes() {
     });
     let round = |r: u64| vec!["RANK=1".to_string(), format!("FERROTRAIN_ROUND={r}")];
     let victim = child_with(node1.pid(), &round(0)).expect("rank 1 of round 0 runs");
-    let (node0_pid, node1_pid) = (node0.pid(), node1.pid());
+    // Seconds into round 0, node 1's agent starts a spare for round 1: a loaded trainer that
+    // waits, under its own name, to become rank 1 of the next round.
+    let spare = wait_for(
+        "rank 1's spare for round 1",
+        Duration::from_secs(30),
+        || child_with(node1.pid(), &round(1)).filter(|&pid| comm(pid) == "ft-spare"),
+    );
+    let node0_pid = node0.pid();
     let killed_at = ferrotrain_api::recovery::Timestamp::now();
     // SAFETY: signalling a rank process the launcher started for this test.
     unsafe {
         libc::kill(victim, libc::SIGKILL);
     }
     wait_for("rank 1 of round 1", Duration::from_secs(30), || {
-        child_with(node1_pid, &round(1))
+        (comm(spare) == "ferrotrain").then_some(())
     });
     let (s0, s1) = (
         node0.wait(Duration::from_secs(120)),
@@ -375,8 +392,14 @@ fn in_place_a_killed_rank_restarts_every_rank_in_a_new_round_and_resumes() {
     let logs = format!("node 0:\n{}\nnode 1:\n{}", node0.log(), node1.log());
     assert_eq!((s0.code(), s1.code()), (Some(0), Some(0)), "{logs}");
     assert_eq!(node0.pid(), node0_pid, "the launchers never exited mid-run");
+    for log in [node0.log(), node1.log()] {
+        assert!(
+            log.contains("round 1: started 1 rank(s), 1 of them spares"),
+            "every node's round 1 ran on its spare: {logs}"
+        );
+    }
     let steps = steps();
-    assert_eq!(*steps.last().unwrap(), MAX_STEPS, "{logs}");
+    assert_eq!(*steps.last().unwrap(), IN_PLACE_STEPS, "{logs}");
     let (before, lost) = steps_lost(&steps);
     assert!(lost <= CHECKPOINT_EVERY, "lost {lost} steps at {before}");
     // Node 0's ledger has one record per round.

@@ -1,7 +1,8 @@
 //! bench/restart-speed.sh's cluster half: kill -9 of the trainer process of rank 1 in a 2-pod
 //! copy job, N times, and the time from each kill to the next completed training step (rank
 //! 0's own report: the first step of the new round or attempt), with in-place restarts
-//! (restartPolicy.inPlace: true, the default) and without (the whole gang recreated). Prints
+//! (restartPolicy.inPlace: true, the default; with the spare trainers of launch/spare.rs and
+//! without them) and without (the whole gang recreated). Prints
 //! a Markdown table with the median and the max of each.
 
 use std::time::Duration;
@@ -10,9 +11,34 @@ use ferrotrain_api::crd::Phase;
 use ferrotrain_api::recovery::Timestamp;
 use ferrotrain_e2e::{
     TRAIN_WAIT, TestNamespace, WAIT, copy_job, rank0_progress, signal_trainer, wait_for,
-    wait_status,
+    wait_spare, wait_status,
 };
 use serde_json::json;
+
+/// How the job restarts.
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    /// In place, the next round's ranks the spares that waited (the default).
+    InPlace,
+    /// In place, every round's ranks new processes (FERROTRAIN_SPARE_RANKS=false).
+    NoSpares,
+    /// The whole gang recreated (restartPolicy.inPlace: false).
+    WholeGang,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::InPlace => "in place (same pods, spare trainers)",
+            Mode::NoSpares => "in place, no spares (new processes)",
+            Mode::WholeGang => "whole gang (new pods)",
+        }
+    }
+
+    fn in_place(self) -> bool {
+        self != Mode::WholeGang
+    }
+}
 
 #[tokio::main]
 async fn main() {
@@ -21,23 +47,18 @@ async fn main() {
         .map(|n| n.parse().expect("the number of kills"))
         .unwrap_or(5);
     let mut rows = Vec::new();
-    for in_place in [true, false] {
-        let seconds = kills(in_place, repeats).await;
-        rows.push((in_place, seconds));
+    for mode in [Mode::InPlace, Mode::NoSpares, Mode::WholeGang] {
+        rows.push((mode, kills(mode, repeats).await));
     }
     println!(
         "\n| restart | kills | next step after the kill: median | max | each |\n|---|---|---|---|---|"
     );
-    for (in_place, mut s) in rows {
+    for (mode, mut s) in rows {
         s.sort_by(f64::total_cmp);
         let each: Vec<String> = s.iter().map(|v| format!("{v:.2}")).collect();
         println!(
             "| {} | {} | {:.2} s | {:.2} s | {} |",
-            if in_place {
-                "in place (same pods)"
-            } else {
-                "whole gang (new pods)"
-            },
+            mode.name(),
             s.len(),
             s[s.len() / 2],
             s[s.len() - 1],
@@ -47,16 +68,20 @@ async fn main() {
 }
 
 /// Seconds from each kill to the next step, `repeats` kills in one job.
-async fn kills(in_place: bool, repeats: usize) -> Vec<f64> {
-    let ns = TestNamespace::create(if in_place {
-        "speed-inplace"
-    } else {
-        "speed-gang"
+async fn kills(mode: Mode, repeats: usize) -> Vec<f64> {
+    let in_place = mode.in_place();
+    let ns = TestNamespace::create(match mode {
+        Mode::InPlace => "speed-inplace",
+        Mode::NoSpares => "speed-nospare",
+        Mode::WholeGang => "speed-gang",
     })
     .await;
     ns.create_checkpoint_claim("speed-checkpoints").await;
     let mut spec = copy_job(2, 10_000_000, Some("speed-checkpoints"));
-    spec["restartPolicy"] = json!({"maxRestarts": repeats + 2, "backoffSeconds": 1, "maxBackoffSeconds": 1, "inPlace": in_place});
+    spec["restartPolicy"] = json!({"maxRestarts": repeats + 2, "backoffSeconds": 0, "maxBackoffSeconds": 0, "inPlace": in_place});
+    if mode == Mode::NoSpares {
+        spec["podTemplate"]["env"] = json!([{"name": "FERROTRAIN_SPARE_RANKS", "value": "false"}]);
+    }
     ns.create_job("speed", spec).await;
     let mut seconds = Vec::new();
     for kill in 0..repeats {
@@ -78,6 +103,13 @@ async fn kills(in_place: bool, repeats: usize) -> Vec<f64> {
         })
         .await;
         let victim = format!("speed-{}-1", before.0);
+        if mode == Mode::InPlace {
+            // A failure past a round's first seconds: the next round's spare trainers wait.
+            wait_spare(&ns.pods(), &victim).await;
+        } else {
+            // As long into the round as a spare would take.
+            tokio::time::sleep(Duration::from_secs(4)).await;
+        }
         let killed_at = Timestamp::now();
         signal_trainer(&ns.pods(), &victim, "KILL").await;
         let first = wait_for("the next step after the kill", TRAIN_WAIT, || async {
@@ -99,7 +131,7 @@ async fn kills(in_place: bool, repeats: usize) -> Vec<f64> {
         let took = first.duration_since(killed_at).as_secs_f64();
         eprintln!(
             "{}: kill {} -> next step after {took:.2} s",
-            if in_place { "in place" } else { "gang" },
+            mode.name(),
             kill + 1
         );
         seconds.push(took);

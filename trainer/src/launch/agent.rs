@@ -33,11 +33,13 @@ use ferrotrain_api::recovery::{AttemptEnd, EndCause, RoundEnd};
 use super::args::{Launch, LaunchArgs, LaunchError, forward_final_report};
 use super::blame::{self, NodeReport, Verdict};
 use super::files::ROUNDS_FILE;
-use super::group::{GroupOutcome, RankFailure, Spawn, start_group};
+use super::group::{GroupOutcome, RankFailure, start_group_with};
 use super::ledger::Ledger;
 use super::local::sleep_unless_signalled;
 use super::members::{self, Members};
 use super::rejoin;
+use super::spare::Spares;
+use super::spawn::Spawn;
 use super::watch::{Grower, Watcher};
 use crate::dist::auth::Auth;
 use crate::dist::store::{StoreClient, StoreServer};
@@ -96,6 +98,8 @@ struct Agent<'a> {
     /// The identity of the store this agent joined (node 0's pod), to tell its replacement's
     /// apart from it.
     store_id: Option<Vec<u8>>,
+    /// Trainers started during the last round, waiting to be the next round's ranks.
+    spares: Option<Spares>,
 }
 
 impl<'a> Agent<'a> {
@@ -162,6 +166,7 @@ impl<'a> Agent<'a> {
             members: None,
             collateral: false,
             store_id: None,
+            spares: None,
         })
     }
 
@@ -201,8 +206,6 @@ impl<'a> Agent<'a> {
             Err(e) => return self.give_up(&format!("agent: joining: {e}"), exit::RETRYABLE),
         };
         let mut failed: u64 = 0;
-        let mut backoff = Duration::from_secs_f64(self.args.restart_backoff_seconds.max(0.0));
-        let max_backoff = Duration::from_secs_f64(self.args.restart_backoff_max_seconds.max(0.0));
         loop {
             let outcome = match self.one_round(round) {
                 Ok(outcome) => outcome,
@@ -258,20 +261,29 @@ impl<'a> Agent<'a> {
                     Err(e) => return self.give_up(&format!("agent: {e}"), exit::RETRYABLE),
                 }
             }
+            let wait = self.backoff(verdict.in_a_row);
             tracing::warn!(
-                "agent: round {round} ended: {}: {}; restarting in place",
+                "agent: round {round} ended: {}: {}; restarting in place in {:.1} s (failure {} in a row)",
                 who(&verdict),
-                verdict.message
+                verdict.message,
+                wait.as_secs_f64(),
+                verdict.in_a_row
             );
-            // The first restart is at once; a rank that keeps failing is backed off.
-            if failed > 0 {
-                if let Some(s) = sleep_unless_signalled(backoff) {
-                    return 128 + s;
-                }
-                backoff = (backoff * 2).min(max_backoff);
+            if let Some(s) = sleep_unless_signalled(wait) {
+                return 128 + s;
             }
             failed += 1;
             round += 1;
+        }
+    }
+
+    /// The wait before the round after a failure that was the `in_a_row`-th in a row: none
+    /// for the first (a gang that trained well restarts at once), then the restart backoff,
+    /// doubling; a gang that keeps failing before it saves a checkpoint is backed off.
+    fn backoff(&self, in_a_row: u32) -> Duration {
+        match in_a_row {
+            0 | 1 => Duration::ZERO,
+            n => self.args.restart_wait(n - 1),
         }
     }
 
@@ -399,25 +411,27 @@ impl<'a> Agent<'a> {
             .then(|| Grower::start(&self.host, self.args.master_port, &self.auth, round, size))
             .transpose()?;
         self.ledger.started(self.launch.base_attempt, Some(round));
+        let mut group = start_group_with(&self.spawn(round, (position, size)), self.spares.take())?;
         tracing::info!(
-            "agent: round {round}: starting {} rank(s)",
-            self.args.nproc_per_node
+            "agent: round {round}: started {} rank(s), {} of them spares",
+            self.args.nproc_per_node,
+            group.from_spares
         );
-        let spawn = Spawn {
-            args: self.args,
-            program: &self.launch.program,
-            attempt: self.launch.base_attempt,
-            port: self.args.master_port,
-            token: &self.launch.token,
-            logs: &self.launch.logs,
-            omp_threads: self.launch.omp_threads.clone(),
-            round: Some(round),
-            place: Some((position, size)),
-        };
-        let mut group = start_group(&spawn)?;
         let fired = watcher.fired.clone();
-        let outcome = group.supervise_until(&|| fired.load(Ordering::SeqCst), Some(FROZEN_AFTER));
+        let next = self.spawn(round + 1, (position, size));
+        let mut spares = SpareStart::new(self.args.spare_ranks && self.launch.own_binary);
+        let outcome = group.supervise_with(
+            &|| fired.load(Ordering::SeqCst),
+            Some(FROZEN_AFTER),
+            &mut || spares.when_due(&next),
+        );
         drop(group);
+        if matches!(
+            outcome,
+            GroupOutcome::Failed(_) | GroupOutcome::PeerFailed { .. } | GroupOutcome::Frozen { .. }
+        ) {
+            self.spares = spares.started;
+        }
         watcher.stop();
         if let Some(g) = grower {
             g.stop();
@@ -468,6 +482,21 @@ impl<'a> Agent<'a> {
             .set(&format!("agent/{round}/report/{}", self.node()), &json)?;
         let verdict = self.agree(round)?;
         Ok(Outcome::Failed(verdict))
+    }
+
+    /// What this node's ranks of round `round` start with, at `place` (position, nodes).
+    fn spawn(&self, round: u64, place: (usize, usize)) -> Spawn<'a> {
+        Spawn {
+            args: self.args,
+            program: &self.launch.program,
+            attempt: self.launch.base_attempt,
+            port: self.args.master_port,
+            token: &self.launch.token,
+            logs: &self.launch.logs,
+            omp_threads: self.launch.omp_threads.clone(),
+            round: Some(round),
+            place: Some(place),
+        }
     }
 
     /// Arrives at round `round`; node 0 decides who trains in it. This node's place in it
@@ -578,12 +607,15 @@ impl<'a> Agent<'a> {
                 }
             }
         }
-        let verdict = blame::verdict(round, &reports, &self.args.permanent_exit_codes);
+        let mut verdict = blame::verdict(round, &reports, &self.args.permanent_exit_codes);
+        // Recorded first: the ledger, with rank 0's last report, says whether the round saved
+        // a checkpoint, and so how long every agent backs off.
+        self.record(round, &verdict, EndCause::Failure);
+        verdict.in_a_row = self.ledger.recovery.failures_in_a_row().unwrap_or(1);
         self.client.set(
             &key,
             &serde_json::to_vec(&verdict).expect("a verdict serializes"),
         )?;
-        self.record(round, &verdict, EndCause::Failure);
         Ok(verdict)
     }
 
@@ -651,6 +683,38 @@ enum Outcome {
 }
 
 /// "rank 1 (Killed)" or the reason alone.
+/// How long into a round its spares start: after the round's own start-up, which they would
+/// slow down (a restart sooner than this starts fresh processes).
+const SPARES_AFTER: Duration = Duration::from_secs(3);
+
+/// Starts the next round's spares once, [`SPARES_AFTER`] into a round.
+struct SpareStart {
+    wanted: bool,
+    round_started: Instant,
+    started: Option<Spares>,
+}
+
+impl SpareStart {
+    fn new(wanted: bool) -> Self {
+        SpareStart {
+            wanted,
+            round_started: Instant::now(),
+            started: None,
+        }
+    }
+
+    fn when_due(&mut self, next: &Spawn<'_>) {
+        if !self.wanted || self.round_started.elapsed() < SPARES_AFTER {
+            return;
+        }
+        self.wanted = false;
+        match Spares::start(next) {
+            Ok(spares) => self.started = Some(spares),
+            Err(e) => tracing::warn!("agent: no spare ranks for the next round: {e}"),
+        }
+    }
+}
+
 fn who(verdict: &Verdict) -> String {
     match verdict.rank {
         Some(rank) => format!("rank {rank} ({})", verdict.reason),

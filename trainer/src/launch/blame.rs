@@ -80,6 +80,11 @@ pub struct Verdict {
     pub detected_at: Timestamp,
     /// Other ranks that failed after it.
     pub secondary: usize,
+    /// Failures in a row, this one included, since the last round that saved a checkpoint
+    /// ([`ferrotrain_api::Recovery::failures_in_a_row`], from node 0's ledger): how long
+    /// every agent backs off before the next round (0: not counted, no wait).
+    #[serde(default)]
+    pub in_a_row: u32,
 }
 
 /// The reason of a round a node's launcher ended because its pod goes away.
@@ -101,6 +106,7 @@ pub fn resized(round: u64) -> Verdict {
         permanent: false,
         detected_at: Timestamp::now(),
         secondary: 0,
+        in_a_row: 0,
     }
 }
 
@@ -134,6 +140,7 @@ pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32]) -> Verdict
         permanent: false,
         detected_at,
         secondary: failures.len(),
+        in_a_row: 0,
     };
     let blame = |(r, f): (&NodeReport, &RankFailure), reason: &str| Verdict {
         rank: Some(f.rank),

@@ -2,16 +2,16 @@
 //! fails, the launcher is signalled or a peer elsewhere failed; stopped with a signal, then
 //! SIGKILL after a grace. Dropping a group kills what is left of it.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus};
+use std::path::PathBuf;
+use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
+use ferrotrain_api::exit;
 use ferrotrain_api::recovery::Timestamp;
-use ferrotrain_api::{env, exit};
 use serde::{Deserialize, Serialize};
 
-use super::args::LaunchArgs;
-use super::files::{PROGRESS_FILE, REFUSED_FILE, ROUNDS_FILE};
+use super::spare::Spares;
+use super::spawn::{Spawn, rank_command, rank_env};
 use crate::signals;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +63,8 @@ pub fn describe_exit(status: ExitStatus) -> String {
 pub struct Group {
     children: Vec<(usize, Child, PathBuf)>,
     grace: Duration,
+    /// How many of its ranks were spares (launch/spare.rs).
+    pub from_spares: usize,
 }
 
 impl Group {
@@ -146,6 +148,17 @@ impl Group {
         peer_failed: &dyn Fn() -> bool,
         frozen_after: Option<Duration>,
     ) -> GroupOutcome {
+        self.supervise_with(peer_failed, frozen_after, &mut || {})
+    }
+
+    /// As [`Self::supervise_until`], calling `tick` at every poll while the ranks run (on
+    /// this thread: a process it starts dies with this thread, PR_SET_PDEATHSIG).
+    pub fn supervise_with(
+        &mut self,
+        peer_failed: &dyn Fn() -> bool,
+        frozen_after: Option<Duration>,
+        tick: &mut dyn FnMut(),
+    ) -> GroupOutcome {
         let mut done = vec![false; self.children.len()];
         let mut stopped_since: Vec<Option<Instant>> = vec![None; self.children.len()];
         loop {
@@ -203,6 +216,7 @@ impl Group {
                 self.stop(libc::SIGTERM);
                 return GroupOutcome::Frozen { rank, seen_at };
             }
+            tick();
             std::thread::sleep(Duration::from_millis(25));
         }
     }
@@ -223,7 +237,6 @@ impl Drop for Group {
     }
 }
 
-/// What one attempt of the local group needs.
 /// The state letter of /proc/PID/stat (R, S, D, T, t, Z, ...).
 fn process_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -231,91 +244,33 @@ fn process_state(pid: u32) -> Option<char> {
     stat.rsplit_once(')')?.1.trim_start().chars().next()
 }
 
-/// What every rank of a group is started with.
-pub struct Spawn<'a> {
-    pub args: &'a LaunchArgs,
-    pub program: &'a Path,
-    pub attempt: u64,
-    pub port: u16,
-    pub token: &'a str,
-    pub logs: &'a Path,
-    pub omp_threads: Option<String>,
-    /// In-place restarts (the agent, [`super::agent`]): the round the ranks belong to; the
-    /// agent of node 0 hosts the rendezvous store, so rank 0 must not start one.
-    pub round: Option<u64>,
-    /// Elastic rounds: this node's position among the round's member nodes and their number
-    /// (ranks are renumbered over the members; the gang's full size is the virtual world).
-    pub place: Option<(usize, usize)>,
+pub fn start_group(a: &Spawn<'_>) -> std::io::Result<Group> {
+    start_group_with(a, None)
 }
 
-pub fn start_group(a: &Spawn<'_>) -> std::io::Result<Group> {
-    let args = a.args;
-    let (position, nodes) = a.place.unwrap_or((args.node_rank, args.nnodes));
-    let world = nodes * args.nproc_per_node;
+/// Starts the group's ranks; a local rank with a live spare in `spares` is that spare, handed
+/// the round's environment (launch/spare.rs), instead of a new process.
+pub fn start_group_with(a: &Spawn<'_>, mut spares: Option<Spares>) -> std::io::Result<Group> {
     let mut group = Group {
         children: Vec::new(),
-        grace: Duration::from_secs_f64(args.stop_grace_seconds.max(0.0)),
+        grace: Duration::from_secs_f64(a.args.stop_grace_seconds.max(0.0)),
+        from_spares: 0,
     };
-    for local_rank in 0..args.nproc_per_node {
-        let rank = position * args.nproc_per_node + local_rank;
-        let log = a.logs.join(format!("rank-{rank}.termination-log"));
+    for local_rank in 0..a.args.nproc_per_node {
+        let (rank, log, vars) = rank_env(a, local_rank);
         let _ = std::fs::remove_file(&log);
-        let mut cmd = Command::new(a.program);
-        cmd.arg("run")
-            .arg("--config")
-            .arg(&args.config)
-            .args(&args.rank_args)
-            .env(env::RANK, rank.to_string())
-            .env(env::LOCAL_RANK, local_rank.to_string())
-            .env(env::WORLD_SIZE, world.to_string())
-            .env(env::LOCAL_WORLD_SIZE, args.nproc_per_node.to_string())
-            .env(env::NNODES, args.nnodes.to_string())
-            .env(env::NODE_RANK, args.node_rank.to_string())
-            .env(env::NPROC_PER_NODE, args.nproc_per_node.to_string())
-            .env(env::MASTER_ADDR, &args.master_addr)
-            .env(env::MASTER_PORT, a.port.to_string())
-            .env(env::FERROTRAIN_ATTEMPT, a.attempt.to_string())
-            .env(env::TORCHELASTIC_RESTART_COUNT, a.attempt.to_string())
-            .env(env::FERROTRAIN_CONFIG, &args.config)
-            .env(env::FERROTRAIN_TERMINATION_LOG, &log)
-            .env(env::FERROTRAIN_PROGRESS_FILE, a.logs.join(PROGRESS_FILE));
-        if a.place.is_some() {
-            // The trainers cover the shards of the ranks a smaller round lacks.
-            cmd.env(
-                env::FERROTRAIN_VIRTUAL_WORLD,
-                (args.nnodes * args.nproc_per_node).to_string(),
-            );
-        }
-        // A token the pod holds in a file (the operator mounts the job's Secret) stays there:
-        // the ranks read the same file (FERROTRAIN_RDZV_TOKEN_FILE, inherited) instead of
-        // finding the token in their environment.
-        let set = |name| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
-        let from_file = !set(env::FERROTRAIN_RDZV_TOKEN) && set(env::FERROTRAIN_RDZV_TOKEN_FILE);
-        if !from_file {
-            cmd.env(env::FERROTRAIN_RDZV_TOKEN, a.token);
-        }
-        if let Some(round) = a.round {
-            cmd.env(env::FERROTRAIN_ROUND, round.to_string())
-                .env(env::FERROTRAIN_STORE_HOSTED, "1")
-                .env(env::FERROTRAIN_ROUNDS_FILE, a.logs.join(ROUNDS_FILE))
-                .env(env::FERROTRAIN_REFUSED_FILE, a.logs.join(REFUSED_FILE));
-        }
-        if let Some(t) = &a.omp_threads {
-            cmd.env("OMP_NUM_THREADS", t);
-        }
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: prctl is async-signal-safe. A rank dies with its launcher, even a
-            // SIGKILLed one, instead of training on as an orphan.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                    Ok(())
-                });
+        let spare = spares.as_mut().and_then(|s| s.take(local_rank));
+        let child = match spare.map(|s| s.go(&vars)) {
+            Some(Ok(child)) => {
+                group.from_spares += 1;
+                child
             }
-        }
-        let child = cmd.spawn()?;
+            Some(Err(e)) => {
+                tracing::warn!("launch: the spare of rank {rank} is gone ({e}); starting it anew");
+                rank_command(a, &vars).spawn()?
+            }
+            None => rank_command(a, &vars).spawn()?,
+        };
         tracing::debug!("launch: started rank {rank} (pid {})", child.id());
         group.children.push((rank, child, log));
     }

@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 use ferrotrain_api::exit;
 
 use super::args::{Launch, LaunchArgs, LaunchError, forward_final_report};
-use super::group::{GroupOutcome, Spawn, start_group};
+use super::group::{GroupOutcome, start_group};
 use super::ledger::Ledger;
+use super::spawn::Spawn;
 use crate::signals;
 
 pub fn free_port() -> std::io::Result<u16> {
@@ -37,8 +38,6 @@ pub fn supervise_attempts(args: &LaunchArgs, l: &Launch) -> Result<i32, LaunchEr
     let multi_node = args.nnodes > 1;
     let mut ledger = Ledger::new(logs, args.recovery_file.iter().cloned().collect());
     let mut restarts: u32 = 0;
-    let mut backoff = Duration::from_secs_f64(args.restart_backoff_seconds.max(0.0));
-    let max_backoff = Duration::from_secs_f64(args.restart_backoff_max_seconds.max(0.0));
     loop {
         let attempt = base_attempt + if multi_node { 0 } else { restarts as u64 };
         let port = if args.master_port == 0 {
@@ -99,6 +98,9 @@ pub fn supervise_attempts(args: &LaunchArgs, l: &Launch) -> Result<i32, LaunchEr
                     return Ok(f.code);
                 }
                 restarts += 1;
+                // Doubled for each failure in a row since an attempt that saved a checkpoint.
+                let in_a_row = ledger.recovery.failures_in_a_row().unwrap_or(restarts);
+                let backoff = args.restart_wait(in_a_row);
                 tracing::warn!(
                     "launch: restarting the group in {:.1} s (restart {restarts} of \
                      {}); ranks resume from the latest checkpoint",
@@ -108,7 +110,6 @@ pub fn supervise_attempts(args: &LaunchArgs, l: &Launch) -> Result<i32, LaunchEr
                 if let Some(s) = sleep_unless_signalled(backoff) {
                     return Ok(128 + s);
                 }
-                backoff = (backoff * 2).min(max_backoff);
             }
         }
     }

@@ -94,9 +94,22 @@ pub fn gather(
                 .into(),
             ));
         }
-        std::thread::sleep(Duration::from_millis(100));
+        // A blocking GET on a node still missing (the store answers when it arrives): no
+        // polling delay on a restart's path; woken at least every GATHER_WAKE to decide again.
+        let missing = (0..nnodes)
+            .find(|n| nodes.iter().all(|(m, _)| m != n))
+            .expect("a node is missing");
+        let elapsed = started.elapsed();
+        let decide_at = if elapsed < wait { wait } else { timeout };
+        let block = decide_at
+            .saturating_sub(elapsed)
+            .clamp(Duration::from_millis(1), GATHER_WAKE);
+        client.try_get(&format!("agent/{round}/here/{missing}"), block)?;
     }
 }
+
+/// The longest node 0 waits for a missing node before it looks at every node again.
+const GATHER_WAKE: Duration = Duration::from_secs(1);
 
 /// The members of round `round` as node 0 published them.
 pub fn read(client: &mut StoreClient, round: u64, timeout: Duration) -> Result<Members> {

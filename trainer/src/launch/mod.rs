@@ -12,7 +12,9 @@
 //! Rooms: `group` (spawn, supervise and stop the local ranks), `local` (restarts without
 //! rounds), `agent` (in-place rounds over the rendezvous store), `members` (who trains in a
 //! round: elastic world size), `watch` (threads that end a round), `blame` (which rank caused
-//! a round's end), `ledger` (what each attempt or round cost).
+//! a round's end), `ledger` (what each attempt or round cost), `spawn` (a rank's environment
+//! and command), `spare` (trainers started ahead of the next round, so that an in-place
+//! restart skips libtorch's start-up).
 
 mod agent;
 mod args;
@@ -23,6 +25,8 @@ mod ledger;
 mod local;
 mod members;
 mod rejoin;
+pub mod spare;
+mod spawn;
 mod watch;
 
 use ferrotrain_api::env;
@@ -75,6 +79,7 @@ pub fn run(args: LaunchArgs) -> Result<i32, LaunchError> {
         base_attempt,
         omp_threads,
         logs,
+        own_binary: args.rank_program.is_none(),
     };
     let code = if multi_node && args.restart_in_place {
         agent::run(&args, &launch)
