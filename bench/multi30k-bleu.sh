@@ -12,6 +12,9 @@
 #   bench/multi30k-bleu.sh [--ranks N] [--no-baseline] [config]   (default 1 rank, examples/multi30k.yaml)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The run owns the machine: idle OpenMP threads spin instead of sleeping (22-24% faster steps
+# than PASSIVE, which scripts/env.sh sets for tests; docs/performance.md). Yours wins if set.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-ACTIVE}" # env.sh keeps a value already set
 . scripts/env.sh
 ranks=1
 baseline=1

@@ -14,6 +14,9 @@
 # at 2000 sees; binaries before the change to per-rank maxTokens took it per gang).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The run owns the machine: idle OpenMP threads spin instead of sleeping (22-24% faster steps
+# than PASSIVE, which scripts/env.sh sets for tests; docs/performance.md). Yours wins if set.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-ACTIVE}" # env.sh keeps a value already set
 . scripts/env.sh
 job="${1:?usage: bench/step-speed.sh JOB_DIR [STEPS] [BINARY]}"
 steps="${2:-60}"

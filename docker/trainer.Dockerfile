@@ -63,9 +63,10 @@ RUN echo /opt/libtorch/lib > /etc/ld.so.conf.d/ferrotrain-libtorch.conf \
  && echo 'nonroot:x:65532:65532:nonroot:/tmp:/usr/sbin/nologin' >> /etc/passwd \
  && echo 'nonroot:x:65532:' >> /etc/group
 # NVIDIA's container runtime mounts the driver's compute libraries when it sees this (the CPU
-# image ignores it).
-ENV OMP_WAIT_POLICY=PASSIVE \
-    HOME=/tmp \
+# image ignores it). OMP_WAIT_POLICY is left unset: a CPU rank picks ACTIVE itself when its
+# pod's CPU limit covers its threads, else libgomp's default (trainer/src/omp.rs); a pod's env
+# decides when it sets it.
+ENV HOME=/tmp \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 USER 65532:65532
 WORKDIR /tmp

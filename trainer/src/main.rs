@@ -218,12 +218,27 @@ fn load_config(path: &Path) -> Result<TrainerConfig> {
 
 /// Trains; returns the signal that stopped the run early (after its checkpoint), if any.
 fn run(args: RunArgs) -> Result<Option<i32>> {
-    signals::install(signals::Mode::ExitUnlessArmed);
-    keep_freed_memory();
-    flush_denormals();
     let rank = dist::RankEnv::from_env()?;
     init_logging(rank.rank);
     let config = load_config(&args.config)?;
+    let threads = threads_for(&config, rank.local_world_size);
+    // May start this rank again (same pid) with OpenMP's threads spinning: before anything
+    // that an exec would undo or inherit (signal dispositions, allocator settings).
+    ferrotrain_trainer::omp::spin_if_the_cores_are_ours(
+        config.device,
+        rank.local_world_size,
+        threads.max(1) as usize,
+    );
+    // A spare (an in-place restart's next rank, launch/spare.rs) waits here, libtorch loaded,
+    // for its round's environment; until then its rank is the launcher's guess.
+    let rank = if launch::spare::become_rank_if_spare()? {
+        dist::RankEnv::from_env()?
+    } else {
+        rank
+    };
+    signals::install(signals::Mode::ExitUnlessArmed);
+    keep_freed_memory();
+    flush_denormals();
     let job = match args.job {
         Some(job) => job,
         None => args
@@ -232,13 +247,15 @@ fn run(args: RunArgs) -> Result<Option<i32>> {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "job".into()),
     };
-    let threads = threads_for(&config, rank.local_world_size);
     tch::set_num_threads(threads);
     tch::set_num_interop_threads(1);
+    let omp_wait_policy =
+        std::env::var(ferrotrain_trainer::omp::WAIT_POLICY).unwrap_or_else(|_| "default".into());
     tracing::info!(
         rank = rank.rank,
         world_size = rank.world_size,
         threads,
+        omp_wait_policy = %omp_wait_policy,
         job = %job,
         "starting"
     );

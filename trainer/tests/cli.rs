@@ -379,3 +379,47 @@ fn a_finished_run_leaves_its_final_progress_in_the_termination_message() {
     assert_eq!(report.last_checkpoint.map(|c| c.step), Some(8));
     assert!(report.loss.is_some());
 }
+
+/// The wait policy a rank with 2 threads should pick on this machine (outside a pod).
+fn expected_policy() -> &'static str {
+    use ferrotrain_trainer::omp;
+    let cpu_max = std::fs::read_to_string("/sys/fs/cgroup/cpu.max").ok();
+    let available = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = omp::dedicated_cores(cpu_max.as_deref(), false, available);
+    omp::wait_policy(true, 1, 2, cores).unwrap_or("default")
+}
+
+#[test]
+fn a_cpu_rank_that_has_its_cores_starts_again_with_spinning_threads_unless_told_otherwise() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = copy_config(2, 0, "").replace("threads: 1", "threads: 2");
+    let cfg = write(tmp.path(), "job.yaml", &text);
+    let started_with = |policy: Option<&str>| {
+        let mut cmd = run_command(&cfg, &tmp.path().join("ckpt"));
+        cmd.env_remove("KUBERNETES_SERVICE_HOST");
+        match policy {
+            Some(p) => cmd.env("OMP_WAIT_POLICY", p),
+            None => cmd.env_remove("OMP_WAIT_POLICY"),
+        };
+        let out = output_of(cmd);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let err = stderr(&out);
+        let line = err
+            .lines()
+            .find(|l| l.contains("starting") && l.contains("omp_wait_policy"))
+            .unwrap_or_else(|| panic!("no start-up line: {err}"))
+            .to_string();
+        (line, err.contains("starting again"))
+    };
+    let expected = expected_policy();
+    let (line, again) = started_with(None);
+    assert!(
+        line.contains(&format!("omp_wait_policy={expected}")),
+        "{line}"
+    );
+    assert_eq!(again, expected == "ACTIVE");
+    // Set by the user (or a test harness): kept, no second start.
+    let (line, again) = started_with(Some("PASSIVE"));
+    assert!(line.contains("omp_wait_policy=PASSIVE"), "{line}");
+    assert!(!again);
+}
