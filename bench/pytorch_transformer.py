@@ -82,8 +82,13 @@ def main():
     ap.add_argument("--bf16", action="store_true",
                     help="torch.autocast(bfloat16) around forward and loss")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (fused AdamW on cuda)")
+    ap.add_argument("--cudnn-sdp", action="store_true",
+                    help="leave cuDNN attention on (PyTorch's default on Hopper; it compiles a "
+                         "graph per batch shape, so by default it is off, as in ferrotrain)")
     args = ap.parse_args()
     device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(args.cudnn_sdp)
     torch.set_num_threads(args.threads)
     torch.manual_seed(1)
     tok = Tokenizer.from_file(args.tokenizer)
@@ -123,6 +128,7 @@ def main():
         torch.cuda.synchronize()
     secs = time.perf_counter() - start
     print(f"pytorch {torch.__version__} {device.type} threads={args.threads} bf16={args.bf16} "
+          f"cudnn_sdp={device.type == 'cuda' and args.cudnn_sdp} "
           f"max_tokens={args.max_tokens}: {args.steps} steps in {secs:.1f}s = "
           f"{args.steps / secs:.2f} steps/s, {tokens / secs:.0f} tokens/s (source+target, with BOS/EOS), loss {loss.item():.3f}")
 

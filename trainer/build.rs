@@ -40,11 +40,12 @@ fn main() {
     println!("cargo:rustc-env=FERROTRAIN_LIBTORCH_BUILD={build}");
 }
 
-/// Compiles csrc/autograd.cpp and csrc/memory.cpp (see their headers) against
+/// Compiles csrc/autograd.cpp, csrc/memory.cpp and csrc/attention.cpp (see their headers) against
 /// `lib`/../include.
 fn compile_shims(lib: &str) {
     println!("cargo:rerun-if-changed=csrc/autograd.cpp");
     println!("cargo:rerun-if-changed=csrc/memory.cpp");
+    println!("cargo:rerun-if-changed=csrc/attention.cpp");
     println!("cargo:rerun-if-changed=csrc/guarded.h");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     let include = std::path::Path::new(lib).join("../include");
@@ -60,5 +61,6 @@ fn compile_shims(lib: &str) {
         .flag("-DGLOG_USE_GLOG_EXPORT")
         .file("csrc/autograd.cpp")
         .file("csrc/memory.cpp")
+        .file("csrc/attention.cpp")
         .compile("ferrotrain_shims");
 }

@@ -26,6 +26,12 @@ pub fn expected_gpus() -> Result<u32> {
     }
 }
 
+/// The CUDA device (of the `visible` ones) that local rank `local_rank` computes on: ranks
+/// share GPUs round-robin when there are fewer GPUs than ranks.
+pub fn cuda_ordinal(local_rank: usize, visible: usize) -> usize {
+    local_rank % visible.max(1)
+}
+
 /// Picks the device for this rank: GPU `local_rank % visible` (one visible GPU per process
 /// works), the CPU when there is none, unless the pod was given GPUs (`expect_gpus`): then a
 /// missing CUDA is a configuration error, not a silent CPU run.
@@ -51,7 +57,7 @@ pub fn select_device(
             }
             Ok(Device::Cpu)
         }
-        _ if visible > 0 => Ok(Device::Cuda(local_rank % visible)),
+        _ if visible > 0 => Ok(Device::Cuda(cuda_ordinal(local_rank, visible))),
         DeviceKind::Auto if expect_gpus == 0 => Ok(Device::Cpu),
         DeviceKind::Auto => Err(TrainError::Config(
             format!(

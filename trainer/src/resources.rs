@@ -132,9 +132,9 @@ fn cuda_in_use() -> bool {
     std::fs::read_to_string("/proc/self/maps").is_ok_and(|maps| maps.contains("/libcuda.so"))
 }
 
-/// This rank's entry of CUDA_VISIBLE_DEVICES (`LOCAL_RANK`-th; CUDA device i of the
-/// process is that entry): an NVML index or a `GPU-...` UUID. None: NVML index = local rank.
-fn visible_device(visible: Option<&str>, local_rank: usize) -> String {
+/// The CUDA_VISIBLE_DEVICES entry of CUDA device `ordinal` (the one the rank computes on,
+/// `device::cuda_ordinal`): an NVML index or a `GPU-...` UUID. None: NVML index = ordinal.
+fn visible_device(visible: Option<&str>, ordinal: usize) -> String {
     visible
         .map(|v| {
             v.split(',')
@@ -142,8 +142,8 @@ fn visible_device(visible: Option<&str>, local_rank: usize) -> String {
                 .filter(|d| !d.is_empty())
                 .collect::<Vec<_>>()
         })
-        .and_then(|devices| devices.get(local_rank).map(|d| d.to_string()))
-        .unwrap_or_else(|| local_rank.to_string())
+        .and_then(|devices| devices.get(ordinal).map(|d| d.to_string()))
+        .unwrap_or_else(|| ordinal.to_string())
 }
 
 const NVML_SUCCESS: c_int = 0;
@@ -182,8 +182,11 @@ impl Nvml {
             .ok()
             .and_then(|r| r.parse().ok())
             .unwrap_or(0);
+        // The GPU this rank computes on: with fewer GPUs than ranks (two ranks on one GPU),
+        // local rank 1 is CUDA device 0, not NVML device 1.
+        let ordinal = crate::device::cuda_ordinal(local_rank, crate::device::visible_gpus());
         let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-        let device = visible_device(visible.as_deref(), local_rank);
+        let device = visible_device(visible.as_deref(), ordinal);
         // SAFETY: dlopen/dlsym with NUL-terminated names; each symbol is transmuted to the
         // signature nvml.h declares for it.
         unsafe {
@@ -266,8 +269,11 @@ mod tests {
         assert_eq!(visible_device(None, 1), "1");
         assert_eq!(visible_device(Some("3,5"), 1), "5");
         assert_eq!(visible_device(Some("GPU-abc, GPU-def"), 1), "GPU-def");
-        // Fewer entries than local ranks: the index itself (NVML reports a missing device).
-        assert_eq!(visible_device(Some("2"), 1), "1");
+        // Two ranks on one GPU (seen on an H200): local rank 1 computes on CUDA device 0,
+        // whose entry NVML must be asked for, not an NVML device 1 that does not exist.
+        let ordinal = crate::device::cuda_ordinal(1, 1);
+        assert_eq!(visible_device(None, ordinal), "0");
+        assert_eq!(visible_device(Some("2"), ordinal), "2");
     }
 
     #[test]

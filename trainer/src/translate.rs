@@ -86,6 +86,9 @@ impl Translator {
             device::expected_gpus()?,
             device::visible_gpus(),
         )?;
+        if let Some(line) = crate::attention::configure(device) {
+            tracing::debug!("{line}");
+        }
         let precision = precision::decide(requested, &precision::Hardware::of(device));
         let vs = tch::nn::VarStore::new(device);
         let net = Transformer::new(

@@ -156,6 +156,9 @@ fn open_gang(opts: &RunOptions) -> Result<(Device, Box<dyn Collective>, Precisio
         visible_gpus(),
     )?;
     tracing::info!(rank = opts.rank.rank, "{}", startup_line(device));
+    if let Some(line) = crate::attention::configure(device) {
+        tracing::info!(rank = opts.rank.rank, "{line}");
+    }
     let doctor = crate::doctor::findings(&crate::doctor::Machine::here());
     tracing::info!(rank = opts.rank.rank, "{}", crate::doctor::summary(&doctor));
     let mut comm = dist::init(&opts.rank, &config.distributed, device)?;
