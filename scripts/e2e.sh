@@ -171,13 +171,14 @@ for run in $(seq "$REPEAT"); do
   run_started=$SECONDS
   status=0
   "${NEXTEST[@]}" "${FILTER[@]}" || status=$?
-  python3 scripts/lib/junit-table.py "$JUNIT" "run $run of $REPEAT" $((SECONDS - run_started)) \
-    || true
   if [[ $status != 0 ]]; then
     failed_runs=$((failed_runs + 1))
     echo "==> operator log (run $run failed)"
     kubectl -n ferrotrain-system logs deployment/ferrotrain --tail=200 || true
   fi
+  # Last, so that a log cut to its tail (CI's) still shows the table and why each test failed.
+  python3 scripts/lib/junit-table.py "$JUNIT" "run $run of $REPEAT" $((SECONDS - run_started)) \
+    || true
 done
 say "$((REPEAT - failed_runs)) of $REPEAT runs passed; $((SECONDS - T0)) s in all"
 [[ $failed_runs == 0 ]]

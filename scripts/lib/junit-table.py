@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Prints nextest's JUnit report as a table: test, result, seconds; then the total.
+"""Prints nextest's JUnit report as a table: test, result, seconds; then the total, and for
+each failed test the lines that say why (its panic message and what the test printed just
+before it), so that the tail of a long log is enough to start from.
 
     junit-table.py JUNIT_XML TITLE WALL_SECONDS
 """
@@ -15,11 +17,13 @@ def main() -> int:
         print(f"{title}: no JUnit report ({e})")
         return 1
     rows = []
+    failures = []
     for case in root.iter("testcase"):
         binary = case.get("classname", "").split("::")[-1]
         name = case.get("name", "")
         if case.find("failure") is not None or case.find("error") is not None:
             result = "FAIL"
+            failures.append((name, why(case)))
         elif case.find("skipped") is not None:
             result = "skip"
         else:
@@ -37,7 +41,28 @@ def main() -> int:
         print(f"| {name.ljust(width)} | {result} | {seconds:7.1f} |")
     passed = sum(1 for r in rows if r[1] == "pass")
     print(f"{passed} of {len(rows)} passed; {wall} s wall (tests run two at a time)\n")
+    for name, lines in failures:
+        print(f"why {name} failed:")
+        for line in lines or ["(no panic message in the report)"]:
+            print(f"    {line}")
     return 0
+
+
+def why(case: ET.Element, before: int = 6, after: int = 3) -> list[str]:
+    """The test's panic message with the lines printed just before it (its own eprintln!s),
+    from the report's failure text or captured output; the namespace dump is left out."""
+    text = "\n".join(
+        (e.text or "") for e in case if e.tag in ("failure", "error", "system-out", "system-err")
+    )
+    lines = [l.rstrip() for l in text.splitlines()]
+    picked: list[str] = []
+    for i, line in enumerate(lines):
+        if "panicked at" in line:
+            start = max(0, i - before)
+            context = [l for l in lines[start:i] if l.strip() and not l.startswith("====")]
+            rest = [l for l in lines[i + 1 : i + 1 + after] if not l.startswith(("====", "note:"))]
+            picked += context + [line] + rest
+    return picked
 
 
 if __name__ == "__main__":
