@@ -39,14 +39,15 @@ pub trait Collective: Send {
         Ok(tensor.f_to_device(self.device())?)
     }
     /// Several results read at once, in order (one synchronisation): each one of this
-    /// collective's buffers or [`adopt`](Collective::adopt)ed.
+    /// collective's buffers or [`adopt`](Collective::adopt)ed. Joined on `device()`, then
+    /// read through [`download`](Collective::download), so that a backend whose host reads
+    /// wait on their own terms (NCCL's bounded, abortable wait) gets them here too.
     fn download_parts(&mut self, parts: &[Tensor]) -> Result<Vec<f64>> {
         let doubles = parts
             .iter()
             .map(|p| p.f_to_kind(Kind::Double))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        let host = Tensor::f_cat(&doubles, 0)?.f_to_device(Device::Cpu)?;
-        Ok(Vec::try_from(&host)?)
+        self.download(Tensor::f_cat(&doubles, 0)?)
     }
     /// Element-wise sum over ranks, in place. `tensor` is contiguous f32 on `device()`.
     fn all_reduce_sum(&mut self, tensor: &mut Tensor) -> Result<()>;
@@ -66,6 +67,13 @@ pub trait Collective: Send {
     fn broadcast(&mut self, tensor: &mut Tensor, root: usize) -> Result<()>;
     /// Returns when every rank has called it.
     fn barrier(&mut self) -> Result<()>;
+    /// The exchange that backward did not hide in the last host read, as the device timed
+    /// it (NCCL: CUDA events from the end of the step's compute to the read), or None where
+    /// the host's clock is the measure (the ring, whose collectives run on the host). On a
+    /// GPU the host runs ahead of the device, so its clock would count compute as exchange.
+    fn device_exchange_seconds(&self) -> Option<f64> {
+        None
+    }
 }
 
 /// The collective of a single rank: everything is a no-op.
@@ -138,4 +146,59 @@ pub fn broadcast_bytes(comm: &mut dyn Collective, bytes: Option<Vec<u8>>) -> Res
     };
     let back = broadcast_host(comm, &floats)?;
     Ok(back.into_iter().map(|f| f as u8).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backend with host reads of its own (as NCCL's, which wait bounded and abortable):
+    /// counts them.
+    struct OwnReads {
+        inner: Single,
+        reads: usize,
+    }
+
+    impl Collective for OwnReads {
+        fn rank(&self) -> usize {
+            self.inner.rank()
+        }
+        fn world_size(&self) -> usize {
+            self.inner.world_size()
+        }
+        fn device(&self) -> Device {
+            self.inner.device()
+        }
+        fn all_reduce_sum(&mut self, tensor: &mut Tensor) -> Result<()> {
+            self.inner.all_reduce_sum(tensor)
+        }
+        fn broadcast(&mut self, tensor: &mut Tensor, root: usize) -> Result<()> {
+            self.inner.broadcast(tensor, root)
+        }
+        fn barrier(&mut self) -> Result<()> {
+            self.inner.barrier()
+        }
+        fn download(&mut self, tensor: Tensor) -> Result<Vec<f64>> {
+            self.reads += 1;
+            self.inner.download(tensor)
+        }
+    }
+
+    #[test]
+    fn reading_several_parts_goes_through_the_backends_own_read() {
+        // The step's one read (the summed scalars and the gradient norm): before, the
+        // default read the parts with a plain copy, which on NCCL waited without a limit
+        // for a collective that may hang.
+        let mut comm = OwnReads {
+            inner: Single {
+                device: Device::Cpu,
+            },
+            reads: 0,
+        };
+        let scalars = comm.upload(&[1.0, 2.5]).unwrap();
+        let norm = comm.adopt(&Tensor::from_slice(&[4.0f32])).unwrap();
+        let values = comm.download_parts(&[scalars, norm]).unwrap();
+        assert_eq!(values, [1.0, 2.5, 4.0]);
+        assert_eq!(comm.reads, 1, "one read, the backend's own");
+    }
 }

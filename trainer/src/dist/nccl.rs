@@ -6,15 +6,19 @@
 //! Collectives run on a side stream of their own, ordered against libtorch's stream (the
 //! legacy default stream, where the model's kernels run) by events: a collective waits for
 //! the work queued before it, and `finish_started` makes libtorch's later work wait for the
-//! collectives, all on the GPU. The communicator is non-blocking (NCCL 2.14+): joining it and
-//! queueing a collective return at once and are polled (`watchdog.rs`), so no NCCL call
-//! blocks the host. `download` and `barrier` poll events recorded on libtorch's stream and
-//! NCCL's asynchronous error in two phases, the compute before the last collective, then
-//! the collectives under the collective timeout; a hang or an error aborts the communicator
+//! collectives, all on the GPU. libtorch's current stream is that default stream because
+//! ferrotrain never sets another (no stream guards, no CUDA graphs); code that does must hand
+//! its stream here instead of the null one. The communicator is non-blocking (NCCL 2.14+):
+//! joining it and queueing a collective return at once and are polled (`watchdog.rs`), so no
+//! NCCL call blocks the host. `download` (and so `download_parts`) and `barrier` poll events
+//! and NCCL's asynchronous error, collective by collective in the order they were queued:
+//! the compute before each (its `ready` mark), then the collective itself under the
+//! collective timeout (its `done` mark); a hang or an error aborts the communicator
 //! (ncclCommAbort, never a destroy that would wait), so a dead or hung peer never hangs the
-//! gang. The trainer's step reads the host once, at its end,
-//! so a step has one such wait; gradient buckets started during backward run on the side
-//! stream while backward's kernels run on libtorch's. Every CUDA call first makes the
+//! gang. The trainer's step reads the host once, at its end, so a step has one such wait;
+//! gradient buckets started during backward run on the side stream while backward's kernels
+//! run on libtorch's, and the part of the exchange backward did not hide is timed on the GPU
+//! (`device_exchange_seconds`, the step's `commFraction`). Every CUDA call first makes the
 //! communicator's context current on the calling thread (the backward hooks run on
 //! libtorch's device thread).
 
@@ -32,7 +36,7 @@ use super::nccl_lib::{
 };
 use super::rank::RankEnv;
 use super::rendezvous::Rendezvous;
-use super::watchdog::{Abortable, Poll};
+use super::watchdog::{Abortable, Mark, Poll};
 use crate::error::{Result, TrainError};
 
 const ID_KEY: &str = "nccl/unique-id";
@@ -43,7 +47,7 @@ pub fn check_available(ordinal: usize) -> Result<&'static NcclLib> {
     // SAFETY: only probes whether the shared libraries can be loaded.
     if !unsafe { cu::is_culib_present() } {
         return Err(TrainError::Config(
-            "distributed.backend nccl: the CUDA driver library (libcuda.so) cannot be loaded: \
+            "distributed.backend nccl: the CUDA driver library (libcuda.so.1) cannot be loaded: \
              no GPU driver on this node (use backend `ring` on CPU nodes)"
                 .into(),
         ));
@@ -164,18 +168,35 @@ pub struct Nccl {
     /// Started all-reduces not finished yet: (the caller's tensor, what went over the wire
     /// when that is a bf16 copy), kept alive until libtorch's stream waits for them.
     started: Vec<(Tensor, Option<Tensor>)>,
+    /// The last host wait's exchange that backward did not hide, timed on the GPU.
+    exchange_seconds: Option<f64>,
 }
+
+/// Collectives between two host waits whose marks are kept (a step has one per gradient
+/// bucket, plus its scalars): past that the oldest are reused, which loses nothing, since
+/// the side stream runs its collectives in order (a later one done means the earlier ones
+/// are).
+const MARKS: usize = 64;
 
 /// The CUDA objects of a communicator: the GPU's primary context, the side stream its
 /// collectives run on and the events that order that stream against libtorch's.
 struct Streams {
     context: cu::CUcontext,
     side: cu::CUstream,
-    /// Recorded on libtorch's stream before a collective: its input is ready.
-    ready: cu::CUevent,
+    /// Per collective, a ring of MARKS: (recorded on libtorch's stream before it: its input
+    /// is ready; recorded on the side stream after it: it is done). The host's wait times
+    /// each collective from its own `ready` (watchdog::wait_collectives).
+    marks: Vec<(cu::CUevent, cu::CUevent)>,
+    /// Collectives queued since the last host wait.
+    queued: usize,
+    /// Recorded (timed) on libtorch's stream where it first waits for the side stream after
+    /// a host wait: the step's compute (backward) ends there, and what follows until `host`
+    /// is the exchange backward did not hide.
+    compute_end: cu::CUevent,
+    compute_end_recorded: bool,
     /// Recorded on the side stream after the started collectives.
     done: cu::CUevent,
-    /// Recorded on libtorch's stream for the host to wait on.
+    /// Recorded (timed) on libtorch's stream for the host to wait on.
     host: cu::CUevent,
 }
 
@@ -215,18 +236,25 @@ impl Streams {
                 "cuStreamCreateWithPriority",
                 cu::cuStreamCreateWithPriority(&mut side, flags, greatest),
             )?;
-            let event = || -> Result<cu::CUevent> {
+            let make = |flags: cu::CUevent_flags| -> Result<cu::CUevent> {
                 let mut e = std::ptr::null_mut();
-                let flags = cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-                cuda("cuEventCreate", cu::cuEventCreate(&mut e, flags))?;
+                cuda("cuEventCreate", cu::cuEventCreate(&mut e, flags as u32))?;
                 Ok(e)
             };
+            let event = || make(cu::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+            let timed = || make(cu::CUevent_flags::CU_EVENT_DEFAULT);
+            let marks = (0..MARKS)
+                .map(|_| Ok((event()?, event()?)))
+                .collect::<Result<Vec<_>>>()?;
             Ok(Streams {
                 context,
                 side,
-                ready: event()?,
+                marks,
+                queued: 0,
+                compute_end: timed()?,
+                compute_end_recorded: false,
                 done: event()?,
-                host: event()?,
+                host: timed()?,
             })
         }
     }
@@ -239,19 +267,68 @@ impl Streams {
         })
     }
 
-    /// The side stream waits for the work queued so far on libtorch's stream.
+    /// The marks of the next collective.
+    fn next_marks(&self) -> (cu::CUevent, cu::CUevent) {
+        self.marks[self.queued % MARKS]
+    }
+
+    /// The side stream waits for the work queued so far on libtorch's stream (the next
+    /// collective's `ready` mark).
     fn side_waits_for_libtorch(&self) -> Result<()> {
+        let (ready, _) = self.next_marks();
         // SAFETY: our events and stream; the null stream is the context's legacy stream.
         unsafe {
             cuda(
                 "cuEventRecord",
-                cu::cuEventRecord(self.ready, std::ptr::null_mut()),
+                cu::cuEventRecord(ready, std::ptr::null_mut()),
             )?;
             cuda(
                 "cuStreamWaitEvent",
-                cu::cuStreamWaitEvent(self.side, self.ready, 0),
+                cu::cuStreamWaitEvent(self.side, ready, 0),
             )
         }
+    }
+
+    /// The collective just queued on the side stream gets its `done` mark.
+    fn collective_queued(&mut self) -> Result<()> {
+        let (_, done) = self.next_marks();
+        // SAFETY: our event and stream.
+        cuda("cuEventRecord", unsafe {
+            cu::cuEventRecord(done, self.side)
+        })?;
+        self.queued += 1;
+        Ok(())
+    }
+
+    /// The marks of the collectives queued since the last host wait (at most MARKS, the
+    /// newest), oldest first, and whether `compute_end` was recorded; both start again.
+    fn take_marks(&mut self) -> (Vec<(cu::CUevent, cu::CUevent)>, bool) {
+        let kept = self.queued.min(MARKS);
+        let marks = (self.queued - kept..self.queued)
+            .map(|k| self.marks[k % MARKS])
+            .collect();
+        self.queued = 0;
+        (marks, std::mem::take(&mut self.compute_end_recorded))
+    }
+
+    /// Records `compute_end` on libtorch's stream, the first time since the host's wait.
+    fn mark_compute_end(&mut self) -> Result<()> {
+        if !self.compute_end_recorded {
+            // SAFETY: our event; the null stream is the context's legacy stream.
+            let r = unsafe { cu::cuEventRecord(self.compute_end, std::ptr::null_mut()) };
+            cuda("cuEventRecord", r)?;
+            self.compute_end_recorded = true;
+        }
+        Ok(())
+    }
+
+    /// Seconds from `compute_end` to `host`, both complete.
+    fn exchange_seconds(&self) -> Result<f64> {
+        let mut ms = 0f32;
+        // SAFETY: two timed events of ours, recorded and complete (the host waited).
+        let r = unsafe { cu::cuEventElapsedTime(&mut ms, self.compute_end, self.host) };
+        cuda("cuEventElapsedTime", r)?;
+        Ok(f64::from(ms.max(0.0)) / 1000.0)
     }
 
     /// libtorch's stream waits for the work queued so far on the side stream.
@@ -345,30 +422,46 @@ impl Nccl {
             timeout: Duration::from_secs(config.collective_timeout_seconds),
             streams,
             started: Vec::new(),
+            exchange_seconds: None,
         })
     }
 
     /// Waits until the work queued so far on libtorch's stream (which includes every
-    /// finished collective) is done, an NCCL error shows, or the time runs out, in two
-    /// phases: the compute queued before the last collective (its `ready` event; a slow step
-    /// is not a hang), then the rest under the collective timeout. Polls events: a hung peer
-    /// never blocks this thread in a synchronising call, and a hang aborts the communicator.
+    /// finished collective) is done, an NCCL error shows, or the time runs out: each
+    /// collective queued since the last wait in two phases, the compute before it (its
+    /// `ready` mark; a slow step is not a hang) and then the collective itself under the
+    /// collective timeout (its `done` mark); then the rest. Polls events: a hung peer never
+    /// blocks this thread in a synchronising call, and a hang aborts the communicator.
     fn host_wait(&mut self, what: &str) -> Result<()> {
         let comm = self.comm.live()?;
+        self.exchange_seconds = None;
+        let (marks, timed) = self.streams.take_marks();
         self.streams.current()?;
         // SAFETY: our event; the null stream is the context's legacy stream.
         let r = unsafe { cu::cuEventRecord(self.streams.host, std::ptr::null_mut()) };
         if let Err(e) = cuda("cuEventRecord", r) {
             return self.comm.fail(e.to_string());
         }
-        let (lib, ready, host) = (self.lib, self.streams.ready, self.streams.host);
+        let (lib, host) = (self.lib, self.streams.host);
         let what = format!("NCCL {what}");
-        let checked = |event| match async_state(lib, comm, &what) {
-            Poll::Failed(e) => Poll::Failed(e),
-            _ => event_state(event, &what),
+        let checked = |mark| {
+            let event = match mark {
+                Mark::Ready(i) => marks[i].0,
+                Mark::Done(i) => marks[i].1,
+                Mark::Rest => host,
+            };
+            match async_state(lib, comm, &what) {
+                Poll::Failed(e) => Poll::Failed(e),
+                _ => event_state(event, &what),
+            }
         };
         self.comm
-            .wait_step(&what, self.timeout, || checked(ready), || checked(host))
+            .wait_step(&what, self.timeout, marks.len(), checked)?;
+        if timed {
+            // A measure, not a result: a failure to read it leaves the host's clock in use.
+            self.exchange_seconds = self.streams.exchange_seconds().ok();
+        }
+        Ok(())
     }
 
     /// Queues `op` (an NCCL call on the given stream) on the side stream after the work
@@ -390,15 +483,19 @@ impl Nccl {
         }
         let what = format!("NCCL {what}");
         match op(comm, self.streams.side) {
-            SUCCESS => Ok(()),
+            SUCCESS => {}
             IN_PROGRESS => {
                 let lib = self.lib;
                 self.comm.wait(&what, "queueing", self.timeout, || {
                     async_state(lib, comm, &what)
-                })
+                })?;
             }
-            r => self.comm.fail(format!("{what} failed: {}", code_text(r))),
+            r => return self.comm.fail(format!("{what} failed: {}", code_text(r))),
         }
+        if let Err(e) = self.streams.collective_queued() {
+            return self.comm.fail(e.to_string());
+        }
+        Ok(())
     }
 
     fn check_tensor(tensor: &Tensor) -> Result<()> {
@@ -414,6 +511,10 @@ impl Nccl {
 impl Collective for Nccl {
     fn rank(&self) -> usize {
         self.rank
+    }
+
+    fn device_exchange_seconds(&self) -> Option<f64> {
+        self.exchange_seconds
     }
 
     fn world_size(&self) -> usize {
@@ -467,11 +568,10 @@ impl Collective for Nccl {
         if self.started.is_empty() {
             return self.comm.live().map(|_| ());
         }
-        if let Err(e) = self
-            .streams
-            .current()
-            .and_then(|_| self.streams.libtorch_waits_for_side())
-        {
+        if let Err(e) = self.streams.current().and_then(|_| {
+            self.streams.mark_compute_end()?;
+            self.streams.libtorch_waits_for_side()
+        }) {
             return self.comm.fail(e.to_string());
         }
         // Queued on libtorch's stream after its wait: the bf16 sums back into the tensors.
@@ -512,7 +612,8 @@ impl Collective for Nccl {
     }
 
     /// The step's one host wait: everything queued so far, collectives included, under the
-    /// collective timeout; then the copy (which no longer waits).
+    /// collective timeout; then the copy (which no longer waits). `download_parts` comes
+    /// here too (the trait's default), so the step's read is bounded and abortable.
     fn download(&mut self, tensor: Tensor) -> Result<Vec<f64>> {
         self.finish_started()?;
         self.host_wait("the step's collectives")?;
@@ -529,7 +630,13 @@ impl Drop for Nccl {
         // SAFETY: our stream and events, not used afterwards.
         unsafe {
             let _ = self.streams.current();
-            for e in [self.streams.ready, self.streams.done, self.streams.host] {
+            let marks = self.streams.marks.iter().flat_map(|&(r, d)| [r, d]);
+            let others = [
+                self.streams.compute_end,
+                self.streams.done,
+                self.streams.host,
+            ];
+            for e in marks.chain(others) {
                 cu::cuEventDestroy_v2(e);
             }
             cu::cuStreamDestroy_v2(self.streams.side);

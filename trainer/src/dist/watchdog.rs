@@ -2,10 +2,13 @@
 //! nap, give up at a deadline, so that the caller can abort the communicator (ncclCommAbort)
 //! instead of blocking forever in a synchronising call.
 //!
-//! A step's wait has two phases: the compute queued before its collectives (a slow step, not
-//! a hang), then the collectives themselves, which the collective timeout bounds from the
-//! moment their inputs were ready (as PyTorch's NCCL watchdog times a collective from its
-//! start, not from its enqueue).
+//! A step's wait goes through its collectives in the order they were queued, each in two
+//! phases: the compute queued before it (a slow step, not a hang), then the collective
+//! itself, which the collective timeout bounds from the moment its inputs were ready (as
+//! PyTorch's NCCL watchdog times a collective from its start, not from its enqueue). Each
+//! collective has its own pair of marks: a gradient bucket's all-reduce that hangs while
+//! backward's later kernels wait behind it fails at the collective timeout, not at the
+//! compute limit.
 
 use std::time::{Duration, Instant};
 
@@ -84,19 +87,34 @@ pub fn wait(
     }
 }
 
-/// A step's wait: `compute` (the work queued before the collectives) within
-/// `compute_limit(timeout)`, then `collectives` within `timeout` counted from there.
-pub fn wait_two_phase(
+/// Where a step's wait stands: before collective `i` (its inputs ready), after it (done),
+/// or the work queued after the last collective (the host's own mark).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mark {
+    Ready(usize),
+    Done(usize),
+    Rest,
+}
+
+/// A step's wait over the `collectives` queued since the last one, in order: for each, the
+/// compute before it (`Mark::Ready`) within `compute_limit(timeout)`, then the collective
+/// (`Mark::Done`) within `timeout` counted from there; then the rest (`Mark::Rest`) within
+/// the compute limit.
+pub fn wait_collectives(
     timeout: Duration,
-    compute: impl FnMut() -> Poll,
-    collectives: impl FnMut() -> Poll,
+    collectives: usize,
+    mut poll: impl FnMut(Mark) -> Poll,
 ) -> Result<(), Hang> {
-    wait(
-        "the compute before the collectives",
-        compute_limit(timeout),
-        compute,
-    )?;
-    wait("the collectives", timeout, collectives)
+    let compute = compute_limit(timeout);
+    for i in 0..collectives {
+        wait("the compute before the collectives", compute, || {
+            poll(Mark::Ready(i))
+        })?;
+        wait("the collectives", timeout, || poll(Mark::Done(i)))?;
+    }
+    wait("the compute after the collectives", compute, || {
+        poll(Mark::Rest)
+    })
 }
 
 /// A communicator handle that is never waited on without a limit: its waits go through
@@ -162,16 +180,16 @@ impl<C: Copy> Abortable<C> {
         wait(phase, limit, poll).or_else(|hang| self.fail(hang.message(what)))
     }
 
-    /// `wait_two_phase`, aborting on a hang or an error.
+    /// `wait_collectives`, aborting on a hang or an error.
     pub fn wait_step(
         &mut self,
         what: &str,
         timeout: Duration,
-        compute: impl FnMut() -> Poll,
-        collectives: impl FnMut() -> Poll,
+        collectives: usize,
+        poll: impl FnMut(Mark) -> Poll,
     ) -> Result<()> {
         self.live()?;
-        wait_two_phase(timeout, compute, collectives).or_else(|hang| self.fail(hang.message(what)))
+        wait_collectives(timeout, collectives, poll).or_else(|hang| self.fail(hang.message(what)))
     }
 }
 
@@ -192,14 +210,13 @@ mod tests {
         let timeout = Duration::from_millis(300);
         let start = Instant::now();
         let mut polls = 0;
-        let hang = wait_two_phase(
-            timeout,
-            || Poll::Ready,
-            || {
+        let hang = wait_collectives(timeout, 1, |mark| match mark {
+            Mark::Done(_) => {
                 polls += 1;
                 Poll::Pending
-            },
-        )
+            }
+            _ => Poll::Ready,
+        })
         .unwrap_err();
         let took = start.elapsed();
         assert!(
@@ -223,21 +240,21 @@ mod tests {
         let start = Instant::now();
         let compute_done = start + Duration::from_millis(400);
         let mut collective_done = None;
-        let result = wait_two_phase(
-            Duration::from_millis(200),
-            || match Instant::now() >= compute_done {
+        let result = wait_collectives(Duration::from_millis(200), 1, |mark| match mark {
+            Mark::Ready(_) => match Instant::now() >= compute_done {
                 true => Poll::Ready,
                 false => Poll::Pending,
             },
-            || {
+            Mark::Done(_) => {
                 let done =
                     *collective_done.get_or_insert(Instant::now() + Duration::from_millis(50));
                 match Instant::now() >= done {
                     true => Poll::Ready,
                     false => Poll::Pending,
                 }
-            },
-        );
+            }
+            Mark::Rest => Poll::Ready,
+        });
         assert_eq!(result, Ok(()));
         assert!(start.elapsed() >= Duration::from_millis(450));
     }
@@ -258,6 +275,56 @@ mod tests {
     }
 
     #[test]
+    fn a_hung_bucket_fails_at_the_collective_timeout_though_compute_is_queued_behind_it() {
+        // Three collectives (two gradient buckets, then the step's scalars): the first
+        // bucket's all-reduce never completes, so the compute queued after it (which waits
+        // for it on the GPU) never gets ready either. Timed as compute, this would wait
+        // 600 s; it fails at the collective timeout, naming the collectives.
+        let timeout = Duration::from_millis(200);
+        let start = Instant::now();
+        let mut seen = Vec::new();
+        let hang = wait_collectives(timeout, 3, |mark| {
+            if seen.last() != Some(&mark) {
+                seen.push(mark);
+            }
+            match mark {
+                Mark::Ready(0) => Poll::Ready,
+                _ => Poll::Pending,
+            }
+        })
+        .unwrap_err();
+        assert!(start.elapsed() < timeout + Duration::from_secs(1));
+        assert!(
+            matches!(
+                hang,
+                Hang::TimedOut {
+                    phase: "the collectives",
+                    ..
+                }
+            ),
+            "{hang:?}"
+        );
+        assert_eq!(seen, [Mark::Ready(0), Mark::Done(0)]);
+        // Every collective done: the wait ends with the work queued after the last one.
+        let mut order = Vec::new();
+        let done = wait_collectives(timeout, 2, |mark| {
+            order.push(mark);
+            Poll::Ready
+        });
+        assert_eq!(done, Ok(()));
+        assert_eq!(
+            order,
+            [
+                Mark::Ready(0),
+                Mark::Done(0),
+                Mark::Ready(1),
+                Mark::Done(1),
+                Mark::Rest
+            ]
+        );
+    }
+
+    #[test]
     fn a_hung_collective_is_aborted_once_and_the_rank_exits_retryable() {
         static ABORTS: AtomicU32 = AtomicU32::new(0);
         fn abort(handle: u32) {
@@ -270,7 +337,10 @@ mod tests {
         let start = Instant::now();
         // The fake collective: its inputs are ready, it never completes.
         let err = comm
-            .wait_step("NCCL AllReduce", timeout, || Poll::Ready, || Poll::Pending)
+            .wait_step("NCCL AllReduce", timeout, 1, |mark| match mark {
+                Mark::Done(_) => Poll::Pending,
+                _ => Poll::Ready,
+            })
             .unwrap_err();
         assert!(start.elapsed() < timeout + Duration::from_secs(1));
         assert_eq!(ABORTS.load(Ordering::SeqCst), 1);

@@ -92,6 +92,11 @@ impl Trainer<'_> {
         }
         let v = self.comm.download_parts(&parts)?;
         comm_seconds += c0.elapsed().as_secs_f64();
+        // On a GPU the host's clock also counted compute still queued: the device's own
+        // measure replaces it where the backend has one (NCCL).
+        if let Some(on_device) = self.comm.device_exchange_seconds() {
+            comm_seconds = on_device;
+        }
         Ok(Synced {
             loss: v[0] / end.target_tokens as f64,
             grad_norm: v.get(host.len()).copied().unwrap_or(0.0),
