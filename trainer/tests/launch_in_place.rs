@@ -341,7 +341,7 @@ esac"#,
     );
     let mut n0 = g.node(0, 3);
     let mut n1 = g.node(1, 3);
-    wait_exists(&g, "start-1-0");
+    wait_line(&g, "start-1-0");
     // Node 0's pod is deleted: its launcher, which hosts the store, leaves at once.
     assert_eq!(deleted(&mut n0), Some(143));
     // Its replacement serves a new store at the same address; node 1 never exited.
@@ -402,12 +402,18 @@ fn read(g: &Gang, name: &str) -> String {
         .to_string()
 }
 
-fn wait_exists(g: &Gang, name: &str) {
+/// Waits until a rank has written its line to `name` (the shell creates the file before
+/// `echo` writes to it, so a file that exists may still be empty) and returns it.
+fn wait_line(g: &Gang, name: &str) -> String {
     let started = std::time::Instant::now();
-    while !g.exists(name) {
+    loop {
+        let text = std::fs::read_to_string(g.path(name)).unwrap_or_default();
+        if text.ends_with('\n') {
+            return text.trim().to_string();
+        }
         assert!(
             started.elapsed() < Duration::from_secs(30),
-            "{name} never appeared"
+            "{name} never got its line (so far: {text:?})"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -426,8 +432,7 @@ esac"#,
     let mut n0 = g.node_of(0, 3, 3, &ELASTIC);
     let mut n1 = g.node_of(1, 3, 3, &ELASTIC);
     let mut n2 = g.node_of(2, 3, 3, &ELASTIC);
-    wait_exists(&g, "world-2-0");
-    assert_eq!(read(&g, "world-2-0"), "2 3 3", "round 0: every node");
+    assert_eq!(wait_line(&g, "world-2-0"), "2 3 3", "round 0: every node");
     // Node 2's pod goes and does not come back within the elastic wait.
     // SAFETY: signalling the launcher this test started.
     unsafe {
@@ -461,8 +466,7 @@ esac"#,
     let mut n0 = g.node_of(0, 3, 3, &ELASTIC);
     let mut n1 = g.node_of(1, 3, 3, &ELASTIC);
     // Node 2 comes after the elastic wait: round 0 starts without it.
-    wait_exists(&g, "world-1-0");
-    assert_eq!(read(&g, "world-1-0"), "1 2 3");
+    assert_eq!(wait_line(&g, "world-1-0"), "1 2 3");
     let mut n2 = g.node_of(2, 3, 3, &ELASTIC);
     let within = Duration::from_secs(60);
     let codes = (

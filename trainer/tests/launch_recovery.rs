@@ -163,16 +163,36 @@ fn wait_for<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -
     }
 }
 
-/// Steps trained twice because of the restart: the last step logged before it minus the
-/// step it resumed from.
-fn steps_lost(steps: &[u64]) -> (u64, u64) {
-    let restart = steps
-        .windows(2)
-        .position(|w| w[1] <= w[0])
-        .expect("the log shows a restart");
-    let before = steps[restart];
-    let resumed_from = steps[restart + 1] - 1;
-    (before, before - resumed_from)
+/// Steps trained twice because of a restart that resumed from step `resumed_from`: (the last
+/// step logged before it, how many of them were logged again). None are when it resumed from
+/// the last step trained: a rank killed while rank 0 writes checkpoint S waits in step S+1's
+/// all-reduce, so rank 0 finishes the checkpoint and fails only at S+1; the log then runs on
+/// from S without a step logged twice.
+fn steps_lost(steps: &[u64], resumed_from: u64) -> (u64, u64) {
+    if let Some(restart) = steps.windows(2).position(|w| w[1] <= w[0]) {
+        let before = steps[restart];
+        return (before, before - (steps[restart + 1] - 1));
+    }
+    let at = steps.iter().position(|&s| s == resumed_from);
+    assert!(
+        at.is_some_and(|i| steps.get(i + 1) == Some(&(resumed_from + 1))),
+        "no step logged twice, so the restart resumed from the last step trained, \
+         {resumed_from}, and the log goes on with the next: {steps:?}"
+    );
+    (resumed_from, 0)
+}
+
+/// The step the last "resuming from checkpoint" line of a launcher's log names.
+fn resumed_from_in_log(log: &str) -> u64 {
+    log.lines()
+        .rev()
+        .filter(|l| l.contains("resuming from checkpoint"))
+        .find_map(|l| {
+            let digits = l.split(" step=").nth(1)?;
+            let end = digits.find(|c: char| !c.is_ascii_digit())?;
+            digits[..end].parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no resume in the log:\n{log}"))
 }
 
 fn interrupt_and_recover(signal: i32) {
@@ -202,7 +222,7 @@ fn interrupt_and_recover(signal: i32) {
 
     let steps = job.logged_steps();
     assert_eq!(*steps.last().unwrap(), MAX_STEPS, "{log}");
-    let (before, lost) = steps_lost(&steps);
+    let (before, lost) = steps_lost(&steps, resumed_from_in_log(&log));
     assert!(before >= 50, "{steps:?}");
     assert!(
         lost <= CHECKPOINT_EVERY,
@@ -400,11 +420,12 @@ fn in_place_a_killed_rank_restarts_every_rank_in_a_new_round_and_resumes() {
     }
     let steps = steps();
     assert_eq!(*steps.last().unwrap(), IN_PLACE_STEPS, "{logs}");
-    let (before, lost) = steps_lost(&steps);
-    assert!(lost <= CHECKPOINT_EVERY, "lost {lost} steps at {before}");
     // Node 0's ledger has one record per round.
     let text = std::fs::read_to_string(job.dir.path().join("recovery-0.json")).unwrap();
     let r: ferrotrain_api::Recovery = serde_json::from_str(&text).unwrap();
+    let resumed_from = r.attempts.get(1).and_then(|a| a.resumed_from_step);
+    let (before, lost) = steps_lost(&steps, resumed_from.expect("round 1 resumed"));
+    assert!(lost <= CHECKPOINT_EVERY, "lost {lost} steps at {before}");
     assert_eq!(r.attempts.len(), 2, "{r:#?}");
     let end = r.attempts[0].end.clone().expect("round 0 ended");
     assert_eq!(
