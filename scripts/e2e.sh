@@ -24,6 +24,10 @@
 #   --setup-only      the cluster, images and chart, no test (what bench/operator-scale.sh
 #                     and bench/restart-speed.sh measure against)
 #
+# FERROTRAIN_E2E_PREBUILT=1 (what scripts/test.sh sets, with --profile dev): the workspace's
+# binaries and tests were just built from this tree; the images take the binaries as they are
+# and the tests are built with the same package selection, so that nothing is built twice.
+#
 # Needs root (the cluster, Docker). Logs of the cluster's processes: /var/lib/ferrotrain-cluster/logs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,18 +37,21 @@ T0=$SECONDS
 KIT="${FERROTRAIN_CLUSTER_KIT:-$ROOT/../shared/cluster}"
 MICROSHIFT="${FERROTRAIN_MICROSHIFT:-}"
 REPEAT=1
-FILTER=()
+FILTER=""
 DOWN=0
 IMAGES=1
 GATES=0
 SKIP_IF_NO_CLUSTER=0
 PROFILE=release
 SETUP_ONLY=0
+# scripts/test.sh sets FERROTRAIN_E2E_PREBUILT=1: the workspace (binaries and tests, dev
+# profile) was just built from this tree, so nothing here builds it again.
+PREBUILT="${FERROTRAIN_E2E_PREBUILT:-0}"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --microshift) MICROSHIFT="$2"; shift 2 ;;
     --repeat) REPEAT="$2"; shift 2 ;;
-    --filter) FILTER=(-E "$2"); shift 2 ;;
+    --filter) FILTER="$2"; shift 2 ;;
     --down) DOWN=1; shift ;;
     --no-images) IMAGES=0; shift ;;
     --gates) GATES=1; shift ;;
@@ -129,7 +136,12 @@ if [[ $IMAGES == 1 ]]; then
   images_started=$SECONDS
   . scripts/env.sh
   images_log="$FTC_DIR/logs/ferrotrain-e2e-images.log"
-  if ! scripts/images.sh --mode local --tag "$TAG" --profile "$PROFILE" >"$images_log" 2>&1; then
+  # PREBUILT: the binaries scripts/test.sh's tests just built, as they are (a cargo build of
+  # two packages alone would unify features differently and build their dependencies again).
+  no_cargo=()
+  [[ $PREBUILT == 1 ]] && no_cargo=(--no-cargo)
+  if ! scripts/images.sh --mode local --tag "$TAG" --profile "$PROFILE" "${no_cargo[@]}" \
+    >"$images_log" 2>&1; then
     tail -n 40 "$images_log" >&2
     die "building the images failed (log: $images_log)"
   fi
@@ -160,8 +172,18 @@ fi
 export FERROTRAIN_E2E_IMAGE="ferrotrain/trainer:$TAG"
 say "compiling the e2e tests"
 # The tests themselves only talk to the API server: the dev profile (what the unit tests
-# built) whatever the images' profile.
-NEXTEST=(cargo nextest run -p ferrotrain-e2e --run-ignored only --profile e2e)
+# built) whatever the images' profile. With PREBUILT (scripts/test.sh) the whole workspace's
+# tests were just built: selecting the same packages lets cargo reuse them, where
+# ferrotrain-e2e alone unifies its dependencies' features differently and builds them again
+# (236 s on two cores).
+if [[ $PREBUILT == 1 ]]; then
+  SELECT=(--workspace)
+else
+  SELECT=(-p ferrotrain-e2e)
+fi
+EXPR='package(ferrotrain-e2e)'
+[[ -z "$FILTER" ]] || EXPR="$EXPR & ($FILTER)"
+NEXTEST=(cargo nextest run "${SELECT[@]}" --run-ignored only --profile e2e -E "$EXPR")
 "${NEXTEST[@]}" --no-run >/dev/null 2>&1 || "${NEXTEST[@]}" --no-run
 JUNIT="$ROOT/target/nextest/e2e/junit.xml"
 failed_runs=0
@@ -170,7 +192,7 @@ for run in $(seq "$REPEAT"); do
   rm -f "$JUNIT"
   run_started=$SECONDS
   status=0
-  "${NEXTEST[@]}" "${FILTER[@]}" || status=$?
+  "${NEXTEST[@]}" || status=$?
   if [[ $status != 0 ]]; then
     failed_runs=$((failed_runs + 1))
     echo "==> operator log (run $run failed)"

@@ -68,7 +68,8 @@ if [[ "${FERROTRAIN_E2E:-auto}" == 0 ]]; then
 elif [[ $(id -u) != 0 || ! -d ../shared/cluster ]]; then
   echo "SKIPPED: the e2e suite needs root and ../shared/cluster"
 else
-  scripts/e2e.sh --profile dev --skip-if-no-cluster --down || e2e_status=$?
+  FERROTRAIN_E2E_PREBUILT=1 scripts/e2e.sh --profile dev --skip-if-no-cluster --down \
+    || e2e_status=$?
 fi
 echo "end-to-end tests: $((SECONDS - e2e_started)) s (exit $e2e_status)"
 
