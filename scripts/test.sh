@@ -29,9 +29,27 @@ if [[ -x scripts/setup-helm.sh ]]; then
   export HELM_BIN
 fi
 
+# Each phase that runs tests has a limit of its own, well past its usual time, so that a run
+# that hangs somewhere fails with its log before CI's own limit ends it without one (a stop
+# whose CI timed out left nothing on record to learn from). Without a terminal (CI) `timeout`
+# signals the phase's whole process group; on a terminal it keeps the phase in the
+# foreground (nextest reads keys there) and signals the phase's own process.
+phase() {
+  local minutes="$1" name="$2"; shift 2
+  local rc=0 foreground=()
+  [[ -t 0 ]] && foreground=(--foreground)
+  timeout "${foreground[@]}" --kill-after=60 "${minutes}m" "$@" || rc=$?
+  if [[ $rc == 124 || $rc == 137 ]]; then
+    echo "FAILED: $name did not finish within $minutes minutes (its usual time is a fraction)" >&2
+  fi
+  return "$rc"
+}
+
 step "tests (cargo nextest)"
 tests_status=0
-cargo nextest run --workspace --no-fail-fast --profile ci || tests_status=$?
+# Usually 3-5 minutes once built; the build itself, on a clean clone, about 20.
+phase 45 "cargo nextest" cargo nextest run --workspace --no-fail-fast --profile ci \
+  || tests_status=$?
 
 # Third-party checks of what the operator creates (docs/security.md), run with the
 # ferrotrain-operator binary the tests just built (no earlier step builds it: clippy builds no
@@ -68,8 +86,9 @@ if [[ "${FERROTRAIN_E2E:-auto}" == 0 ]]; then
 elif [[ $(id -u) != 0 || ! -d ../shared/cluster ]]; then
   echo "SKIPPED: the e2e suite needs root and ../shared/cluster"
 else
-  FERROTRAIN_E2E_PREBUILT=1 scripts/e2e.sh --profile dev --skip-if-no-cluster --down \
-    || e2e_status=$?
+  # Usually 18-20 minutes (images about 1, tests about 16).
+  phase 40 "the end-to-end suite" env FERROTRAIN_E2E_PREBUILT=1 \
+    scripts/e2e.sh --profile dev --skip-if-no-cluster --down || e2e_status=$?
 fi
 echo "end-to-end tests: $((SECONDS - e2e_started)) s (exit $e2e_status)"
 
