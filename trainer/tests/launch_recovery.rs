@@ -87,13 +87,7 @@ impl Job {
 
     /// Steps logged by rank 0, in order (a restart logs steps again from its resume point).
     fn logged_steps(&self) -> Vec<u64> {
-        let text =
-            std::fs::read_to_string(self.job_dir().join("train-log.jsonl")).unwrap_or_default();
-        text.lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|v| v.get("loss").is_some())
-            .filter_map(|v| v.get("step").and_then(|s| s.as_u64()))
-            .collect()
+        steps_logged_in(&self.job_dir())
     }
 
     fn termination_log(&self) -> String {
@@ -161,6 +155,17 @@ fn wait_for<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The steps rank 0 logged in `job_dir`'s train log, in order (a restart logs steps again
+/// from its resume point).
+fn steps_logged_in(job_dir: &std::path::Path) -> Vec<u64> {
+    let text = std::fs::read_to_string(job_dir.join("train-log.jsonl")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v.get("loss").is_some())
+        .filter_map(|v| v.get("step").and_then(|s| s.as_u64()))
+        .collect()
 }
 
 /// Steps trained twice because of a restart that resumed from step `resumed_from`: (the last
@@ -375,15 +380,7 @@ fn in_place_a_killed_rank_restarts_every_rank_in_a_new_round_and_resumes() {
     let port = common::free_port();
     let mut node0 = launch_node(&job, 0, port);
     let mut node1 = launch_node(&job, 1, port);
-    let steps = || {
-        let text = std::fs::read_to_string(job.dir.path().join("runs-0/job/train-log.jsonl"))
-            .unwrap_or_default();
-        text.lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|v| v.get("loss").is_some())
-            .filter_map(|v| v.get("step").and_then(|s| s.as_u64()))
-            .collect::<Vec<u64>>()
-    };
+    let steps = || steps_logged_in(&job.dir.path().join("runs-0/job"));
     wait_for("training to pass step 50", Duration::from_secs(90), || {
         steps().last().is_some_and(|&s| s >= 50).then_some(())
     });

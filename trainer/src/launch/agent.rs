@@ -682,7 +682,6 @@ enum Outcome {
     Failed(Verdict),
 }
 
-/// "rank 1 (Killed)" or the reason alone.
 /// How long into a round its spares start: after the round's own start-up, which they would
 /// slow down (a restart sooner than this starts fresh processes).
 const SPARES_AFTER: Duration = Duration::from_secs(3);
@@ -715,6 +714,7 @@ impl SpareStart {
     }
 }
 
+/// "rank 1 (Killed)" or the reason alone.
 fn who(verdict: &Verdict) -> String {
     match verdict.rank {
         Some(rank) => format!("rank {rank} ({})", verdict.reason),
