@@ -17,8 +17,8 @@
 # --device cpu runs every step on the CPU (a rehearsal of the script itself, with a CPU build:
 # the rows about libtorch_cuda and NCCL then fail, the others must pass); --limit bounds each
 # run (default 240 s: a hang costs one row, not the GPU lease); the table is also written to
-# OUT/table.txt. --only (e.g. `--only ade`) runs only those sections (a to g); (f) needs (e)'s
-# files.
+# OUT/table.txt. --only (e.g. `--only ade`) runs only those sections (a to h); (f) and
+# (h)'s first row need (e)'s files.
 #
 # It checks, in order: (a) BIN links libtorch_cuda and every library resolves, and a run picks
 # the GPU; (b) the copy task converges on one GPU in fp32 and in bf16; (c) NCCL's init and
@@ -27,10 +27,12 @@
 # (e) Multi30k tokens/s in bf16 at 2k and 16k tokens per batch, against
 # bench/pytorch_transformer.py (PyTorch eager, fused AdamW, bf16 autocast) on the same GPU;
 # (f) fp32, bf16 and fp16 (loss scaling) at 16k tokens: tokens/s and loss; (g) a rank killed
-# with kill -9 resumes from its checkpoint and the run finishes.
+# with kill -9 resumes from its checkpoint and the run finishes; (h) the gang's NCCL path on
+# the one GPU (a communicator of one rank) against one rank without it, and a hung
+# collective failing at the collective timeout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin="" py="" data=../shared/data/multi30k out="" steps=200 device=cuda limit=240 only=abcdefg
+bin="" py="" data=../shared/data/multi30k out="" steps=200 device=cuda limit=240 only=abcdefgh
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --bin) bin="$2"; shift 2 ;;
@@ -228,6 +230,65 @@ if wait "$launcher" && grep -q 'resuming from checkpoint' "$log"; then
 else
   row "g. kill -9 of a rank, resume" FAIL "$(tail -1 "$log")"
 fi
+fi
+
+# Seconds between the first lines of $1 matching $2 and $3 (their timestamps), or nothing.
+seconds_between() {
+  local a b
+  a=$(grep -m1 -e "$2" "$1" | awk '{print $1}' || true)
+  b=$(grep -m1 -e "$3" "$1" | awk '{print $1}' || true)
+  awk -v a="$(date -d "${a:-x}" +%s.%N 2>/dev/null)" -v b="$(date -d "${b:-x}" +%s.%N 2>/dev/null)" \
+    'BEGIN { if (a != "" && b != "") printf "%.1f", b - a }'
+}
+
+# (h) a collective hung for HOLD seconds (FERROTRAIN_INJECT_HANG holds NCCL's stream) in a
+# run of the copy task under the launcher, collective timeout 10 s: the rank must see it at
+# the timeout, naming the collectives, and report its failure once the abort returned or
+# was given up (15 s); the next attempt resumes and finishes. When the process exits is
+# printed, not judged: NCCL's abort, and the process's end, wait for the held queue.
+hang_row() {
+  local hold="$1" what="$2" c="$out/copy-hang-$1.yaml" log="$out/copy-hang-$1.log" code=0
+  config examples/copy.yaml "$c" "device: $device" "maxSteps: 1500" "logEverySteps: 500"
+  sed -i -e '/^checkpoint:/,/^[a-z]/ s/^  everySteps: .*/  everySteps: 50/' \
+    -e 's/collectiveTimeoutSeconds: .*/collectiveTimeoutSeconds: 10/' "$c"
+  FERROTRAIN_GANG_OF_ONE=1 FERROTRAIN_INJECT_HANG="800:$hold" FERROTRAIN_CHECKPOINT_DIR="$out/runs" \
+    FERROTRAIN_JOB="hang-$hold" bounded "$bin" launch --config "$c" --nproc-per-node 1 --master-port 0 \
+    --max-restarts 1 > "$log" 2>&1 || code=$?
+  local seen reported exited verdict
+  seen=$(seconds_between "$log" FERROTRAIN_INJECT_HANG 'did not complete within')
+  reported=$(seconds_between "$log" 'did not complete within' 'communicator aborted in\|ncclCommAbort did not return')
+  exited=$(seconds_between "$log" 'did not complete within' 'rank 0 exited with code')
+  verdict=$(awk -v s="${seen:-0}" -v r="${reported:-99}" -v c="$code" -v n="$(grep -c '(the collectives)' "$log")" \
+    'BEGIN { print (c == 0 && n > 0 && s >= 9 && s <= 14 && r <= 16.5) ? "PASS" : "FAIL" }')
+  row "h. NCCL collective hung ${hold} s, timeout 10 s" "$verdict" \
+    "$what: seen ${seen:-?} s after the hold began; abort ${reported:-?} s later ($(grep -m1 -o -e 'communicator aborted in [0-9.]* s' -e 'ncclCommAbort did not return within [0-9]* s' "$log" || echo 'no abort line')); process exited ${exited:-?} s after the timeout; launcher exit $code; $(grep -o 'resuming from checkpoint step=[0-9]*' "$log" | tail -1)"
+}
+
+# (h) the gang's NCCL path on one GPU (FERROTRAIN_GANG_OF_ONE=1: a communicator of one rank,
+# gradient buckets during backward, the per-collective waits, the GPU-timed commFraction):
+# Multi30k at 16k tokens in bf16 beside (e)'s single rank without it (same batches: the loss
+# agrees within 2%); then two hung collectives (hang_row above).
+if section h && [[ ! -f $out/m30k-16000.yaml ]]; then
+  row "h. NCCL gang of one, Multi30k 16k bf16" SKIP "needs (e)'s files in the same --out"
+elif section h; then
+  c="$out/m30k-gang.yaml" log="$out/m30k-gang.log"
+  mkdir -p "$out/runs/m30k-gang"
+  cp "$out/runs/m30k-2000/tokenizer.json" "$out/runs/m30k-gang/" 2>/dev/null || true
+  config "$out/m30k-16000.yaml" "$c" "precision: bf16"
+  port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  FERROTRAIN_GANG_OF_ONE=1 RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    bounded "$bin" run --config "$c" --checkpoint-dir "$out/runs" --job m30k-gang > "$log" 2>&1 || true
+  alone="$out/m30k-bf16.log"; [[ -f $alone ]] || alone="$out/m30k-16000.log"
+  ours=$(loss_at "$log" "$steps") theirs=$(loss_at "$alone" "$steps")
+  comm=$(grep -o 'comm [0-9]*%' "$log" | tail -1 || true)
+  verdict=$(awk -v a="${ours:-0}" -v b="${theirs:-0}" -v n="$(grep -c 'NCCL' "$log")" -v c="$comm" \
+    'BEGIN { d = (a - b) / b; if (d < 0) d = -d; print (b > 0 && a > 0 && d <= 0.02 && n > 0 && c != "") ? "PASS" : "FAIL" }' 2>/dev/null || echo FAIL)
+  row "h. NCCL gang of one, Multi30k 16k bf16" "$verdict" \
+    "$(steady_rate "$log") tok/s against $(steady_rate "$alone") alone; loss ${ours:-?} vs ${theirs:-?} at step $steps; ${comm:-no comm figure}; $(grep -o 'NCCL [0-9.]*' "$log" | head -1)"
+fi
+if section h; then
+  hang_row 20 "the abort returns when the hold ends"
+  hang_row 60 "the abort is given up after 15 s"
 fi
 
 echo

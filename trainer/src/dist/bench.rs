@@ -104,23 +104,6 @@ pub fn check(comm: &mut dyn Collective) -> Result<()> {
     Ok(())
 }
 
-/// The backend for `device`: what training uses, except that one rank on a GPU gets a real
-/// NCCL communicator (training would skip it), so a single-GPU machine still runs NCCL's
-/// init and every collective.
-fn backend(
-    env: &RankEnv,
-    config: &DistributedConfig,
-    device: Device,
-) -> Result<Box<dyn Collective>> {
-    #[cfg(feature = "cuda")]
-    if device.is_cuda() && env.world_size == 1 {
-        let mut meeting = super::rendezvous::Rendezvous::meet(env, config)?;
-        let comm = super::nccl::Nccl::init(env, config, device, &mut meeting)?;
-        return Ok(Box::new(comm));
-    }
-    super::init(env, config, device)
-}
-
 /// The subcommand: meets the other ranks on `device`, checks every collective, and prints
 /// rank 0's rows as JSON lines.
 pub fn run(
@@ -131,7 +114,9 @@ pub fn run(
     iters: usize,
 ) -> Result<()> {
     let env = RankEnv::from_env()?;
-    let mut comm = backend(&env, config, device)?;
+    // One rank on a GPU gets a real NCCL communicator (training would skip it), so a
+    // single-GPU machine still runs NCCL's init and every collective.
+    let mut comm = super::init_with(&env, config, device, device.is_cuda())?;
     check(comm.as_mut())?;
     if env.rank == 0 {
         eprintln!(

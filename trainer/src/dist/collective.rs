@@ -11,6 +11,13 @@ use crate::error::Result;
 pub trait Collective: Send {
     fn rank(&self) -> usize;
     fn world_size(&self) -> usize;
+    /// Whether training exchanges its gradients and step scalars through this backend (a
+    /// `GradSync` and the gang's step read): with other ranks, or through NCCL's
+    /// communicator of one that `FERROTRAIN_GANG_OF_ONE=1` asks for (the gang's GPU path,
+    /// checked on a machine with one GPU).
+    fn exchanges(&self) -> bool {
+        self.world_size() > 1
+    }
     /// Where the tensors handed to this collective must live: the CPU for the ring, the
     /// rank's GPU for NCCL. Call sites get their buffers from `zeros` and `upload`, never
     /// from `Tensor::from_slice` (a CPU tensor an NCCL communicator rejects).

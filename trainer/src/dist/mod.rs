@@ -42,11 +42,29 @@ pub use rendezvous::Rendezvous;
 pub(crate) use rendezvous::bind_until;
 pub use ring_collective::RingCollective;
 
+/// `FERROTRAIN_GANG_OF_ONE=1`: a single rank on a GPU trains through a real NCCL
+/// communicator of one, as a gang's ranks do (gradient buckets during backward, the
+/// per-collective waits, the GPU-timed exchange), so a machine with one GPU checks that path
+/// (bench/gpu-validate.sh). Results are a single rank's; it only costs the exchange.
+pub const GANG_OF_ONE_ENV: &str = "FERROTRAIN_GANG_OF_ONE";
+
 /// Meets the other ranks and returns the backend for `device`.
 pub fn init(
     env: &RankEnv,
     config: &DistributedConfig,
     device: Device,
+) -> Result<Box<dyn Collective>> {
+    let gang_of_one = std::env::var(GANG_OF_ONE_ENV).is_ok_and(|v| v.trim() == "1");
+    init_with(env, config, device, gang_of_one)
+}
+
+/// `init`; with `nccl_alone`, one rank whose backend is NCCL gets a communicator of one
+/// instead of the no-op backend.
+pub(crate) fn init_with(
+    env: &RankEnv,
+    config: &DistributedConfig,
+    device: Device,
+    nccl_alone: bool,
 ) -> Result<Box<dyn Collective>> {
     let use_nccl = match config.backend {
         Backend::Ring => false,
@@ -60,7 +78,7 @@ pub fn init(
                 .into(),
         ));
     }
-    if env.world_size == 1 {
+    if env.world_size == 1 && !(nccl_alone && use_nccl) {
         return Ok(Box::new(Single { device }));
     }
     let mut meeting = Rendezvous::meet(env, config)?;
@@ -84,6 +102,15 @@ pub fn init(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gang_of_one_is_nccls_alone_a_cpu_rank_stays_single_and_exchanges_nothing() {
+        let env = RankEnv::from_lookup(|_| None).unwrap();
+        let config: DistributedConfig = serde_json::from_str("{}").unwrap();
+        let comm = init_with(&env, &config, Device::Cpu, true).unwrap();
+        assert_eq!(comm.world_size(), 1);
+        assert!(!comm.exchanges(), "one CPU rank trains without a GradSync");
+    }
 
     #[test]
     fn nccl_without_cuda_feature_is_a_clear_error() {

@@ -36,7 +36,7 @@ use super::nccl_lib::{
 };
 use super::rank::RankEnv;
 use super::rendezvous::Rendezvous;
-use super::watchdog::{Abortable, Mark, Poll};
+use super::watchdog::{ABORT_LIMIT, Abortable, Mark, Poll, bounded_abort};
 use crate::error::{Result, TrainError};
 
 const ID_KEY: &str = "nccl/unique-id";
@@ -103,14 +103,26 @@ fn code_text(r: Code) -> String {
     }
 }
 
-/// Aborts a communicator (ncclCommAbort: also ends the collectives in flight).
-fn abort_comm(comm: nc::ncclComm_t) {
-    if let Ok(lib) = nccl() {
-        // SAFETY: a communicator made by ncclCommInitRank*, not used afterwards.
-        unsafe {
-            (lib.comm_abort)(comm);
-        }
+/// Aborts a communicator (ncclCommAbort: also ends the collectives in flight), waiting at
+/// most `ABORT_LIMIT` for it (`watchdog::bounded_abort`); false when it gave up.
+fn abort_comm(comm: nc::ncclComm_t) -> bool {
+    let Ok(lib) = nccl() else { return true };
+    let handle = comm as usize;
+    // SAFETY: a communicator made by ncclCommInitRank*, not used afterwards; NCCL allows
+    // its abort from any thread.
+    let abort = move || unsafe {
+        (lib.comm_abort)(handle as nc::ncclComm_t);
+    };
+    let finished = bounded_abort(ABORT_LIMIT, abort);
+    if !finished {
+        tracing::error!(
+            "ncclCommAbort did not return within {} s: the GPU's queue is stuck (NCCL's \
+             abort waits for the work queued before its collectives); the rank fails \
+             without it, and its process ends once the queue moves or the driver resets it",
+            ABORT_LIMIT.as_secs()
+        );
     }
+    finished
 }
 
 /// NCCL's asynchronous state of `comm` as a poll: ready, in progress, or an error.
@@ -170,6 +182,37 @@ pub struct Nccl {
     started: Vec<(Tensor, Option<Tensor>)>,
     /// The last host wait's exchange that backward did not hide, timed on the GPU.
     exchange_seconds: Option<f64>,
+    /// Collectives queued by this communicator.
+    queued_total: u64,
+    /// The test hook's collective to hold the side stream before, and for how long
+    /// (`HANG_ENV`).
+    hang_at: Option<(u64, Duration)>,
+}
+
+/// Test hook: `FERROTRAIN_INJECT_HANG=N[:SECONDS]` holds the side stream before this
+/// process's Nth collective (counting from 1) for SECONDS (default twice the collective
+/// timeout), as a hung peer would hold it, in the first attempt and round only (attempt 0,
+/// round 0: the restart runs clean). A hold longer than the timeout plus `ABORT_LIMIT`
+/// keeps NCCL's abort from returning (the stuck-GPU case).
+/// bench/gpu-validate.sh uses it to check, on a GPU, that a hung collective fails at the
+/// collective timeout and the rank restarts from its checkpoint.
+const HANG_ENV: &str = "FERROTRAIN_INJECT_HANG";
+
+/// The hook's collective and hold, if it is set for this rank's attempt and round.
+fn hang_at(env: &RankEnv, timeout: Duration) -> Option<(u64, Duration)> {
+    let spec = std::env::var(HANG_ENV).ok()?;
+    let (n, seconds) = spec.trim().split_once(':').unwrap_or((spec.trim(), ""));
+    let hold = match seconds {
+        "" => 2 * timeout,
+        s => Duration::from_secs(s.parse().ok()?),
+    };
+    (env.attempt == 0 && env.round == 0).then_some((n.parse().ok()?, hold))
+}
+
+/// The host function of the hold: sleeps `data` milliseconds on CUDA's callback thread,
+/// so the stream it was queued on waits that long.
+extern "C" fn hold_stream(data: *mut c_void) {
+    std::thread::sleep(Duration::from_millis(data as u64));
 }
 
 /// Collectives between two host waits whose marks are kept (a step has one per gradient
@@ -423,6 +466,8 @@ impl Nccl {
             streams,
             started: Vec::new(),
             exchange_seconds: None,
+            queued_total: 0,
+            hang_at: hang_at(env, Duration::from_secs(config.collective_timeout_seconds)),
         })
     }
 
@@ -482,6 +527,20 @@ impl Nccl {
             return self.comm.fail(e.to_string());
         }
         let what = format!("NCCL {what}");
+        self.queued_total += 1;
+        if let Some((_, hold)) = self.hang_at.filter(|&(n, _)| n == self.queued_total) {
+            let millis = hold.as_millis() as u64;
+            tracing::warn!(
+                "{HANG_ENV}: holding the side stream for {millis} ms before collective {}",
+                self.queued_total
+            );
+            // SAFETY: our stream; `hold_stream` only sleeps, its data is the count itself.
+            let r =
+                unsafe { cu::cuLaunchHostFunc(self.streams.side, Some(hold_stream), millis as _) };
+            if let Err(e) = cuda("cuLaunchHostFunc", r) {
+                return self.comm.fail(e.to_string());
+            }
+        }
         match op(comm, self.streams.side) {
             SUCCESS => {}
             IN_PROGRESS => {
@@ -519,6 +578,10 @@ impl Collective for Nccl {
 
     fn world_size(&self) -> usize {
         self.world
+    }
+
+    fn exchanges(&self) -> bool {
+        true
     }
 
     fn device(&self) -> Device {

@@ -14,6 +14,24 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Result, TrainError};
 
+/// How long a communicator's abort may take before the rank stops waiting for it and
+/// reports its failure. NCCL's abort takes milliseconds when it can stop its kernels, but it
+/// waits for the work queued on the stream before its collectives: on an H200 a stream held
+/// 20 s by a host function kept ncclCommAbort 10 s past the collective timeout, until the
+/// hold ended; a queue that never moves would keep the rank from ever saying why it failed.
+pub const ABORT_LIMIT: Duration = Duration::from_secs(15);
+
+/// Runs `abort` on a thread of its own and waits at most `limit` for it; an abort that does
+/// not return in time is left running. Returns whether it finished.
+pub fn bounded_abort(limit: Duration, abort: impl FnOnce() + Send + 'static) -> bool {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        abort();
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(limit).is_ok()
+}
+
 /// What one poll of asynchronous work found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Poll {
@@ -125,11 +143,12 @@ pub fn wait_collectives(
 pub struct Abortable<C: Copy> {
     handle: Option<C>,
     broken: Option<String>,
-    abort: fn(C),
+    /// Aborts the handle; false when it gave up waiting for the abort (`bounded_abort`).
+    abort: fn(C) -> bool,
 }
 
 impl<C: Copy> Abortable<C> {
-    pub fn new(handle: C, abort: fn(C)) -> Self {
+    pub fn new(handle: C, abort: fn(C) -> bool) -> Self {
         Abortable {
             handle: Some(handle),
             broken: None,
@@ -154,7 +173,17 @@ impl<C: Copy> Abortable<C> {
     /// Aborts the handle (once) and fails with `message`; later calls fail with it too.
     pub fn fail<T>(&mut self, message: String) -> Result<T> {
         if let Some(h) = self.handle.take() {
-            (self.abort)(h);
+            // Logged before the abort, which may itself take a while (NCCL waits for its
+            // own threads): the log shows when the failure was seen, then how long the
+            // abort took.
+            tracing::error!("{message}; aborting the communicator");
+            let started = Instant::now();
+            if (self.abort)(h) {
+                tracing::info!(
+                    "communicator aborted in {:.2} s",
+                    started.elapsed().as_secs_f64()
+                );
+            }
         }
         self.broken.get_or_insert(message.clone());
         Err(TrainError::Distributed(message.into()))
@@ -325,11 +354,23 @@ mod tests {
     }
 
     #[test]
+    fn an_abort_that_does_not_return_is_left_behind_at_its_limit() {
+        let t0 = Instant::now();
+        assert!(bounded_abort(Duration::from_secs(5), || {}));
+        let finished = bounded_abort(Duration::from_millis(100), || {
+            std::thread::sleep(Duration::from_secs(30));
+        });
+        assert!(!finished);
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    }
+
+    #[test]
     fn a_hung_collective_is_aborted_once_and_the_rank_exits_retryable() {
         static ABORTS: AtomicU32 = AtomicU32::new(0);
-        fn abort(handle: u32) {
+        fn abort(handle: u32) -> bool {
             assert_eq!(handle, 7);
             ABORTS.fetch_add(1, Ordering::SeqCst);
+            true
         }
         let mut comm = Abortable::new(7u32, abort);
         assert_eq!(comm.live().unwrap(), 7);

@@ -55,7 +55,7 @@ impl ModelReplica {
             false => Ok(Tensor::f_zeros([n], (kind, device))?),
         };
         let optimizer = AdamW::with_layout(&params, &order, &config.optimizer, &mut alloc)?;
-        let grad_sync = if comm.world_size() > 1 {
+        let grad_sync = if comm.exchanges() {
             let tensors: Vec<Tensor> = params.iter().map(|(_, t)| t.shallow_clone()).collect();
             let mut completion = vec![0; params.len()];
             for (position, &i) in order.iter().enumerate() {

@@ -62,7 +62,8 @@ impl Trainer<'_> {
             p.samples_per_second = Some(r.samples_per_second);
             p.tokens_per_second = Some(r.tokens_per_second);
             p.step_time_seconds = Some(r.step_time_seconds);
-            p.comm_fraction = (self.world > 1).then_some(r.comm_fraction.clamp(0.0, 1.0));
+            let exchanged = self.replica.grad_sync.is_some();
+            p.comm_fraction = exchanged.then_some(r.comm_fraction.clamp(0.0, 1.0));
             p.eta_seconds = Some(self.eta(s, r.steps_per_second));
         }
         if let Some(store) = self.store.as_ref() {
