@@ -5,7 +5,8 @@ from each kill to the next completed step, with `ferrotrain launch` on this mach
 - in place: two launchers (nodes 0 and 1, one rank each, --restart-in-place) on 127.0.0.1,
   every rank restarted in a new round, the launchers never exiting; with the spare trainers
   that wait for the next round (launch/spare.rs) and without them (--spare-ranks false);
-- group restart: one launcher of two ranks (a single node restarts its whole group).
+- group restart: one launcher of two ranks (a single node restarts its whole group), with
+  spare trainers for the next attempt and without them.
 
 The next step's time is the launcher's own ledger (--recovery-file: the first step of the
 next round or attempt). Prints a Markdown table: median, max, each.
@@ -105,7 +106,9 @@ def run(binary, kills, in_place, spares=True):
         victim_parent, key = procs[1].pid, "FERROTRAIN_ROUND"
     else:
         procs = [launch(binary, work, ["--nproc-per-node", "2", "--master-port", "0",
-                                       "--recovery-file", ledger, *common], "group", env)]
+                                       "--recovery-file", ledger,
+                                       "--spare-ranks", "true" if spares else "false",
+                                       *common], "group", env)]
         victim_parent, key = procs[0].pid, "FERROTRAIN_ATTEMPT"
     killed = []
     try:
@@ -142,7 +145,8 @@ def main():
     kills = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     rows = [("in place, 2 launchers (rounds), spare trainers", run(binary, kills, True)),
             ("in place, 2 launchers, no spares", run(binary, kills, True, spares=False)),
-            ("whole group, 1 launcher (attempts)", run(binary, kills, False))]
+            ("whole group, 1 launcher (attempts), spare trainers", run(binary, kills, False)),
+            ("whole group, 1 launcher, no spares", run(binary, kills, False, spares=False))]
     print("\n| local launcher restart | kills | next step after the kill: median | max | each |")
     print("|---|---|---|---|---|")
     for name, took in rows:

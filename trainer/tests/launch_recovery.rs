@@ -95,7 +95,8 @@ impl Job {
     }
 }
 
-/// The pid of the launcher's child with RANK=`rank` in attempt `attempt`, if running.
+/// The pid of the launcher's child with RANK=`rank` in attempt `attempt`, if running (or,
+/// for a later attempt, the spare waiting to become it: its environment names that attempt).
 fn rank_pid(launcher: i32, rank: usize, attempt: u64) -> Option<i32> {
     child_with(
         launcher,
@@ -216,9 +217,13 @@ fn interrupt_and_recover(signal: i32) {
     unsafe {
         libc::kill(victim, signal);
     }
-    // The group comes back as attempt 1.
-    wait_for("the restarted rank 1", Duration::from_secs(30), || {
-        rank_pid(launcher.pid(), 1, 1)
+    // The group comes back as attempt 1 (the launcher's log says so: its spares, started
+    // a few seconds into attempt 0, already carry attempt 1's environment).
+    wait_for("the restart", Duration::from_secs(30), || {
+        launcher
+            .log()
+            .contains("starting 2 rank(s), attempt 1")
+            .then_some(())
     });
     let restarted_after = hit.elapsed();
     let status = launcher.wait(Duration::from_secs(90));
@@ -269,6 +274,11 @@ fn interrupt_and_recover(signal: i32) {
         );
         assert!(
             reason.contains("rank 1") && reason.contains("did not answer within"),
+            "{reason}"
+        );
+        // Detected past 3 s into the attempt: the next one's ranks were waiting as spares.
+        assert!(
+            reason.contains("attempt 1: started 2 rank(s), 2 of them spares"),
             "{reason}"
         );
     } else {

@@ -38,7 +38,7 @@ use super::ledger::Ledger;
 use super::local::sleep_unless_signalled;
 use super::members::{self, Members};
 use super::rejoin;
-use super::spare::Spares;
+use super::spare::{SpareStart, Spares};
 use super::spawn::Spawn;
 use super::watch::{Grower, Watcher};
 use crate::dist::auth::Auth;
@@ -680,38 +680,6 @@ enum Outcome {
     /// Node 0 started the round without this node (it came late).
     NotAdmitted,
     Failed(Verdict),
-}
-
-/// How long into a round its spares start: after the round's own start-up, which they would
-/// slow down (a restart sooner than this starts fresh processes).
-const SPARES_AFTER: Duration = Duration::from_secs(3);
-
-/// Starts the next round's spares once, [`SPARES_AFTER`] into a round.
-struct SpareStart {
-    wanted: bool,
-    round_started: Instant,
-    started: Option<Spares>,
-}
-
-impl SpareStart {
-    fn new(wanted: bool) -> Self {
-        SpareStart {
-            wanted,
-            round_started: Instant::now(),
-            started: None,
-        }
-    }
-
-    fn when_due(&mut self, next: &Spawn<'_>) {
-        if !self.wanted || self.round_started.elapsed() < SPARES_AFTER {
-            return;
-        }
-        self.wanted = false;
-        match Spares::start(next) {
-            Ok(spares) => self.started = Some(spares),
-            Err(e) => tracing::warn!("agent: no spare ranks for the next round: {e}"),
-        }
-    }
 }
 
 /// "rank 1 (Killed)" or the reason alone.

@@ -57,10 +57,12 @@ pub struct LaunchArgs {
     /// launcher then hosts the rendezvous store (docs/distributed.md, "In-place restarts").
     #[arg(long, env = env::FERROTRAIN_RESTART_IN_PLACE, default_value_t = false)]
     pub restart_in_place: bool,
-    /// In-place restarts: start a spare trainer per local rank a few seconds into each round,
-    /// which loads libtorch and waits; the next round's ranks are those spares, so a restart
-    /// skips libtorch's start-up (about 0.4 s of CPU a process). Costs about 120 MB of memory
-    /// a spare. Only for this executable's own ranks (not --rank-program).
+    /// Restarts (in place, or a single node's group): start a spare trainer per local rank a
+    /// few seconds into each round or attempt, which loads libtorch and waits; the next
+    /// one's ranks are those spares, so a restart skips libtorch's start-up (about 0.4 s of
+    /// CPU a process). Costs about 120 MB of memory a spare. Only for this executable's own
+    /// ranks (not --rank-program); not on several nodes without --restart-in-place (the
+    /// operator restarts that gang).
     #[arg(
         long,
         env = env::FERROTRAIN_SPARE_RANKS,

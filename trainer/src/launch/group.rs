@@ -135,24 +135,11 @@ impl Group {
         None
     }
 
-    /// Polls the ranks until all finish, one fails, or the launcher gets a signal.
-    pub fn supervise(&mut self) -> GroupOutcome {
-        self.supervise_until(&|| false, None)
-    }
-
-    /// As [`Self::supervise`], and also stops the ranks (SIGTERM) and returns
-    /// [`GroupOutcome::PeerFailed`] as soon as `peer_failed` says so, and
-    /// [`GroupOutcome::Frozen`] when a rank stays stopped for `frozen_after`.
-    pub fn supervise_until(
-        &mut self,
-        peer_failed: &dyn Fn() -> bool,
-        frozen_after: Option<Duration>,
-    ) -> GroupOutcome {
-        self.supervise_with(peer_failed, frozen_after, &mut || {})
-    }
-
-    /// As [`Self::supervise_until`], calling `tick` at every poll while the ranks run (on
-    /// this thread: a process it starts dies with this thread, PR_SET_PDEATHSIG).
+    /// Polls the ranks until all finish, one fails, or the launcher gets a signal; also
+    /// stops the ranks (SIGTERM) and returns [`GroupOutcome::PeerFailed`] as soon as
+    /// `peer_failed` says so, and [`GroupOutcome::Frozen`] when a rank stays stopped for
+    /// `frozen_after`. Calls `tick` at every poll while the ranks run (on this thread: a
+    /// process it starts dies with this thread, PR_SET_PDEATHSIG).
     pub fn supervise_with(
         &mut self,
         peer_failed: &dyn Fn() -> bool,
@@ -242,10 +229,6 @@ fn process_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name is in parentheses and may hold spaces: the state follows the last ')'.
     stat.rsplit_once(')')?.1.trim_start().chars().next()
-}
-
-pub fn start_group(a: &Spawn<'_>) -> std::io::Result<Group> {
-    start_group_with(a, None)
 }
 
 /// Starts the group's ranks; a local rank with a live spare in `spares` is that spare, handed

@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 use ferrotrain_api::exit;
 
 use super::args::{Launch, LaunchArgs, LaunchError, forward_final_report};
-use super::group::{GroupOutcome, start_group};
+use super::group::{GroupOutcome, start_group_with};
 use super::ledger::Ledger;
+use super::spare::{SpareStart, Spares};
 use super::spawn::Spawn;
 use crate::signals;
 
@@ -38,6 +39,7 @@ pub fn supervise_attempts(args: &LaunchArgs, l: &Launch) -> Result<i32, LaunchEr
     let multi_node = args.nnodes > 1;
     let mut ledger = Ledger::new(logs, args.recovery_file.iter().cloned().collect());
     let mut restarts: u32 = 0;
+    let mut spares: Option<Spares> = None;
     loop {
         let attempt = base_attempt + if multi_node { 0 } else { restarts as u64 };
         let port = if args.master_port == 0 {
@@ -64,12 +66,9 @@ pub fn supervise_attempts(args: &LaunchArgs, l: &Launch) -> Result<i32, LaunchEr
         // Before the ranks exist: the last attempt's progress file must be gone before the
         // new rank 0 can write its own.
         ledger.started(attempt, None);
-        let mut group = start_group(&a).map_err(LaunchError::io(format!(
-            "cannot start {}",
-            program.display()
-        )))?;
-        let outcome = group.supervise();
-        drop(group);
+        // A single node restarts here: its next attempt's ranks can be spares.
+        let want_spares = args.spare_ranks && l.own_binary && !multi_node;
+        let outcome = run_attempt(&a, &mut spares, want_spares)?;
         ledger.ended(&outcome);
         match outcome {
             GroupOutcome::Finished => {
@@ -78,7 +77,7 @@ pub fn supervise_attempts(args: &LaunchArgs, l: &Launch) -> Result<i32, LaunchEr
             }
             GroupOutcome::Signalled(s) => return Ok(128 + s),
             GroupOutcome::PeerFailed { .. } | GroupOutcome::Frozen { .. } => {
-                unreachable!("supervise() has no peers and no frozen limit")
+                unreachable!("run_attempt supervises without peers or a frozen limit")
             }
             GroupOutcome::Failed(f) => {
                 tracing::warn!("launch: {}", f.reason);
@@ -113,4 +112,39 @@ pub fn supervise_attempts(args: &LaunchArgs, l: &Launch) -> Result<i32, LaunchEr
             }
         }
     }
+}
+
+/// Runs attempt `a`'s group to its end. Its ranks are `spares` where there are some (taken);
+/// with `want_spares`, the next attempt's spares start a few seconds in and are left in
+/// `spares` when this attempt fails (launch/spare.rs).
+fn run_attempt(
+    a: &Spawn<'_>,
+    spares: &mut Option<Spares>,
+    want_spares: bool,
+) -> Result<GroupOutcome, LaunchError> {
+    let mut group = start_group_with(a, spares.take()).map_err(LaunchError::io(format!(
+        "cannot start {}",
+        a.program.display()
+    )))?;
+    if group.from_spares > 0 {
+        tracing::info!(
+            "launch: attempt {}: started {} rank(s), {} of them spares",
+            a.attempt,
+            a.args.nproc_per_node,
+            group.from_spares
+        );
+    }
+    // The next attempt's likely environment: the spares are handed the real one.
+    let next = Spawn {
+        attempt: a.attempt + 1,
+        omp_threads: a.omp_threads.clone(),
+        ..*a
+    };
+    let mut start = SpareStart::new(want_spares);
+    let outcome = group.supervise_with(&|| false, None, &mut || start.when_due(&next));
+    drop(group);
+    if matches!(outcome, GroupOutcome::Failed(_)) {
+        *spares = start.started;
+    }
+    Ok(outcome)
 }

@@ -15,6 +15,7 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 use std::process::{Child, ChildStdin, Stdio};
+use std::time::{Duration, Instant};
 
 use ferrotrain_api::env;
 
@@ -22,6 +23,38 @@ use super::spawn::{Spawn, rank_command, rank_env};
 
 /// A spare's process name while it waits (`ps`, `pgrep`; at most 15 bytes).
 pub const SPARE_NAME: &str = "ft-spare";
+
+/// How long into a round (or a single node's attempt) its spares start: after its own
+/// start-up, which they would slow down (a restart sooner than this starts fresh processes).
+const SPARES_AFTER: Duration = Duration::from_secs(3);
+
+/// Starts the next round's spares once, [`SPARES_AFTER`] into a round.
+pub struct SpareStart {
+    wanted: bool,
+    round_started: Instant,
+    pub started: Option<Spares>,
+}
+
+impl SpareStart {
+    pub fn new(wanted: bool) -> Self {
+        SpareStart {
+            wanted,
+            round_started: Instant::now(),
+            started: None,
+        }
+    }
+
+    pub fn when_due(&mut self, next: &Spawn<'_>) {
+        if !self.wanted || self.round_started.elapsed() < SPARES_AFTER {
+            return;
+        }
+        self.wanted = false;
+        match Spares::start(next) {
+            Ok(spares) => self.started = Some(spares),
+            Err(e) => tracing::warn!("launch: no spare ranks for the next restart: {e}"),
+        }
+    }
+}
 
 /// A trainer process waiting to become a rank of the next round.
 pub struct Spare {
