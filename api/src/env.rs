@@ -60,6 +60,10 @@ pub const FERROTRAIN_RESTART_IN_PLACE: &str = "FERROTRAIN_RESTART_IN_PLACE";
 /// Exit codes no restart can fix (comma-separated; default 2,3,4): the launcher never
 /// restarts a rank that exits with one (restartPolicy.permanentExitCodes).
 pub const FERROTRAIN_PERMANENT_EXIT_CODES: &str = "FERROTRAIN_PERMANENT_EXIT_CODES";
+/// In-place restarts: how long node 0's launcher waits for another node's heartbeat before
+/// it ends the round without that node (default 10 s), and another node for its own heartbeat
+/// to reach node 0 before it stops its ranks as cut off.
+pub const FERROTRAIN_HEARTBEAT_TIMEOUT_SECONDS: &str = "FERROTRAIN_HEARTBEAT_TIMEOUT_SECONDS";
 /// How long the launchers wait for every node to join a round of in-place restarts.
 pub const FERROTRAIN_RENDEZVOUS_TIMEOUT_SECONDS: &str = "FERROTRAIN_RENDEZVOUS_TIMEOUT_SECONDS";
 /// Elastic in-place restarts: the fewest nodes a round may start with, once the others have

@@ -18,6 +18,8 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use serde_json::{Value, json};
 
+pub mod partition;
+
 /// Bound of a wait for the operator (pods created, phases, restarts).
 pub const WAIT: Duration = Duration::from_secs(300);
 /// Bound of a wait for training (image pull on a cold node, start-up, hundreds of steps).
@@ -490,8 +492,38 @@ pub async fn exec(pods: &Api<Pod>, pod: &str, script: &str) -> String {
 /// this machine's (found by the POD_UID the operator gives them). A process cannot SIGKILL
 /// its own container's init from inside; the node's OOM killer or an operator can.
 pub fn kill_launcher_from_host(uid: &str) -> u32 {
+    let pid = launcher_pid(uid);
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .expect("kill(1)");
+    assert!(status.success(), "kill -KILL {pid}");
+    pid
+}
+
+/// The launcher processes (`ferrotrain launch`) of the pod with UID `uid` among this
+/// machine's processes: the cluster kit runs its nodes' containers here.
+pub fn launchers_of(uid: &str) -> Vec<u32> {
+    processes_of(uid, "launch")
+}
+
+/// The trainer processes (`ferrotrain run`) of the pod with UID `uid` that train or wait in
+/// a round: not the spares waiting for the next one (process name ft-spare).
+pub fn trainers_of(uid: &str) -> Vec<u32> {
+    processes_of(uid, "run")
+        .into_iter()
+        .filter(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            comm.trim() != "ft-spare"
+        })
+        .collect()
+}
+
+/// This machine's `ferrotrain <subcommand>` processes of the pod with UID `uid` (found by
+/// the POD_UID the operator gives its container, which its launcher's ranks inherit).
+fn processes_of(uid: &str, subcommand: &str) -> Vec<u32> {
     let wanted = format!("POD_UID={uid}");
-    let mut killed = Vec::new();
+    let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
@@ -499,25 +531,26 @@ pub fn kill_launcher_from_host(uid: &str) -> u32 {
         let read = |f: &str| std::fs::read(format!("/proc/{pid}/{f}")).unwrap_or_default();
         let cmdline = read("cmdline");
         let argv: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-        let is_launcher = argv.first().is_some_and(|a| a.ends_with(b"ferrotrain"))
-            && argv.get(1) == Some(&&b"launch"[..]);
+        let is_it = argv.first().is_some_and(|a| a.ends_with(b"ferrotrain"))
+            && argv.get(1) == Some(&subcommand.as_bytes());
         let environ = read("environ");
         let of_pod = environ.split(|b| *b == 0).any(|v| v == wanted.as_bytes());
-        if is_launcher && of_pod {
-            let status = std::process::Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status()
-                .expect("kill(1)");
-            assert!(status.success(), "kill -KILL {pid}");
-            killed.push(pid);
+        if is_it && of_pod {
+            found.push(pid);
         }
     }
+    found
+}
+
+/// The one launcher of the pod with UID `uid` (see [`launchers_of`]).
+pub fn launcher_pid(uid: &str) -> u32 {
+    let found = launchers_of(uid);
     assert_eq!(
-        killed.len(),
+        found.len(),
         1,
         "the launcher of pod {uid} among this machine's processes (the kit runs its nodes here)"
     );
-    killed[0]
+    found[0]
 }
 
 /// Sends `signal` (KILL, STOP, ...) to the trainer process (`ferrotrain run`) of the pod, not

@@ -64,7 +64,20 @@ impl Gang {
         max_restarts: u32,
         extra: &[&str],
     ) -> ProcessGroup {
-        let log = self.path(&format!("launcher-{node}.log"));
+        self.launcher(node, nnodes, max_restarts, extra, &node.to_string())
+    }
+
+    /// [`Self::node_of`], its files (log, ledger, termination message) named after `files`:
+    /// a second launcher of the same node (a replacement pod) keeps its own.
+    fn launcher(
+        &self,
+        node: usize,
+        nnodes: usize,
+        max_restarts: u32,
+        extra: &[&str],
+        files: &str,
+    ) -> ProcessGroup {
+        let log = self.path(&format!("launcher-{files}.log"));
         let mut cmd = common::ferrotrain();
         cmd.arg("launch")
             .arg("--config")
@@ -96,13 +109,13 @@ impl Gang {
             ])
             .args(["--rendezvous-timeout-seconds", "20"])
             .arg("--recovery-file")
-            .arg(self.path(&format!("recovery-{node}.json")))
+            .arg(self.path(&format!("recovery-{files}.json")))
             .env("FAKE_OUT", self.dir.path())
             .env("FERROTRAIN_RDZV_TOKEN", "gang-token")
             .env("FERROTRAIN_ATTEMPT", "3")
             .env(
                 "FERROTRAIN_TERMINATION_LOG",
-                self.path(&format!("launcher-{node}.termination-log")),
+                self.path(&format!("launcher-{files}.termination-log")),
             )
             .args(extra)
             .env_remove("OMP_NUM_THREADS")
@@ -129,8 +142,8 @@ impl Gang {
         serde_json::from_str(&text).unwrap()
     }
 
-    fn termination(&self, node: usize) -> String {
-        std::fs::read_to_string(self.path(&format!("launcher-{node}.termination-log")))
+    fn termination(&self, files: impl std::fmt::Display) -> String {
+        std::fs::read_to_string(self.path(&format!("launcher-{files}.termination-log")))
             .unwrap_or_default()
     }
 }
@@ -487,4 +500,60 @@ esac"#,
         ("Resized", ferrotrain_api::recovery::EndCause::Stopped),
         "a resize is no failure"
     );
+}
+
+#[test]
+fn elastic_a_frozen_node_is_left_out_at_its_heartbeat_timeout_and_leaves_once_replaced() {
+    let g = Gang::new(
+        r#"case "$FERROTRAIN_ROUND" in
+  0|1) exec sleep 30;;
+  *) sleep 3; exit 0;;
+esac"#,
+    );
+    let flags = [&ELASTIC[..], &["--heartbeat-timeout-seconds", "2"]].concat();
+    let mut n0 = g.node_of(0, 3, 3, &flags);
+    let mut n1 = g.node_of(1, 3, 3, &flags);
+    let old = g.launcher(2, 3, 3, &flags, "2-old");
+    assert_eq!(wait_line(&g, "world-2-0"), "2 3 3", "round 0: every node");
+    // Node 2's pod stops answering, launcher and ranks (a frozen node; to its peers the
+    // same as a partition): nothing breaks, so only its heartbeat can tell.
+    // SAFETY: the process group this test started.
+    unsafe {
+        libc::kill(-old.pid(), libc::SIGSTOP);
+    }
+    let frozen_at = std::time::Instant::now();
+    assert_eq!(
+        wait_line(&g, "world-0-1"),
+        "0 2 3",
+        "round 1: 2 ranks covering a gang of 3"
+    );
+    let took = frozen_at.elapsed().as_secs_f64();
+    // The heartbeat timeout (2 s) + ranks stopped (up to 2 s) + the elastic wait (2 s).
+    assert!(took < 8.0, "round 1 started {took:.1} s after the freeze");
+    let end = g.ledger().attempts[0].end.clone().unwrap();
+    assert_eq!((end.reason.as_str(), end.rank), ("AgentLost", Some(2)));
+    // Its replacement comes (a new pod: another identity) and the gang grows back.
+    let mut new = g.launcher(2, 3, 3, &flags, "2-new");
+    wait_line(&g, "world-2-2");
+    // The old pod comes back: it finds node 2 held by the replacement and leaves.
+    // SAFETY: as above.
+    unsafe {
+        libc::kill(-old.pid(), libc::SIGCONT);
+    }
+    let mut old = old;
+    assert_eq!(old.wait(Duration::from_secs(20)).code(), Some(1));
+    assert!(
+        g.termination("2-old")
+            .contains("node 2 is held by another pod's launcher now"),
+        "{}",
+        old.log()
+    );
+    let within = Duration::from_secs(60);
+    let codes = (
+        n0.wait(within).code(),
+        n1.wait(within).code(),
+        new.wait(within).code(),
+    );
+    assert_eq!(codes, (Some(0), Some(0), Some(0)), "{}", n0.log());
+    assert_eq!(read(&g, "world-2-2"), "2 3 3", "round 2: the whole gang");
 }

@@ -153,11 +153,14 @@ impl<'a, 'o> Decider<'a, 'o> {
             let mut f = self.failure(rank, Some(&pod.name), reason::NODE_LOST, message);
             (f.at, f.killed) = (Some(since), true);
             let at = since + signed(self.o.timing.node_lost_grace);
-            let elastic = self.o.spec.min_replicas() < self.o.spec.replicas.max(1);
             // Not node 0's pod: behind a partition it could still host a gang of its own.
-            if self.now() >= at && elastic && rank != 0 && self.replaceable() {
-                // The others train on without it; it is deleted (force-deleted after the
-                // grace) and created again where it fits.
+            // Any other pod is fenced by the launchers: its node's heartbeat stopped, so the
+            // others ended their round without it, and an agent that comes back to find its
+            // node held by a replacement leaves the gang (launch/heartbeat.rs, members.rs).
+            if self.now() >= at && rank != 0 && self.replaceable() {
+                // The others wait for it (elastic: train on without it); it is deleted
+                // (force-deleted at once: see force_delete_stuck) and created again where it
+                // fits.
                 self.actions
                     .push(super::decision::Action::DeletePod(pod.name.clone()));
                 census.replacing.push(rank);

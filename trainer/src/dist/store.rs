@@ -388,6 +388,13 @@ impl StoreClient {
         Err(last)
     }
 
+    /// How long a request may wait for the store beyond its own wait (default 60 s): a
+    /// heartbeat's connection gives up sooner.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
     /// Every key this client reads or writes from now on is `prefix` + key.
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();

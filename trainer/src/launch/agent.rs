@@ -33,7 +33,8 @@ use ferrotrain_api::recovery::{AttemptEnd, EndCause, RoundEnd};
 use super::args::{Launch, LaunchArgs, LaunchError, forward_final_report};
 use super::blame::{self, NodeReport, Verdict};
 use super::files::ROUNDS_FILE;
-use super::group::{GroupOutcome, RankFailure, start_group_with};
+use super::group::{GroupOutcome, PeerEnd, RankFailure, start_group_with};
+use super::heartbeat::{self, Heartbeat};
 use super::ledger::Ledger;
 use super::local::sleep_unless_signalled;
 use super::members::{self, Members};
@@ -136,6 +137,9 @@ impl<'a> Agent<'a> {
             client
                 .set(rejoin::STORE_ID, id.as_bytes())
                 .map_err(store_err)?;
+        } else {
+            // A new agent of this node is its newest pod: one it replaced is stale.
+            members::claim(&mut client, args.node_rank, &id).map_err(store_err)?;
         }
         let outs: Vec<_> = args.recovery_file.iter().cloned().collect();
         let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -230,6 +234,14 @@ impl<'a> Agent<'a> {
                     return exit::SUCCESS;
                 }
                 Outcome::Signalled(s) => return 128 + s,
+                Outcome::Replaced(owner) => {
+                    let message = format!(
+                        "node {} is held by another pod's launcher now (pod UID {owner}): this \
+                         pod was cut off and replaced, so it leaves the gang",
+                        self.node()
+                    );
+                    return self.give_up(&message, exit::RETRYABLE);
+                }
                 Outcome::NotAdmitted => match self.next_round_after(round) {
                     Ok(next) => {
                         round = next;
@@ -403,10 +415,14 @@ impl<'a> Agent<'a> {
             self.client
                 .set("agent/round", round.to_string().as_bytes())?;
         }
+        if let Some(owner) = self.replaced_by()? {
+            return Ok(Outcome::Replaced(owner));
+        }
         let Some((position, size)) = self.assemble(round)? else {
             return Ok(Outcome::NotAdmitted);
         };
         let watcher = Watcher::start(&self.host, self.args.master_port, &self.auth, round)?;
+        let heartbeat = self.heartbeat(round, &watcher)?;
         let grower = (self.node() == 0 && size < self.args.nnodes)
             .then(|| Grower::start(&self.host, self.args.master_port, &self.auth, round, size))
             .transpose()?;
@@ -417,11 +433,15 @@ impl<'a> Agent<'a> {
             self.args.nproc_per_node,
             group.from_spares
         );
-        let fired = watcher.fired.clone();
+        let (fired, lost) = (watcher.fired.clone(), watcher.lost.clone());
         let next = self.spawn(round + 1, (position, size));
         let mut spares = SpareStart::new(self.args.spare_ranks && self.launch.own_binary);
         let outcome = group.supervise_with(
-            &|| fired.load(Ordering::SeqCst),
+            &|| match (fired.load(Ordering::SeqCst), lost.load(Ordering::SeqCst)) {
+                (false, _) => None,
+                (true, false) => Some(PeerEnd::Failed),
+                (true, true) => Some(PeerEnd::Lost),
+            },
             Some(FROZEN_AFTER),
             &mut || spares.when_due(&next),
         );
@@ -433,6 +453,7 @@ impl<'a> Agent<'a> {
             self.spares = spares.started;
         }
         watcher.stop();
+        heartbeat.stop();
         if let Some(g) = grower {
             g.stop();
         }
@@ -452,6 +473,7 @@ impl<'a> Agent<'a> {
                 _ => Vec::new(),
             },
             silent: false,
+            unreachable_seconds: None,
         };
         match outcome {
             GroupOutcome::Finished => {
@@ -482,6 +504,46 @@ impl<'a> Agent<'a> {
             .set(&format!("agent/{round}/report/{}", self.node()), &json)?;
         let verdict = self.agree(round)?;
         Ok(Outcome::Failed(verdict))
+    }
+
+    /// The round's heartbeat (heartbeat.rs): node 0 watches the other members' beats, every
+    /// other node beats; either ends the round through the watcher's flags.
+    fn heartbeat(&self, round: u64, watcher: &Watcher) -> crate::error::Result<Heartbeat> {
+        let others = self.members.as_ref().map_or_else(Vec::new, |m| {
+            m.nodes
+                .iter()
+                .map(|(n, _)| *n)
+                .filter(|&n| n != self.node())
+                .collect()
+        });
+        let r = heartbeat::Round {
+            host: &self.host,
+            port: self.args.master_port,
+            auth: &self.auth,
+            round,
+            node: self.node(),
+            others,
+        };
+        let timeout = Duration::from_secs_f64(self.args.heartbeat_timeout_seconds.max(1.0));
+        Heartbeat::start(r, timeout, watcher.fired.clone(), watcher.lost.clone())
+    }
+
+    /// Another agent holds this node (members.rs, `agent/owner/<node>`): the pod that
+    /// replaced this one while it was cut off. Claims the node when nobody holds it (a new
+    /// node 0's store starts empty).
+    fn replaced_by(&mut self) -> crate::error::Result<Option<String>> {
+        let node = self.node();
+        if node == 0 {
+            return Ok(None);
+        }
+        match members::owner(&mut self.client, node)? {
+            Some(owner) if owner != self.id => Ok(Some(owner)),
+            Some(_) => Ok(None),
+            None => {
+                members::claim(&mut self.client, node, &self.id)?;
+                Ok(None)
+            }
+        }
     }
 
     /// What this node's ranks of round `round` start with, at `place` (position, nodes).
@@ -595,6 +657,15 @@ impl<'a> Agent<'a> {
         let mut reports = Vec::new();
         let nproc = self.args.nproc_per_node;
         for (position, node) in nodes.into_iter().enumerate() {
+            let ranks = || (position * nproc..(position + 1) * nproc).collect();
+            let lost = self
+                .client
+                .try_get(&format!("agent/{round}/lost/{node}"), Duration::ZERO)?;
+            if let Some(seconds) = lost {
+                let seconds = String::from_utf8_lossy(&seconds).parse().unwrap_or(0.0);
+                reports.push(NodeReport::unreachable(node, ranks(), seconds));
+                continue;
+            }
             match self
                 .client
                 .get(&format!("agent/{round}/report/{node}"), wait)
@@ -602,8 +673,7 @@ impl<'a> Agent<'a> {
                 Ok(bytes) => reports.extend(serde_json::from_slice::<NodeReport>(&bytes).ok()),
                 Err(e) => {
                     tracing::warn!("agent: round {round}: no report from node {node}: {e}");
-                    let ranks = (position * nproc..(position + 1) * nproc).collect();
-                    reports.push(NodeReport::silent(node, ranks));
+                    reports.push(NodeReport::silent(node, ranks()));
                 }
             }
         }
@@ -679,6 +749,8 @@ enum Outcome {
     Signalled(i32),
     /// Node 0 started the round without this node (it came late).
     NotAdmitted,
+    /// Another agent (a replacement pod) holds this node now: this one was cut off.
+    Replaced(String),
     Failed(Verdict),
 }
 

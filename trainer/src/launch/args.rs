@@ -91,6 +91,15 @@ pub struct LaunchArgs {
         default_value_t = 60.0
     )]
     pub elastic_wait_seconds: f64,
+    /// In-place restarts: a node whose agent sends node 0 no heartbeat for this long is
+    /// lost (a partition, a frozen node): node 0 ends the round without it, and a node whose
+    /// heartbeats do not reach node 0 for this long stops its own ranks.
+    #[arg(
+        long,
+        env = env::FERROTRAIN_HEARTBEAT_TIMEOUT_SECONDS,
+        default_value_t = 10.0
+    )]
+    pub heartbeat_timeout_seconds: f64,
     /// In-place restarts: how long every node's launcher waits for the others to join a round.
     #[arg(
         long,

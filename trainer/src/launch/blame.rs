@@ -40,6 +40,10 @@ pub struct NodeReport {
     /// Node 0 heard nothing from this node's agent (it wrote this report for it).
     #[serde(default)]
     pub silent: bool,
+    /// Silent because its heartbeat stood still for this many seconds (heartbeat.rs): it is
+    /// cut off (a partition, a frozen node), not known to be dead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreachable_seconds: Option<f64>,
 }
 
 impl NodeReport {
@@ -53,6 +57,16 @@ impl NodeReport {
             failure: None,
             frozen: Vec::new(),
             silent: true,
+            unreachable_seconds: None,
+        }
+    }
+
+    /// The report node 0 writes for a node it ended the round without: no heartbeat from
+    /// it for `seconds`.
+    pub fn unreachable(node: usize, ranks: Vec<usize>, seconds: f64) -> Self {
+        NodeReport {
+            unreachable_seconds: Some(seconds),
+            ..Self::silent(node, ranks)
         }
     }
 }
@@ -185,15 +199,23 @@ pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32]) -> Verdict
         };
     }
     if let Some(r) = reports.iter().find(|r| r.silent) {
-        return Verdict {
-            rank: r.ranks.first().copied(),
-            node: Some(r.node),
-            reason: AGENT_LOST.into(),
-            message: format!(
+        let message = match r.unreachable_seconds {
+            Some(s) => format!(
+                "node {} was cut off: its launcher sent no heartbeat for {s:.1} s (a network \
+                 partition, or its node stopped or froze); the round ended without its ranks {:?}",
+                r.node, r.ranks
+            ),
+            None => format!(
                 "node {}'s launcher sent no report: it was killed (SIGKILL, the OOM killer) or \
                  its pod was lost, and its ranks {:?} with it",
                 r.node, r.ranks
             ),
+        };
+        return Verdict {
+            rank: r.ranks.first().copied(),
+            node: Some(r.node),
+            reason: AGENT_LOST.into(),
+            message,
             ..base
         };
     }
@@ -281,6 +303,7 @@ mod tests {
             }),
             frozen: Vec::new(),
             silent: false,
+            unreachable_seconds: None,
         }
     }
 
@@ -293,6 +316,7 @@ mod tests {
             failure: None,
             frozen: frozen.to_vec(),
             silent: false,
+            unreachable_seconds: None,
         }
     }
 
@@ -333,6 +357,24 @@ mod tests {
             ],
         );
         assert_eq!(v.reason, "Killed");
+    }
+
+    #[test]
+    fn a_node_cut_off_by_its_heartbeat_is_blamed_as_cut_off_not_as_killed() {
+        // Node 1 went silent behind a partition: node 0 stopped its own ranks (no failure of
+        // theirs) and wrote node 1's report from the heartbeat.
+        let v = verdict(
+            4,
+            &[quiet(0, &[]), NodeReport::unreachable(1, vec![1], 10.4)],
+        );
+        assert_eq!(v.reason, AGENT_LOST);
+        assert_eq!((v.rank, v.node), (Some(1), Some(1)));
+        assert!(
+            v.message
+                .starts_with("node 1 was cut off: its launcher sent no heartbeat for 10.4 s"),
+            "{}",
+            v.message
+        );
     }
 
     #[test]

@@ -30,6 +30,21 @@ pub enum GroupOutcome {
     Frozen { rank: usize, seen_at: Timestamp },
 }
 
+/// How the gang ended elsewhere, as the caller of [`Group::supervise_with`] learned it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerEnd {
+    /// A rank elsewhere failed (or the round ends to resize): the local ranks get their stop
+    /// grace, in which rank 0 saves a checkpoint when the gang agrees to stop.
+    Failed,
+    /// A member node was lost (no heartbeat): every collective waits on it, so no rank can
+    /// save; they are stopped within [`LOST_GRACE`].
+    Lost,
+}
+
+/// How long ranks get to exit on SIGTERM once a member node was lost: they wait in a
+/// collective that cannot complete, so a longer grace only delays the next round.
+const LOST_GRACE: Duration = Duration::from_secs(2);
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RankFailure {
     pub rank: usize,
@@ -80,9 +95,14 @@ impl Group {
     /// `signal` (and SIGCONT, so a stopped rank handles it), then SIGKILL after the grace.
     /// One signal only: a rank that gets a second one exits without saving.
     pub fn stop(&mut self, signal: i32) {
+        self.stop_within(signal, self.grace);
+    }
+
+    /// [`Self::stop`] with a grace of `grace`.
+    fn stop_within(&mut self, signal: i32, grace: Duration) {
         self.signal_all(signal);
         self.signal_all(libc::SIGCONT);
-        let deadline = Instant::now() + self.grace;
+        let deadline = Instant::now() + grace;
         loop {
             let mut running = 0;
             for (_, child, _) in &mut self.children {
@@ -137,12 +157,12 @@ impl Group {
 
     /// Polls the ranks until all finish, one fails, or the launcher gets a signal; also
     /// stops the ranks (SIGTERM) and returns [`GroupOutcome::PeerFailed`] as soon as
-    /// `peer_failed` says so, and [`GroupOutcome::Frozen`] when a rank stays stopped for
-    /// `frozen_after`. Calls `tick` at every poll while the ranks run (on this thread: a
+    /// `peer_failed` says how the gang ended elsewhere, and [`GroupOutcome::Frozen`] when a
+    /// rank stays stopped for `frozen_after`. Calls `tick` at every poll while the ranks run (on this thread: a
     /// process it starts dies with this thread, PR_SET_PDEATHSIG).
     pub fn supervise_with(
         &mut self,
-        peer_failed: &dyn Fn() -> bool,
+        peer_failed: &dyn Fn() -> Option<PeerEnd>,
         frozen_after: Option<Duration>,
         tick: &mut dyn FnMut(),
     ) -> GroupOutcome {
@@ -155,9 +175,13 @@ impl Group {
                 self.stop(signal);
                 return GroupOutcome::Signalled(signal);
             }
-            if peer_failed() {
+            if let Some(end) = peer_failed() {
                 let frozen = self.frozen_ranks();
-                self.stop(libc::SIGTERM);
+                let grace = match end {
+                    PeerEnd::Failed => self.grace,
+                    PeerEnd::Lost => self.grace.min(LOST_GRACE),
+                };
+                self.stop_within(libc::SIGTERM, grace);
                 return GroupOutcome::PeerFailed { frozen };
             }
             let mut failures = Vec::new();

@@ -141,7 +141,7 @@ fn run_attempt(
         ..*a
     };
     let mut start = SpareStart::new(want_spares);
-    let outcome = group.supervise_with(&|| false, None, &mut || start.when_due(&next));
+    let outcome = group.supervise_with(&|| None, None, &mut || start.when_due(&next));
     drop(group);
     if matches!(outcome, GroupOutcome::Failed(_)) {
         *spares = start.started;

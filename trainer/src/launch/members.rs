@@ -12,6 +12,9 @@
 //! agent/<r>/here/<node>    SET by each arriving agent: its identity (the pod's UID)
 //! agent/<r>/arrived        ADD by each arriving agent (node 0 compares it to the members)
 //! agent/<r>/members        SET by node 0: Members
+//! agent/owner/<node>       SET by each node's agent as it starts: its identity. An agent
+//!                          that finds another's there was replaced while cut off (a pod
+//!                          behind a partition) and leaves the gang instead of joining
 //! ```
 
 use std::time::{Duration, Instant};
@@ -49,6 +52,17 @@ pub fn enough(
     wait: Duration,
 ) -> bool {
     arrived >= nnodes || (arrived >= min_nodes.max(1) && waited >= wait)
+}
+
+/// Claims `node` for the agent with identity `id` (the newest pod of that node).
+pub fn claim(client: &mut StoreClient, node: usize, id: &str) -> Result<()> {
+    client.set(&format!("agent/owner/{node}"), id.as_bytes())
+}
+
+/// The identity of the agent that holds `node`, if one claimed it.
+pub fn owner(client: &mut StoreClient, node: usize) -> Result<Option<String>> {
+    let id = client.try_get(&format!("agent/owner/{node}"), Duration::ZERO)?;
+    Ok(id.map(|b| String::from_utf8_lossy(&b).into_owned()))
 }
 
 /// Arrives at round `round` as `node` with identity `id`.

@@ -11,7 +11,8 @@
 //!
 //! Rooms: `group` (spawn, supervise and stop the local ranks), `local` (restarts without
 //! rounds), `agent` (in-place rounds over the rendezvous store), `members` (who trains in a
-//! round: elastic world size), `watch` (threads that end a round), `blame` (which rank caused
+//! round: elastic world size), `watch` (threads that end a round), `heartbeat` (a node cut
+//! off ends the round within the heartbeat timeout), `blame` (which rank caused
 //! a round's end), `ledger` (what each attempt or round cost), `spawn` (a rank's environment
 //! and command), `spare` (trainers started ahead of the next round, so that an in-place
 //! restart skips libtorch's start-up).
@@ -21,6 +22,7 @@ mod args;
 pub mod blame;
 mod files;
 mod group;
+mod heartbeat;
 mod ledger;
 mod local;
 mod members;

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::members;
+use super::{heartbeat, members};
 use crate::dist::auth::Auth;
 use crate::dist::store::StoreClient;
 
@@ -16,9 +16,11 @@ const WATCH_SLICE: Duration = Duration::from_secs(60);
 const GROW_POLL: Duration = Duration::from_secs(1);
 
 /// A thread blocked on `agent/<round>/failed` through a connection of its own: it raises
-/// `fired` when any node's rank failed, or when the store is gone (node 0 lost).
+/// `fired` when any node's rank failed, or when the store is gone (node 0 lost), and `lost`
+/// too when node 0 ended the round for a member that sent no heartbeat (heartbeat.rs).
 pub struct Watcher {
     pub fired: Arc<AtomicBool>,
+    pub lost: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -27,18 +29,24 @@ impl Watcher {
     pub fn start(host: &str, port: u16, auth: &Auth, round: u64) -> crate::error::Result<Self> {
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut client = StoreClient::connect(host, port, auth, deadline)?;
-        let (fired, stop) = (
+        let (fired, lost, stop) = (
+            Arc::new(AtomicBool::new(false)),
             Arc::new(AtomicBool::new(false)),
             Arc::new(AtomicBool::new(false)),
         );
-        let (f, s) = (fired.clone(), stop.clone());
+        let (f, l, s) = (fired.clone(), lost.clone(), stop.clone());
         let key = format!("agent/{round}/failed");
         let thread = std::thread::Builder::new()
             .name("agent-watch".into())
             .spawn(move || {
                 while !s.load(Ordering::SeqCst) {
                     match client.try_get(&key, WATCH_SLICE) {
-                        Ok(Some(_)) => break,
+                        Ok(Some(why)) => {
+                            if why == heartbeat::LOST {
+                                l.store(true, Ordering::SeqCst);
+                            }
+                            break;
+                        }
                         Ok(None) => continue,
                         Err(e) => {
                             if !s.load(Ordering::SeqCst) {
@@ -52,6 +60,7 @@ impl Watcher {
             })?;
         Ok(Watcher {
             fired,
+            lost,
             stop,
             thread: Some(thread),
         })

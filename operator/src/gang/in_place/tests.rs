@@ -309,6 +309,56 @@ fn node_0_on_a_lost_node_or_restarting_the_gang_by_choice_recreates_the_gang() {
     assert_eq!((d.status.phase, d.status.restarts), (Phase::Restarting, 1));
 }
 
+#[test]
+fn a_pod_on_a_lost_node_is_replaced_alone_without_elasticity_too_and_force_deleted_at_once() {
+    use crate::fixtures::{deleting, node_lost, running_status};
+    // Its launcher is fenced (the others' heartbeat ended their round without it; back, it
+    // finds its node held by the replacement): no gang restart, no wait for the force grace.
+    let in_place = |s: &mut ferrotrain_api::crd::DistributedTrainingSpec| {
+        s.restart_policy.in_place = true;
+    };
+    let lost = run(&Row {
+        spec: in_place,
+        status: running_status(0, 0),
+        pods: vec![running(0, 0), node_lost(running(0, 1), 0)],
+        now: 100,
+        ..Row::default()
+    });
+    assert_eq!(
+        (lost.status.restarts, lost.status.attempt),
+        (0, 0),
+        "no gang restart"
+    );
+    assert!(
+        lost.actions.contains(&Action::DeletePod("mt-0-1".into())),
+        "{:?}",
+        lost.actions
+    );
+    let stuck = run(&Row {
+        spec: in_place,
+        status: lost.status.clone(),
+        pods: vec![running(0, 0), deleting(node_lost(running(0, 1), 0), 100)],
+        now: 100,
+        ..Row::default()
+    });
+    assert!(
+        stuck
+            .actions
+            .contains(&Action::ForceDeletePod("mt-0-1".into())),
+        "{:?}",
+        stuck.actions
+    );
+    // Within the node-lost grace it is only a suspect, as before.
+    let within = run(&Row {
+        spec: in_place,
+        status: running_status(0, 0),
+        pods: vec![running(0, 0), node_lost(running(0, 1), 80)],
+        now: 100,
+        ..Row::default()
+    });
+    assert!(within.actions.is_empty(), "{:?}", within.actions);
+}
+
 fn elastic_spec(s: &mut ferrotrain_api::crd::DistributedTrainingSpec) {
     s.replicas = 3;
     s.restart_policy.in_place = true;
