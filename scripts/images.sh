@@ -73,7 +73,9 @@ log() { printf 'images.sh: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 
 if [[ "$MODE" == auto ]]; then
-  if [[ $(id -u) == 0 ]] && command -v debootstrap >/dev/null && command -v cargo >/dev/null; then
+  # Local where debootstrap runs or apt can install it (ensure_local_base does).
+  if [[ $(id -u) == 0 ]] && command -v cargo >/dev/null \
+    && { command -v debootstrap || command -v apt-get; } >/dev/null; then
     MODE=local
   else
     MODE=source
@@ -171,8 +173,13 @@ ensure_local_base() {
     log "base image $LOCAL_BASE exists (FERROTRAIN_REBUILD_BASE=1 remakes it)"
     return
   fi
-  command -v debootstrap >/dev/null || die "local mode needs debootstrap (apt-get install debootstrap), or use --mode source"
   [[ $(id -u) == 0 ]] || die "debootstrap needs root; run as root or use --mode source"
+  if ! command -v debootstrap >/dev/null && command -v apt-get >/dev/null; then
+    log "installing debootstrap (the local mode's base image)"
+    { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 600 \
+        apt-get install -y -qq debootstrap; } >/dev/null 2>&1 || log "could not install debootstrap"
+  fi
+  command -v debootstrap >/dev/null || die "local mode needs debootstrap (apt-get install debootstrap), or use --mode source"
   local mirror rootfs started
   mirror=$(debian_mirror) || die "no Debian mirror in /etc/apt/sources*; set FERROTRAIN_DEBIAN_MIRROR"
   rootfs=$(mktemp -d /tmp/ferrotrain-rootfs.XXXXXX)

@@ -402,11 +402,6 @@ resume_attempt() {
 # --- main --------------------------------------------------------------------------------------
 check_static
 ensure_engine
-if ! command -v debootstrap >/dev/null && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-  say "installing debootstrap (the local mode's base image)"
-  { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 600 \
-      apt-get install -y -qq debootstrap; } >/dev/null 2>&1 || say "could not install debootstrap"
-fi
 WORK=$(mktemp -d /tmp/ferrotrain-images.XXXXXX)
 chmod 755 "$WORK"
 

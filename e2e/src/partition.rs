@@ -18,8 +18,9 @@ pub struct Partition {
     kubelet_stopped: bool,
 }
 
-/// The rules that cut the pod off, inserted first in its namespace's INPUT and OUTPUT.
-const CHAINS: [&str; 2] = ["INPUT", "OUTPUT"];
+/// The rules that cut the pod off, inserted first in its namespace's INPUT and OUTPUT: every
+/// packet but those on its loopback (its own processes still talk to one another).
+const CHAINS: [(&str, &str); 2] = [("INPUT", "-i"), ("OUTPUT", "-o")];
 
 impl Partition {
     /// Cuts off the pod with UID `uid`, running on the kit's node `node`.
@@ -31,8 +32,8 @@ impl Partition {
             network_cut: false,
             kubelet_stopped: false,
         };
-        for chain in CHAINS {
-            p.iptables(&["-I", chain, "1", "-j", "DROP"])
+        for (chain, not_lo) in CHAINS {
+            p.iptables(&["-I", chain, "1", "!", not_lo, "lo", "-j", "DROP"])
                 .unwrap_or_else(|e| panic!("cutting the pod off: {e}"));
             p.network_cut = true;
         }
@@ -56,8 +57,8 @@ impl Partition {
     /// [`Self::start_kubelet`]).
     pub fn restore_network(&mut self) -> Result<(), String> {
         if self.network_cut {
-            for chain in CHAINS {
-                self.iptables(&["-D", chain, "-j", "DROP"])?;
+            for (chain, not_lo) in CHAINS {
+                self.iptables(&["-D", chain, "!", not_lo, "lo", "-j", "DROP"])?;
             }
             self.network_cut = false;
         }

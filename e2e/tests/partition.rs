@@ -8,7 +8,8 @@
 //!
 //! Both tests stop a kubelet, so they run alone (.config/nextest.toml), and each job's two
 //! pods are placed on different nodes (a required anti-affinity, dropped before the cut so
-//! that the replacement may go anywhere).
+//! that the replacement may go anywhere). They need the cluster kit's nodes on this machine
+//! (root: its kubelets' pid files, the pods' network namespaces), not a kind cluster.
 
 use std::time::{Duration, Instant};
 
@@ -31,24 +32,30 @@ const HEARTBEAT_SECONDS: f64 = 10.0;
 fn apart_job(job: &str) -> Value {
     let mut spec = copy_job(2, 1_000_000, Some(&format!("{job}-checkpoints")));
     spec["trainer"]["distributed"]["rendezvousTimeoutSeconds"] = json!(600);
+    spec["podTemplate"]["labels"] = json!({SPREAD: job});
     spec["podTemplate"]["affinity"] = json!({"podAntiAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": [{
-            "labelSelector": {"matchLabels": {"ferrotrain.dev/job": job}},
+            "labelSelector": {"matchLabels": {SPREAD: job}},
             "topologyKey": "kubernetes.io/hostname"
         }]
     }});
     spec
 }
 
-/// Starts the job, waits until both ranks train, then drops the anti-affinity (seen by the
-/// operator before anything else happens) so that a replacement may share a node.
+/// The label the first pods spread by. Their anti-affinity is symmetric (no pod with the
+/// label may join them), so the replacement must come without it.
+const SPREAD: &str = "e2e.ferrotrain.dev/spread";
+
+/// Starts the job, waits until both ranks train, then drops the anti-affinity and its label
+/// (seen by the operator before anything else happens) so that a replacement may share a
+/// node with rank 0.
 async fn start_apart(ns: &TestNamespace, job: &str, spec: Value) {
     ns.create_checkpoint_claim(&format!("{job}-checkpoints"))
         .await;
     ns.create_job(job, spec).await;
     wait_first_checkpoint(ns, job).await;
     stepping_at(ns, job, 2).await;
-    let patch = json!({"spec": {"podTemplate": {"affinity": null}}});
+    let patch = json!({"spec": {"podTemplate": {"affinity": null, "labels": null}}});
     let patched = ns
         .jobs()
         .patch(job, &PatchParams::default(), &Patch::Merge(&patch))
@@ -130,14 +137,16 @@ async fn counted_as_cut_off(ns: &TestNamespace, job: &str) -> DistributedTrainin
     s
 }
 
-/// When round 0 ended, as node 0's launcher recorded it (the ledger in the status).
-fn round_0_detected(s: &DistributedTrainingStatus) -> Timestamp {
+/// When the round the cut ended was seen to end, as node 0's launcher recorded it (the
+/// ledger in the status: the record that ended with `AgentLost`).
+fn cut_detected(s: &DistributedTrainingStatus) -> Timestamp {
     let records = &s.recovery.as_ref().expect("the ledger").attempts;
-    let round0 = records
+    records
         .iter()
-        .find(|r| r.round == Some(0))
-        .expect("round 0's record");
-    round0.end.as_ref().expect("round 0 ended").detected_at
+        .filter_map(|r| r.end.as_ref())
+        .find(|e| e.reason == "AgentLost")
+        .unwrap_or_else(|| panic!("a record ended by AgentLost: {records:?}"))
+        .detected_at
 }
 
 #[tokio::test]
@@ -229,10 +238,10 @@ async fn without_elasticity_a_cut_off_pod_is_replaced_alone_and_the_gang_is_whol
     let (new, started) = replacement_running(&ns, "cutoff", &old).await;
     let (round, first) = stepping_at(&ns, "cutoff", 2).await;
     let s = counted_as_cut_off(&ns, "cutoff").await;
-    let detected = round_0_detected(&s).duration_since(cut_at).as_secs_f64();
+    let detected = cut_detected(&s).duration_since(cut_at).as_secs_f64();
     let after_start = first.duration_since(started).as_secs_f64();
     println!(
-        "rank 1's pod cut off -> round 0 ended {detected:.1} s later; replacement {new} running \
+        "rank 1's pod cut off -> its round ended {detected:.1} s later; replacement {new} running \
          {:.0} s after the cut; round {round} steps with it {after_start:.1} s after it started",
         started.duration_since(cut_at).as_secs_f64()
     );

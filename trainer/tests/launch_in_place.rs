@@ -528,8 +528,9 @@ esac"#,
         "round 1: 2 ranks covering a gang of 3"
     );
     let took = frozen_at.elapsed().as_secs_f64();
-    // The heartbeat timeout (2 s) + ranks stopped (up to 2 s) + the elastic wait (2 s).
-    assert!(took < 8.0, "round 1 started {took:.1} s after the freeze");
+    // The heartbeat timeout (2 s) + the ranks stopped (at most 2 s); no elastic wait for a
+    // node the last round was ended without.
+    assert!(took < 5.5, "round 1 started {took:.1} s after the freeze");
     let end = g.ledger().attempts[0].end.clone().unwrap();
     assert_eq!((end.reason.as_str(), end.rank), ("AgentLost", Some(2)));
     // Its replacement comes (a new pod: another identity) and the gang grows back.

@@ -104,9 +104,12 @@ impl<'a, 'o> Decider<'a, 'o> {
         census
     }
 
-    /// A pod being deleted, not for a lost node, that in-place restarts replace alone.
+    /// A pod being deleted that in-place restarts replace alone: on a lost node too (the
+    /// taint manager evicts its pods), unless it is node 0's (see `check_alive`).
     fn going_away(&self, pod: &PodView) -> bool {
-        pod.deleting_since.is_some() && pod.node_lost_since.is_none() && self.replaceable()
+        pod.deleting_since.is_some()
+            && (pod.node_lost_since.is_none() || pod.node_rank != 0)
+            && self.replaceable()
     }
 
     /// A pod [going away](Self::going_away) whose launcher the deletion's signal ended (exit

@@ -101,6 +101,8 @@ struct Agent<'a> {
     store_id: Option<Vec<u8>>,
     /// Trainers started during the last round, waiting to be the next round's ranks.
     spares: Option<Spares>,
+    /// Node 0: the nodes the last round ended without (no heartbeat), not waited for again.
+    lost: Vec<usize>,
 }
 
 impl<'a> Agent<'a> {
@@ -171,6 +173,7 @@ impl<'a> Agent<'a> {
             collateral: false,
             store_id: None,
             spares: None,
+            lost: Vec::new(),
         })
     }
 
@@ -568,9 +571,13 @@ impl<'a> Agent<'a> {
         let timeout = self.rendezvous_timeout();
         members::arrive(&mut self.client, round, node, &self.id)?;
         if node == 0 {
-            let min = self.args.min_nodes.unwrap_or(nnodes).clamp(1, nnodes);
-            let wait = Duration::from_secs_f64(self.args.elastic_wait_seconds.max(0.0));
-            members::gather(&mut self.client, round, nnodes, min, wait, timeout)?;
+            let wait = members::Wait {
+                min_nodes: self.args.min_nodes.unwrap_or(nnodes).clamp(1, nnodes),
+                wait: Duration::from_secs_f64(self.args.elastic_wait_seconds.max(0.0)),
+                lost: std::mem::take(&mut self.lost),
+                timeout,
+            };
+            members::gather(&mut self.client, round, nnodes, &wait)?;
         }
         let m = members::read(&mut self.client, round, timeout)?;
         let place = m.position(node, &self.id).map(|p| (p, m.len()));
@@ -664,6 +671,7 @@ impl<'a> Agent<'a> {
             if let Some(seconds) = lost {
                 let seconds = String::from_utf8_lossy(&seconds).parse().unwrap_or(0.0);
                 reports.push(NodeReport::unreachable(node, ranks(), seconds));
+                self.lost.push(node);
                 continue;
             }
             match self

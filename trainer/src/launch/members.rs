@@ -43,15 +43,17 @@ impl Members {
     }
 }
 
-/// When node 0 stops waiting: every node came, or the elastic wait passed with enough.
+/// When node 0 stops waiting: every node came, or enough came and the elastic wait passed
+/// or no node worth waiting for is missing (`expected`: the nodes not just lost behind a
+/// partition, whose heartbeat timeout was their wait).
 pub fn enough(
     arrived: usize,
-    nnodes: usize,
+    (nnodes, expected): (usize, usize),
     min_nodes: usize,
     waited: Duration,
     wait: Duration,
 ) -> bool {
-    arrived >= nnodes || (arrived >= min_nodes.max(1) && waited >= wait)
+    arrived >= nnodes || (arrived >= min_nodes.max(1) && (waited >= wait || arrived >= expected))
 }
 
 /// Claims `node` for the agent with identity `id` (the newest pod of that node).
@@ -72,16 +74,25 @@ pub fn arrive(client: &mut StoreClient, round: u64, node: usize, id: &str) -> Re
     Ok(())
 }
 
-/// Node 0: waits for the nodes of round `round` (all of them, or after `wait` at least
-/// `min_nodes`, until `timeout`), then publishes the members.
-pub fn gather(
-    client: &mut StoreClient,
-    round: u64,
-    nnodes: usize,
-    min_nodes: usize,
-    wait: Duration,
-    timeout: Duration,
-) -> Result<Members> {
+/// How long node 0 waits for the nodes of a round.
+pub struct Wait {
+    /// Elastic: the fewest nodes a round may start with (`nnodes`: not elastic).
+    pub min_nodes: usize,
+    /// Elastic: how long to wait for every node before starting with fewer.
+    pub wait: Duration,
+    /// Nodes the last round was ended without (no heartbeat): not waited for, though taken
+    /// if they come in time.
+    pub lost: Vec<usize>,
+    /// The longest wait for at least `min_nodes`.
+    pub timeout: Duration,
+}
+
+/// Node 0: waits for the nodes of round `round` (all of them, or at least `min_nodes` after
+/// the elastic wait, or at once when only lost ones are missing; until the timeout), then
+/// publishes the members.
+pub fn gather(client: &mut StoreClient, round: u64, nnodes: usize, w: &Wait) -> Result<Members> {
+    let (min_nodes, wait, timeout) = (w.min_nodes, w.wait, w.timeout);
+    let expected = (0..nnodes).filter(|n| !w.lost.contains(n)).count();
     let started = Instant::now();
     loop {
         let mut nodes = Vec::new();
@@ -92,7 +103,13 @@ pub fn gather(
                 nodes.push((node, String::from_utf8_lossy(&id).into_owned()));
             }
         }
-        if enough(nodes.len(), nnodes, min_nodes, started.elapsed(), wait) {
+        if enough(
+            nodes.len(),
+            (nnodes, expected),
+            min_nodes,
+            started.elapsed(),
+            wait,
+        ) {
             let members = Members { nodes };
             let json = serde_json::to_vec(&members).expect("members serialize");
             client.set(&format!("agent/{round}/members"), &json)?;
@@ -145,14 +162,38 @@ mod tests {
     #[test]
     fn node_0_waits_for_everyone_or_after_the_elastic_wait_for_enough() {
         let s = Duration::from_secs;
-        assert!(enough(3, 3, 2, s(0), s(60)), "all came");
-        assert!(!enough(2, 3, 2, s(59), s(60)), "within the wait");
-        assert!(enough(2, 3, 2, s(60), s(60)), "the wait passed with enough");
+        assert!(enough(3, (3, 3), 2, s(0), s(60)), "all came");
+        assert!(!enough(2, (3, 3), 2, s(59), s(60)), "within the wait");
         assert!(
-            !enough(1, 3, 2, s(600), s(60)),
+            enough(2, (3, 3), 2, s(60), s(60)),
+            "the wait passed with enough"
+        );
+        assert!(
+            !enough(1, (3, 3), 2, s(600), s(60)),
             "never fewer than the minimum"
         );
-        assert!(!enough(2, 3, 3, s(600), s(60)), "not elastic: everyone");
+        assert!(
+            !enough(2, (3, 3), 3, s(600), s(60)),
+            "not elastic: everyone"
+        );
+    }
+
+    #[test]
+    fn a_node_lost_behind_a_partition_is_not_waited_for_again() {
+        let s = Duration::from_secs;
+        // Node 2 was cut off in the last round: its heartbeat timeout was its wait.
+        assert!(
+            enough(2, (3, 2), 2, s(0), s(60)),
+            "the others came: at once"
+        );
+        assert!(
+            !enough(1, (3, 2), 1, s(0), s(60)),
+            "another one is still due"
+        );
+        assert!(
+            !enough(2, (3, 2), 3, s(0), s(60)),
+            "not elastic: everyone, lost or not"
+        );
     }
 
     #[test]

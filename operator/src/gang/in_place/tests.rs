@@ -348,6 +348,27 @@ fn a_pod_on_a_lost_node_is_replaced_alone_without_elasticity_too_and_force_delet
         "{:?}",
         stuck.actions
     );
+    // Evicted from the lost node (the taint manager's NoExecute) before the node-lost grace:
+    // replaced alone all the same, force-deleted at once.
+    let evicted = run(&Row {
+        spec: in_place,
+        status: running_status(0, 0),
+        pods: vec![running(0, 0), deleting(node_lost(running(0, 1), 60), 62)],
+        now: 62,
+        ..Row::default()
+    });
+    assert_eq!(
+        (evicted.status.restarts, evicted.status.attempt),
+        (0, 0),
+        "no gang restart"
+    );
+    assert!(
+        evicted
+            .actions
+            .contains(&Action::ForceDeletePod("mt-0-1".into())),
+        "{:?}",
+        evicted.actions
+    );
     // Within the node-lost grace it is only a suspect, as before.
     let within = run(&Row {
         spec: in_place,
