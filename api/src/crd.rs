@@ -375,14 +375,24 @@ pub struct RestartPolicy {
     /// round of the same attempt: the pods, their nodes and GPUs are kept, and the next step
     /// comes seconds later. Counted against maxRestarts like a gang restart. A pod that goes
     /// away (deleted, evicted, its launcher killed) is created again alone and joins the
-    /// others' next round; a pod on a lost node restarts the gang, unless `elastic` lets the
-    /// others train on without it (node rank 0's always restarts the gang). Needs ferrotrain's own launcher (no custom `command`) and more than
-    /// one replica; false restarts the whole gang on every failure. A few seconds into each
+    /// others' next round, and so is one whose node is lost (node rank 0's restarts the
+    /// gang): the launchers notice a pod cut off from them (a network partition, a frozen
+    /// node) by its missing heartbeats within heartbeatTimeoutSeconds, long before Kubernetes
+    /// calls its node NotReady, and train on without it (`elastic`) or wait for its
+    /// replacement; back from a partition, a replaced pod leaves the gang. Needs ferrotrain's
+    /// own launcher (no custom `command`) and more than one replica; false restarts the whole gang on every failure. A few seconds into each
     /// round every pod starts a spare trainer per rank that waits, libtorch loaded, to be the
     /// next round's rank (about 120 MB of memory each, within the pod's limit; env
     /// FERROTRAIN_SPARE_RANKS=false in podTemplate.env turns them off).
     #[serde(default = "defaults::in_place")]
     pub in_place: bool,
+    /// In-place restarts: a pod whose launcher sends node rank 0's no heartbeat (one a second)
+    /// for this long is cut off: the round ends without it, and a launcher whose heartbeats
+    /// do not get through for this long stops its own ranks. Lower detects a partition
+    /// sooner; keep it above the longest pause a busy node's launcher may take.
+    #[serde(default = "defaults::heartbeat_timeout_seconds")]
+    #[schemars(range(min = 2, max = 600))]
+    pub heartbeat_timeout_seconds: i64,
     /// Container exit codes that no restart can fix: the job Fails with the rank's termination
     /// message. Default: 2 (invalid config), 3 (invalid data), 4 (incompatible checkpoint).
     #[serde(default = "defaults::permanent_exit_codes")]
@@ -398,6 +408,7 @@ impl Default for RestartPolicy {
             backoff_seconds: defaults::backoff_seconds(),
             max_backoff_seconds: defaults::max_backoff_seconds(),
             in_place: defaults::in_place(),
+            heartbeat_timeout_seconds: defaults::heartbeat_timeout_seconds(),
             permanent_exit_codes: defaults::permanent_exit_codes(),
         }
     }
@@ -1008,6 +1019,9 @@ mod defaults {
     }
     pub fn in_place() -> bool {
         true
+    }
+    pub fn heartbeat_timeout_seconds() -> i64 {
+        10
     }
     pub fn elastic_wait_seconds() -> i64 {
         60

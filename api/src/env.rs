@@ -62,7 +62,7 @@ pub const FERROTRAIN_RESTART_IN_PLACE: &str = "FERROTRAIN_RESTART_IN_PLACE";
 pub const FERROTRAIN_PERMANENT_EXIT_CODES: &str = "FERROTRAIN_PERMANENT_EXIT_CODES";
 /// In-place restarts: how long node 0's launcher waits for another node's heartbeat before
 /// it ends the round without that node (default 10 s), and another node for its own heartbeat
-/// to reach node 0 before it stops its ranks as cut off.
+/// to reach node 0 before it stops its ranks as cut off (spec.restartPolicy.heartbeatTimeoutSeconds).
 pub const FERROTRAIN_HEARTBEAT_TIMEOUT_SECONDS: &str = "FERROTRAIN_HEARTBEAT_TIMEOUT_SECONDS";
 /// How long the launchers wait for every node to join a round of in-place restarts.
 pub const FERROTRAIN_RENDEZVOUS_TIMEOUT_SECONDS: &str = "FERROTRAIN_RENDEZVOUS_TIMEOUT_SECONDS";

@@ -115,6 +115,15 @@ async fn replacement_running(ns: &TestNamespace, job: &str, old: &str) -> (Strin
     .await
 }
 
+/// Waits (at most `seconds`) until `list` finds no process: `what`.
+async fn all_gone(what: &str, seconds: u64, list: impl Fn() -> Vec<u32>) {
+    wait_for(what, Duration::from_secs(seconds), || async {
+        let left = list();
+        (left.is_empty().then_some(()), format!("{left:?}"))
+    })
+    .await;
+}
+
 /// The status once the round the partition ended is counted: blamed on rank 1's node as cut
 /// off, in the same attempt.
 async fn counted_as_cut_off(ns: &TestNamespace, job: &str) -> DistributedTrainingStatus {
@@ -169,14 +178,9 @@ async fn an_elastic_gang_trains_on_without_a_cut_off_pod_and_fences_it_when_it_r
         "training went on at world size 1 {took:.1} s after the cut (heartbeat {HEARTBEAT_SECONDS} s + 10 s)"
     );
     // The cut-off trainer stopped: it can write nothing more and join no round.
-    wait_for(
-        "the cut-off pod's trainer to stop",
-        Duration::from_secs(30),
-        || async {
-            let left = trainers_of(&old);
-            (left.is_empty().then_some(()), format!("{left:?}"))
-        },
-    )
+    all_gone("the cut-off pod's trainer to stop", 30, || {
+        trainers_of(&old)
+    })
     .await;
     counted_as_cut_off(&ns, "partition").await;
 
@@ -198,14 +202,9 @@ async fn an_elastic_gang_trains_on_without_a_cut_off_pod_and_fences_it_when_it_r
         "the cut-off launcher still waits for the store when its network comes back"
     );
     partition.restore_network().expect("the network back");
-    wait_for(
-        "the cut-off launcher to leave the gang",
-        Duration::from_secs(60),
-        || async {
-            let left = launchers_of(&old);
-            (left.is_empty().then_some(()), format!("{left:?}"))
-        },
-    )
+    all_gone("the cut-off launcher to leave the gang", 60, || {
+        launchers_of(&old)
+    })
     .await;
     let after = wait_status(
         &ns.jobs(),

@@ -85,6 +85,10 @@ fn restart_env(spec: &DistributedTrainingSpec, s: &BuildSettings) -> Vec<EnvVar>
         env::FERROTRAIN_PERMANENT_EXIT_CODES,
         codes.join(","),
     ));
+    vars.push(env_value(
+        env::FERROTRAIN_HEARTBEAT_TIMEOUT_SECONDS,
+        p.heartbeat_timeout_seconds,
+    ));
     if spec.min_replicas() < spec.replicas {
         let wait = spec.elastic.as_ref().map_or(60, |e| e.wait_seconds);
         vars.push(env_value(env::FERROTRAIN_MIN_NODES, spec.min_replicas()));

@@ -77,6 +77,8 @@ fn env_contract_of_a_gpu_pod() {
         ("FERROTRAIN_RESTART_BACKOFF_MAX_SECONDS", "300"),
         ("FERROTRAIN_RENDEZVOUS_TIMEOUT_SECONDS", "300"),
         ("FERROTRAIN_PERMANENT_EXIT_CODES", "2,3,4"),
+        // How long a pod's launcher may be silent before the others go on without it.
+        ("FERROTRAIN_HEARTBEAT_TIMEOUT_SECONDS", "10"),
         // The launcher's identity: a stale agent of a replaced pod is no member of a round.
         ("POD_UID", "field:metadata.uid"),
         ("FERROTRAIN_EXPECT_GPUS", "4"),
