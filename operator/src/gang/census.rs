@@ -105,11 +105,13 @@ impl<'a, 'o> Decider<'a, 'o> {
     }
 
     /// A pod being deleted that in-place restarts replace alone: on a lost node too (the
-    /// taint manager evicts its pods), unless it is node 0's (see `check_alive`).
+    /// taint manager evicts its pods) when its launcher is fenced.
     fn going_away(&self, pod: &PodView) -> bool {
-        pod.deleting_since.is_some()
-            && (pod.node_lost_since.is_none() || pod.node_rank != 0)
-            && self.replaceable()
+        let fenced = match pod.node_lost_since {
+            None => self.replaceable(),
+            Some(_) => self.fenced_when_lost(pod),
+        };
+        pod.deleting_since.is_some() && fenced
     }
 
     /// A pod [going away](Self::going_away) whose launcher the deletion's signal ended (exit
@@ -156,11 +158,7 @@ impl<'a, 'o> Decider<'a, 'o> {
             let mut f = self.failure(rank, Some(&pod.name), reason::NODE_LOST, message);
             (f.at, f.killed) = (Some(since), true);
             let at = since + signed(self.o.timing.node_lost_grace);
-            // Not node 0's pod: behind a partition it could still host a gang of its own.
-            // Any other pod is fenced by the launchers: its node's heartbeat stopped, so the
-            // others ended their round without it, and an agent that comes back to find its
-            // node held by a replacement leaves the gang (launch/heartbeat.rs, members.rs).
-            if self.now() >= at && rank != 0 && self.replaceable() {
+            if self.now() >= at && self.fenced_when_lost(pod) {
                 // The others wait for it (elastic: train on without it); it is deleted
                 // (force-deleted at once: see force_delete_stuck) and created again where it
                 // fits.

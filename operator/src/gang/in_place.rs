@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::decider::{Decider, first_line};
 use super::decision::Action;
+use super::observed::PodView;
 
 impl<'a, 'o> Decider<'a, 'o> {
     /// Counts the rounds of the current attempt that `report` says ended and the status has
@@ -132,6 +133,15 @@ impl<'a, 'o> Decider<'a, 'o> {
     /// restart in place, node 0's too: the others wait for its replacement's store.
     pub(super) fn replaceable(&self) -> bool {
         self.o.spec.restarts_in_place()
+    }
+
+    /// A pod of the current attempt that its launchers fence when its node is lost: in
+    /// place and not node 0's (the others' heartbeat ends their round without it, and back
+    /// from a partition it finds its node held by its replacement and leaves;
+    /// launch/heartbeat.rs, members.rs). Such a pod is replaced alone and force-deleted at
+    /// once. Node 0's could still host a gang of its own behind a partition.
+    pub(super) fn fenced_when_lost(&self, pod: &PodView) -> bool {
+        pod.attempt == self.status.attempt && pod.node_rank != 0 && self.replaceable()
     }
 
     /// Node 0's pod went away: its launcher, which rules on every round, cannot say how

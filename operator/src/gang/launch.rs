@@ -246,9 +246,9 @@ impl<'a, 'o> Decider<'a, 'o> {
 
     /// A pod on a lost node never finishes terminating (the kubelet cannot confirm), which
     /// would keep its GPUs booked and its name taken: force-delete it after a grace period.
-    /// A pod replaced alone (in place, not node 0) is force-deleted at once, so that its
-    /// replacement can start: its launcher is fenced already (see `check_alive`), while a
-    /// pod of an earlier attempt may hold a rank 0 that still writes checkpoints.
+    /// A pod whose launcher is fenced ([`Self::fenced_when_lost`]) is force-deleted at once,
+    /// so that its replacement can start; a pod of an earlier attempt may hold a rank 0 that
+    /// still writes checkpoints.
     pub(super) fn force_delete_stuck(&mut self) {
         let grace = SignedDuration::try_from(self.o.timing.force_delete_grace)
             .unwrap_or(SignedDuration::ZERO);
@@ -257,8 +257,11 @@ impl<'a, 'o> Decider<'a, 'o> {
             let (Some(deleting), Some(_)) = (p.deleting_since, p.node_lost_since) else {
                 continue;
             };
-            let fenced = p.attempt == self.status.attempt && p.node_rank != 0 && self.replaceable();
-            let at = if fenced { deleting } else { deleting + grace };
+            let at = if self.fenced_when_lost(p) {
+                deleting
+            } else {
+                deleting + grace
+            };
             if now >= at {
                 self.actions.push(Action::ForceDeletePod(p.name.clone()));
                 self.event(

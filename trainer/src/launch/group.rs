@@ -158,8 +158,8 @@ impl Group {
     /// Polls the ranks until all finish, one fails, or the launcher gets a signal; also
     /// stops the ranks (SIGTERM) and returns [`GroupOutcome::PeerFailed`] as soon as
     /// `peer_failed` says how the gang ended elsewhere, and [`GroupOutcome::Frozen`] when a
-    /// rank stays stopped for `frozen_after`. Calls `tick` at every poll while the ranks run (on this thread: a
-    /// process it starts dies with this thread, PR_SET_PDEATHSIG).
+    /// rank stays stopped for `frozen_after`. Calls `tick` at every poll while the ranks run
+    /// (on this thread: a process it starts dies with this thread, PR_SET_PDEATHSIG).
     pub fn supervise_with(
         &mut self,
         peer_failed: &dyn Fn() -> Option<PeerEnd>,
