@@ -492,10 +492,12 @@ impl<'a> Agent<'a> {
             | GroupOutcome::PeerFailed { .. }
             | GroupOutcome::Frozen { .. } => {}
         }
-        // Briefly: a store that does not answer at once went with node 0 (a connection to
-        // its vanished address would hang), and the agent goes to wait for its replacement.
-        self.reconnect_within(STORE_GONE_AFTER)?;
         let own = report.failure.is_some() || matches!(outcome, GroupOutcome::Frozen { .. });
+        // A store that does not answer soon went with node 0 (a connection to its vanished
+        // address would hang), and the agent goes to wait for its replacement. Soon is longer
+        // when this node's own rank failed: its report carries the blame, and node 0 waits
+        // for it (the stop grace and REPORT_SLACK) rather than call this node lost.
+        self.reconnect_within(if own { REPORT_SLACK } else { STORE_GONE_AFTER })?;
         if own && self.client.add(&format!("agent/{round}/failures"), 1)? == 1 {
             self.client.set(
                 &format!("agent/{round}/failed"),

@@ -155,6 +155,40 @@ impl Group {
         None
     }
 
+    /// Marks the ranks that ended since the last poll in `done`; the failure to report when
+    /// any of them failed (one killed by a signal before one that exited: the peers that
+    /// noticed its death in the same instant exit with a code).
+    fn reap(&mut self, done: &mut [bool]) -> Option<RankFailure> {
+        let mut failures = Vec::new();
+        for (i, (rank, child, log)) in self.children.iter_mut().enumerate() {
+            if done[i] {
+                continue;
+            }
+            if let Some(status) = c_try_wait(child) {
+                done[i] = true;
+                if !status.success() {
+                    failures.push((*rank, status, log.clone()));
+                }
+            }
+        }
+        let seen_at = Timestamp::now();
+        failures.sort_by_key(|(rank, status, _)| (status.code().is_some(), *rank));
+        let (rank, status, log) = failures.into_iter().next()?;
+        let message = std::fs::read_to_string(&log).unwrap_or_default();
+        let message = message.trim();
+        let reason = if message.is_empty() {
+            format!("rank {rank} {}", describe_exit(status))
+        } else {
+            format!("rank {rank} {}: {message}", describe_exit(status))
+        };
+        Some(RankFailure {
+            rank,
+            code: exit_code(status),
+            reason,
+            seen_at,
+        })
+    }
+
     /// Polls the ranks until all finish, one fails, or the launcher gets a signal; also
     /// stops the ranks (SIGTERM) and returns [`GroupOutcome::PeerFailed`] as soon as
     /// `peer_failed` says how the gang ended elsewhere, and [`GroupOutcome::Frozen`] when a
@@ -175,6 +209,13 @@ impl Group {
                 self.stop(signal);
                 return GroupOutcome::Signalled(signal);
             }
+            // A local rank's own end first: when it died in the same poll as a peer's failure
+            // reached this agent, this node's report must still carry it (it is likely the
+            // cause), not say that its ranks were stopped for a peer.
+            if let Some(failure) = self.reap(&mut done) {
+                self.stop(libc::SIGTERM);
+                return GroupOutcome::Failed(failure);
+            }
             if let Some(end) = peer_failed() {
                 let frozen = self.frozen_ranks();
                 let grace = match end {
@@ -183,39 +224,6 @@ impl Group {
                 };
                 self.stop_within(libc::SIGTERM, grace);
                 return GroupOutcome::PeerFailed { frozen };
-            }
-            let mut failures = Vec::new();
-            for (i, (rank, child, log)) in self.children.iter_mut().enumerate() {
-                if done[i] {
-                    continue;
-                }
-                if let Some(status) = c_try_wait(child) {
-                    done[i] = true;
-                    if !status.success() {
-                        failures.push((*rank, status, log.clone()));
-                    }
-                }
-            }
-            if !failures.is_empty() {
-                let seen_at = Timestamp::now();
-                // A rank killed by a signal is the likelier cause than the peers that
-                // noticed its death in the same instant.
-                failures.sort_by_key(|(rank, status, _)| (status.code().is_some(), *rank));
-                let (rank, status, log) = failures.swap_remove(0);
-                let message = std::fs::read_to_string(&log).unwrap_or_default();
-                let message = message.trim();
-                let reason = if message.is_empty() {
-                    format!("rank {rank} {}", describe_exit(status))
-                } else {
-                    format!("rank {rank} {}: {message}", describe_exit(status))
-                };
-                self.stop(libc::SIGTERM);
-                return GroupOutcome::Failed(RankFailure {
-                    rank,
-                    code: exit_code(status),
-                    reason,
-                    seen_at,
-                });
             }
             if done.iter().all(|&d| d) {
                 return GroupOutcome::Finished;
@@ -282,4 +290,39 @@ pub fn start_group_with(a: &Spawn<'_>, mut spares: Option<Spares>) -> std::io::R
         group.children.push((rank, child, log));
     }
     Ok(group)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A group of one rank that killed itself (SIGKILL) and has ended by the first poll.
+    fn group_of_one_killed() -> Group {
+        let child = std::process::Command::new("sh")
+            .args(["-c", "kill -9 $$"])
+            .spawn()
+            .expect("sh");
+        // Ended, but not reaped: the group's poll reaps it.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while process_state(child.id()) != Some('Z') && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(process_state(child.id()), Some('Z'), "the rank ended");
+        Group {
+            children: vec![(1, child, PathBuf::from("/nonexistent/termination-log"))],
+            grace: Duration::from_secs(1),
+            from_spares: 0,
+        }
+    }
+
+    #[test]
+    fn a_rank_that_died_is_reported_even_when_a_peers_failure_arrives_in_the_same_poll() {
+        let mut group = group_of_one_killed();
+        let outcome = group.supervise_with(&|| Some(PeerEnd::Failed), None, &mut || {});
+        let GroupOutcome::Failed(f) = outcome else {
+            panic!("the local rank's own death, not a peer's failure: {outcome:?}");
+        };
+        assert_eq!((f.rank, f.code), (1, 137), "{f:?}");
+        assert!(f.reason.contains("SIGKILL"), "{}", f.reason);
+    }
 }
