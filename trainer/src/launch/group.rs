@@ -171,9 +171,9 @@ impl Group {
                 }
             }
         }
-        let seen_at = Timestamp::now();
         failures.sort_by_key(|(rank, status, _)| (status.code().is_some(), *rank));
         let (rank, status, log) = failures.into_iter().next()?;
+        let seen_at = Timestamp::now();
         let message = std::fs::read_to_string(&log).unwrap_or_default();
         let message = message.trim();
         let reason = if message.is_empty() {
