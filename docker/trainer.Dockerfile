@@ -22,8 +22,9 @@ FROM ${RUST_IMAGE} AS source
 ARG LIBTORCH_VARIANT=cpu
 ARG CARGO_FEATURES=
 ARG CARGO_PROFILE=release
+# g++ for csrc/ against libtorch, make for jemalloc (built from source by tikv-jemalloc-sys).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-pip g++ pkg-config binutils \
+ && apt-get install -y --no-install-recommends python3 python3-pip g++ make pkg-config binutils \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # libtorch first, in a layer of its own: changing the sources never refetches the wheels.

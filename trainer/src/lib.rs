@@ -3,12 +3,15 @@
 //! Modules by concept: `data` (corpus, tokenizer, batches), `model`, `optim` (AdamW and
 //! schedules), `decode` (greedy and beam search), `bleu`, `checkpoint`, `metrics` (HTTP and the
 //! per-step reporter), `tensorboard` (event files), `resources` (CPU and memory of the process),
-//! `device` (where a rank computes), `omp` (OpenMP's wait policy), `dist` (rendezvous and
-//! collectives), `train` (the training loop), `launch` (the local process supervisor),
-//! `signals` (SIGTERM/SIGINT handling for both), `rfc3339` (times as the trainer writes
-//! them). Each of `checkpoint`, `data`, `dist`, `metrics`, `model` and `train` is a folder of
-//! files by concern; its mod.rs names them and re-exports what others use.
+//! `device` (where a rank computes), `omp` (OpenMP's wait policy), `allocator` (jemalloc, for
+//! libtorch too), `dist` (rendezvous and collectives), `train` (the training loop), `launch`
+//! (the local process supervisor), `signals` (SIGTERM/SIGINT handling for both), `rfc3339`
+//! (times as the trainer writes them). Each of `checkpoint`, `data`, `dist`, `metrics`,
+//! `model` and `train` is a folder of files by concern; its mod.rs names them and re-exports
+//! what others use.
 
+#[cfg(target_os = "linux")]
+pub mod allocator;
 pub mod attention;
 pub mod autograd;
 pub mod bleu;

@@ -178,20 +178,6 @@ fn threads_for(config: &TrainerConfig, local_world_size: usize) -> i32 {
     (cores / local_world_size.max(1)).max(1) as i32
 }
 
-/// libtorch allocates and frees the same large activations (logits, their gradients) every
-/// step. glibc serves blocks over its mmap threshold (at most 32 MiB by default) with fresh
-/// mappings, so every step page-faults and zero-fills them again: 16% of the CPU time of
-/// the Multi30k recipe went to the kernel. Serving them from the heap, and keeping what is
-/// freed there, lets the next step reuse the memory.
-fn keep_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes allocator tuning; called before any training allocation.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
-    }
-}
-
 /// Sets flush-to-zero and denormals-are-zero for this thread and every thread it starts
 /// later (libtorch's OpenMP workers inherit it). Once a model is confident, softmax and its
 /// gradient produce values below f32's normal range, and x86 computes on those up to 100x
@@ -223,7 +209,7 @@ fn run(args: RunArgs) -> Result<Option<i32>> {
     let config = load_config(&args.config)?;
     let threads = threads_for(&config, rank.local_world_size);
     // May start this rank again (same pid) with OpenMP's threads spinning: before anything
-    // that an exec would undo or inherit (signal dispositions, allocator settings).
+    // that an exec would undo or inherit (signal dispositions).
     ferrotrain_trainer::omp::spin_if_the_cores_are_ours(
         config.device,
         rank.local_world_size,
@@ -237,7 +223,6 @@ fn run(args: RunArgs) -> Result<Option<i32>> {
         rank
     };
     signals::install(signals::Mode::ExitUnlessArmed);
-    keep_freed_memory();
     flush_denormals();
     let job = match args.job {
         Some(job) => job,
@@ -256,6 +241,7 @@ fn run(args: RunArgs) -> Result<Option<i32>> {
         world_size = rank.world_size,
         threads,
         omp_wait_policy = %omp_wait_policy,
+        allocator = ferrotrain_trainer::allocator::c_malloc(),
         job = %job,
         "starting"
     );
@@ -315,7 +301,6 @@ fn validate(config: &Path) -> Result<()> {
 /// Logging, memory and float settings and threads of a decoding command.
 fn start_decoding(threads: Option<i32>) {
     init_logging(0);
-    keep_freed_memory();
     flush_denormals();
     if let Some(t) = threads {
         tch::set_num_threads(t);
