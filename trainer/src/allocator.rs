@@ -4,9 +4,10 @@
 //! (beam search, varying shapes) frees thousands of small tensors in between. glibc's
 //! allocator, kept from returning memory to the kernel, fragmented its heap over a run: the
 //! resident size kept growing (1.3 → 2.4 GB over 400 steps with evaluations) and the steps
-//! slowed with it. jemalloc's size classes keep freed blocks reusable. Two ranks side by side
-//! on one core each, same checkpoint, same batches, at the same time (so the VM's speed
-//! drift hit both): 4-10% faster steps, and the resident size flat at 1.6 GB.
+//! slowed with it. jemalloc's size classes keep freed blocks reusable. Two runs side by side
+//! on one core each, from the same checkpoint over the same batches (so the VM's speed drift
+//! hit both): 4.5-11% faster steps, and the resident size flat at 1.6 GB
+//! (docs/performance.md, "Allocator").
 //!
 //! jemalloc is built with unprefixed symbols, so `malloc`, `free` and `posix_memalign`
 //! resolve to it for libtorch and every other C library in the process, not only for Rust
@@ -17,34 +18,47 @@
 //! in the kernel). The resident size is therefore the run's peak, which a pod's memory limit
 //! has to allow anyway. `MALLOC_CONF` in the environment overrides this.
 
+#[cfg(target_os = "linux")]
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// What `malloc_conf` holds: a C string pointer jemalloc reads before `main`.
+#[cfg(target_os = "linux")]
 #[repr(transparent)]
 pub struct Conf(*const libc::c_char);
 
 // SAFETY: a pointer to a static, never written, string.
+#[cfg(target_os = "linux")]
 unsafe impl Sync for Conf {}
 
 /// jemalloc's compiled-in options (it reads this symbol, then `MALLOC_CONF`).
+#[cfg(target_os = "linux")]
 #[allow(non_upper_case_globals)]
 #[unsafe(no_mangle)]
 pub static malloc_conf: Conf = Conf(c"dirty_decay_ms:-1,muzzy_decay_ms:-1".as_ptr());
 
 /// The allocator that C code in this process gets from `malloc` (libtorch's tensors):
-/// "jemalloc" when the interposition took, else "system".
+/// "jemalloc" when the interposition took, else "system" (always so off Linux).
+#[cfg(target_os = "linux")]
 pub fn c_malloc() -> &'static str {
     // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only looks a symbol up.
     let found = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
-    if found as usize == tikv_jemalloc_sys::malloc as *const () as usize {
+    let jemalloc = tikv_jemalloc_sys::malloc as *const libc::c_void;
+    if std::ptr::eq(found.cast_const(), jemalloc) {
         "jemalloc"
     } else {
         "system"
     }
 }
 
+/// The allocator that C code in this process gets from `malloc`.
+#[cfg(not(target_os = "linux"))]
+pub fn c_malloc() -> &'static str {
+    "system"
+}
+
 /// jemalloc's value of option `name` (e.g. "opt.dirty_decay_ms"), an `isize` option.
+#[cfg(target_os = "linux")]
 pub fn option_isize(name: &std::ffi::CStr) -> Option<isize> {
     let mut value: isize = 0;
     let mut len = std::mem::size_of::<isize>();
@@ -61,7 +75,7 @@ pub fn option_isize(name: &std::ffi::CStr) -> Option<isize> {
     (rc == 0).then_some(value)
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
 

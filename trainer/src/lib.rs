@@ -10,7 +10,6 @@
 //! `model` and `train` is a folder of files by concern; its mod.rs names them and re-exports
 //! what others use.
 
-#[cfg(target_os = "linux")]
 pub mod allocator;
 pub mod attention;
 pub mod autograd;

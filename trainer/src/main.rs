@@ -298,7 +298,7 @@ fn validate(config: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Logging, memory and float settings and threads of a decoding command.
+/// Logging, float settings and threads of a decoding command.
 fn start_decoding(threads: Option<i32>) {
     init_logging(0);
     flush_denormals();
