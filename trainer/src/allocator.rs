@@ -57,27 +57,26 @@ pub fn c_malloc() -> &'static str {
     "system"
 }
 
-/// jemalloc's value of option `name` (e.g. "opt.dirty_decay_ms"), an `isize` option.
-#[cfg(target_os = "linux")]
-pub fn option_isize(name: &std::ffi::CStr) -> Option<isize> {
-    let mut value: isize = 0;
-    let mut len = std::mem::size_of::<isize>();
-    // SAFETY: mallctl reads an option of the size given into `value`.
-    let rc = unsafe {
-        tikv_jemalloc_sys::mallctl(
-            name.as_ptr(),
-            (&raw mut value).cast(),
-            &mut len,
-            std::ptr::null_mut(),
-            0,
-        )
-    };
-    (rc == 0).then_some(value)
-}
-
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
+
+    /// jemalloc's value of option `name` (e.g. "opt.dirty_decay_ms"), an `isize` option.
+    fn option_isize(name: &std::ffi::CStr) -> Option<isize> {
+        let mut value: isize = 0;
+        let mut len = std::mem::size_of::<isize>();
+        // SAFETY: mallctl reads an option of the size given into `value`.
+        let rc = unsafe {
+            tikv_jemalloc_sys::mallctl(
+                name.as_ptr(),
+                (&raw mut value).cast(),
+                &mut len,
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        (rc == 0).then_some(value)
+    }
 
     #[test]
     fn c_code_and_libtorch_allocate_from_jemalloc() {
