@@ -170,7 +170,7 @@ section e && for tokens in 2000 16000; do
   bounded "$bin" run --config "$c" --checkpoint-dir "$out/runs" --job "m30k-$tokens" > "$log" 2>&1 || true
   ours=$(steady_rate "$log")
   theirs=$(bounded "$py" bench/pytorch_transformer.py --device "$device" --bf16 --data "$data" \
-    --warmup-steps 20 --steps $((steps - 20)) \
+    --config examples/multi30k.yaml --warmup-steps 20 --steps $((steps - 20)) \
     --max-tokens "$tokens" --tokenizer "$out/runs/m30k-2000/tokenizer.json" 2>/dev/null \
     | grep -o '[0-9]* tokens/s' | awk '{print $1}' || true)
   ratio=$(awk -v a="${ours:-0}" -v b="${theirs:-0}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }')
@@ -185,7 +185,7 @@ if section e; then
   cp "$out/runs/m30k-2000/tokenizer.json" "$out/runs/m30k-cudnn/" 2>/dev/null || true
   FERROTRAIN_CUDNN_ATTENTION=1 bounded "$bin" run --config "$c" --checkpoint-dir "$out/runs" --job m30k-cudnn > "$log" 2>&1 || true
   theirs=$(bounded "$py" bench/pytorch_transformer.py --device "$device" --bf16 --data "$data" --cudnn-sdp \
-    --warmup-steps 20 --steps 40 --max-tokens 16000 --tokenizer "$out/runs/m30k-2000/tokenizer.json" 2>/dev/null \
+    --config examples/multi30k.yaml --warmup-steps 20 --steps 40 --max-tokens 16000 --tokenizer "$out/runs/m30k-2000/tokenizer.json" 2>/dev/null \
     | grep -o '[0-9]* tokens/s' | awk '{print $1}' || true)
   row "e. the same, cuDNN attention allowed" "$([[ -n $(steady_rate "$log") ]] && echo INFO || echo FAIL)" \
     "steps 21-$steps: ferrotrain $(steady_rate "$log") tok/s (steps 1-20: $(first_rate "$log")); steps 21-60: PyTorch ${theirs:-?} tok/s"

@@ -63,5 +63,5 @@ choice=$(tail -n1 <<<"$chosen" | sed -e 's/^selected: //' -e 's/; written to.*//
 echo "| $(git rev-parse --short HEAD) | $(basename "$config") | $ranks | $steps | ${toks% tok/s} | $choice | ${test_bleu[1]} | ${test_bleu[4]} |"
 # Throughput against PyTorch eager, same model and batch, in the same run.
 if [[ "$baseline" == 1 ]]; then
-  bash bench/run-pytorch-baseline.sh
+  bash bench/run-pytorch-baseline.sh --config "$config"
 fi

@@ -4,14 +4,16 @@ ferrotrain on the same machine (see bench/README.md).
   bench/run-pytorch-baseline.sh [--steps 60] [--threads 2]
 
 It reuses the BPE vocabulary ferrotrain learned (tokenizer.json), builds the same model
-(pre-LN encoder-decoder, d_model 256, 4 heads, 3+3 layers, ffn 512, tied embeddings,
-label smoothing 0.1, AdamW 2e-3, 300 warmup steps, inverse-sqrt decay), batches Multi30k by
-at most 2000 padded tokens per side, and prints steps/s and real source+target tokens/s.
+(pre-LN encoder-decoder with tied embeddings; its sizes from the `model:` section of --config,
+by default d_model 256, 4 heads, 3+3 layers, ffn 512), label smoothing 0.1, AdamW 2e-3, 300
+warmup steps, inverse-sqrt decay, batches Multi30k by at most 2000 padded tokens per side,
+and prints steps/s and real source+target tokens/s.
 """
 import argparse
 import gzip
 import math
 import random
+import re
 import time
 
 import torch
@@ -28,11 +30,12 @@ def read(path):
 
 
 class Model(nn.Module):
-    def __init__(self, vocab, d=256, heads=4, layers=3, ffn=512, dropout=0.1, max_len=256):
+    def __init__(self, vocab, d=256, heads=4, enc_layers=3, dec_layers=3, ffn=512, dropout=0.1, max_len=256):
         super().__init__()
         self.embed = nn.Embedding(vocab, d, padding_idx=PAD)
         nn.init.normal_(self.embed.weight, 0, d ** -0.5)
-        self.core = nn.Transformer(d, heads, layers, layers, ffn, dropout, batch_first=True, norm_first=True)
+        self.core = nn.Transformer(d, heads, enc_layers, dec_layers, ffn, dropout, batch_first=True,
+                                   norm_first=True)
         pos = torch.arange(max_len).unsqueeze(1)
         freq = torch.exp(torch.arange(0, d, 2) * (-math.log(10000.0) / d))
         pe = torch.stack([torch.sin(pos * freq), torch.cos(pos * freq)], 2).view(max_len, d)
@@ -48,6 +51,25 @@ class Model(nn.Module):
         h = self.core(self.emb(src), self.emb(tgt), tgt_mask=mask, tgt_is_causal=True,
                       src_key_padding_mask=src.eq(PAD), memory_key_padding_mask=src.eq(PAD))
         return h @ self.embed.weight.t()
+
+
+# ferrotrain's `model:` keys and the Model arguments they set.
+MODEL_KEYS = {"dModel": "d", "heads": "heads", "encoderLayers": "enc_layers",
+              "decoderLayers": "dec_layers", "ffnDim": "ffn"}
+
+
+def model_sizes(config):
+    """The sizes in the `model:` section of a ferrotrain config (two-space-indented integer
+    keys), so that the baseline builds the model the config trains."""
+    sizes, in_model = {}, False
+    with open(config, encoding="utf-8") as f:
+        for line in f:
+            if re.match(r"^\S", line):
+                in_model = line.startswith("model:")
+            m = re.match(r"^  (\w+): (\d+)\s*(#.*)?$", line)
+            if in_model and m and m.group(1) in MODEL_KEYS:
+                sizes[MODEL_KEYS[m.group(1)]] = int(m.group(2))
+    return sizes
 
 
 def batches(pairs, max_tokens, seed):
@@ -75,6 +97,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default="../shared/data/multi30k")
     ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--config", help="a ferrotrain config whose model: sizes to build "
+                                     "(default: d_model 256, 4 heads, 3+3 layers, ffn 512)")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup-steps", type=int, default=10, help="untimed steps first")
     ap.add_argument("--threads", type=int, default=2)
@@ -95,7 +119,8 @@ def main():
     en, de = read(f"{args.data}/train.en.gz"), read(f"{args.data}/train.de.gz")
     pairs = [(tok.encode(s).ids, tok.encode(t).ids) for s, t in zip(en, de)]
     pairs = [p for p in pairs if 0 < len(p[0]) <= 100 and 0 < len(p[1]) <= 100]
-    model = Model(tok.get_vocab_size()).to(device)
+    sizes = model_sizes(args.config) if args.config else {}
+    model = Model(tok.get_vocab_size(), **sizes).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.01,
                             fused=device.type == "cuda")
     loss_fn = nn.CrossEntropyLoss(ignore_index=PAD, label_smoothing=0.1, reduction="sum")
@@ -127,7 +152,8 @@ def main():
     if device.type == "cuda":
         torch.cuda.synchronize()
     secs = time.perf_counter() - start
-    print(f"pytorch {torch.__version__} {device.type} threads={args.threads} bf16={args.bf16} "
+    shape = ",".join(f"{k}={v}" for k, v in sizes.items()) or "default"
+    print(f"pytorch {torch.__version__} {device.type} threads={args.threads} bf16={args.bf16} model={shape} "
           f"cudnn_sdp={device.type == 'cuda' and args.cudnn_sdp} "
           f"max_tokens={args.max_tokens}: {args.steps} steps in {secs:.1f}s = "
           f"{args.steps / secs:.2f} steps/s, {tokens / secs:.0f} tokens/s (source+target, with BOS/EOS), loss {loss.item():.3f}")

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Tokens/s of the issue-2 recipe in PyTorch eager vs ferrotrain, same machine, same BPE.
-#   bench/run-pytorch-baseline.sh [--steps N] [--threads T]
+# Tokens/s of the Multi30k recipe in PyTorch eager vs ferrotrain, same machine, same BPE, the
+# same model (the sizes in CONFIG's model: section on both sides).
+#   bench/run-pytorch-baseline.sh [--config CONFIG] [--steps N] [--threads T]
+# CONFIG defaults to examples/multi30k.yaml; the other options go to pytorch_transformer.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
+config=examples/multi30k.yaml
+if [[ "${1:-}" == --config ]]; then config="$2"; shift 2; fi
 venv="${FERROTRAIN_CACHE:-$HOME/.cache/ferrotrain}/venv-torch"
 if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c "import torch, tokenizers" 2>/dev/null; then
   python3 -m venv "$venv"
@@ -23,7 +27,7 @@ declare -A ours theirs
 for precision in fp32 bf16 auto; do
   sed -e 's/^maxSteps: .*/maxSteps: 70/' -e 's/^maxSeconds: .*//' -e 's/^logEverySteps: .*/logEverySteps: 70/' \
       -e 's/horizon: time/horizon: steps/' -e "s/^precision: .*/precision: $precision/" \
-      -e 's/everySteps: 1000/everySteps: 0/' -e 's/bleu: true/bleu: false/' examples/multi30k.yaml > "$runs-$precision.yaml"
+      -e 's/everySteps: 1000/everySteps: 0/' -e 's/bleu: true/bleu: false/' "$config" > "$runs-$precision.yaml"
   [[ -f "$runs/fp32/tokenizer.json" ]] && mkdir -p "$runs/$precision" && cp "$runs/fp32/tokenizer.json" "$runs/$precision/"
   log=$(ferrotrain run --config "$runs-$precision.yaml" --checkpoint-dir "$runs" --job "$precision" 2>&1)
   used=$(grep -o 'precision: [a-z0-9]* (.*)' <<<"$log" | head -1)
@@ -34,7 +38,7 @@ for precision in fp32 bf16 auto; do
 done
 for flag in "" --bf16; do
   p=$([[ -n $flag ]] && echo bf16 || echo fp32)
-  line=$("$venv/bin/python" bench/pytorch_transformer.py --tokenizer "$runs/fp32/tokenizer.json" $flag "$@")
+  line=$("$venv/bin/python" bench/pytorch_transformer.py --config "$config" --tokenizer "$runs/fp32/tokenizer.json" $flag "$@")
   echo "PyTorch eager precision=$p: $line"
   theirs[$p]=$(grep -o '[0-9]* tokens/s' <<<"$line" | cut -d' ' -f1)
 done

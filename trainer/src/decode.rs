@@ -72,17 +72,93 @@ fn strip(row: &[i64]) -> Vec<u32> {
         .collect()
 }
 
-/// Beam search of one batch with `beam` hypotheses per sentence; scores are log-probability
-/// divided by length (fairseq's default length penalty of 1). Returns the best hypothesis
-/// of each sentence, ids without BOS/EOS.
-pub fn beam_search(
+/// How to decode: the beam width (1 = greedy) and, for a beam, the length penalty α that ranks
+/// its finished hypotheses by `log p / (length + 1)^α` (fairseq's `lenpen`; the length counts
+/// EOS). α = 1 is the mean log-probability per token; above 1 longer outputs win more often,
+/// below 1 shorter ones (0: the most probable hypothesis).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Search {
+    pub beam: usize,
+    pub length_penalty: f64,
+}
+
+impl Search {
+    /// Greedy decoding (the length penalty plays no part).
+    pub const GREEDY: Search = Search::beam(1);
+
+    /// A beam of `beam` with length penalty 1.
+    pub const fn beam(beam: usize) -> Search {
+        Search {
+            beam,
+            length_penalty: 1.0,
+        }
+    }
+}
+
+/// A finished hypothesis: its ids (without BOS/EOS), its length with EOS, and the sum of the
+/// log-probabilities of its tokens and EOS (no EOS for one cut at the length limit; 0 for a
+/// greedy output, the only one of its sentence).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hypothesis {
+    pub log_prob: f64,
+    pub length: usize,
+    pub tokens: Vec<u32>,
+}
+
+impl Hypothesis {
+    fn finished((log_prob, tokens): Finished) -> Hypothesis {
+        Hypothesis {
+            log_prob,
+            length: tokens.len() + 1,
+            tokens: strip(&tokens),
+        }
+    }
+
+    /// Its score under length penalty `alpha`.
+    pub fn score(&self, alpha: f64) -> f64 {
+        self.log_prob / (self.length as f64).powf(alpha)
+    }
+}
+
+/// The best of one sentence's hypotheses under length penalty `alpha` (the first of equals):
+/// its ids.
+pub fn best(hypotheses: &[Hypothesis], alpha: f64) -> &[u32] {
+    best_hypothesis(hypotheses, alpha).map_or(&[], |h| h.tokens.as_slice())
+}
+
+fn best_hypothesis(hypotheses: &[Hypothesis], alpha: f64) -> Option<&Hypothesis> {
+    let mut best: Option<(&Hypothesis, f64)> = None;
+    for h in hypotheses {
+        let score = h.score(alpha);
+        if best.is_none_or(|(_, b)| score > b) {
+            best = Some((h, score));
+        }
+    }
+    best.map(|(h, _)| h)
+}
+
+/// Beam search of one batch with `beam` hypotheses per sentence: each sentence's finished
+/// hypotheses (`beam` of them, fewer only if some could not finish), in the order they
+/// finished. Which hypotheses finish does not depend on the length penalty (the alive beams
+/// are ranked by their log-probability), so one search serves every penalty. Beam 1 is
+/// greedy decoding: one hypothesis per sentence.
+pub fn beam_hypotheses(
     model: &Transformer,
     sources: &[&[u32]],
     beam: usize,
     device: Device,
-) -> Vec<Vec<u32>> {
+) -> Vec<Vec<Hypothesis>> {
     if beam <= 1 {
-        return greedy(model, sources, device);
+        return greedy(model, sources, device)
+            .into_iter()
+            .map(|tokens| {
+                vec![Hypothesis {
+                    log_prob: 0.0,
+                    length: tokens.len() + 1,
+                    tokens,
+                }]
+            })
+            .collect();
     }
     tch::no_grad(|| {
         let src = source_tensor(sources, device);
@@ -117,11 +193,11 @@ pub fn beam_search(
             let reorder = beams.advance(&top_scores, &top_index, vocab);
             state.select(&Tensor::from_slice(&reorder).to_device(device));
         }
-        beams.best()
+        beams.finished()
     })
 }
 
-/// A finished hypothesis: its length-normalised score and its tokens.
+/// A finished hypothesis: its log-probability (EOS's included) and its tokens.
 type Finished = (f64, Vec<i64>);
 
 /// The state of a beam search over `b` sentences with `k` beams each; beam slot `s * k + i`
@@ -161,8 +237,7 @@ impl Beams {
             if self.done[s].len() < k && t == limit {
                 for slot in s * k..(s + 1) * k {
                     if self.scores[slot] > f64::NEG_INFINITY {
-                        let len = (self.tokens[slot].len() + 1) as f64;
-                        self.done[s].push((self.scores[slot] / len, self.tokens[slot].clone()));
+                        self.done[s].push((self.scores[slot], self.tokens[slot].clone()));
                     }
                 }
                 while self.done[s].len() < k {
@@ -221,9 +296,7 @@ impl Beams {
             if token == EOS {
                 // Only candidates ranked within the beam may finish (fairseq).
                 if j < k {
-                    let hyp = self.tokens[origin].clone();
-                    let len = (hyp.len() + 1) as f64;
-                    self.done[s].push((score / len, hyp));
+                    self.done[s].push((score, self.tokens[origin].clone()));
                 }
                 continue;
             }
@@ -243,23 +316,23 @@ impl Beams {
         }
     }
 
-    /// Each sentence's best finished hypothesis, ids without BOS/EOS.
-    fn best(self) -> Vec<Vec<u32>> {
+    /// Each sentence's finished hypotheses; a sentence none of whose beams finished (cannot
+    /// happen with the last-step rule, but be safe) gets its best alive one.
+    fn finished(self) -> Vec<Vec<Hypothesis>> {
         let k = self.k;
         let (tokens, scores) = (self.tokens, self.scores);
         self.done
             .into_iter()
             .enumerate()
-            .map(|(s, mut hyps)| {
+            .map(|(s, hyps)| {
                 if hyps.is_empty() {
-                    // No hypothesis finished (cannot happen with the last-step rule, but be safe).
                     let best = (0..k)
                         .max_by(|&a, &c| scores[s * k + a].total_cmp(&scores[s * k + c]))
                         .unwrap_or(0);
-                    return strip(&tokens[s * k + best]);
+                    let alive = (scores[s * k + best], tokens[s * k + best].clone());
+                    return vec![Hypothesis::finished(alive)];
                 }
-                hyps.sort_by(|a, c| c.0.total_cmp(&a.0));
-                strip(&hyps[0].1)
+                hyps.into_iter().map(Hypothesis::finished).collect()
             })
             .collect()
     }
@@ -278,13 +351,28 @@ struct Alive {
 pub fn translate(
     model: &Transformer,
     sources: &[Vec<u32>],
-    beam: usize,
+    search: Search,
     max_tokens: usize,
     device: Device,
 ) -> Vec<Vec<u32>> {
+    translate_hypotheses(model, sources, search.beam, max_tokens, device)
+        .iter()
+        .map(|hyps| best(hyps, search.length_penalty).to_vec())
+        .collect()
+}
+
+/// [`translate`]'s search, each sentence's finished hypotheses (see [`beam_hypotheses`]),
+/// for choosing among them under several length penalties.
+pub fn translate_hypotheses(
+    model: &Transformer,
+    sources: &[Vec<u32>],
+    beam: usize,
+    max_tokens: usize,
+    device: Device,
+) -> Vec<Vec<Hypothesis>> {
     let mut order: Vec<usize> = (0..sources.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(sources[i].len()));
-    let mut outputs = vec![Vec::new(); sources.len()];
+    let mut outputs: Vec<Vec<Hypothesis>> = vec![Vec::new(); sources.len()];
     let mut start = 0;
     // Beam search multiplies the batch by the beam width.
     let budget = (max_tokens / beam.max(1)).max(1);
@@ -295,7 +383,7 @@ pub fn translate(
             .iter()
             .map(|&i| sources[i].as_slice())
             .collect();
-        let decoded = beam_search(model, &batch, beam, device);
+        let decoded = beam_hypotheses(model, &batch, beam, device);
         for (&i, out) in order[start..start + count].iter().zip(decoded) {
             outputs[i] = out;
         }
@@ -348,7 +436,18 @@ mod tests {
         for (src, out) in sources.iter().zip(&batched) {
             assert_eq!(&greedy(&m, &[src.as_slice()], Device::Cpu)[0], out);
         }
-        assert_eq!(translate(&m, &sources, 1, 8, Device::Cpu), batched);
+        assert_eq!(
+            translate(&m, &sources, Search::GREEDY, 8, Device::Cpu),
+            batched
+        );
+    }
+
+    /// Beam search's best outputs with length penalty 1.
+    fn beam_search(m: &Transformer, sources: &[&[u32]], k: usize) -> Vec<Vec<u32>> {
+        beam_hypotheses(m, sources, k, Device::Cpu)
+            .iter()
+            .map(|h| best(h, 1.0).to_vec())
+            .collect()
     }
 
     #[test]
@@ -357,7 +456,7 @@ mod tests {
         let sources: Vec<Vec<u32>> = vec![vec![4, 5, 6], vec![7, 8], vec![5, 5, 5, 5]];
         for src in &sources {
             let g = &greedy(&m, &[src.as_slice()], Device::Cpu)[0];
-            let b = &beam_search(&m, &[src.as_slice()], 4, Device::Cpu)[0];
+            let b = &beam_search(&m, &[src.as_slice()], 4)[0];
             let (gs, bs) = (
                 score(&m, src, g) / (g.len() + 1) as f64,
                 score(&m, src, b) / (b.len() + 1) as f64,
@@ -369,9 +468,47 @@ mod tests {
         }
         // Batched beam search gives the same result as one sentence at a time.
         let refs: Vec<&[u32]> = sources.iter().map(Vec::as_slice).collect();
-        let batched = beam_search(&m, &refs, 4, Device::Cpu);
+        let batched = beam_search(&m, &refs, 4);
         for (src, out) in sources.iter().zip(&batched) {
-            assert_eq!(&beam_search(&m, &[src.as_slice()], 4, Device::Cpu)[0], out);
+            assert_eq!(&beam_search(&m, &[src.as_slice()], 4)[0], out);
         }
+        assert_eq!(
+            translate(&m, &sources, Search::beam(4), 8, Device::Cpu),
+            batched
+        );
+    }
+
+    #[test]
+    fn a_larger_length_penalty_never_picks_a_shorter_output() {
+        let m = model();
+        // This model's beams end at several lengths for [3, 3] and at the limit elsewhere.
+        let sources: Vec<Vec<u32>> = vec![vec![4, 5, 6], vec![3, 3], vec![7, 8], vec![8]];
+        let refs: Vec<&[u32]> = sources.iter().map(Vec::as_slice).collect();
+        let all = beam_hypotheses(&m, &refs, 4, Device::Cpu);
+        let mut penalty_mattered = false;
+        for (src, hyps) in sources.iter().zip(&all) {
+            assert_eq!(hyps.len(), 4, "{hyps:?}");
+            // Each hypothesis carries the model's own log-probability of its tokens and EOS
+            // (unless it emitted PAD or BOS, which its ids leave out, or was cut at the limit,
+            // where no EOS was scored).
+            let limit = output_limits(&m, &[src.as_slice()])[0] as usize;
+            let ended = |h: &&Hypothesis| h.length == h.tokens.len() + 1 && h.tokens.len() < limit;
+            for h in hyps.iter().filter(ended) {
+                let teacher = score(&m, src, &h.tokens);
+                assert!((h.log_prob - teacher).abs() < 1e-3, "{h:?}: {teacher}");
+            }
+            let chosen = |alpha| best_hypothesis(hyps, alpha).unwrap();
+            let lengths: Vec<usize> = [0.0, 0.5, 1.0, 2.0, 4.0]
+                .into_iter()
+                .map(|alpha| chosen(alpha).length)
+                .collect();
+            assert!(lengths.is_sorted(), "{src:?}: {lengths:?} from {hyps:?}");
+            penalty_mattered |= lengths[0] < lengths[4];
+            // No penalty: the most probable hypothesis.
+            let top = hyps.iter().map(|h| h.log_prob).fold(f64::MIN, f64::max);
+            assert_eq!(chosen(0.0).log_prob, top);
+            assert_eq!(best(hyps, 1.0), chosen(1.0).tokens);
+        }
+        assert!(penalty_mattered, "{all:?}");
     }
 }

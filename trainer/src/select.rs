@@ -1,7 +1,8 @@
 //! Choosing what to translate with, on validation data only: every kept checkpoint alone,
 //! the average of the last K and of the best K by validation loss (K = 2..maxAverage), each
-//! scored by BLEU on a validation set; the best is written to `<job>/selected.json` and used
-//! by `ferrotrain translate --selected`. A test set is never read here: score it once,
+//! scored by BLEU on a validation set, with a beam under each length penalty asked for (one
+//! search per candidate serves them all); the best is written to `<job>/selected.json` and
+//! used by `ferrotrain translate --selected`. A test set is never read here: score it once,
 //! afterwards, with the selection.
 
 use std::path::{Path, PathBuf};
@@ -9,15 +10,16 @@ use std::path::{Path, PathBuf};
 use ferrotrain_api::config::Precision;
 use serde::{Deserialize, Serialize};
 
-use crate::bleu;
 use crate::checkpoint::TrainerState;
 use crate::error::{Result, TrainError};
 use crate::translate::{Job, Translator, read_text_lines};
+use crate::{bleu, decode};
 
 /// Where `select` writes its choice.
 pub const SELECTED_FILE: &str = "selected.json";
 
-/// One way to get weights: the checkpoints averaged (one: that checkpoint).
+/// One way to translate: the checkpoints averaged (one: that checkpoint), and the length
+/// penalty that ranks a beam's hypotheses ([`decode::Search`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Candidate {
@@ -25,6 +27,13 @@ pub struct Candidate {
     pub name: String,
     /// The checkpoints' steps, oldest first.
     pub steps: Vec<u64>,
+    /// 1 (the mean log-probability per token) in selections written before it was chosen.
+    #[serde(default = "unit_length_penalty")]
+    pub length_penalty: f64,
+}
+
+fn unit_length_penalty() -> f64 {
+    1.0
 }
 
 /// The selection `select` writes.
@@ -51,6 +60,7 @@ pub fn candidates(checkpoints: &[TrainerState], max_average: usize) -> Vec<Candi
         .map(|s| Candidate {
             name: format!("step {}", s.step),
             steps: vec![s.step],
+            length_penalty: 1.0,
         })
         .collect();
     let mut by_loss: Vec<&TrainerState> = checkpoints
@@ -84,16 +94,22 @@ pub fn candidates(checkpoints: &[TrainerState], max_average: usize) -> Vec<Candi
 fn candidate(name: String, steps: impl Iterator<Item = u64>) -> Candidate {
     let mut steps: Vec<u64> = steps.collect();
     steps.sort_unstable();
-    Candidate { name, steps }
+    Candidate {
+        name,
+        steps,
+        length_penalty: 1.0,
+    }
 }
 
 /// The best scored candidate: the highest BLEU; on a tie the fewer checkpoints, then the
-/// later ones.
+/// later ones, then the length penalty nearer 1.
 pub fn pick(scored: &[(Candidate, f64)]) -> Option<&(Candidate, f64)> {
+    let off_unit = |c: &Candidate| (c.length_penalty - 1.0).abs();
     scored.iter().max_by(|(a, x), (b, y)| {
         x.total_cmp(y)
             .then(b.steps.len().cmp(&a.steps.len()))
             .then(a.steps.last().cmp(&b.steps.last()))
+            .then(off_unit(b).total_cmp(&off_unit(a)))
     })
 }
 
@@ -103,6 +119,8 @@ pub struct Request<'a> {
     pub source: &'a Path,
     pub reference: &'a Path,
     pub beam: usize,
+    /// Each candidate's beam is scored under each of these (beam 1: only under 1).
+    pub length_penalties: &'a [f64],
     pub max_average: usize,
     pub max_tokens: usize,
     pub precision: Option<Precision>,
@@ -139,10 +157,25 @@ pub fn select(r: &Request) -> Result<Selection> {
         let weights = job.weights(&dirs)?;
         let requested = r.precision.unwrap_or(job.config.precision);
         let translator = Translator::new(&job, &weights, requested)?;
-        let hyps = translator.translate(&job.vocab, &sources, r.beam, r.max_tokens);
-        let score = bleu::corpus_bleu(&hyps, &refs).score;
-        tracing::info!(candidate = %c.name, steps = ?c.steps, val_bleu = format!("{score:.2}"), "scored");
-        scored.push((c, score));
+        let hyps = translator.hypotheses(&job.vocab, &sources, r.beam, r.max_tokens);
+        let penalties = if r.beam > 1 {
+            r.length_penalties
+        } else {
+            &[1.0]
+        };
+        for &length_penalty in penalties {
+            let outputs: Vec<String> = hyps
+                .iter()
+                .map(|h| job.vocab.decode(decode::best(h, length_penalty)))
+                .collect();
+            let score = bleu::corpus_bleu(&outputs, &refs).score;
+            tracing::info!(candidate = %c.name, steps = ?c.steps, length_penalty, val_bleu = format!("{score:.2}"), "scored");
+            let c = Candidate {
+                length_penalty,
+                ..c.clone()
+            };
+            scored.push((c, score));
+        }
     }
     let Some((chosen, val_bleu)) = pick(&scored).cloned() else {
         return Err(TrainError::Data(
@@ -244,19 +277,40 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_pick_is_the_best_bleu_then_fewer_then_later_checkpoints() {
-        let c = |name: &str, steps: &[u64]| Candidate {
+    fn c(name: &str, steps: &[u64], length_penalty: f64) -> Candidate {
+        Candidate {
             name: name.into(),
             steps: steps.to_vec(),
-        };
+            length_penalty,
+        }
+    }
+
+    #[test]
+    fn the_pick_is_the_best_bleu_then_fewer_then_later_checkpoints_then_penalty_nearer_1() {
         let scored = vec![
-            (c("step 100", &[100]), 30.0),
-            (c("last 2", &[100, 200]), 31.5),
-            (c("step 200", &[200]), 31.5),
-            (c("step 150", &[150]), 31.5),
+            (c("step 100", &[100], 1.0), 30.0),
+            (c("last 2", &[100, 200], 1.0), 31.5),
+            (c("step 200", &[200], 1.0), 31.5),
+            (c("step 150", &[150], 1.0), 31.5),
         ];
         assert_eq!(pick(&scored).unwrap().0.name, "step 200");
         assert!(pick(&[]).is_none());
+        let penalties = [0.6, 1.4, 1.2, 0.7].map(|a| (c("step 200", &[200], a), 31.5));
+        assert_eq!(pick(&penalties).unwrap().0.length_penalty, 1.2);
+        let better = [
+            (c("step 200", &[200], 1.0), 31.5),
+            (c("step 200", &[200], 2.0), 31.6),
+        ];
+        assert_eq!(pick(&better).unwrap().0.length_penalty, 2.0);
+    }
+
+    #[test]
+    fn a_selection_written_before_length_penalties_reads_as_penalty_1() {
+        let old = r#"{"chosen": {"name": "last 2", "steps": [300, 400]}, "valBleu": 37.5,
+            "beam": 4, "source": "val.en", "reference": "val.de",
+            "scored": [[{"name": "last 2", "steps": [300, 400]}, 37.5]]}"#;
+        let s: Selection = serde_json::from_str(old).unwrap();
+        assert_eq!(s.chosen, c("last 2", &[300, 400], 1.0));
+        assert_eq!(s.scored[0].0.length_penalty, 1.0);
     }
 }

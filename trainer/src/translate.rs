@@ -106,14 +106,29 @@ impl Translator {
         })
     }
 
-    /// One output line per input line (beam 1 = greedy).
+    /// One output line per input line.
     pub fn translate(
+        &self,
+        vocab: &Vocabulary,
+        lines: &[String],
+        search: decode::Search,
+        max_tokens: usize,
+    ) -> Vec<String> {
+        self.hypotheses(vocab, lines, search.beam, max_tokens)
+            .iter()
+            .map(|hyps| vocab.decode(decode::best(hyps, search.length_penalty)))
+            .collect()
+    }
+
+    /// Each input line's finished hypotheses with a beam of `beam` (beam 1 = greedy, one
+    /// each), to choose among under any length penalty ([`decode::best`]).
+    pub fn hypotheses(
         &self,
         vocab: &Vocabulary,
         lines: &[String],
         beam: usize,
         max_tokens: usize,
-    ) -> Vec<String> {
+    ) -> Vec<Vec<decode::Hypothesis>> {
         let limit = (self.net.max_positions() - 2).max(1) as usize;
         let sources: Vec<Vec<u32>> = lines
             .iter()
@@ -123,10 +138,7 @@ impl Translator {
                 ids
             })
             .collect();
-        decode::translate(&self.net, &sources, beam, max_tokens, self.device)
-            .iter()
-            .map(|ids| vocab.decode(ids))
-            .collect()
+        decode::translate_hypotheses(&self.net, &sources, beam, max_tokens, self.device)
     }
 }
 

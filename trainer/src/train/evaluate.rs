@@ -74,7 +74,7 @@ fn evaluate(
         let outputs = decode::translate(
             model,
             &sources,
-            config.eval.beam_size as usize,
+            decode::Search::beam(config.eval.beam_size as usize),
             config.batch.max_tokens as usize,
             device,
         );
