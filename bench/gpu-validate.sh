@@ -209,8 +209,19 @@ section f && for precision in fp32 bf16 fp16; do
     "$(steady_rate "$log") tok/s, loss ${loss:-?} at step $steps (fp32 ${fp32_loss:-?})${skipped:+; skipped steps $skipped}"
 done
 
+# Seconds between the first lines of $1 matching $2 and $3 (their timestamps), or nothing.
+seconds_between() {
+  local a b
+  a=$(grep -m1 -e "$2" "$1" | awk '{print $1}' || true)
+  b=$(grep -m1 -e "$3" "$1" | awk '{print $1}' || true)
+  awk -v a="$(date -d "${a:-x}" +%s.%N 2>/dev/null)" -v b="$(date -d "${b:-x}" +%s.%N 2>/dev/null)" \
+    'BEGIN { if (a != "" && b != "") printf "%.1f", b - a }'
+}
+
 # (g) kill -9 of a rank mid-run: the launcher restarts it from the latest checkpoint and the
-# run finishes
+# run finishes. The kill waits until the attempt is 5 s old, so that the next attempt's spare
+# trainer (started 3 s into an attempt: launch/spare.rs) is waiting and the restart runs on it;
+# the row gives the launcher's time from the failure to the resumed rank's first step.
 if section g; then
 c="$out/copy-kill.yaml" log="$out/copy-kill.log"
 # Long enough that the kill lands mid-run on a GPU (the copy model steps in milliseconds there).
@@ -220,26 +231,23 @@ sed -i 's/^  everySteps: .*/  everySteps: 50/' "$c"
 FERROTRAIN_CHECKPOINT_DIR="$out/runs" FERROTRAIN_JOB="kill" \
   bounded "$bin" launch --config "$c" --nproc-per-node 1 --master-port 0 --max-restarts 2 > "$log" 2>&1 &
 launcher=$!
+launched=$SECONDS
 for _ in $(seq 1 1200); do
-  [[ -f "$out/runs/kill/step-00000100/trainer.json" ]] && break
+  [[ -f "$out/runs/kill/step-00000100/trainer.json" ]] && (( SECONDS - launched >= 5 )) && break
   sleep 0.1
 done
-pkill -9 -f "run --config $c" || true
+# The rank, not its waiting spare (same command line, process name ft-spare).
+for pid in $(pgrep -f "run --config $c"); do
+  [[ $(cat "/proc/$pid/comm" 2>/dev/null) == ft-spare ]] || kill -9 "$pid" 2>/dev/null || true
+done
 if wait "$launcher" && grep -q 'resuming from checkpoint' "$log"; then
-  row "g. kill -9 of a rank, resume" PASS "$(grep -o 'resuming from checkpoint step=[0-9]*' "$log" | tail -1)"
+  back=$(grep -o 'failure to next first step [0-9.]* s' "$log" | tail -1)
+  spares=$(grep -o 'attempt 1: started [0-9]* rank(s), [0-9]* of them spares' "$log" || echo 'attempt 1 from a fresh process')
+  row "g. kill -9 of a rank, resume" PASS "$(grep -o 'resuming from checkpoint step=[0-9]*' "$log" | tail -1); ${back:-no recovery line} (1 s of it the launcher's back-off); $spares"
 else
   row "g. kill -9 of a rank, resume" FAIL "$(tail -1 "$log")"
 fi
 fi
-
-# Seconds between the first lines of $1 matching $2 and $3 (their timestamps), or nothing.
-seconds_between() {
-  local a b
-  a=$(grep -m1 -e "$2" "$1" | awk '{print $1}' || true)
-  b=$(grep -m1 -e "$3" "$1" | awk '{print $1}' || true)
-  awk -v a="$(date -d "${a:-x}" +%s.%N 2>/dev/null)" -v b="$(date -d "${b:-x}" +%s.%N 2>/dev/null)" \
-    'BEGIN { if (a != "" && b != "") printf "%.1f", b - a }'
-}
 
 # (h) a collective hung for HOLD seconds (FERROTRAIN_INJECT_HANG holds NCCL's stream) in a
 # run of the copy task under the launcher, collective timeout 10 s: the rank must see it at
