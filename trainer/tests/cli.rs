@@ -233,19 +233,23 @@ fn select_chooses_on_validation_bleu_and_translate_uses_the_choice() {
     };
     let val_src = write(tmp.path(), "val.en", &head(src));
     let val_ref = write(tmp.path(), "val.de", &head(tgt));
-    let mut cmd = ferrotrain();
-    cmd.arg("select").arg("--job").arg(&job);
-    cmd.arg("--source")
-        .arg(&val_src)
-        .arg("--reference")
-        .arg(&val_ref);
-    cmd.args(["--beam", "1", "--max-average", "3"]);
-    let out = with_stdin(cmd, "");
-    assert!(out.status.success(), "{}", stderr(&out));
-    let printed = String::from_utf8_lossy(&out.stdout);
-    assert!(printed.contains("selected: "), "{printed}");
-    let selection: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(job.join("selected.json")).unwrap()).unwrap();
+    // `ferrotrain select` of `job` on that set with `args`; what it wrote.
+    let select = |args: &[&str]| -> serde_json::Value {
+        let mut cmd = ferrotrain();
+        cmd.arg("select").arg("--job").arg(&job);
+        cmd.arg("--source")
+            .arg(&val_src)
+            .arg("--reference")
+            .arg(&val_ref);
+        cmd.args(args);
+        let out = with_stdin(cmd, "");
+        assert!(out.status.success(), "{}", stderr(&out));
+        let printed = String::from_utf8_lossy(&out.stdout);
+        assert!(printed.contains("selected: "), "{printed}");
+        let written = std::fs::read_to_string(job.join("selected.json")).unwrap();
+        serde_json::from_str(&written).unwrap()
+    };
+    let selection = select(&["--beam", "1", "--max-average", "3"]);
     let scored = selection["scored"].as_array().unwrap();
     let names: Vec<&str> = scored
         .iter()
@@ -285,35 +289,41 @@ fn select_chooses_on_validation_bleu_and_translate_uses_the_choice() {
 
     // With a beam, every candidate is scored under each length penalty asked for, and
     // `translate --selected` decodes with the chosen one unless told another.
-    let mut cmd = ferrotrain();
-    cmd.arg("select").arg("--job").arg(&job);
-    cmd.arg("--source").arg(&val_src).arg("--reference").arg(&val_ref);
-    cmd.args(["--beam", "2", "--max-average", "2", "--length-penalties", "0.5,2"]);
-    let out = with_stdin(cmd, "");
-    assert!(out.status.success(), "{}", stderr(&out));
-    let selection: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(job.join("selected.json")).unwrap()).unwrap();
+    let selection = select(&[
+        "--beam",
+        "2",
+        "--max-average",
+        "2",
+        "--length-penalties",
+        "0.5,2",
+    ]);
     let penalties: Vec<(String, f64)> = selection["scored"]
         .as_array()
         .unwrap()
         .iter()
         .map(|s| {
-            let c = &s[0];
-            (c["name"].as_str().unwrap().to_string(), c["lengthPenalty"].as_f64().unwrap())
+            let (name, alpha) = (&s[0]["name"], &s[0]["lengthPenalty"]);
+            (name.as_str().unwrap().to_string(), alpha.as_f64().unwrap())
         })
         .collect();
     for name in ["step 40", "last 2"] {
         for alpha in [0.5, 2.0] {
-            assert!(penalties.contains(&(name.to_string(), alpha)), "{penalties:?}");
+            let scored = (name.to_string(), alpha);
+            assert!(penalties.contains(&scored), "{penalties:?}");
         }
     }
     let chosen = selection["chosen"]["lengthPenalty"].as_f64().unwrap();
-    let out = translate(&job, &["--selected", "--beam", "2"], "a small cat sleeps .\n");
+    let out = translate(&job, &["--selected", "--beam", "2"], "a cat sleeps .\n");
     assert!(out.status.success(), "{}", stderr(&out));
     let logged = format!("length_penalty={chosen:?}");
     assert!(stderr(&out).contains(&logged), "{logged}: {}", stderr(&out));
-    let out = translate(&job, &["--selected", "--length-penalty", "1.3"], "a cat .\n");
-    assert!(stderr(&out).contains("length_penalty=1.3"), "{}", stderr(&out));
+    let told = ["--selected", "--length-penalty", "1.3"];
+    let out = translate(&job, &told, "a cat .\n");
+    assert!(
+        stderr(&out).contains("length_penalty=1.3"),
+        "{}",
+        stderr(&out)
+    );
     let out = translate(&job, &["--length-penalty", "7"], "a cat .\n");
     assert_fails(&out, 2, "--length-penalty");
 }
