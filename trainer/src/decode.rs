@@ -83,10 +83,7 @@ pub struct Search {
 }
 
 impl Search {
-    /// Greedy decoding (the length penalty plays no part).
-    pub const GREEDY: Search = Search::beam(1);
-
-    /// A beam of `beam` with length penalty 1.
+    /// A beam of `beam` (1: greedy) with length penalty 1.
     pub const fn beam(beam: usize) -> Search {
         Search {
             beam,
@@ -115,7 +112,7 @@ impl Hypothesis {
     }
 
     /// Its score under length penalty `alpha`.
-    pub fn score(&self, alpha: f64) -> f64 {
+    fn score(&self, alpha: f64) -> f64 {
         self.log_prob / (self.length as f64).powf(alpha)
     }
 }
@@ -137,9 +134,8 @@ fn best_hypothesis(hypotheses: &[Hypothesis], alpha: f64) -> Option<&Hypothesis>
     best.map(|(h, _)| h)
 }
 
-/// Beam search of one batch with `beam` hypotheses per sentence: each sentence's finished
-/// hypotheses (`beam` of them, fewer only if some could not finish), in the order they
-/// finished. Which hypotheses finish does not depend on the length penalty (the alive beams
+/// Beam search of one batch with `beam` hypotheses per sentence: each sentence's `beam`
+/// finished hypotheses in the order they finished (those that could not finish score -inf). Which hypotheses finish does not depend on the length penalty (the alive beams
 /// are ranked by their log-probability), so one search serves every penalty. Beam 1 is
 /// greedy decoding: one hypothesis per sentence.
 pub fn beam_hypotheses(
@@ -437,7 +433,7 @@ mod tests {
             assert_eq!(&greedy(&m, &[src.as_slice()], Device::Cpu)[0], out);
         }
         assert_eq!(
-            translate(&m, &sources, Search::GREEDY, 8, Device::Cpu),
+            translate(&m, &sources, Search::beam(1), 8, Device::Cpu),
             batched
         );
     }
