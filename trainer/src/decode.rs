@@ -135,9 +135,10 @@ fn best_hypothesis(hypotheses: &[Hypothesis], alpha: f64) -> Option<&Hypothesis>
 }
 
 /// Beam search of one batch with `beam` hypotheses per sentence: each sentence's `beam`
-/// finished hypotheses in the order they finished (those that could not finish score -inf). Which hypotheses finish does not depend on the length penalty (the alive beams
-/// are ranked by their log-probability), so one search serves every penalty. Beam 1 is
-/// greedy decoding: one hypothesis per sentence.
+/// finished hypotheses in the order they finished (those that could not finish score -inf).
+/// Which hypotheses finish does not depend on the length penalty (the alive beams are ranked
+/// by their log-probability), so one search serves every penalty. Beam 1 is greedy decoding:
+/// one hypothesis per sentence.
 pub fn beam_hypotheses(
     model: &Transformer,
     sources: &[&[u32]],

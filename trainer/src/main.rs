@@ -334,10 +334,17 @@ fn translate(args: TranslateArgs) -> Result<()> {
     start_decoding(args.threads);
     let (job_dir, dir) = translate::resolve_checkpoint(&args.checkpoint)?;
     let job = translate::Job::open(&job_dir)?;
-    let mut length_penalty = args.length_penalty.unwrap_or(1.0);
-    let (dirs, steps) = if args.selected {
-        let chosen = select::read_selection(&job_dir)?.chosen;
-        length_penalty = args.length_penalty.unwrap_or(chosen.length_penalty);
+    let chosen = if args.selected {
+        Some(select::read_selection(&job_dir)?.chosen)
+    } else {
+        None
+    };
+    // Asked for, else the selection's, else 1.
+    let length_penalty = args
+        .length_penalty
+        .or(chosen.as_ref().map(|c| c.length_penalty))
+        .unwrap_or(1.0);
+    let (dirs, steps) = if let Some(chosen) = chosen {
         (translate::at_steps(&job, &chosen.steps)?, chosen.steps)
     } else if !args.steps.is_empty() {
         (translate::at_steps(&job, &args.steps)?, args.steps.clone())
