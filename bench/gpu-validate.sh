@@ -17,8 +17,8 @@
 # --device cpu runs every step on the CPU (a rehearsal of the script itself, with a CPU build:
 # the rows about libtorch_cuda and NCCL then fail, the others must pass); --limit bounds each
 # run (default 240 s: a hang costs one row, not the GPU lease); the table is also written to
-# OUT/table.txt. --only (e.g. `--only ade`) runs only those sections (a to h); (f) and
-# (h)'s first row need (e)'s files.
+# OUT/table.txt. --only (e.g. `--only ade`) runs only those sections (a to i); (f), (h)'s first
+# row and (i) need (e)'s files.
 #
 # It checks, in order: (a) BIN links libtorch_cuda and every library resolves, and a run picks
 # the GPU; (b) the copy task converges on one GPU in fp32 and in bf16; (c) NCCL's init and
@@ -29,10 +29,12 @@
 # (f) fp32, bf16 and fp16 (loss scaling) at 16k tokens: tokens/s and loss; (g) a rank killed
 # with kill -9 resumes from its checkpoint and the run finishes; (h) the gang's NCCL path on
 # the one GPU (a communicator of one rank) against one rank without it, and a hung
-# collective failing at the collective timeout.
+# collective failing at the collective timeout; (i) the host memory (peak resident set) of a
+# Multi30k 16k-token bf16 run. The Multi30k recipe itself (train 4,000 steps, choose on val,
+# score test) runs on a GPU with bench/multi30k-gpu-sweep.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin="" py="" data=../shared/data/multi30k out="" steps=200 device=cuda limit=240 only=abcdefgh
+bin="" py="" data=../shared/data/multi30k out="" steps=200 device=cuda limit=240 only=abcdefghi
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --bin) bin="$2"; shift 2 ;;
@@ -298,6 +300,31 @@ fi
 if section h; then
   hang_row 20 "the abort returns when the hold ends"
   hang_row 60 "the abort is given up after 15 s"
+fi
+
+# (i) host memory: the peak resident set (VmHWM, read every 0.2 s) of a Multi30k 16k-token
+# bf16 run like (e)'s, with the allocator its start-up line names: what a pod's memory limit
+# must allow on the host beside the GPU's memory (jemalloc keeps freed pages, so the peak is
+# what counts).
+if section i && [[ ! -f $out/m30k-16000.yaml ]]; then
+  row "i. host memory, Multi30k 16k bf16" SKIP "needs (e)'s files in the same --out"
+elif section i; then
+  log="$out/m30k-rss.log" hwm=0 ticks=0 code=0
+  mkdir -p "$out/runs/m30k-rss"
+  cp "$out/runs/m30k-2000/tokenizer.json" "$out/runs/m30k-rss/" 2>/dev/null || true
+  # Not `bounded`: the sampler needs the trainer's own pid, so the bound is the loop's.
+  "$bin" run --config "$out/m30k-16000.yaml" --checkpoint-dir "$out/runs" --job m30k-rss > "$log" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    ticks=$((ticks + 1))
+    (( ticks > limit * 5 )) && kill -9 "$pid" 2>/dev/null
+    peak=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status" 2>/dev/null || true)
+    [[ -n $peak ]] && hwm=$peak
+    sleep 0.2
+  done
+  wait "$pid" || code=$?
+  row "i. host memory, Multi30k 16k bf16" "$([[ $code == 0 && $hwm -gt 0 ]] && echo INFO || echo FAIL)" \
+    "peak resident $((hwm / 1024)) MiB (VmHWM) over $steps steps; $(grep -o 'allocator="[a-z]*"' "$log" | head -1); exit $code"
 fi
 
 echo
