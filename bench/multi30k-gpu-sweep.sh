@@ -78,7 +78,9 @@ one() {
   for beam in 4 1; do
     if ! timeout "$limit" "$bin" select --job "$r/mt" --source "$data/val.en.gz" --reference "$data/val.de.gz" \
         --beam "$beam" --threads 2 > "$r/select-beam$beam.log" 2>&1; then
-      cols+=("FAIL: select --beam $beam" "" ""); continue
+      cols+=("FAIL: select --beam $beam" "" "")
+      [[ $beam == 4 ]] && cols+=("")
+      continue
     fi
     cp "$r/mt/selected.json" "$r/selected-beam$beam.json"
     cols+=("$(chosen "$r/mt/selected.json")" "$(test_bleu "$r/mt" 1)")
