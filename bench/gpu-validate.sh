@@ -56,15 +56,7 @@ mkdir -p "$out"
 export OMP_WAIT_POLICY=PASSIVE RUST_LOG=info
 
 # The torch wheel's libraries and every nvidia-* wheel's, for the dynamic loader.
-libs=$("$py" - <<'PY'
-import glob, os, torch
-site = os.path.dirname(os.path.dirname(torch.__file__))
-dirs = [os.path.join(os.path.dirname(torch.__file__), "lib")]
-dirs += sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib")))
-dirs += sorted(glob.glob(os.path.join(site, "nvidia", "cu*", "lib")))
-print(":".join(d for d in dirs if os.path.isdir(d)))
-PY
-)
+libs=$("$py" bench/torch_libs.py)
 export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 declare -a rows=()
 row() { rows+=("$(printf '%-44s %-8s %s' "$1" "$2" "$3")"); printf '%-44s %-8s %s\n' "$1" "$2" "$3" >&2; }

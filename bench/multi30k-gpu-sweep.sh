@@ -44,7 +44,7 @@ bin=$(realpath "$bin") data=$(realpath "$data") out=${out:-$(mktemp -d)}
 mkdir -p "$out"
 export OMP_WAIT_POLICY=PASSIVE RUST_LOG=info
 # The torch wheel's libraries and every nvidia-* wheel's, for the dynamic loader.
-LD_LIBRARY_PATH=$("$py" -c 'import glob, os, torch; d = os.path.dirname(torch.__file__); s = os.path.dirname(d); print(":".join(p for p in [d + "/lib"] + sorted(glob.glob(s + "/nvidia/*/lib")) + sorted(glob.glob(s + "/nvidia/cu*/lib")) if os.path.isdir(p)))')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+LD_LIBRARY_PATH=$("$py" bench/torch_libs.py)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export LD_LIBRARY_PATH
 
 # `name val-BLEU` of a selection file.
