@@ -89,7 +89,15 @@ async fn main() {
         bench.ns,
         bench.dir.display()
     );
-    let (rows, error) = phases::run(&mut bench).await;
+    // Interrupted (^C, SIGTERM), the bench still tears down what it made.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("a SIGTERM handler");
+    let (rows, error) = tokio::select! {
+        done = phases::run(&mut bench) => done,
+        _ = tokio::signal::ctrl_c() => (Vec::new(), Some("interrupted".to_string())),
+        _ = terminate.recv() => (Vec::new(), Some("terminated".to_string())),
+    };
+    eprintln!("operator-fleet: tearing down");
     bench.tear_down().await;
     println!("\n| measurement | value | goal |\n|---|---|---|");
     for r in rows {

@@ -4,6 +4,7 @@
 
 pub mod access;
 pub mod bench;
+pub mod disrupt;
 pub mod jobs;
 pub mod metrics;
 pub mod phases;

@@ -18,10 +18,10 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 use serde_json::{Value, json};
 
+use super::Shared;
 use super::pods::{self, Exit, PodSim, Stage, Todo};
 use super::serve::{self, Reply};
 use super::training;
-use super::Shared;
 
 /// Watches bound pods until aborted.
 pub async fn run(shared: Arc<Shared>) {
