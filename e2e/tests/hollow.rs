@@ -290,7 +290,7 @@ impl Fence {
         let name = format!("{ns}-fence");
         let rules = json!([{
             "apiGroups": ["*"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE", "DELETE"],
-            "resources": ["*", "*/*"]
+            "resources": ["*/*"]
         }]);
         access::refuse(
             client,
