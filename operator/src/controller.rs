@@ -31,6 +31,7 @@ use crate::metrics::{ErrorLabels, Metrics, ReasonLabels, ReconcileResult, Result
 use crate::observe;
 use crate::readiness::Readiness;
 use crate::scheduling::{self, GangMode};
+use crate::shapes;
 
 /// Now, truncated to whole seconds: status times have second resolution, and a time that
 /// differs only in its nanoseconds would make every status look changed.
@@ -521,18 +522,20 @@ pub async fn run(
     let health = readiness.clone();
     let pod_stream = watcher(pods_api, watcher::Config::default().labels(&pod_selector))
         .default_backoff()
-        .modify(|pod: &mut Pod| pod.managed_fields_mut().clear())
+        .modify(shapes::trim_pod)
         .reflect(pod_writer)
         .inspect(move |item| health.observe(pod_watch, item))
         .touched_objects();
 
     let (node_store, node_writer) = reflector::store();
     let health = readiness.clone();
-    let node_stream = watcher(nodes_api, watcher::Config::default())
-        .default_backoff()
-        .reflect(node_writer)
-        .inspect(move |item| health.observe(node_watch, item))
-        .touched_objects();
+    let node_stream = shapes::readiness_changes(
+        watcher(nodes_api, watcher::Config::default())
+            .default_backoff()
+            .modify(shapes::trim_node)
+            .reflect(node_writer)
+            .inspect(move |item| health.observe(node_watch, item)),
+    );
 
     let _ = jobs.set(dt_store.clone());
     let native_gang = scheduling::discover_native_api(&client).await;

@@ -28,6 +28,7 @@ pub mod render;
 pub mod report;
 pub mod scheduling;
 pub mod server;
+pub mod shapes;
 
 pub use ferrotrain_api::crd::{
     DistributedTraining, DistributedTrainingSpec, DistributedTrainingStatus,

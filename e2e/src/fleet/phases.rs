@@ -221,17 +221,33 @@ async fn running(b: &mut Bench, rows: &mut Vec<Row>) -> Result<(), String> {
     );
     let started = Instant::now();
     let names = (0..first).map(|i| format!("run-{i:04}")).collect();
-    create_many(&api, &b.ns, names, &spec, s.create_concurrency).await;
+    let created = create_many(&api, &b.ns, names, &spec, s.create_concurrency).await;
+    let created_in = started.elapsed().as_secs_f64();
+    let pods = first * s.pods_per_job as usize;
+    let view: &Bench = b;
+    poll(
+        "the jobs' pods Running",
+        Duration::from_secs(1800),
+        Duration::from_millis(500),
+        || async move {
+            let k = view.tracker.with(|seen| seen.running_pods());
+            (
+                (k >= pods).then_some(()),
+                format!("{k} of {pods} pods running"),
+            )
+        },
+    )
+    .await?;
+    let running_in = started.elapsed().as_secs_f64();
     wait_stepping(b, first, Duration::from_secs(1800)).await?;
-    let bring_up = started.elapsed().as_secs_f64();
+    let failed = created.iter().filter(|(_, at)| at.is_none()).count();
     rows.push(row(
+        format!("{first} jobs x {} pods: created ({} at a time) / every pod Running / every job stepping in its status", s.pods_per_job, s.create_concurrency),
         format!(
-            "{first} jobs x {} pods created, scheduled, Running and stepping",
-            s.pods_per_job
-        ),
-        format!(
-            "{bring_up:.0} s ({:.0} pods/s)",
-            (first as f64 * f64::from(s.pods_per_job)) / bring_up
+            "{created_in:.0} s / {running_in:.0} s ({:.0} pods/s) / {:.0} s{}",
+            pods as f64 / running_in,
+            started.elapsed().as_secs_f64(),
+            if failed > 0 { format!(" ({failed} creates failed)") } else { String::new() }
         ),
         "",
     ));

@@ -129,9 +129,13 @@ impl Proc {
     }
 
     /// SIGTERM (kill(1): no unsafe code here).
-    pub fn terminate(&self) {
+    pub fn terminate(&mut self) {
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return;
+        }
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
+            .stderr(Stdio::null())
             .status();
     }
 
