@@ -110,6 +110,7 @@ pub async fn reconcile_at(
         ],
     ));
     let timing = ctx.timing();
+    let launch_stop = ctx.launch_stop(&dt.uid().unwrap_or_default());
     let gang_mode = scheduling::mode(
         &dt.spec,
         dt.labels(),
@@ -127,6 +128,7 @@ pub async fn reconcile_at(
         spec_problems: &problems,
         timing: &timing,
         gang: &gang_mode,
+        launch_stop: launch_stop.as_ref(),
     });
     debug!(job = %owner.name, phase = %decision.status.phase, actions = ?decision.actions, "decided");
     let launches = build_launches(ctx, &dt, &owner, &decision, &gang_mode);
@@ -200,7 +202,9 @@ fn build_launches(
 }
 
 /// Applies a decision: deletes, then the status, then creates (a crash in between never loses
-/// a restart: the status is written before the new attempt's pods exist), then events.
+/// a restart: the status is written before the new attempt's pods exist), then events. The
+/// status is written once; a launch that stops (the API refuses a pod, a name is taken) is
+/// remembered for the next decision, which says so in the status ([`gang::LaunchStop`]).
 async fn carry_out(
     ctx: &Context,
     dt: &DistributedTraining,
@@ -221,15 +225,19 @@ async fn carry_out(
     }
     let mut events = decision.events.clone();
     let mut requeue = decision.requeue_after;
-    let (stopped, notes) = launch_all(ctx, dt, owner, &decision.status, &launches, now).await?;
-    events.extend(notes);
-    if let Some(stopped) = stopped {
-        if stopped.nothing_created {
-            // "creating N pods" would not be true.
-            events.retain(|e| e.reason != reason::CREATED);
+    if !launches.is_empty() {
+        let attempt = decision.status.attempt;
+        let launched = launch_all(ctx, owner, &launches, attempt, now).await?;
+        events.extend(launched.notes);
+        if let Some(stop) = &launched.stop {
+            if stop.reason == reason::NAME_CONFLICT {
+                // Nothing was created: "creating N pods" would not be true.
+                events.retain(|e| e.reason != reason::CREATED);
+            }
+            // The next decision shows why, at once.
+            requeue = Some(Duration::from_secs(1));
         }
-        events.extend(stopped.note);
-        requeue = Some(REFUSED_RETRY);
+        ctx.launch_went(&uid, launched.stop, now);
     }
     apply::events(ctx, dt, decision.status.attempt, &events).await?;
     if decision.actions.contains(&gang::Action::DeleteJob) {
@@ -264,32 +272,32 @@ fn only_progress_changed(
 /// 0.53 s p50 in bench/operator-scale.sh).
 const DEBOUNCE: Duration = Duration::from_millis(100);
 
-/// How soon a launch the API refused (quota, LimitRange, webhook) or a name conflict stopped
-/// is tried again.
-const REFUSED_RETRY: Duration = Duration::from_secs(30);
-
-/// A launch that stopped: the event to publish (None when this was already reported).
-struct Stopped {
-    note: Option<gang::EventNote>,
-    /// A name conflict stops the launch before any object is written.
-    nothing_created: bool,
+/// How the launches of a decision went: the events to add, and why they stopped if they did.
+struct Launched {
+    notes: Vec<gang::EventNote>,
+    stop: Option<gang::LaunchStop>,
 }
 
-/// Applies the launches. When the API refuses a pod (quota, LimitRange, admission webhook) or
-/// a name is taken by an object this job does not control, the job says so in its status
-/// (Created=False) instead of only in the log: returns why it stopped and the caller retries
-/// later; the state machine fails a refused launch past its startup timeout.
+/// Applies the launches of `attempt`. When the API refuses a pod (quota, LimitRange, admission
+/// webhook) or a name is taken by an object this job does not control, it stops there and
+/// says why, for the next decision to show in the status (and, past the start-up timeout, to
+/// fail a refused launch).
 async fn launch_all(
     ctx: &Context,
-    dt: &DistributedTraining,
     owner: &Owner,
-    status: &DistributedTrainingStatus,
     launches: &[build::GangObjects],
+    attempt: i32,
     now: Timestamp,
-) -> Result<(Option<Stopped>, Vec<gang::EventNote>)> {
+) -> Result<Launched> {
     let mut notes = Vec::new();
+    let stop = |reason, message: String| gang::LaunchStop {
+        attempt,
+        reason,
+        message,
+        at: now,
+    };
     for objects in launches {
-        let (stopped, note, nothing_created) = match apply::gang(ctx, owner, objects).await {
+        let stopped = match apply::gang(ctx, owner, objects).await {
             Ok(Applied::Done) => continue,
             Ok(Applied::GangIgnored(message)) => {
                 warn!(job = %owner.name, namespace = %owner.namespace, %message, "gang not enforced");
@@ -302,38 +310,20 @@ async fn launch_all(
             }
             Ok(Applied::NameConflict(message)) => {
                 warn!(job = %owner.name, namespace = %owner.namespace, %message, "name conflict");
-                let (s, note) = name_conflict(status, &message, now, dt.metadata.generation);
-                (s, note, true)
+                stop(reason::NAME_CONFLICT, message)
             }
             Err(error) if error.is_refused_create() && !error.is_namespace_terminating() => {
                 warn!(job = %owner.name, namespace = %owner.namespace, %error, "the API refused a pod of the gang");
-                let (s, note) =
-                    gang::launch_refused(status, &error.to_string(), now, dt.metadata.generation);
-                (s, note, false)
+                stop(reason::POD_CREATE_REFUSED, error.to_string())
             }
             Err(error) => return Err(error),
         };
-        if stopped != *status {
-            apply::status(ctx, dt, owner, stopped).await?;
-        }
-        let stopped = Stopped {
-            note,
-            nothing_created,
-        };
-        return Ok((Some(stopped), notes));
+        return Ok(Launched {
+            notes,
+            stop: Some(stopped),
+        });
     }
-    Ok((None, notes))
-}
-
-/// Condition Created turns False with reason [`reason::NAME_CONFLICT`] and the message naming the
-/// object; the Warning event is returned once per message, not on every retry.
-pub fn name_conflict(
-    status: &DistributedTrainingStatus,
-    message: &str,
-    now: Timestamp,
-    generation: Option<i64>,
-) -> (DistributedTrainingStatus, Option<gang::EventNote>) {
-    gang::launch_stopped(status, reason::NAME_CONFLICT, message, now, generation)
+    Ok(Launched { notes, stop: None })
 }
 
 /// The job's pods: labelled with its name and controlled by this very object (a re-created

@@ -294,7 +294,7 @@ fn interrupt_and_recover(signal: i32) {
 /// next resumed from, the steps lost (the ledger sees rank 0's progress file, up to a second
 /// old, so it may count fewer), and it adds the times and the goodput.
 fn check_the_ledger(r: &ferrotrain_api::Recovery, signal: i32, before: u64, lost: u64) {
-    for line in ferrotrain_trainer::launch::recovery_lines(r) {
+    for line in ferrotrain_launch::recovery_lines(r) {
         eprintln!("ledger: {line}");
     }
     use ferrotrain_api::recovery::EndCause;

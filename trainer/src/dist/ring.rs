@@ -19,7 +19,9 @@ use std::os::fd::AsRawFd;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::auth::{Auth, Channel};
+use ferrotrain_launch::auth::{Auth, Channel};
+use ferrotrain_launch::refused;
+
 use crate::error::{Result, TrainError};
 
 /// Default pipeline segment; big enough to amortize syscalls, small enough to pipeline.
@@ -692,7 +694,7 @@ fn accept_prev(
                         }
                         Err(e) => {
                             tracing::debug!("ring: rejected {addr}: {e}");
-                            super::refused::count(super::refused::Reason::of(&e), addr, "ring");
+                            refused::count(refused::Reason::of(&e), addr, "ring");
                         }
                     }
                 });

@@ -10,7 +10,7 @@ use tch::Tensor;
 use super::trainer::Trainer;
 use crate::error::Result;
 use crate::resources::ResourceSampler;
-use crate::signals;
+use ferrotrain_launch::signals;
 
 /// What `Trainer::exchange` reads at the end of a step's backward, for its gang and
 /// single-rank halves.

@@ -26,7 +26,7 @@ use crate::metrics::{MetricsServer, Reporter, SharedProgress};
 use crate::model;
 use crate::precision;
 use crate::resources::ResourceSampler;
-use crate::signals;
+use ferrotrain_launch::signals;
 
 impl<'a> Trainer<'a> {
     /// Everything before the first step: device and rendezvous, data, model and optimizer,

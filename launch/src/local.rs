@@ -6,12 +6,14 @@ use std::time::{Duration, Instant};
 
 use ferrotrain_api::exit;
 
-use super::args::{Launch, LaunchArgs, LaunchError, forward_final_report};
-use super::group::{GroupOutcome, start_group_with};
-use super::ledger::Ledger;
-use super::spare::{SpareStart, Spares};
-use super::spawn::Spawn;
+use crate::args::{Launch, LaunchArgs, forward_final_report};
+use crate::error::LaunchError;
+use crate::group::{GroupOutcome, start_group_with};
+use crate::ledger::Ledger;
 use crate::signals;
+use crate::spare::{SpareStart, Spares};
+use crate::spawn::Spawn;
+use crate::termination::write_termination_message;
 
 pub fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
@@ -81,7 +83,7 @@ pub fn supervise_attempts(args: &LaunchArgs, l: &Launch) -> Result<i32, LaunchEr
             }
             GroupOutcome::Failed(f) => {
                 tracing::warn!("launch: {}", f.reason);
-                crate::error::write_termination_message(&f.reason);
+                write_termination_message(&f.reason);
                 if args.permanent_exit_codes.contains(&f.code) {
                     tracing::error!("launch: exit code {} is permanent; not restarting", f.code);
                     return Ok(f.code);

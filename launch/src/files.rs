@@ -18,7 +18,7 @@ pub fn keep_refusals_written(dir: std::path::PathBuf) {
             let mut last = std::collections::BTreeMap::new();
             loop {
                 std::thread::sleep(std::time::Duration::from_secs(2));
-                let now = crate::dist::refused::snapshot();
+                let now = crate::refused::snapshot();
                 if now == last {
                     continue;
                 }

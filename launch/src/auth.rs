@@ -60,7 +60,7 @@ impl std::fmt::Debug for Auth {
 /// The rendezvous token: FERROTRAIN_RDZV_TOKEN, else the content of the file
 /// FERROTRAIN_RDZV_TOKEN_FILE names (trimmed; the operator mounts the job's Secret there);
 /// None when neither is set. `var` reads the environment (tests pass their own).
-pub fn token_from(var: impl Fn(&str) -> Option<String>) -> crate::error::Result<Option<String>> {
+pub fn token_from(var: impl Fn(&str) -> Option<String>) -> Result<Option<String>, TokenError> {
     use ferrotrain_api::env;
     if let Some(t) = var(env::FERROTRAIN_RDZV_TOKEN).filter(|t| !t.is_empty()) {
         return Ok(Some(t));
@@ -68,17 +68,19 @@ pub fn token_from(var: impl Fn(&str) -> Option<String>) -> crate::error::Result<
     let Some(path) = var(env::FERROTRAIN_RDZV_TOKEN_FILE).filter(|p| !p.trim().is_empty()) else {
         return Ok(None);
     };
-    let token = std::fs::read_to_string(path.trim()).map_err(|e| {
-        crate::error::TrainError::Config(
-            format!(
-                "{}={path}: cannot read the rendezvous token: {e}",
-                env::FERROTRAIN_RDZV_TOKEN_FILE
-            )
-            .into(),
-        )
-    })?;
+    let path = std::path::PathBuf::from(path.trim());
+    let token = std::fs::read_to_string(&path).map_err(|source| TokenError { path, source })?;
     let token = token.trim().to_string();
     Ok((!token.is_empty()).then_some(token))
+}
+
+/// FERROTRAIN_RDZV_TOKEN_FILE could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("{}={}: cannot read the rendezvous token: {source}", ferrotrain_api::env::FERROTRAIN_RDZV_TOKEN_FILE, path.display())]
+pub struct TokenError {
+    pub path: std::path::PathBuf,
+    #[source]
+    pub source: std::io::Error,
 }
 
 /// Why a handshake failed.

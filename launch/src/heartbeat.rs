@@ -18,8 +18,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::dist::auth::Auth;
-use crate::dist::store::StoreClient;
+use crate::auth::Auth;
+use crate::keys;
+use crate::store::{self, StoreClient};
 
 /// How often a node beats, and node 0 looks.
 const BEAT_EVERY: Duration = Duration::from_secs(1);
@@ -92,7 +93,7 @@ impl Heartbeat {
         timeout: Duration,
         fired: Arc<AtomicBool>,
         lost: Arc<AtomicBool>,
-    ) -> crate::error::Result<Self> {
+    ) -> store::Result<Self> {
         let deadline = Instant::now() + Duration::from_secs(10);
         let client = StoreClient::connect(r.host, r.port, r.auth, deadline)?.with_timeout(timeout);
         let stop = Arc::new(AtomicBool::new(false));
@@ -117,7 +118,8 @@ impl Heartbeat {
                 if ended {
                     end();
                 }
-            })?;
+            })
+            .map_err(store::StoreError::Start)?;
         Ok(Heartbeat { stop })
     }
 
@@ -143,7 +145,7 @@ fn watch_beats(
     while !over() {
         std::thread::sleep(BEAT_EVERY);
         for b in &mut beats {
-            match client.add(&format!("agent/{round}/beat/{}", b.node), 0) {
+            match client.add(&keys::beat(round, b.node), 0) {
                 Ok(count) => b.saw(count, Instant::now()),
                 // Its own store: a failure here is the round's end anyway.
                 Err(_) => return false,
@@ -160,9 +162,9 @@ fn watch_beats(
                 silent.as_secs_f64()
             );
             let secs = format!("{:.1}", silent.as_secs_f64());
-            let _ = client.set(&format!("agent/{round}/lost/{node}"), secs.as_bytes());
+            let _ = client.set(&keys::lost(round, *node), secs.as_bytes());
         }
-        let _ = client.set(&format!("agent/{round}/failed"), LOST);
+        let _ = client.set(&keys::failed(round), LOST);
         return true;
     }
     false
@@ -178,7 +180,7 @@ fn beat(
     timeout: Duration,
     over: &dyn Fn() -> bool,
 ) -> bool {
-    let key = format!("agent/{round}/beat/{node}");
+    let key = keys::beat(round, node);
     let mut client = Some(client);
     let mut last_beat = Instant::now();
     while !over() {

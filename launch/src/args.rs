@@ -1,9 +1,12 @@
-//! What a launcher is told (flags and their env twins), why it cannot start, and what every
-//! attempt or round starts its ranks with.
+//! What a launcher is told (flags and their env twins), and what every attempt or round
+//! starts its ranks with.
 
 use std::path::{Path, PathBuf};
 
 use ferrotrain_api::{env, exit};
+
+/// MASTER_PORT when none is given: torchrun's.
+pub const DEFAULT_MASTER_PORT: u16 = 29500;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct LaunchArgs {
@@ -23,7 +26,7 @@ pub struct LaunchArgs {
     #[arg(long, env = env::MASTER_ADDR, default_value = "127.0.0.1")]
     pub master_addr: String,
     /// Port of the rendezvous store; 0 picks a free port (single node only).
-    #[arg(long, env = env::MASTER_PORT, default_value_t = crate::dist::DEFAULT_MASTER_PORT)]
+    #[arg(long, env = env::MASTER_PORT, default_value_t = DEFAULT_MASTER_PORT)]
     pub master_port: u16,
     /// Single node: how many times the group is restarted after a retryable failure.
     #[arg(long, env = env::FERROTRAIN_MAX_RESTARTS, default_value_t = 3)]
@@ -115,42 +118,6 @@ pub struct LaunchArgs {
     pub rank_args: Vec<String>,
 }
 
-/// How a group of local ranks ended.
-#[derive(Debug, thiserror::Error)]
-pub enum LaunchError {
-    /// The flags or the environment describe no valid gang (permanent, exit 2).
-    #[error(
-        "invalid gang: --nnodes {nnodes} --nproc-per-node {nproc_per_node} --node-rank {node_rank}"
-    )]
-    InvalidGang {
-        nnodes: usize,
-        nproc_per_node: usize,
-        node_rank: usize,
-    },
-    /// `--master-port 0` (pick a free port) only works when every rank is on this node.
-    #[error("--master-port 0 needs a single node")]
-    EphemeralPortNeedsOneNode,
-    /// Several nodes must share a rendezvous token (permanent, exit 2).
-    #[error(
-        "{} (or {}) must be set (the same on every node) when --nnodes > 1",
-        env::FERROTRAIN_RDZV_TOKEN,
-        env::FERROTRAIN_RDZV_TOKEN_FILE
-    )]
-    MissingToken,
-    /// FERROTRAIN_RDZV_TOKEN_FILE names a file that cannot be read (permanent, exit 2).
-    #[error("{0}")]
-    Token(String),
-    /// The launcher's own I/O failed (retryable).
-    #[error("in-place restarts: {0}")]
-    Rendezvous(String),
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
 impl LaunchArgs {
     /// The wait before a restart after `in_a_row` failures in a row: --restart-backoff-seconds
     /// doubled for each after the first, at most --restart-backoff-max-seconds.
@@ -164,26 +131,6 @@ impl LaunchArgs {
     }
 }
 
-impl LaunchError {
-    /// The launcher's exit code for this failure.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            LaunchError::InvalidGang { .. }
-            | LaunchError::EphemeralPortNeedsOneNode
-            | LaunchError::MissingToken
-            | LaunchError::Token(_) => exit::INVALID_CONFIG,
-            LaunchError::Io { .. } | LaunchError::Rendezvous(_) => exit::RETRYABLE,
-        }
-    }
-
-    pub(super) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
-        let what = what.into();
-        move |source| LaunchError::Io { what, source }
-    }
-}
-
-/// Runs the local ranks to completion; returns the group's exit code (0, a rank's failure
-/// code, or 128 + a signal), or why the launcher could not run it.
 /// What every attempt or round of this launcher starts its ranks with.
 pub struct Launch {
     /// The program each rank runs.
@@ -205,6 +152,6 @@ pub struct Launch {
 pub fn forward_final_report(logs: &Path) {
     let message = std::fs::read_to_string(logs.join("rank-0.termination-log")).unwrap_or_default();
     if ferrotrain_api::Progress::from_termination_message(&message).is_some() {
-        crate::error::write_termination_message(&message);
+        crate::termination::write_termination_message(&message);
     }
 }

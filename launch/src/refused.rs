@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::auth::HandshakeError;
+use crate::auth::HandshakeError;
 
 /// Why a connection was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use ferrotrain_api::env;
 
-use super::spawn::{Spawn, rank_command, rank_env};
+use crate::spawn::{Spawn, rank_command, rank_env};
 
 /// A spare's process name while it waits (`ps`, `pgrep`; at most 15 bytes).
 pub const SPARE_NAME: &str = "ft-spare";

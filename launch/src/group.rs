@@ -10,9 +10,9 @@ use ferrotrain_api::exit;
 use ferrotrain_api::recovery::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use super::spare::Spares;
-use super::spawn::{Spawn, rank_command, rank_env};
 use crate::signals;
+use crate::spare::Spares;
+use crate::spawn::{Spawn, rank_command, rank_env};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GroupOutcome {
@@ -193,7 +193,8 @@ impl Group {
     /// stops the ranks (SIGTERM) and returns [`GroupOutcome::PeerFailed`] as soon as
     /// `peer_failed` says how the gang ended elsewhere, and [`GroupOutcome::Frozen`] when a
     /// rank stays stopped for `frozen_after`. Calls `tick` at every poll while the ranks run
-    /// (on this thread: a process it starts dies with this thread, PR_SET_PDEATHSIG).
+    /// (on this thread: a process it starts dies with this thread, PR_SET_PDEATHSIG). What a
+    /// poll means is [`poll`]'s to say.
     pub fn supervise_with(
         &mut self,
         peer_failed: &dyn Fn() -> Option<PeerEnd>,
@@ -203,41 +204,94 @@ impl Group {
         let mut done = vec![false; self.children.len()];
         let mut stopped_since: Vec<Option<Instant>> = vec![None; self.children.len()];
         loop {
-            let signal = signals::take();
-            if signal != 0 {
-                tracing::warn!("launch: received signal {signal}; stopping the ranks");
-                self.stop(signal);
-                return GroupOutcome::Signalled(signal);
+            let seen = Seen {
+                signal: signals::take(),
+                failure: self.reap(&mut done),
+                peer: peer_failed(),
+                all_done: done.iter().all(|&d| d),
+                frozen: frozen_after
+                    .and_then(|limit| self.frozen_for(limit, &done, &mut stopped_since)),
+            };
+            match poll(seen) {
+                Poll::Signalled(signal) => {
+                    tracing::warn!("launch: received signal {signal}; stopping the ranks");
+                    self.stop(signal);
+                    return GroupOutcome::Signalled(signal);
+                }
+                Poll::Failed(failure) => {
+                    self.stop(libc::SIGTERM);
+                    return GroupOutcome::Failed(failure);
+                }
+                Poll::PeerEnded(end) => {
+                    let frozen = self.frozen_ranks();
+                    let grace = match end {
+                        PeerEnd::Failed => self.grace,
+                        PeerEnd::Lost => self.grace.min(LOST_GRACE),
+                    };
+                    self.stop_within(libc::SIGTERM, grace);
+                    return GroupOutcome::PeerFailed { frozen };
+                }
+                Poll::Finished => return GroupOutcome::Finished,
+                Poll::Frozen(rank) => {
+                    let seen_at = Timestamp::now();
+                    self.stop(libc::SIGTERM);
+                    return GroupOutcome::Frozen { rank, seen_at };
+                }
+                Poll::Running => {
+                    tick();
+                    std::thread::sleep(Duration::from_millis(25));
+                }
             }
-            // A local rank's own end first: when it died in the same poll as a peer's failure
-            // reached this agent, this node's report must still carry it (it is likely the
-            // cause), not say that its ranks were stopped for a peer.
-            if let Some(failure) = self.reap(&mut done) {
-                self.stop(libc::SIGTERM);
-                return GroupOutcome::Failed(failure);
-            }
-            if let Some(end) = peer_failed() {
-                let frozen = self.frozen_ranks();
-                let grace = match end {
-                    PeerEnd::Failed => self.grace,
-                    PeerEnd::Lost => self.grace.min(LOST_GRACE),
-                };
-                self.stop_within(libc::SIGTERM, grace);
-                return GroupOutcome::PeerFailed { frozen };
-            }
-            if done.iter().all(|&d| d) {
-                return GroupOutcome::Finished;
-            }
-            if let Some(limit) = frozen_after
-                && let Some(rank) = self.frozen_for(limit, &done, &mut stopped_since)
-            {
-                let seen_at = Timestamp::now();
-                self.stop(libc::SIGTERM);
-                return GroupOutcome::Frozen { rank, seen_at };
-            }
-            tick();
-            std::thread::sleep(Duration::from_millis(25));
         }
+    }
+}
+
+/// What one poll of a group's ranks saw.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Seen {
+    /// The signal the launcher got since the last poll (0: none).
+    pub signal: i32,
+    /// The first of its ranks that failed since the last poll.
+    pub failure: Option<RankFailure>,
+    /// How the gang ended elsewhere, if it did.
+    pub peer: Option<PeerEnd>,
+    /// Every rank has exited.
+    pub all_done: bool,
+    /// A rank stopped (state T) for the frozen limit.
+    pub frozen: Option<usize>,
+}
+
+/// What a poll means, in the order it is decided ([`poll`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Poll {
+    Signalled(i32),
+    Failed(RankFailure),
+    PeerEnded(PeerEnd),
+    Finished,
+    Frozen(usize),
+    Running,
+}
+
+/// What a poll means. The launcher's own signal first (its pod goes away); then a local rank's
+/// own end, even when a peer's failure reached this agent in the same poll (this node's report
+/// must carry it: it is likely the cause, not a rank stopped for a peer); then the peer's end;
+/// then success; then a frozen rank.
+pub fn poll(seen: Seen) -> Poll {
+    if seen.signal != 0 {
+        return Poll::Signalled(seen.signal);
+    }
+    if let Some(failure) = seen.failure {
+        return Poll::Failed(failure);
+    }
+    if let Some(end) = seen.peer {
+        return Poll::PeerEnded(end);
+    }
+    if seen.all_done {
+        return Poll::Finished;
+    }
+    match seen.frozen {
+        Some(rank) => Poll::Frozen(rank),
+        None => Poll::Running,
     }
 }
 

@@ -4,10 +4,10 @@
 use std::path::{Path, PathBuf};
 
 use ferrotrain_api::recovery::{AttemptEnd, EndCause, Timestamp};
-use ferrotrain_api::{Progress, Recovery};
+use ferrotrain_api::{Progress, Recovery, reason};
 
-use super::files::PROGRESS_FILE;
-use super::group::GroupOutcome;
+use crate::files::PROGRESS_FILE;
+use crate::group::GroupOutcome;
 
 /// The launcher's recovery ledger ([`ferrotrain_api::recovery`]): fed with the group's starts
 /// and exits and rank 0's progress file, logged at every attempt's end and kept in
@@ -66,12 +66,20 @@ impl Ledger {
     pub fn ended(&mut self, outcome: &GroupOutcome) {
         let now = Timestamp::now();
         let (cause, reason, rank, code, at) = match outcome {
-            GroupOutcome::Finished => (EndCause::Succeeded, "Succeeded", None, Some(0), now),
-            GroupOutcome::Signalled(s) => {
-                (EndCause::Stopped, "Signalled", None, Some(128 + s), now)
-            }
+            GroupOutcome::Finished => (EndCause::Succeeded, reason::SUCCEEDED, None, Some(0), now),
+            GroupOutcome::Signalled(s) => (
+                EndCause::Stopped,
+                reason::SIGNALLED,
+                None,
+                Some(128 + s),
+                now,
+            ),
             GroupOutcome::Failed(f) => {
-                let reason = if f.code >= 128 { "Killed" } else { "ExitCode" };
+                let reason = if f.code >= 128 {
+                    reason::KILLED
+                } else {
+                    reason::EXIT_CODE
+                };
                 (
                     EndCause::Failure,
                     reason,
@@ -81,10 +89,12 @@ impl Ledger {
                 )
             }
             // The agent records a peer's failure with end_with (it knows the peer's node).
-            GroupOutcome::PeerFailed { .. } => (EndCause::Failure, "PeerFailed", None, None, now),
+            GroupOutcome::PeerFailed { .. } => {
+                (EndCause::Failure, reason::PEER_FAILED, None, None, now)
+            }
             GroupOutcome::Frozen { rank, seen_at } => (
                 EndCause::Failure,
-                "Frozen",
+                reason::FROZEN,
                 Some(*rank as i64),
                 None,
                 *seen_at,

@@ -16,29 +16,27 @@
 
 use std::time::{Duration, Instant};
 
-use crate::dist::auth::Auth;
-use crate::dist::store::StoreClient;
-use crate::error::{Result, TrainError};
-
-/// The key under which node 0 publishes its identity.
-pub const STORE_ID: &str = "agent/store";
+use crate::auth::Auth;
+use crate::error::AgentError;
+use crate::keys::{self, STORE_ID};
+use crate::store::{self, StoreClient};
 
 /// How often a survivor tries to reach node 0's replacement.
 const RETRY: Duration = Duration::from_millis(200);
 
 /// Tells node 0 the round this node would start next.
-pub fn post(client: &mut StoreClient, node: usize, next: u64) -> Result<()> {
-    client.set(&format!("agent/resume/{node}"), next.to_string().as_bytes())
+pub fn post(client: &mut StoreClient, node: usize, next: u64) -> store::Result<()> {
+    client.set(&keys::resume(node), next.to_string().as_bytes())
 }
 
 /// Node 0: the round to start, once every other node said where it left off or `wait`
 /// passed (the highest posted, 0 when none did).
-pub fn first_round(client: &mut StoreClient, nnodes: usize, wait: Duration) -> Result<u64> {
+pub fn first_round(client: &mut StoreClient, nnodes: usize, wait: Duration) -> store::Result<u64> {
     let deadline = Instant::now() + wait;
     loop {
         let mut posted = Vec::new();
         for node in 1..nnodes {
-            if let Some(b) = client.try_get(&format!("agent/resume/{node}"), Duration::ZERO)? {
+            if let Some(b) = client.try_get(&keys::resume(node), Duration::ZERO)? {
                 posted.push(String::from_utf8_lossy(&b).parse::<u64>().unwrap_or(0));
             }
         }
@@ -65,34 +63,35 @@ pub fn reach(
     auth: &Auth,
     lost: Option<&[u8]>,
     deadline: Instant,
-) -> Result<StoreClient> {
-    let mut last = String::from("no attempt");
+) -> Result<StoreClient, AgentError> {
+    // What the tries found: the lost store answering says more than a try that timed out.
+    let mut last: Option<AgentError> = None;
     loop {
         if crate::signals::received() != 0 {
-            return Err(TrainError::Distributed(
-                "signalled while waiting for node 0".into(),
-            ));
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            return Err(TrainError::Distributed(
-                format!(
-                    "node 0's replacement did not serve the rendezvous store at {host}:{port} \
-                     within the rendezvous timeout ({last})"
-                )
-                .into(),
-            ));
+            return Err(AgentError::Signalled { what: "node 0" });
         }
         // Short tries: the pod's DNS name may still give the lost pod's address, where a
         // connection hangs instead of being refused.
-        let slice = (deadline - now).min(Duration::from_secs(1));
-        match StoreClient::connect(host, port, auth, now + slice) {
+        let now = Instant::now();
+        let slice = deadline
+            .saturating_duration_since(now)
+            .clamp(Duration::from_millis(1), Duration::from_secs(1));
+        let found = match StoreClient::connect(host, port, auth, now + slice) {
             Ok(mut client) => match client.try_get(STORE_ID, Duration::ZERO) {
                 Ok(id) if lost.is_none() || id.as_deref() != lost => return Ok(client),
-                Ok(_) => last = "only the lost node 0's store answered".into(),
-                Err(e) => last = e.to_string(),
+                Ok(_) => AgentError::LostStoreAnswered,
+                Err(e) => e.into(),
             },
-            Err(e) => last = e.to_string(),
+            Err(e) => e.into(),
+        };
+        if !matches!(last, Some(AgentError::LostStoreAnswered)) {
+            last = Some(found);
+        }
+        if Instant::now() >= deadline {
+            return Err(AgentError::NoReplacement {
+                server: format!("{host}:{port}"),
+                last: Box::new(last.unwrap_or(AgentError::LostStoreAnswered)),
+            });
         }
         std::thread::sleep(RETRY);
     }
@@ -101,7 +100,7 @@ pub fn reach(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dist::store::StoreServer;
+    use crate::store::StoreServer;
     use std::net::TcpListener;
 
     fn store() -> (StoreServer, u16, Auth) {

@@ -7,8 +7,8 @@ use std::process::Command;
 
 use ferrotrain_api::env;
 
-use super::args::LaunchArgs;
-use super::files::{PROGRESS_FILE, REFUSED_FILE, ROUNDS_FILE};
+use crate::args::LaunchArgs;
+use crate::files::{PROGRESS_FILE, REFUSED_FILE, ROUNDS_FILE};
 
 /// What every rank of a group is started with.
 pub struct Spawn<'a> {
@@ -19,7 +19,7 @@ pub struct Spawn<'a> {
     pub token: &'a str,
     pub logs: &'a Path,
     pub omp_threads: Option<String>,
-    /// In-place restarts (the agent, [`super::agent`]): the round the ranks belong to; the
+    /// In-place restarts (the agent, [`crate::agent`]): the round the ranks belong to; the
     /// agent of node 0 hosts the rendezvous store, so rank 0 must not start one.
     pub round: Option<u64>,
     /// Elastic rounds: this node's position among the round's member nodes and their number

@@ -21,8 +21,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::dist::store::StoreClient;
-use crate::error::{Result, TrainError};
+use crate::error::AgentError;
+use crate::keys;
+use crate::store::{self, StoreClient};
 
 /// The nodes of a round, in rank order (node 0 first), each with the identity of the agent
 /// that arrived for it: a stale agent of the same node (a pod cut off behind a partition and
@@ -57,20 +58,20 @@ pub fn enough(
 }
 
 /// Claims `node` for the agent with identity `id` (the newest pod of that node).
-pub fn claim(client: &mut StoreClient, node: usize, id: &str) -> Result<()> {
-    client.set(&format!("agent/owner/{node}"), id.as_bytes())
+pub fn claim(client: &mut StoreClient, node: usize, id: &str) -> store::Result<()> {
+    client.set(&keys::owner(node), id.as_bytes())
 }
 
 /// The identity of the agent that holds `node`, if one claimed it.
-pub fn owner(client: &mut StoreClient, node: usize) -> Result<Option<String>> {
-    let id = client.try_get(&format!("agent/owner/{node}"), Duration::ZERO)?;
+pub fn owner(client: &mut StoreClient, node: usize) -> store::Result<Option<String>> {
+    let id = client.try_get(&keys::owner(node), Duration::ZERO)?;
     Ok(id.map(|b| String::from_utf8_lossy(&b).into_owned()))
 }
 
 /// Arrives at round `round` as `node` with identity `id`.
-pub fn arrive(client: &mut StoreClient, round: u64, node: usize, id: &str) -> Result<()> {
-    client.set(&format!("agent/{round}/here/{node}"), id.as_bytes())?;
-    client.add(&format!("agent/{round}/arrived"), 1)?;
+pub fn arrive(client: &mut StoreClient, round: u64, node: usize, id: &str) -> store::Result<()> {
+    client.set(&keys::here(round, node), id.as_bytes())?;
+    client.add(&keys::arrived(round), 1)?;
     Ok(())
 }
 
@@ -90,16 +91,19 @@ pub struct Wait {
 /// Node 0: waits for the nodes of round `round` (all of them, or at least `min_nodes` after
 /// the elastic wait, or at once when only lost ones are missing; until the timeout), then
 /// publishes the members.
-pub fn gather(client: &mut StoreClient, round: u64, nnodes: usize, w: &Wait) -> Result<Members> {
+pub fn gather(
+    client: &mut StoreClient,
+    round: u64,
+    nnodes: usize,
+    w: &Wait,
+) -> Result<Members, AgentError> {
     let (min_nodes, wait, timeout) = (w.min_nodes, w.wait, w.timeout);
     let expected = (0..nnodes).filter(|n| !w.lost.contains(n)).count();
     let started = Instant::now();
     loop {
         let mut nodes = Vec::new();
         for node in 0..nnodes {
-            if let Some(id) =
-                client.try_get(&format!("agent/{round}/here/{node}"), Duration::ZERO)?
-            {
+            if let Some(id) = client.try_get(&keys::here(round, node), Duration::ZERO)? {
                 nodes.push((node, String::from_utf8_lossy(&id).into_owned()));
             }
         }
@@ -112,18 +116,17 @@ pub fn gather(client: &mut StoreClient, round: u64, nnodes: usize, w: &Wait) -> 
         ) {
             let members = Members { nodes };
             let json = serde_json::to_vec(&members).expect("members serialize");
-            client.set(&format!("agent/{round}/members"), &json)?;
+            client.set(&keys::members(round), &json)?;
             return Ok(members);
         }
         if started.elapsed() >= timeout {
-            return Err(TrainError::Distributed(
-                format!(
-                    "agent: only {} of {nnodes} nodes joined round {round} within {} s (at least {min_nodes} needed)",
-                    nodes.len(),
-                    timeout.as_secs()
-                )
-                .into(),
-            ));
+            return Err(AgentError::TooFewNodes {
+                round,
+                arrived: nodes.len(),
+                nnodes,
+                min_nodes,
+                seconds: timeout.as_secs(),
+            });
         }
         // A blocking GET on a node still missing (the store answers when it arrives): no
         // polling delay on a restart's path; woken at least every GATHER_WAKE to decide again.
@@ -135,7 +138,7 @@ pub fn gather(client: &mut StoreClient, round: u64, nnodes: usize, w: &Wait) -> 
         let block = decide_at
             .saturating_sub(elapsed)
             .clamp(Duration::from_millis(1), GATHER_WAKE);
-        client.try_get(&format!("agent/{round}/here/{missing}"), block)?;
+        client.try_get(&keys::here(round, missing), block)?;
     }
 }
 
@@ -143,15 +146,18 @@ pub fn gather(client: &mut StoreClient, round: u64, nnodes: usize, w: &Wait) -> 
 const GATHER_WAKE: Duration = Duration::from_secs(1);
 
 /// The members of round `round` as node 0 published them.
-pub fn read(client: &mut StoreClient, round: u64, timeout: Duration) -> Result<Members> {
-    let bytes = client.get(&format!("agent/{round}/members"), timeout)?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| TrainError::Distributed(format!("agent: malformed members: {e}").into()))
+pub fn read(
+    client: &mut StoreClient,
+    round: u64,
+    timeout: Duration,
+) -> Result<Members, AgentError> {
+    let bytes = client.get(&keys::members(round), timeout)?;
+    serde_json::from_slice(&bytes).map_err(AgentError::malformed("members"))
 }
 
 /// Nodes that arrived at round `round` beyond its members: late ones waiting to join.
-pub fn late(client: &mut StoreClient, round: u64, members: usize) -> Result<usize> {
-    let arrived = client.add(&format!("agent/{round}/arrived"), 0)?;
+pub fn late(client: &mut StoreClient, round: u64, members: usize) -> store::Result<usize> {
+    let arrived = client.add(&keys::arrived(round), 0)?;
     Ok((arrived.max(0) as usize).saturating_sub(members))
 }
 

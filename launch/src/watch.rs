@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{heartbeat, members};
-use crate::dist::auth::Auth;
-use crate::dist::store::StoreClient;
+use crate::auth::Auth;
+use crate::store::{self, StoreClient, StoreError};
+use crate::{heartbeat, keys, members};
 
 /// The longest single blocking GET of the watcher (it loops).
 const WATCH_SLICE: Duration = Duration::from_secs(60);
@@ -26,7 +26,7 @@ pub struct Watcher {
 }
 
 impl Watcher {
-    pub fn start(host: &str, port: u16, auth: &Auth, round: u64) -> crate::error::Result<Self> {
+    pub fn start(host: &str, port: u16, auth: &Auth, round: u64) -> store::Result<Self> {
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut client = StoreClient::connect(host, port, auth, deadline)?;
         let (fired, lost, stop) = (
@@ -35,7 +35,7 @@ impl Watcher {
             Arc::new(AtomicBool::new(false)),
         );
         let (f, l, s) = (fired.clone(), lost.clone(), stop.clone());
-        let key = format!("agent/{round}/failed");
+        let key = keys::failed(round);
         let thread = std::thread::Builder::new()
             .name("agent-watch".into())
             .spawn(move || {
@@ -57,7 +57,8 @@ impl Watcher {
                     }
                 }
                 f.store(true, Ordering::SeqCst);
-            })?;
+            })
+            .map_err(StoreError::Start)?;
         Ok(Watcher {
             fired,
             lost,
@@ -88,7 +89,7 @@ impl Grower {
         auth: &Auth,
         round: u64,
         members: usize,
-    ) -> crate::error::Result<Self> {
+    ) -> store::Result<Self> {
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut client = StoreClient::connect(host, port, auth, deadline)?;
         let (grow, stop) = (
@@ -105,8 +106,8 @@ impl Grower {
                         continue;
                     }
                     let marked = client
-                        .set(&format!("agent/{round}/resize"), b"grow")
-                        .and_then(|()| client.set(&format!("agent/{round}/failed"), b"resize"));
+                        .set(&keys::resize(round), b"grow")
+                        .and_then(|()| client.set(&keys::failed(round), b"resize"));
                     if marked.is_ok() {
                         tracing::info!(
                             "agent: a node is back: round {round} ends so that the gang grows"
@@ -115,7 +116,8 @@ impl Grower {
                     }
                     return;
                 }
-            })?;
+            })
+            .map_err(StoreError::Start)?;
         Ok(Grower { stop })
     }
 

@@ -16,10 +16,12 @@
 //! 6. a rank its peers name as the one that did not answer in a collective (a hang);
 //! 7. otherwise the earliest failure (ties: the lower rank).
 
+use ferrotrain_api::reason;
 use ferrotrain_api::recovery::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use super::group::RankFailure;
+use crate::group::{GroupOutcome, RankFailure};
+use crate::signals;
 
 /// What one node's agent saw when the round ended.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -69,10 +71,50 @@ impl NodeReport {
             ..Self::silent(node, ranks)
         }
     }
-}
 
-/// The reason of a round ended by a node whose agent was lost (its launcher killed).
-pub const AGENT_LOST: &str = ferrotrain_api::reason::AGENT_LOST;
+    /// What `node`'s agent (on host `host`) saw when its ranks `ranks` stopped with
+    /// `outcome`: the failure of its own rank, or the ranks that were frozen.
+    pub fn after(node: usize, host: &str, ranks: Vec<usize>, outcome: &GroupOutcome) -> Self {
+        NodeReport {
+            node,
+            host: host.to_string(),
+            ranks,
+            leaving: false,
+            failure: match outcome {
+                GroupOutcome::Failed(f) => Some(f.clone()),
+                _ => None,
+            },
+            frozen: match outcome {
+                GroupOutcome::PeerFailed { frozen } => frozen.clone(),
+                GroupOutcome::Frozen { rank, .. } => vec![*rank],
+                _ => Vec::new(),
+            },
+            silent: false,
+            unreachable_seconds: None,
+        }
+    }
+
+    /// This report, of a node whose launcher got `signal` at `now`: its pod is going away
+    /// (deleted, evicted, drained), which is what ended the round for it.
+    pub fn leaving(self, signal: i32, now: Timestamp) -> Self {
+        let rank = self.ranks.first().copied().unwrap_or(0);
+        let reason = format!(
+            "the launcher of pod {} got {} (the pod is being deleted, evicted or drained)",
+            self.host,
+            signals::name(signal)
+        );
+        NodeReport {
+            leaving: true,
+            failure: Some(RankFailure {
+                rank,
+                code: 128 + signal,
+                reason,
+                seen_at: now,
+            }),
+            ..self
+        }
+    }
+}
 
 /// Why a round ended: the rank blamed and how its peers followed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -84,7 +126,8 @@ pub struct Verdict {
     pub host: Option<String>,
     /// Its exit code (128 + signal when killed); none for a frozen rank.
     pub code: Option<i32>,
-    /// ExitCode, PodLeaving, Killed, Frozen, Unresponsive or PermanentExitCode.
+    /// One of [`ferrotrain_api::reason`]'s: ExitCode, PodLeaving, Killed, Frozen,
+    /// Unresponsive, PermanentExitCode, AgentLost, Stopped or Resized.
     pub reason: String,
     /// For people: what happened to it.
     pub message: String,
@@ -101,41 +144,32 @@ pub struct Verdict {
     pub in_a_row: u32,
 }
 
-/// The reason of a round a node's launcher ended because its pod goes away.
-pub const POD_LEAVING: &str = "PodLeaving";
-
-/// The reason of a round node 0 ended so that the gang grows back (not a failure).
-pub const RESIZED: &str = "Resized";
-
-/// The verdict of a round ended for a resize: nobody to blame, nothing lost.
-pub fn resized(round: u64) -> Verdict {
+/// The verdict of a round ended at `now` for a resize: nobody to blame, nothing lost.
+pub fn resized(round: u64, now: Timestamp) -> Verdict {
     Verdict {
         round,
         rank: None,
         node: None,
         host: None,
         code: None,
-        reason: RESIZED.into(),
+        reason: reason::RESIZED.into(),
         message: "a node came back: the round ended at a checkpoint so that the gang grows".into(),
         permanent: false,
-        detected_at: Timestamp::now(),
+        detected_at: now,
         secondary: 0,
         in_a_row: 0,
     }
 }
 
 /// Applies the rule of the module documentation to the reports of every node; `permanent`
-/// lists the exit codes no restart can fix.
-pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32]) -> Verdict {
+/// lists the exit codes no restart can fix. `now` is when it rules: the round's detection
+/// time when no failure says when.
+pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32], now: Timestamp) -> Verdict {
     let failures: Vec<(&NodeReport, &RankFailure)> = reports
         .iter()
         .filter_map(|r| r.failure.as_ref().map(|f| (r, f)))
         .collect();
-    let detected_at = failures
-        .iter()
-        .map(|(_, f)| f.seen_at)
-        .min()
-        .unwrap_or_else(Timestamp::now);
+    let detected_at = failures.iter().map(|(_, f)| f.seen_at).min().unwrap_or(now);
     let earliest = |pick: &dyn Fn(&RankFailure) -> bool| {
         failures
             .iter()
@@ -168,7 +202,7 @@ pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32]) -> Verdict
         ..base.clone()
     };
     if let Some(hit) = earliest(&|f| permanent.contains(&f.code)) {
-        return blame(hit, "PermanentExitCode");
+        return blame(hit, reason::PERMANENT_EXIT_CODE);
     }
     let leaving = failures
         .iter()
@@ -176,10 +210,10 @@ pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32]) -> Verdict
         .min_by_key(|(_, f)| (f.seen_at, f.rank))
         .copied();
     if let Some(hit) = leaving {
-        return blame(hit, POD_LEAVING);
+        return blame(hit, reason::POD_LEAVING);
     }
     if let Some(hit) = earliest(&|f| killed(f.code)) {
-        return blame(hit, "Killed");
+        return blame(hit, reason::KILLED);
     }
     if let Some((r, rank)) = reports
         .iter()
@@ -190,7 +224,7 @@ pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32]) -> Verdict
             rank: Some(rank),
             node: Some(r.node),
             host: Some(r.host.clone()),
-            reason: "Frozen".into(),
+            reason: reason::FROZEN.into(),
             message: format!(
                 "rank {rank} was stopped (SIGSTOP or a debugger) while its peers waited for it \
                  in a collective"
@@ -214,7 +248,7 @@ pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32]) -> Verdict
         return Verdict {
             rank: r.ranks.first().copied(),
             node: Some(r.node),
-            reason: AGENT_LOST.into(),
+            reason: reason::AGENT_LOST.into(),
             message,
             ..base
         };
@@ -226,7 +260,7 @@ pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32]) -> Verdict
             rank: Some(rank),
             node: node.map(|r| r.node),
             host: node.map(|r| r.host.clone()),
-            reason: "Unresponsive".into(),
+            reason: reason::UNRESPONSIVE.into(),
             message: format!(
                 "rank {rank} did not answer its peers in a collective (hung){}",
                 said.map(|f| format!(": {}", f.reason)).unwrap_or_default()
@@ -235,9 +269,9 @@ pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32]) -> Verdict
         };
     }
     match earliest(&|_| true) {
-        Some(hit) => blame(hit, "ExitCode"),
+        Some(hit) => blame(hit, reason::EXIT_CODE),
         None => Verdict {
-            reason: "Stopped".into(),
+            reason: reason::STOPPED.into(),
             message: "every node's ranks were stopped from outside".into(),
             ..base
         },
@@ -282,7 +316,7 @@ mod tests {
     const PERMANENT: [i32; 3] = [2, 3, 4];
 
     fn verdict(round: u64, reports: &[NodeReport]) -> Verdict {
-        super::verdict(round, reports, &PERMANENT)
+        super::verdict(round, reports, &PERMANENT, at(99))
     }
 
     fn at(s: i64) -> Timestamp {
@@ -332,7 +366,7 @@ mod tests {
                 NodeReport::silent(1, vec![2, 3]),
             ],
         );
-        assert_eq!(v.reason, AGENT_LOST);
+        assert_eq!(v.reason, reason::AGENT_LOST);
         assert_eq!((v.rank, v.node, v.code), (Some(2), Some(1), None));
         assert!(
             v.message.contains("node 1's launcher sent no report"),
@@ -348,7 +382,7 @@ mod tests {
                 NodeReport::silent(1, vec![1]),
             ],
         );
-        assert_eq!(v.reason, "PermanentExitCode");
+        assert_eq!(v.reason, reason::PERMANENT_EXIT_CODE);
         let v = verdict(
             2,
             &[
@@ -356,7 +390,7 @@ mod tests {
                 NodeReport::silent(1, vec![1]),
             ],
         );
-        assert_eq!(v.reason, "Killed");
+        assert_eq!(v.reason, reason::KILLED);
     }
 
     #[test]
@@ -367,7 +401,7 @@ mod tests {
             4,
             &[quiet(0, &[]), NodeReport::unreachable(1, vec![1], 10.4)],
         );
-        assert_eq!(v.reason, AGENT_LOST);
+        assert_eq!(v.reason, reason::AGENT_LOST);
         assert_eq!((v.rank, v.node), (Some(1), Some(1)));
         assert!(
             v.message
@@ -393,7 +427,7 @@ mod tests {
             ],
         );
         assert_eq!((v.rank, v.node, v.code), (Some(1), Some(1), Some(137)));
-        assert_eq!(v.reason, "Killed");
+        assert_eq!(v.reason, reason::KILLED);
         assert_eq!(v.host.as_deref(), Some("job-0-1"));
         assert_eq!((v.secondary, v.permanent), (1, false));
         assert_eq!(
@@ -465,7 +499,7 @@ mod tests {
             ],
         );
         assert_eq!((v.rank, v.node, v.code), (Some(1), Some(1), None));
-        assert_eq!(v.reason, "Frozen");
+        assert_eq!(v.reason, reason::FROZEN);
         assert!(v.message.contains("stopped"), "{}", v.message);
         assert_eq!(v.secondary, 1);
     }

@@ -1,43 +1,65 @@
 //! `ferrotrain launch`: torchrun's job for ferrotrain. Starts the local ranks, forwards
 //! signals, and when one fails stops the others and (single node) restarts the group.
 //!
-//! Each rank is this executable (`run --config <path>`) with the env contract set: RANK,
-//! LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, FERROTRAIN_ATTEMPT,
-//! FERROTRAIN_RDZV_TOKEN, OMP_NUM_THREADS. Ranks resume from the latest checkpoint on their
-//! own; the launcher only restarts them. A permanent exit code (2, 3, 4) is never restarted.
-//! On several nodes a failure ends the launcher with the failing rank's code (the operator
-//! restarts the gang), unless `--restart-in-place`: then the launcher is the pod's agent and
-//! restarts its ranks in a new round with every other node's agent ([`agent`]).
+//! Each rank is the trainer's executable (`run --config <path>`) with the env contract set:
+//! RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+//! FERROTRAIN_ATTEMPT, FERROTRAIN_RDZV_TOKEN, OMP_NUM_THREADS. Ranks resume on their own; the
+//! launcher only restarts them. A permanent exit code (2, 3, 4) is never restarted. On several
+//! nodes a failure ends the launcher with the failing rank's code (the operator restarts the
+//! gang), unless `--restart-in-place`: then the launcher is the pod's agent and restarts its
+//! ranks in a new round with every other node's agent ([`agent`]).
 //!
-//! Rooms: `group` (spawn, supervise and stop the local ranks), `local` (restarts without
-//! rounds), `agent` (in-place rounds over the rendezvous store), `members` (who trains in a
-//! round: elastic world size), `watch` (threads that end a round), `heartbeat` (a node cut
-//! off ends the round within the heartbeat timeout), `blame` (which rank caused
-//! a round's end), `ledger` (what each attempt or round cost), `spawn` (a rank's environment
-//! and command), `spare` (trainers started ahead of the next round, so that an in-place
-//! restart skips libtorch's start-up).
+//! This crate has no libtorch: the launcher, the rendezvous store and its handshake build and
+//! test in seconds, and the trainer (which links libtorch) depends on it for the store, the
+//! handshake and the signals.
+//!
+//! Rooms, from the top: `agent` (carries out the in-place rounds), `round` (what the agent
+//! does after each event: pure), `host` (node 0's duties: the store, ruling a round's end),
+//! `gather` (node 0 waiting for reports: pure), `blame` (which rank ended a round: pure),
+//! `local` (restarts without rounds), `group` (spawn, supervise and stop the local ranks),
+//! `members` (who trains in a round: elastic world size), `watch` (threads that end a round),
+//! `heartbeat` (a node cut off ends the round within the heartbeat timeout), `rejoin` and
+//! `link` (node 0's store, and its replacement's), `ledger` (what each attempt or round cost),
+//! `spawn` (a rank's environment and command), `spare` (trainers started ahead of the next
+//! round), `keys` (every store key), `store`, `auth`, `listen` and `refused` (the rendezvous
+//! store, its handshake, its port and what it refused), `signals`, `termination`, `error`.
 
 mod agent;
 mod args;
+pub mod auth;
 pub mod blame;
+pub mod error;
 mod files;
-mod group;
+mod gather;
+pub mod group;
 mod heartbeat;
+mod host;
+pub mod keys;
 mod ledger;
+mod link;
+pub mod listen;
 mod local;
 mod members;
+pub mod refused;
 mod rejoin;
+pub mod round;
+pub mod signals;
 pub mod spare;
 mod spawn;
+pub mod store;
+pub mod termination;
 mod watch;
 
 use ferrotrain_api::env;
 
-use crate::dist::auth::random_token;
-use crate::signals;
-pub use args::{Launch, LaunchArgs, LaunchError};
+use crate::auth::random_token;
+pub use args::{DEFAULT_MASTER_PORT, Launch, LaunchArgs};
+pub use error::LaunchError;
 pub use group::{GroupOutcome, RankFailure};
 pub use ledger::recovery_lines;
+
+/// Runs the local ranks to completion; returns the launcher's exit code (0, a rank's failure
+/// code, or 128 + a signal), or why the launcher could not run them.
 pub fn run(args: LaunchArgs) -> Result<i32, LaunchError> {
     if args.nnodes == 0 || args.nproc_per_node == 0 || args.node_rank >= args.nnodes {
         return Err(LaunchError::InvalidGang {
@@ -54,11 +76,10 @@ pub fn run(args: LaunchArgs) -> Result<i32, LaunchError> {
         Some(p) => p.clone(),
         None => std::env::current_exe().map_err(LaunchError::io("cannot find own binary"))?,
     };
-    let token = match crate::dist::auth::token_from(|k| std::env::var(k).ok()) {
-        Ok(Some(t)) => t,
-        Ok(None) if multi_node => return Err(LaunchError::MissingToken),
-        Ok(None) => random_token(),
-        Err(e) => return Err(LaunchError::Token(e.to_string())),
+    let token = match auth::token_from(|k| std::env::var(k).ok())? {
+        Some(t) => t,
+        None if multi_node => return Err(LaunchError::MissingToken),
+        None => random_token(),
     };
     let base_attempt: u64 = std::env::var(env::FERROTRAIN_ATTEMPT)
         .ok()
@@ -132,15 +153,5 @@ mod tests {
             "{err}"
         );
         assert_eq!(err.exit_code(), exit::INVALID_CONFIG);
-    }
-
-    #[test]
-    fn launcher_io_failures_keep_their_source_and_are_retryable() {
-        use std::error::Error as _;
-        let source = std::io::Error::other("disk full");
-        let err = LaunchError::io("cannot create /tmp/x")(source);
-        assert_eq!(err.to_string(), "cannot create /tmp/x: disk full");
-        assert_eq!(err.source().unwrap().to_string(), "disk full");
-        assert_eq!(err.exit_code(), exit::RETRYABLE);
     }
 }

@@ -22,9 +22,85 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::auth::{Auth, Channel, HandshakeError};
-use super::refused::{self, Reason};
-use crate::error::{Result, TrainError};
+use crate::auth::{Auth, Channel, HandshakeError};
+use crate::keys;
+use crate::refused::{self, Reason};
+
+/// Why a store request, a connection to the store or the store itself failed. Retryable
+/// wherever it surfaces (a rank exits with the retryable code; an agent ends its rounds).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// No connection could be made before the deadline; `last` says why the last try failed.
+    #[error(
+        "rendezvous: could not reach the store at {server} in {attempts} attempts before the rendezvous timeout: {last}"
+    )]
+    Unreachable {
+        server: String,
+        attempts: u32,
+        #[source]
+        last: ConnectError,
+    },
+    /// A request or its answer broke off.
+    #[error("rendezvous store at {server}: {what}: {source} (did rank 0 exit?)")]
+    Io {
+        server: String,
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The store answered something this client did not ask for.
+    #[error("rendezvous store at {server}: malformed {what} reply")]
+    MalformedReply { server: String, what: &'static str },
+    /// A key did not appear in time.
+    #[error("rendezvous: `{key}` was not published within {seconds} s (a rank did not join)")]
+    NotPublished { key: String, seconds: f64 },
+    /// Not every client entered a barrier in time.
+    #[error(
+        "rendezvous: barrier `{name}` incomplete after {seconds} s: not all {world} ranks arrived"
+    )]
+    Barrier {
+        name: String,
+        world: usize,
+        seconds: f64,
+    },
+    /// MASTER_PORT cannot be listened on.
+    #[error("rendezvous: cannot listen on {addr} (MASTER_PORT)")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The server could not start (its listener or its thread).
+    #[error("rendezvous store: cannot start: {0}")]
+    Start(#[source] std::io::Error),
+}
+
+/// Why one try to connect to the store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("cannot resolve {host}: {source}")]
+    Resolve {
+        host: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{host} resolved to no address")]
+    NoAddress { host: String },
+    #[error("connect to {addr}: {source}")]
+    Connect {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("handshake with {addr}: {source}")]
+    Handshake {
+        addr: SocketAddr,
+        #[source]
+        source: HandshakeError,
+    },
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// Largest request or response frame; the store only carries addresses and ids.
 pub const MAX_FRAME: usize = 1 << 20;
@@ -67,8 +143,8 @@ impl StoreServer {
     /// Serves on `listener`; `handshake_timeout` bounds how long an unauthenticated
     /// connection may take to prove itself.
     pub fn start(listener: TcpListener, auth: Auth, handshake_timeout: Duration) -> Result<Self> {
-        let addr = listener.local_addr()?;
-        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr().map_err(StoreError::Start)?;
+        listener.set_nonblocking(true).map_err(StoreError::Start)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(StoreStats::default());
         let state = Arc::new(State::default());
@@ -88,7 +164,8 @@ impl StoreServer {
                         active,
                         stop,
                     )
-                })?
+                })
+                .map_err(StoreError::Start)?
         };
         Ok(StoreServer {
             addr,
@@ -299,7 +376,7 @@ fn write_frame(stream: &mut TcpStream, payload: &[u8]) -> std::io::Result<()> {
 }
 
 /// Waits until `fd` is readable or `timeout` passes.
-pub(crate) fn poll_readable(fd: i32, timeout: Duration) {
+fn poll_readable(fd: i32, timeout: Duration) {
     let mut pfd = libc::pollfd {
         fd,
         events: libc::POLLIN,
@@ -346,13 +423,11 @@ impl StoreClient {
             };
             let now = Instant::now();
             if now + backoff >= deadline {
-                return Err(TrainError::Distributed(
-                    format!(
-                        "rendezvous: could not reach rank 0's store at {server} in {attempts} \
-                     attempts before the rendezvous timeout: {last_error}"
-                    )
-                    .into(),
-                ));
+                return Err(StoreError::Unreachable {
+                    server,
+                    attempts,
+                    last: last_error,
+                });
             }
             tracing::debug!("rendezvous: {server} not ready ({last_error}); retrying");
             std::thread::sleep(backoff);
@@ -365,12 +440,17 @@ impl StoreClient {
         port: u16,
         auth: &Auth,
         left: Duration,
-    ) -> std::result::Result<TcpStream, String> {
+    ) -> std::result::Result<TcpStream, ConnectError> {
         let addrs: Vec<SocketAddr> = (host, port)
             .to_socket_addrs()
-            .map_err(|e| format!("cannot resolve {host}: {e}"))?
+            .map_err(|source| ConnectError::Resolve {
+                host: host.to_string(),
+                source,
+            })?
             .collect();
-        let mut last = format!("{host} resolved to no address");
+        let mut last = ConnectError::NoAddress {
+            host: host.to_string(),
+        };
         let step = left.clamp(Duration::from_millis(1), Duration::from_secs(10));
         for addr in addrs {
             match TcpStream::connect_timeout(&addr, step) {
@@ -378,11 +458,10 @@ impl StoreClient {
                     let _ = stream.set_nodelay(true);
                     match auth.connect(&mut stream, Channel::Store, u32::MAX, step) {
                         Ok(()) => return Ok(stream),
-                        Err(e @ HandshakeError::BadMac) => last = format!("{addr}: {e}"),
-                        Err(e) => last = format!("handshake with {addr}: {e}"),
+                        Err(source) => last = ConnectError::Handshake { addr, source },
                     }
                 }
-                Err(e) => last = format!("connect to {addr}: {e}"),
+                Err(source) => last = ConnectError::Connect { addr, source },
             }
         }
         Err(last)
@@ -407,23 +486,34 @@ impl StoreClient {
 
     /// The address this rank reaches rank 0 from: the one other ranks can reach it at.
     pub fn local_ip(&self) -> Result<IpAddr> {
-        Ok(self.stream.local_addr()?.ip())
+        let addr = self
+            .stream
+            .local_addr()
+            .map_err(self.fail("local address"))?;
+        Ok(addr.ip())
     }
 
     /// The address this rank reached rank 0 at.
     pub fn peer_ip(&self) -> Result<IpAddr> {
-        Ok(self.stream.peer_addr()?.ip())
+        let addr = self.stream.peer_addr().map_err(self.fail("peer address"))?;
+        Ok(addr.ip())
+    }
+
+    /// `StoreError::Io` of this connection, for `map_err`.
+    fn fail(&self, what: &'static str) -> impl Fn(std::io::Error) -> StoreError + use<> {
+        let server = self.server.clone();
+        move |source| StoreError::Io {
+            server: server.clone(),
+            what,
+            source,
+        }
     }
 
     fn request(&mut self, payload: &[u8], wait: Duration) -> Result<Vec<u8>> {
-        let fail = |what: &str, e: std::io::Error| {
-            TrainError::Distributed(
-                format!(
-                    "rendezvous store at {}: {what}: {e} (did rank 0 exit?)",
-                    self.server
-                )
-                .into(),
-            )
+        let fail = |what: &'static str, source: std::io::Error| StoreError::Io {
+            server: self.server.clone(),
+            what,
+            source,
         };
         self.stream
             .set_read_timeout(Some(self.timeout + wait))
@@ -454,16 +544,11 @@ impl StoreClient {
 
     /// Waits up to `wait` for `key` to be set.
     pub fn get(&mut self, key: &str, wait: Duration) -> Result<Vec<u8>> {
-        self.try_get(key, wait)?.ok_or_else(|| {
-            TrainError::Distributed(
-                format!(
-                    "rendezvous: `{}` was not published within {} s (a rank did not join)",
-                    self.key(key),
-                    wait.as_secs_f64()
-                )
-                .into(),
-            )
-        })
+        self.try_get(key, wait)?
+            .ok_or_else(|| StoreError::NotPublished {
+                key: self.key(key),
+                seconds: wait.as_secs_f64(),
+            })
     }
 
     /// Waits up to `wait` for `key` to be set: None when it was not by then.
@@ -484,31 +569,29 @@ impl StoreClient {
         p.extend_from_slice(key.as_bytes());
         let r = self.request(&p, Duration::ZERO)?;
         if r.len() != 9 || r[0] != OK {
-            return Err(TrainError::Distributed(
-                format!("rendezvous store at {}: malformed ADD reply", self.server).into(),
-            ));
+            return Err(StoreError::MalformedReply {
+                server: self.server.clone(),
+                what: "ADD",
+            });
         }
         Ok(i64::from_le_bytes(r[1..].try_into().expect("8 bytes")))
     }
 
     /// Returns once `world` clients have entered the barrier `name`, or fails after `wait`.
     pub fn barrier(&mut self, name: &str, world: usize, wait: Duration) -> Result<()> {
-        let arrived = self.add(&format!("barrier/{name}/count"), 1)?;
+        let arrived = self.add(&keys::barrier_count(name), 1)?;
         if arrived as usize == world {
-            self.set(&format!("barrier/{name}/done"), b"1")?;
+            self.set(&keys::barrier_done(name), b"1")?;
         }
-        self.get(&format!("barrier/{name}/done"), wait)
-            .map(|_| ())
-            .map_err(|_| {
-                TrainError::Distributed(
-                    format!(
-                        "rendezvous: barrier `{name}` incomplete after {} s: not all {world} ranks \
-                     arrived",
-                        wait.as_secs_f64()
-                    )
-                    .into(),
-                )
-            })
+        match self.get(&keys::barrier_done(name), wait) {
+            Ok(_) => Ok(()),
+            Err(StoreError::NotPublished { .. }) => Err(StoreError::Barrier {
+                name: name.to_string(),
+                world,
+                seconds: wait.as_secs_f64(),
+            }),
+            Err(e) => Err(e),
+        }
     }
 }
 
