@@ -33,7 +33,8 @@ const OTHER_VOCABULARIES: &[(&str, &str)] = &[
 /// Files that define another vocabulary whose words may coincide with reasons.
 const VOCABULARY_FILES: &[(&str, &str)] = &[
     ("api/src/reason.rs", "the reasons themselves"),
-    ("api/src/crd.rs", "the phases and the condition types"),
+    ("api/src/crd/status.rs", "the phases"),
+    ("api/src/crd/condition.rs", "the condition types"),
     ("api/src/recovery.rs", "the causes of an attempt's end"),
 ];
 

@@ -66,9 +66,8 @@ impl_default_from_serde!(BatchConfig);
 
 #[cfg(test)]
 mod tests {
+    use crate::config::fixtures::MINIMAL;
     use crate::config::{ConfigError, TrainerConfig};
-
-    const MINIMAL: &str = "task: copy\nmaxSteps: 10\n";
 
     #[test]
     fn global_tokens_fix_the_batch_whatever_the_ranks() {

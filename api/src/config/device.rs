@@ -107,9 +107,8 @@ pub enum DeviceKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::fixtures::MINIMAL;
     use crate::config::{ConfigError, TrainerConfig};
-
-    const MINIMAL: &str = "task: copy\nmaxSteps: 10\n";
 
     #[test]
     fn precision_defaults_to_auto_and_loss_scale_to_grad_scalers() {

@@ -12,6 +12,8 @@ mod device;
 mod distributed;
 mod error;
 mod eval;
+#[cfg(test)]
+mod fixtures;
 mod model;
 mod optimizer;
 mod schedule;

@@ -25,9 +25,8 @@ impl_default_from_serde!(TensorBoardConfig);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::fixtures::MINIMAL;
     use crate::config::{ConfigError, TrainerConfig};
-
-    const MINIMAL: &str = "task: copy\nmaxSteps: 10\n";
 
     #[test]
     fn tensorboard_is_on_by_default_and_its_dir_checked() {

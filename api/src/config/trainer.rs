@@ -163,8 +163,7 @@ impl TrainerConfig {
 mod tests {
     use super::*;
     use crate::config::ScheduleKind;
-
-    const MINIMAL: &str = "task: copy\nmaxSteps: 10\n";
+    use crate::config::fixtures::MINIMAL;
 
     #[test]
     fn minimal_config_gets_documented_defaults() {
