@@ -40,6 +40,11 @@ pub struct CheckpointInfo {
     pub save_seconds: Option<f64>,
 }
 
+/// `healedFrom` of a run whose state came from a rank of the last round left alive.
+pub const HEALED_FROM_PEERS: &str = "peers";
+/// `healedFrom` of a run whose state came from the newest checkpoint.
+pub const HEALED_FROM_CHECKPOINT: &str = "checkpoint";
+
 /// A training run's progress. All rates are averaged over a recent window of steps.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -100,6 +105,11 @@ pub struct Progress {
     /// Step this run resumed from (absent for a fresh start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed_from_step: Option<u64>,
+    /// Where this run's state came from: `peers` (a rank of the last round that was left
+    /// alive: nothing was trained twice but the step in flight) or `checkpoint` (no rank
+    /// held a state as new); absent for a fresh start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healed_from: Option<String>,
     /// When this attempt's first training step completed (start-up, rendezvous and restore
     /// end there): the recovery ledger's time to first step.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -54,6 +54,7 @@ pub fn rank_env(a: &Spawn<'_>, local_rank: usize) -> (usize, PathBuf, Vec<(&'sta
             env::FERROTRAIN_PROGRESS_FILE,
             path(&a.logs.join(PROGRESS_FILE)),
         ),
+        (env::FERROTRAIN_HEAL_DIR, path(&heal_dir(a.logs))),
     ];
     if a.place.is_some() {
         // The trainers cover the shards of the ranks a smaller round lacks.
@@ -83,6 +84,15 @@ pub fn rank_env(a: &Spawn<'_>, local_rank: usize) -> (usize, PathBuf, Vec<(&'sta
         vars.push(("OMP_NUM_THREADS", t.clone()));
     }
     (rank, log, vars)
+}
+
+/// Where the ranks leave their state for the next round (trainer's `heal`):
+/// FERROTRAIN_HEAL_DIR when the launcher is given one (a memory-backed volume for large
+/// models), else `heal/` in its scratch directory, which goes with it.
+pub fn heal_dir(logs: &Path) -> PathBuf {
+    std::env::var_os(env::FERROTRAIN_HEAL_DIR)
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| logs.join("heal"), PathBuf::from)
 }
 
 /// The command of a rank with environment `vars`: `<program> run --config <path> [rank

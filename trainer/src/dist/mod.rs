@@ -33,7 +33,9 @@ use tch::Device;
 
 use crate::error::{Result, TrainError};
 pub use collective::{Collective, Single, all_reduce_host, broadcast_host};
-pub(crate) use collective::{broadcast_bytes, broadcast_u64s};
+pub(crate) use collective::{
+    all_gather_u64s, broadcast_bytes, broadcast_u64s, broadcast_u64s_from,
+};
 pub use grads::{GradSync, broadcast_buffers};
 pub use rank::RankEnv;
 pub use rendezvous::Rendezvous;

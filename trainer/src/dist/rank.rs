@@ -28,6 +28,9 @@ pub struct RankEnv {
     /// Where this rank's ring listener must bind (FERROTRAIN_PORT_RANGE: the ports the job's
     /// NetworkPolicy names).
     pub port_range: Option<(u16, u16)>,
+    /// Where the ranks of this pod leave their state for the next round
+    /// (FERROTRAIN_HEAL_DIR; none: nothing is left).
+    pub heal_dir: Option<std::path::PathBuf>,
 }
 
 impl RankEnv {
@@ -109,6 +112,9 @@ impl RankEnv {
             store_hosted,
             virtual_world,
             port_range,
+            heal_dir: var(env::FERROTRAIN_HEAL_DIR)
+                .filter(|d| !d.trim().is_empty())
+                .map(std::path::PathBuf::from),
         })
     }
 }

@@ -13,8 +13,8 @@ use tch::Device;
 
 use super::job::{CONFIG_FILE, RunOptions, TRAIN_LOG, VOCAB_FILE};
 use super::replica::ModelReplica;
-use super::resume::{Start, resume};
-use super::trainer::{Clock, Trainer};
+use super::resume::{Sources, Start, config_digest, resume};
+use super::trainer::{Clock, Heal, Trainer};
 use super::window::Window;
 use crate::checkpoint::{CheckpointStore, WriterId};
 use crate::data::{self, BatchStream, Corpus, preflight_data};
@@ -55,8 +55,17 @@ impl<'a> Trainer<'a> {
             bucket_bytes,
         )?;
         let store = open_store(opts, leader)?;
+        let heal = Heal {
+            dir: opts.rank.heal_dir.clone(),
+            config: config_digest(config),
+        };
+        let sources = Sources {
+            store: store.as_ref(),
+            heal_dir: heal.dir.as_deref(),
+            config: heal.config,
+        };
         let start = resume(
-            store.as_ref(),
+            &sources,
             config,
             &replica.params,
             &mut replica.optimizer,
@@ -103,6 +112,7 @@ impl<'a> Trainer<'a> {
         let clock = Clock {
             loop_started: Instant::now(),
             earlier_seconds: start.earlier_seconds,
+            synced_seconds: start.earlier_seconds,
             budget: config.max_seconds.map(|s| s as f64),
         };
         // A first sample now, so the first summary has a utilisation.
@@ -120,6 +130,7 @@ impl<'a> Trainer<'a> {
             step: start.step,
             samples: start.samples,
             resumed_from_step: start.resumed_from_step,
+            heal,
             clock,
             window: Window::default(),
             eval,
@@ -237,6 +248,7 @@ fn serve_progress(
         p.samples = start.samples;
         p.world_size = world as u32;
         p.resumed_from_step = start.resumed_from_step;
+        p.healed_from = start.source.name().map(str::to_string);
         p.parameters = model::parameter_count(&replica.vs);
         p.last_checkpoint = store.and_then(|s| s.last_completed());
     }
