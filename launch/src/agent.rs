@@ -48,6 +48,7 @@ use crate::rejoin;
 use crate::round::{self, End, Event, Exit, Next, Policy, REPORT_SLACK, Rounds, Stage};
 use crate::spare::{SpareStart, Spares};
 use crate::spawn::Spawn;
+use crate::store::StoreClient;
 use crate::termination::write_termination_message;
 use crate::watch::{Grower, Watcher};
 
@@ -102,6 +103,10 @@ struct Agent<'a> {
     members: Option<Members>,
     /// Trainers started during the last round, waiting to be the next round's ranks.
     spares: Option<Spares>,
+    /// Every node but 0: a connection to node 0's store whose will is this node's report of
+    /// the current round as gone ([`NodeReport::gone`]): if this agent dies, node 0 knows at
+    /// once instead of waiting for its report.
+    will: Option<StoreClient>,
 }
 
 impl<'a> Agent<'a> {
@@ -163,6 +168,7 @@ impl<'a> Agent<'a> {
             id,
             members: None,
             spares: None,
+            will: None,
         })
     }
 
@@ -324,9 +330,12 @@ impl<'a> Agent<'a> {
         let Some(place) = self.assemble(round)? else {
             return Ok(End::NotAdmitted);
         };
-        let outcome = self.train(round, place)?;
         let nproc = self.args.nproc_per_node;
-        let ranks = (place.0 * nproc..(place.0 + 1) * nproc).collect();
+        let ranks: Vec<usize> = (place.0 * nproc..(place.0 + 1) * nproc).collect();
+        if self.host.is_none() {
+            self.will = Some(self.leave_will(round, ranks.clone())?);
+        }
+        let outcome = self.train(round, place)?;
         let report = NodeReport::after(self.node(), &self.hostname, ranks, &outcome);
         match outcome {
             GroupOutcome::Finished => {
@@ -350,6 +359,20 @@ impl<'a> Agent<'a> {
         let key = keys::report(round, self.node());
         self.link.client.set(&key, &json)?;
         Ok(End::Ruled(self.agree(round)?))
+    }
+
+    /// A connection of its own to node 0's store whose will is this node's report of round
+    /// `round` (ranks `ranks`) as gone: should this agent die (SIGKILL, the OOM killer), its
+    /// connection closes and node 0 reads that report at once. Its real report, set first,
+    /// stands.
+    fn leave_will(&self, round: u64, ranks: Vec<usize>) -> Result<StoreClient, AgentError> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let link = &self.link;
+        let mut client = StoreClient::connect(&link.host, link.port, &link.auth, deadline)?;
+        let gone = NodeReport::gone(self.node(), &self.hostname, ranks);
+        let json = serde_json::to_vec(&gone).expect("a report serializes");
+        client.will(&keys::report(round, self.node()), &json)?;
+        Ok(client)
     }
 
     /// Round `round` must end: the first node to say so wakes every agent's watcher.

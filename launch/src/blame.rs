@@ -46,6 +46,10 @@ pub struct NodeReport {
     /// cut off (a partition, a frozen node), not known to be dead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unreachable_seconds: Option<f64>,
+    /// Silent because its agent is gone: its connection to node 0's store closed before it
+    /// reported (the store applied the agent's will, this report).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub gone: bool,
 }
 
 impl NodeReport {
@@ -60,6 +64,17 @@ impl NodeReport {
             frozen: Vec::new(),
             silent: true,
             unreachable_seconds: None,
+            gone: false,
+        }
+    }
+
+    /// The report an agent leaves as its will for the round: if its connection to node 0's
+    /// store closes before it reports, node 0 reads this one at once.
+    pub fn gone(node: usize, host: &str, ranks: Vec<usize>) -> Self {
+        NodeReport {
+            host: host.to_string(),
+            gone: true,
+            ..Self::silent(node, ranks)
         }
     }
 
@@ -91,6 +106,7 @@ impl NodeReport {
             },
             silent: false,
             unreachable_seconds: None,
+            gone: false,
         }
     }
 
@@ -234,6 +250,12 @@ pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32], now: Times
     }
     if let Some(r) = reports.iter().find(|r| r.silent) {
         let message = match r.unreachable_seconds {
+            None if r.gone => format!(
+                "node {}'s launcher is gone: its connection to node 0's store closed before it \
+                 reported (it was killed: SIGKILL, the OOM killer; or its container exited), \
+                 and its ranks {:?} with it",
+                r.node, r.ranks
+            ),
             Some(s) => format!(
                 "node {} was cut off: its launcher sent no heartbeat for {s:.1} s (a network \
                  partition, or its node stopped or froze); the round ended without its ranks {:?}",
@@ -338,6 +360,7 @@ mod tests {
             frozen: Vec::new(),
             silent: false,
             unreachable_seconds: None,
+            gone: false,
         }
     }
 
@@ -351,6 +374,7 @@ mod tests {
             frozen: frozen.to_vec(),
             silent: false,
             unreachable_seconds: None,
+            gone: false,
         }
     }
 

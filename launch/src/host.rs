@@ -91,6 +91,10 @@ impl Host {
             }
         }
         let reports = reports(client, round, &mut gathering);
+        // A node whose agent is gone is not waited for by the next round either: its pod is
+        // replaced (or, elastic, the gang trains on without it).
+        self.lost
+            .extend(reports.iter().filter(|r| r.gone).map(|r| r.node));
         let mut verdict = blame::verdict(round, &reports, permanent, Timestamp::now());
         // Recorded first: the ledger, with rank 0's last report, says whether the round saved
         // a checkpoint, and so how long every agent backs off.
