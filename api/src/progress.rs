@@ -40,11 +40,6 @@ pub struct CheckpointInfo {
     pub save_seconds: Option<f64>,
 }
 
-/// `healedFrom` of a run whose state came from a rank of the last round left alive.
-pub const HEALED_FROM_PEERS: &str = "peers";
-/// `healedFrom` of a run whose state came from the newest checkpoint.
-pub const HEALED_FROM_CHECKPOINT: &str = "checkpoint";
-
 /// A training run's progress. All rates are averaged over a recent window of steps.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -109,7 +104,7 @@ pub struct Progress {
     /// alive: nothing was trained twice but the step in flight) or `checkpoint` (no rank
     /// held a state as new); absent for a fresh start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub healed_from: Option<String>,
+    pub healed_from: Option<crate::recovery::HealedFrom>,
     /// When this attempt's first training step completed (start-up, rendezvous and restore
     /// end there): the recovery ledger's time to first step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -360,6 +355,7 @@ impl Progress {
             first_step_at: self.attempt_first_step_time,
             checkpoint_step: self.last_checkpoint.as_ref().map(|c| c.step),
             skipped_steps: self.skipped_steps,
+            healed_from: self.healed_from,
         }
     }
 

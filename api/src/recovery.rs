@@ -106,6 +106,11 @@ pub struct RoundEnd {
     /// For people: what happened to the blamed rank.
     #[serde(default)]
     pub message: String,
+    /// The last step rank 0 completed in the round, by its own record (the operator's polls
+    /// may have seen an earlier one): the steps the next round trains again are counted from
+    /// here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_step: Option<u64>,
 }
 
 impl AttemptEnd {
@@ -134,9 +139,13 @@ pub struct AttemptRecord {
     /// When its first training step completed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_step_at: Option<Timestamp>,
-    /// The checkpoint step it resumed from (0 for a fresh start).
+    /// The step it resumed from (0 for a fresh start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed_from_step: Option<u64>,
+    /// Where its state came from: `peers` (a rank of the last round left alive) or
+    /// `checkpoint`; absent for a fresh start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healed_from: Option<HealedFrom>,
     /// The last step it reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_step: Option<u64>,
@@ -284,6 +293,20 @@ pub struct StepReport {
     pub checkpoint_step: Option<u64>,
     /// `fp16`: steps the run skipped on a gradient overflow so far.
     pub skipped_steps: u64,
+    /// Where the run's state came from.
+    pub healed_from: Option<HealedFrom>,
+}
+
+/// Where an attempt's or round's state came from when it resumed.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum HealedFrom {
+    /// A rank of the last round that was left alive held it (its pod's snapshot of the step
+    /// the gang last completed): only the step in flight was trained again.
+    Peers,
+    /// No rank held a state as new: the newest complete checkpoint (the steps since it were
+    /// trained again).
+    Checkpoint,
 }
 
 impl Recovery {
@@ -343,6 +366,7 @@ impl Recovery {
             running_at: None,
             first_step_at: None,
             resumed_from_step: None,
+            healed_from: None,
             last_step: None,
             last_step_at: None,
             checkpoint_step: None,
@@ -370,6 +394,7 @@ impl Recovery {
         };
         if a.resumed_from_step.is_none() {
             a.resumed_from_step = Some(r.resumed_from_step.unwrap_or(0));
+            a.healed_from = r.healed_from;
         }
         let from = a.resumed_from_step.unwrap_or(0);
         if r.step > from && a.first_step_at.is_none() {
@@ -386,6 +411,16 @@ impl Recovery {
         let resumed = a.resumed_from_step;
         self.settle_previous_loss(resumed);
         self.update(at);
+    }
+
+    /// The ranks' own record says the current attempt (or round) reached `step`, which a
+    /// supervisor that polls may not have seen: the steps trained again are counted from it.
+    pub fn reached(&mut self, step: u64) {
+        if let Some(a) = self.current_mut()
+            && a.last_step.is_none_or(|s| s < step)
+        {
+            a.last_step = Some(step);
+        }
     }
 
     /// The current attempt ended.
@@ -534,6 +569,7 @@ mod tests {
             first_step_at: Some(t(first)),
             checkpoint_step: ckpt,
             skipped_steps: 0,
+            healed_from: None,
         }
     }
 
@@ -595,6 +631,28 @@ mod tests {
         r.report(report(130, 80, 205, Some(120)), t(260));
         r.end(failure(261, 262));
         assert_eq!(r.failures_in_a_row(), Some(1));
+    }
+
+    #[test]
+    fn the_steps_trained_again_are_counted_from_the_ranks_own_record_not_the_last_poll() {
+        // The supervisor last polled step 344; rank 0 had completed 364 when the round
+        // ended (its own record), and the next round healed from a peer at 363.
+        let mut r = Recovery::default();
+        r.start(0, t(0));
+        r.report(report(344, 0, 10, Some(300)), t(60));
+        r.reached(364);
+        r.reached(350);
+        r.end(failure(62, 62));
+        assert_eq!(r.attempts[0].last_step, Some(364), "the later step stands");
+        r.start_round(0, 1, t(62));
+        let healed = StepReport {
+            healed_from: Some(HealedFrom::Peers),
+            ..report(365, 363, 63, Some(300))
+        };
+        r.report(healed, t(63));
+        assert_eq!(r.attempts[0].lost_steps, Some(1), "only the step in flight");
+        assert_eq!(r.attempts[1].healed_from, Some(HealedFrom::Peers));
+        assert_eq!(r.lost_steps, 1);
     }
 
     #[test]

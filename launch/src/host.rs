@@ -116,10 +116,13 @@ impl Host {
             detected_at: verdict.detected_at,
         };
         ledger.end_with(end.clone());
+        // Rank 0's own record of the round's last step, read as the round was closed.
+        let last_step = ledger.recovery.attempts.last().and_then(|a| a.last_step);
         self.ends.push(RoundEnd {
             round,
             end,
             message: verdict.message.clone(),
+            last_step,
         });
         self.write_round_ends();
     }

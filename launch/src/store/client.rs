@@ -5,8 +5,8 @@ use std::io::ErrorKind;
 use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+use super::error::{ConnectError, Result, StoreError};
 use super::protocol::{OK, Request, read_frame, write_frame};
-use super::{ConnectError, Result, StoreError};
 use crate::auth::{Auth, Channel};
 use crate::keys;
 

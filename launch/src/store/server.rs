@@ -10,8 +10,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::error::{Result, StoreError};
 use super::protocol::{OK, Request, TIMED_OUT, read_frame, write_frame};
-use super::{Result, StoreError};
 use crate::auth::{Auth, Channel};
 use crate::refused::{self, Reason};
 

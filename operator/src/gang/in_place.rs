@@ -90,6 +90,9 @@ impl<'a, 'o> Decider<'a, 'o> {
             if let Some((rank, node)) = who {
                 (end.rank, end.node) = (rank.map(i64::from), node);
             }
+            if let Some(step) = e.last_step {
+                r.reached(step);
+            }
             r.end(end);
             r.start_round(i64::from(attempt), next, e.end.detected_at);
         }
@@ -167,6 +170,7 @@ impl<'a, 'o> Decider<'a, 'o> {
                 detected_at: now,
             },
             message: "node 0's pod went away (deleted, drained, or its launcher killed); the other launchers wait for its replacement's rendezvous store".into(),
+            last_step: None,
         };
         self.restarted_in_place(&end);
     }

@@ -4,6 +4,8 @@
 //! a suspend and resume, a new attempt), and a fresh start when there is neither. A rank whose
 //! config differs from the gang's is named: it would diverge from the others.
 
+use ferrotrain_api::recovery::HealedFrom;
+
 /// What one rank offers at the start of a round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Offer {
@@ -56,12 +58,12 @@ impl Source {
         }
     }
 
-    /// "peers" or "checkpoint" (the progress report's `healedFrom`), None for a fresh start.
-    pub fn name(self) -> Option<&'static str> {
+    /// The progress report's `healedFrom`; None for a fresh start.
+    pub fn healed_from(self) -> Option<HealedFrom> {
         match self {
             Source::Fresh => None,
-            Source::Checkpoint { .. } => Some(ferrotrain_api::progress::HEALED_FROM_CHECKPOINT),
-            Source::Peer { .. } => Some(ferrotrain_api::progress::HEALED_FROM_PEERS),
+            Source::Checkpoint { .. } => Some(HealedFrom::Checkpoint),
+            Source::Peer { .. } => Some(HealedFrom::Peers),
         }
     }
 }

@@ -72,15 +72,7 @@ impl<'a> Trainer<'a> {
             comm.as_mut(),
             bucket_bytes,
         )?;
-        let scaler = (precision.used == Precision::Fp16)
-            .then(|| LossScaler::new(&config.loss_scale, start.loss_scale));
-        if let (true, Some(s)) = (leader, &scaler) {
-            tracing::info!(
-                scale = s.scale(),
-                resumed = start.loss_scale.is_some(),
-                "fp16: dynamic loss scale"
-            );
-        }
+        let scaler = loss_scaler(config, &precision, &start, leader);
         let (progress, server) =
             serve_progress(opts, leader, world, &start, &replica, store.as_ref())?;
         {
@@ -153,6 +145,25 @@ impl<'a> Trainer<'a> {
             comm,
         })
     }
+}
+
+/// `fp16`'s dynamic loss scale, going on from the state's (None in the other precisions).
+fn loss_scaler(
+    config: &ferrotrain_api::TrainerConfig,
+    precision: &PrecisionChoice,
+    start: &Start,
+    leader: bool,
+) -> Option<LossScaler> {
+    let scaler = (precision.used == Precision::Fp16)
+        .then(|| LossScaler::new(&config.loss_scale, start.loss_scale));
+    if let (true, Some(s)) = (leader, &scaler) {
+        tracing::info!(
+            scale = s.scale(),
+            resumed = start.loss_scale.is_some(),
+            "fp16: dynamic loss scale"
+        );
+    }
+    scaler
 }
 
 /// Checks the data files, picks the device, meets the other ranks, agrees on the precision
@@ -248,7 +259,7 @@ fn serve_progress(
         p.samples = start.samples;
         p.world_size = world as u32;
         p.resumed_from_step = start.resumed_from_step;
-        p.healed_from = start.source.name().map(str::to_string);
+        p.healed_from = start.source.healed_from();
         p.parameters = model::parameter_count(&replica.vs);
         p.last_checkpoint = store.and_then(|s| s.last_completed());
     }
