@@ -41,8 +41,9 @@ pub enum PeerEnd {
     Lost,
 }
 
-/// How long ranks get to exit on SIGTERM once a member node was lost: they wait in a
-/// collective that cannot complete, so a longer grace only delays the next round.
+/// How long ranks get to exit once a member node was lost: told to abandon their
+/// collectives, they leave their state and exit in well under a second; a longer grace only
+/// delays the next round.
 const LOST_GRACE: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -228,6 +229,9 @@ impl Group {
                         PeerEnd::Failed => self.grace,
                         PeerEnd::Lost => self.grace.min(LOST_GRACE),
                     };
+                    // The round ended elsewhere: the ranks stop waiting in their collectives
+                    // and leave their state for the next round.
+                    self.signal_all(signals::ABANDON);
                     self.stop_within(libc::SIGTERM, grace);
                     return GroupOutcome::PeerFailed { frozen };
                 }

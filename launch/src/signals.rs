@@ -1,5 +1,8 @@
 //! SIGTERM and SIGINT: remembered, not fatal, so the launcher can stop its ranks and a rank
-//! can save a checkpoint before it exits.
+//! can save a checkpoint before it exits. And [`ABANDON`] (SIGUSR1), which an agent sends its
+//! ranks when the round ended elsewhere: a rank stops waiting in its collectives at once
+//! ([`abandoned`]) and leaves its state for the next round, instead of waiting there until
+//! its collective timeout or its SIGKILL.
 //!
 //! A rank installs the handlers with `install(ExitUnlessArmed)`: until the training loop
 //! arms it (`arm()`), a signal ends the process at once (there is nothing to save while it
@@ -14,6 +17,15 @@ static SIGNAL: AtomicI32 = AtomicI32::new(0);
 static ARMED: AtomicBool = AtomicBool::new(false);
 /// Whether an unarmed (or second) signal ends the process.
 static EXIT_UNLESS_ARMED: AtomicBool = AtomicBool::new(false);
+/// Set once [`ABANDON`] arrived.
+static ABANDONED: AtomicBool = AtomicBool::new(false);
+
+/// The signal that tells a rank its round ended elsewhere: abandon the collectives.
+pub const ABANDON: i32 = libc::SIGUSR1;
+
+extern "C" fn on_abandon(_: i32) {
+    ABANDONED.store(true, Ordering::SeqCst);
+}
 
 /// What a signal does before the training loop arms the handler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,19 +46,31 @@ extern "C" fn on_signal(signal: i32) {
     }
 }
 
-/// Installs the SIGTERM and SIGINT handlers.
+/// Installs the SIGTERM and SIGINT handlers, and a rank's [`ABANDON`] handler.
 pub fn install(mode: Mode) {
     EXIT_UNLESS_ARMED.store(mode == Mode::ExitUnlessArmed, Ordering::SeqCst);
     for signal in [libc::SIGTERM, libc::SIGINT] {
-        // SAFETY: the handler only touches atomics and calls _exit, both async-signal-safe.
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_signal as *const () as usize;
-            libc::sigemptyset(&mut action.sa_mask);
-            action.sa_flags = libc::SA_RESTART;
-            libc::sigaction(signal, &action, std::ptr::null_mut());
-        }
+        handle(signal, on_signal);
     }
+    if mode == Mode::ExitUnlessArmed {
+        handle(ABANDON, on_abandon);
+    }
+}
+
+fn handle(signal: i32, handler: extern "C" fn(i32)) {
+    // SAFETY: the handlers only touch atomics and call _exit, both async-signal-safe.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = handler as *const () as usize;
+        libc::sigemptyset(&mut action.sa_mask);
+        action.sa_flags = libc::SA_RESTART;
+        libc::sigaction(signal, &action, std::ptr::null_mut());
+    }
+}
+
+/// Whether this rank was told its round ended elsewhere ([`ABANDON`]).
+pub fn abandoned() -> bool {
+    ABANDONED.load(Ordering::SeqCst)
 }
 
 /// From now on a (first) signal is left to the caller, which polls `received()`. A signal
@@ -75,6 +99,7 @@ pub fn name(signal: i32) -> &'static str {
         libc::SIGABRT => "SIGABRT",
         libc::SIGBUS => "SIGBUS",
         libc::SIGSTOP => "SIGSTOP",
+        libc::SIGUSR1 => "SIGUSR1",
         _ => "signal",
     }
 }
