@@ -185,6 +185,14 @@ impl AttemptRecord {
             .is_some_and(|c| c > self.resumed_from_step.unwrap_or(0))
     }
 
+    /// Whether what it trained is kept: a checkpoint of its own, or, where the next run
+    /// starts from the state the ranks leave (`heals`: a launcher's rounds and restarts, an
+    /// in-place round), a step past where it resumed.
+    pub fn kept_progress(&self, heals: bool) -> bool {
+        let stepped = self.last_step > self.resumed_from_step.or(Some(0));
+        self.saved_a_checkpoint() || ((heals || self.round.is_some()) && stepped)
+    }
+
     fn steps_done(&self) -> u64 {
         let from = self.resumed_from_step.unwrap_or(0);
         self.last_step.unwrap_or(from).saturating_sub(from)
@@ -316,16 +324,18 @@ impl Recovery {
     }
 
     /// The failures in a row that the next restart follows: those of the attempts (or
-    /// rounds) at the end of the history that saved no checkpoint of their own, plus the
-    /// failure that ended the last one that did (it was training well: the count starts
-    /// again there); at least 1. None without a record (nothing known).
-    pub fn failures_in_a_row(&self) -> Option<u32> {
+    /// rounds) at the end of the history whose training was not kept
+    /// ([`AttemptRecord::kept_progress`]; `heals`: the supervisor's next run starts from the
+    /// state its ranks leave), plus the failure that ended the last one whose training was
+    /// (it was training well: the count starts again there); at least 1. None without a
+    /// record (nothing known).
+    pub fn failures_in_a_row(&self, heals: bool) -> Option<u32> {
         self.attempts.last()?;
         let fruitless = self
             .attempts
             .iter()
             .rev()
-            .take_while(|a| !a.saved_a_checkpoint())
+            .take_while(|a| !a.kept_progress(heals))
             .count();
         let after_a_good_one = usize::from(fruitless < self.attempts.len());
         Some(((fruitless + after_a_good_one) as u32).max(1))
@@ -604,12 +614,12 @@ mod tests {
     #[test]
     fn failures_in_a_row_start_again_after_an_attempt_that_saved_a_checkpoint() {
         let mut r = Recovery::default();
-        assert_eq!(r.failures_in_a_row(), None, "nothing known");
+        assert_eq!(r.failures_in_a_row(false), None, "nothing known");
         r.start(0, t(0));
         r.report(report(5, 0, 1, None), t(2));
         r.end(failure(3, 4));
         assert_eq!(
-            r.failures_in_a_row(),
+            r.failures_in_a_row(false),
             Some(1),
             "a first attempt that saved nothing"
         );
@@ -618,19 +628,48 @@ mod tests {
         r.start(0, t(0));
         r.report(report(100, 0, 10, Some(80)), t(110));
         r.end(failure(110, 111));
-        assert_eq!(r.failures_in_a_row(), Some(1));
+        assert_eq!(r.failures_in_a_row(false), Some(1));
         // Attempts 1 and 2 die before saving anything past 80: two, then three in a row.
         for (attempt, at) in [(1, 120), (2, 140)] {
             r.start(attempt, t(at));
             r.report(report(85, 80, at + 5, Some(80)), t(at + 6));
             r.end(failure(at + 7, at + 8));
         }
-        assert_eq!(r.failures_in_a_row(), Some(3));
+        assert_eq!(r.failures_in_a_row(false), Some(3));
         // Attempt 3 saves step 120 before it dies: the count starts again.
         r.start(3, t(200));
         r.report(report(130, 80, 205, Some(120)), t(260));
         r.end(failure(261, 262));
-        assert_eq!(r.failures_in_a_row(), Some(1));
+        assert_eq!(r.failures_in_a_row(false), Some(1));
+    }
+
+    #[test]
+    fn where_the_ranks_leave_their_state_a_round_that_stepped_kept_its_training() {
+        // Checkpoints every 1000 steps; each round resumes from the last one's state.
+        let mut r = Recovery::default();
+        r.start(0, t(0));
+        r.report(report(300, 0, 10, None), t(100));
+        r.end(failure(100, 100));
+        r.start(1, t(101));
+        r.report(report(600, 300, 102, None), t(200));
+        r.end(failure(200, 200));
+        assert_eq!(
+            r.failures_in_a_row(true),
+            Some(1),
+            "both trained, and it was kept"
+        );
+        assert_eq!(
+            r.failures_in_a_row(false),
+            Some(2),
+            "without healing nothing was kept"
+        );
+        // A round that fails before its first step keeps nothing: then the backoff grows.
+        for (attempt, at) in [(2, 201), (3, 210)] {
+            r.start(attempt, t(at));
+            r.report(report(600, 600, at + 1, None), t(at + 2));
+            r.end(failure(at + 3, at + 3));
+        }
+        assert_eq!(r.failures_in_a_row(true), Some(3));
     }
 
     #[test]

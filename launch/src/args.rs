@@ -32,8 +32,9 @@ pub struct LaunchArgs {
     #[arg(long, env = env::FERROTRAIN_MAX_RESTARTS, default_value_t = 3)]
     pub max_restarts: u32,
     /// Wait before a restart; doubles with each failure in a row, counted since the last
-    /// attempt (or round) that saved a checkpoint of its own (one that trained well before it
-    /// failed waits this again). In-place rounds restart at once after the first such failure.
+    /// attempt (or round) that trained a step the next one kept (its ranks leave their state;
+    /// or a checkpoint of its own). In-place rounds restart at once after the first such
+    /// failure.
     #[arg(
         long,
         env = env::FERROTRAIN_RESTART_BACKOFF_SECONDS,

@@ -99,7 +99,7 @@ impl Host {
         // Recorded first: the ledger, with rank 0's last report, says whether the round saved
         // a checkpoint, and so how long every agent backs off.
         self.record(round, &verdict, EndCause::Failure, ledger);
-        verdict.in_a_row = ledger.recovery.failures_in_a_row().unwrap_or(1);
+        verdict.in_a_row = ledger.recovery.failures_in_a_row(true).unwrap_or(1);
         publish(client, &verdict)?;
         Ok(verdict)
     }

@@ -100,7 +100,7 @@ pub fn supervise_attempts(args: &LaunchArgs, l: &Launch) -> Result<i32, LaunchEr
                 }
                 restarts += 1;
                 // Doubled for each failure in a row since an attempt that saved a checkpoint.
-                let in_a_row = ledger.recovery.failures_in_a_row().unwrap_or(restarts);
+                let in_a_row = ledger.recovery.failures_in_a_row(true).unwrap_or(restarts);
                 let backoff = args.restart_wait(in_a_row);
                 tracing::warn!(
                     "launch: restarting the group in {:.1} s (restart {restarts} of \

@@ -297,7 +297,7 @@ fn ruled(policy: &Policy, r: &mut Rounds, round: u64, verdict: &Verdict) -> Next
 
 /// The wait before the round after a failure that was the `in_a_row`-th in a row: none for
 /// the first (a gang that trained well restarts at once), then the restart backoff, doubling;
-/// a gang that keeps failing before it saves a checkpoint is backed off.
+/// a gang that keeps failing before it trains a step is backed off.
 pub fn backoff(policy: &Policy, in_a_row: u32) -> Duration {
     let (initial, max) = policy.backoff;
     match in_a_row {

@@ -21,10 +21,11 @@ pub struct RestartPolicy {
     #[schemars(range(min = 0, max = 10000))]
     pub max_restarts: i32,
     /// Wait before a gang restart; doubles with each failure in a row up to
-    /// maxBackoffSeconds. The count starts again after an attempt (or in-place round) that
-    /// saved a checkpoint of its own: a job that was training well before it failed waits
-    /// only backoffSeconds, and one that keeps failing before it saves anything waits longer
-    /// each time. In-place restarts wait nothing after such a failure, then this, doubling.
+    /// maxBackoffSeconds. The count starts again after an attempt that saved a checkpoint of
+    /// its own, or an in-place round that trained a step (the next round starts from the
+    /// state it left): a job that was training well before it failed waits only
+    /// backoffSeconds, and one that keeps failing before it keeps anything waits longer each
+    /// time. In-place restarts wait nothing after such a failure, then this, doubling.
     #[serde(default = "defaults::backoff_seconds")]
     #[schemars(range(min = 0, max = 86400))]
     pub backoff_seconds: i64,
