@@ -160,6 +160,12 @@ pub struct Verdict {
     pub in_a_row: u32,
 }
 
+/// Whether the round ended because a pod was taken away (deleted, evicted, drained): a
+/// disruption, which spends no restart and waits no backoff.
+pub fn is_disruption(verdict: &Verdict) -> bool {
+    verdict.reason == reason::POD_LEAVING
+}
+
 /// The verdict of a round ended at `now` for a resize: nobody to blame, nothing lost.
 pub fn resized(round: u64, now: Timestamp) -> Verdict {
     Verdict {

@@ -91,14 +91,24 @@ impl Host {
             }
         }
         let reports = reports(client, round, &mut gathering);
-        // A node whose agent is gone is not waited for by the next round either: its pod is
-        // replaced (or, elastic, the gang trains on without it).
-        self.lost
-            .extend(reports.iter().filter(|r| r.gone).map(|r| r.node));
+        // A node whose agent is gone, or whose pod goes away, is not waited for by the next
+        // round either: its pod is replaced (and, elastic, the gang trains on without it
+        // until it is back).
+        self.lost.extend(
+            reports
+                .iter()
+                .filter(|r| r.gone || r.leaving)
+                .map(|r| r.node),
+        );
         let mut verdict = blame::verdict(round, &reports, permanent, Timestamp::now());
         // Recorded first: the ledger, with rank 0's last report, says whether the round saved
         // a checkpoint, and so how long every agent backs off.
-        self.record(round, &verdict, EndCause::Failure, ledger);
+        let cause = if blame::is_disruption(&verdict) {
+            EndCause::Disruption
+        } else {
+            EndCause::Failure
+        };
+        self.record(round, &verdict, cause, ledger);
         verdict.in_a_row = ledger.recovery.failures_in_a_row(true).unwrap_or(1);
         publish(client, &verdict)?;
         Ok(verdict)

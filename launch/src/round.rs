@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use ferrotrain_api::exit;
 
-use crate::blame::Verdict;
+use crate::blame::{self, Verdict};
 use crate::error::AgentError;
 use crate::group::GroupOutcome;
 use ferrotrain_api::reason;
@@ -262,7 +262,10 @@ fn ruled(policy: &Policy, r: &mut Rounds, round: u64, verdict: &Verdict) -> Next
             ..Exit::failed(verdict.code.unwrap_or(own_code), message)
         });
     }
-    if r.restarts >= policy.max_restarts {
+    // A pod taken away (deleted, evicted, drained) is a disruption: nothing the training did,
+    // so it spends no restart and waits no backoff, as for the operator's gang restarts.
+    let disruption = blame::is_disruption(verdict);
+    if !disruption && r.restarts >= policy.max_restarts {
         let message = format!(
             "round {round}: {}: {}; giving up after {} in-place restart(s) (--max-restarts)",
             who(verdict),
@@ -271,7 +274,9 @@ fn ruled(policy: &Policy, r: &mut Rounds, round: u64, verdict: &Verdict) -> Next
         );
         return Next::Exit(Exit::failed(own_code, message));
     }
-    r.restarts += 1;
+    if !disruption {
+        r.restarts += 1;
+    }
     if verdict.node == Some(0) && verdict.reason == reason::POD_LEAVING && policy.node != 0 {
         // Node 0's pod goes away, and its store with it.
         return Next::Rejoin {
@@ -280,7 +285,11 @@ fn ruled(policy: &Policy, r: &mut Rounds, round: u64, verdict: &Verdict) -> Next
             lost: true,
         };
     }
-    let wait = backoff(policy, verdict.in_a_row);
+    let wait = if disruption {
+        Duration::ZERO
+    } else {
+        backoff(policy, verdict.in_a_row)
+    };
     r.round = round + 1;
     Next::Restart {
         round: round + 1,

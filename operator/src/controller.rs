@@ -1,4 +1,4 @@
-//! The controller: wiring (watches, caches, predicates) and the reconcile pipeline
+//! The controller: what wakes it (the warm [`Caches`]) and the reconcile pipeline
 //! observe -> decide -> build -> apply -> status.
 
 use std::future::Future;
@@ -12,16 +12,15 @@ use ferrotrain_api::recovery::EndCause;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::Api;
+use kube::runtime::Controller;
 use kube::runtime::controller::{self, Action};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::watcher;
-use kube::runtime::{Controller, WatchStreamExt, predicates};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tracing::{debug, info, warn};
 
 use crate::apply::{self, Applied};
 use crate::build::{self, Owner};
+use crate::caches::Caches;
 use crate::config::Settings;
 pub use crate::context::Context;
 pub use crate::error::{Error, Result};
@@ -177,10 +176,10 @@ fn build_launches(
     let mut settings = ctx.build_settings();
     settings.gang = gang_mode.clone();
     settings.termination_grace_seconds = gang::save_grace_seconds(&decision.status);
-    // The budget of the attempt from its start: a pod that replaces a lost one counts rounds
-    // from 0 like the others (status.round of the restarts are this attempt's).
-    let status = &decision.status;
-    settings.restarts_left = dt.spec.restart_policy.max_restarts - (status.restarts - status.round);
+    // What is left of the budget: a new gang's launchers count from 0, and so does a pod that
+    // replaces a lost one while the others have spent this attempt's in-place restarts
+    // (status.restarts counts both; resizes and disruptions spend nothing).
+    settings.restarts_left = dt.spec.restart_policy.max_restarts - decision.status.restarts;
     decision
         .actions
         .iter()
@@ -469,78 +468,36 @@ fn jobs_on_node(pods: &Store<Pod>, node: &Node) -> Vec<ObjectRef<DistributedTrai
     jobs
 }
 
-/// The names the watches go by in logs and `/readyz`.
-const WATCHES: [&str; 3] = ["distributedtrainings", "pods", "nodes"];
-
-/// Runs the controller until `shutdown` completes. `jobs` receives the jobs cache (for the
-/// metrics endpoint); `readiness` follows the watches (synced, failing).
+/// Runs the controller on the warm `caches` until `shutdown` completes: every job in them is
+/// reconciled at once, then each as its watches wake it.
 pub async fn run(
     client: Client,
     settings: Settings,
-    namespace: Option<String>,
+    caches: &Caches,
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
-    jobs: Arc<std::sync::OnceLock<Store<DistributedTraining>>>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let (dts, pods_api): (Api<DistributedTraining>, Api<Pod>) = match &namespace {
-        Some(ns) => (
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client.clone(), ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
-    };
-    let nodes_api: Api<Node> = Api::all(client.clone());
-    readiness.track(&WATCHES);
-    let [dt_watch, pod_watch, node_watch] = WATCHES;
-
-    let (dt_store, dt_writer) = reflector::store();
-    let health = readiness.clone();
-    // Our own status writes do not bump the generation: they never trigger a reconcile.
-    // The caches drop managedFields (nothing here reads them): a tenth of a job's memory.
-    let dt_stream = watcher(dts, watcher::Config::default())
-        .default_backoff()
-        .modify(|dt: &mut DistributedTraining| dt.managed_fields_mut().clear())
-        .reflect(dt_writer)
-        .inspect(move |item| health.observe(dt_watch, item))
-        .applied_objects()
-        .predicate_filter(predicates::generation, Default::default());
-
-    let (pod_store, pod_writer) = reflector::store();
-    let pod_selector = format!("{}={}", labels::MANAGED_BY, labels::MANAGER);
-    let health = readiness.clone();
-    let pod_stream = watcher(pods_api, watcher::Config::default().labels(&pod_selector))
-        .default_backoff()
-        .modify(|pod: &mut Pod| pod.managed_fields_mut().clear())
-        .reflect(pod_writer)
-        .inspect(move |item| health.observe(pod_watch, item))
-        .touched_objects();
-
-    let (node_store, node_writer) = reflector::store();
-    let health = readiness.clone();
-    let node_stream = watcher(nodes_api, watcher::Config::default())
-        .default_backoff()
-        .reflect(node_writer)
-        .inspect(move |item| health.observe(node_watch, item))
-        .touched_objects();
-
-    let _ = jobs.set(dt_store.clone());
+    readiness.lead();
     let native_gang = scheduling::discover_native_api(&client).await;
     info!(native_gang = ?native_gang, "gang scheduling: scheduling.k8s.io as served by the API server");
     let mut context = Context::new(
         client,
         settings,
         metrics,
-        pod_store.clone(),
-        node_store,
+        caches.pods.clone(),
+        caches.nodes.clone(),
         readiness.synced_flag(),
     );
     context.native_gang = native_gang;
     let ctx = Arc::new(context);
-    let mapper_pods = pod_store;
-    Controller::for_stream(dt_stream, dt_store)
-        .owns_stream(pod_stream)
-        .watches_stream(node_stream, move |node| jobs_on_node(&mapper_pods, &node))
+    let streams = caches.controller_streams();
+    let mapper_pods = caches.pods.clone();
+    Controller::for_stream(streams.jobs, caches.jobs.clone())
+        .owns_stream(streams.pods)
+        .watches_stream(streams.nodes, move |node| jobs_on_node(&mapper_pods, &node))
+        // What the caches held before this replica led (all of it, for a standby taking over).
+        .reconcile_all_on(futures::stream::once(async {}))
         .with_config(controller::Config::default().debounce(DEBOUNCE))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)

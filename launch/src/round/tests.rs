@@ -232,15 +232,29 @@ fn rows() -> Vec<Row> {
             before: rounds(2, 0),
             event: ruled(2, verdict(2, 0, reason::POD_LEAVING, Some(143))),
             next: rejoin(2, true),
-            restarts: 1,
+            restarts: 0,
         },
         Row {
-            name: "another node's pod leaves: node 0 restarts in place",
+            name: "another node's pod leaves: node 0 restarts in place, spending nothing",
             node: 0,
             before: rounds(2, 0),
             event: ruled(2, verdict(2, 1, reason::POD_LEAVING, Some(143))),
             next: restart(3, 0),
-            restarts: 1,
+            restarts: 0,
+        },
+        Row {
+            name: "a pod leaves when the budget is spent: a disruption, restarted at once",
+            node: 0,
+            before: rounds(5, 3),
+            event: ruled(
+                5,
+                Verdict {
+                    in_a_row: 4,
+                    ..verdict(5, 1, reason::POD_LEAVING, Some(143))
+                },
+            ),
+            next: restart(6, 0),
+            restarts: 3,
         },
         Row {
             name: "node 1 loses node 0's store mid-round: it waits for node 0's replacement",

@@ -11,7 +11,7 @@ use ferrotrain_api::crd::{TrainingProgress, condition};
 use http::{Method, Request, Response};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use kube::client::Body;
-use kube::runtime::watcher;
+use kube::runtime::{reflector, watcher};
 use serde_json::Value;
 use std::sync::atomic::AtomicBool;
 

@@ -120,6 +120,31 @@ fn the_steps_a_round_trains_again_are_counted_from_rank_0s_own_record_not_the_la
 }
 
 #[test]
+fn a_round_ended_by_a_pod_taken_away_spends_no_restart() {
+    let mut p = after_kill(60, 0, 50);
+    let end = &mut p.round_ends[0].end;
+    (end.cause, end.reason) = (EndCause::Disruption, "PodLeaving".into());
+    let d = polled(ran_with_both_pods_seen(), p, 52);
+    let s = &d.status;
+    assert_eq!(
+        (s.restarts, s.round),
+        (0, 1),
+        "a disruption, as for gang restarts"
+    );
+    assert_eq!(s.restarts_by_cause.get("PodLeaving"), Some(&1));
+    assert!(
+        d.events[0].note.contains("a disruption: no restart spent"),
+        "{}",
+        d.events[0].note
+    );
+    let r = s.recovery.as_ref().unwrap();
+    assert_eq!(
+        r.attempts[0].end.as_ref().unwrap().cause,
+        EndCause::Disruption
+    );
+}
+
+#[test]
 fn a_round_is_counted_once_however_often_rank_0_reports_it() {
     let first = polled(ran_with_both_pods_seen(), after_kill(60, 0, 50), 52);
     let again = polled(first.status.clone(), after_kill(70, 0, 50), 57);
