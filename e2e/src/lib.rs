@@ -371,11 +371,16 @@ pub async fn rank0_get(client: &Client, ns: &str, pod: &str, path: &str) -> Resu
     ))
     .body(Vec::new())
     .map_err(|e| e.to_string())?;
-    client
-        .request_text(request)
-        .await
-        .map_err(|e| e.to_string())
+    // Bounded: a proxy to a pod that was just replaced under the same name can hang on the
+    // old pod's address for minutes.
+    match tokio::time::timeout(PROXY_TIMEOUT, client.request_text(request)).await {
+        Ok(answer) => answer.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("no answer through the pod proxy within {PROXY_TIMEOUT:?}")),
+    }
 }
+
+/// How long one request through the API server's pod proxy may take.
+const PROXY_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The trainer image of the test jobs, when $FERROTRAIN_E2E_IMAGE names one.
 pub fn trainer_image() -> Option<String> {
