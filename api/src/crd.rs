@@ -49,7 +49,7 @@ pub const MAX_NAME_LENGTH: usize = 47;
     namespaced,
     status = "DistributedTrainingStatus",
     derive = "PartialEq",
-    doc = "A data-parallel training job run as a gang of pods, restarted as a whole from the latest checkpoint on failure, with training progress in its status.",
+    doc = "A data-parallel training job run as a gang of pods: a failed trainer restarts in place in its pods (restartPolicy.inPlace, the default on more than one pod) and a lost pod is replaced alone, else the whole gang restarts, from the latest checkpoint; training progress and what each restart cost are in its status.",
     // The JSON form: clippy's duplicated-attribute lint misfires on repeated `type_ = ...`.
     printcolumn = r#"{"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Where the job is in its life cycle"}"#,
     printcolumn = r#"{"name": "Step", "type": "integer", "jsonPath": ".status.progress.step", "description": "Optimizer steps completed"}"#,
@@ -116,7 +116,7 @@ pub struct DistributedTrainingSpec {
     pub image_pull_policy: Option<PullPolicy>,
 
     /// Entrypoint override for a bring-your-own image (for example
-    /// ["torchrun", "train.py"]). Default: `ferrotrain launch --max-restarts 0`. The container
+    /// ["torchrun", "train.py"]). Default: `ferrotrain launch` (restarting its ranks in place with restartPolicy.inPlace, else never). The container
     /// gets the same environment contract (MASTER_ADDR, WORLD_SIZE, PET_*, ...) either way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
