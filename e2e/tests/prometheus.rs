@@ -1,14 +1,16 @@
 //! A real Prometheus (Debian's `prometheus`, started here on the host with a config this test
-//! writes) scrapes the operator and a running job's rank 0 the way the chart's ServiceMonitor
-//! and PodMonitor tell the Prometheus Operator to (Kubernetes service discovery through the
-//! API server, the same label selectors, port names and relabelling), loads the chart's alert
-//! rules, and answers queries: the job's step rate, the operator's per-job series joined on
-//! (namespace, job), and an alert fired by a real refused connection.
+//! writes) scrapes the operator and a running job's rank 0 as the chart's ServiceMonitor and
+//! PodMonitor tell the Prometheus Operator to (the same label selectors and port names, the
+//! same labels on the series: the job's name as `job`, the operator's labels honoured), loads
+//! the chart's alert rules, and answers queries: the job's step rate, the operator's per-job
+//! series joined on (namespace, job), and an alert fired by a real refused connection.
 //!
-//! What the cluster kit cannot show (../shared/cluster/README.md): it enforces no
-//! NetworkPolicy, so that the job's policy admits the scraper through `metricsFrom` is checked
-//! on the policy object, not on the wire; and it has no kube-proxy, so Prometheus reaches pods
-//! by their IPs (as a Prometheus inside a cluster does anyway).
+//! What this cannot show: Debian builds Prometheus without Kubernetes service discovery, so
+//! the test finds the targets itself through the API server with the monitors' selectors and
+//! hands them to Prometheus as files (file_sd); the cluster kit enforces no NetworkPolicy
+//! (../shared/cluster/README.md), so that the job's policy admits the scraper through
+//! `metricsFrom` is checked on the policy object, not on the wire; and it has no kube-proxy, so
+//! Prometheus reaches pods by their IPs (as a Prometheus inside a cluster does anyway).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -18,8 +20,10 @@ use std::time::Duration;
 
 use ferrotrain_api::crd::Phase;
 use ferrotrain_e2e::{TRAIN_WAIT, TestNamespace, WAIT, copy_job, wait_for, wait_status};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Api;
+use kube::api::ListParams;
 use serde_json::{Value, json};
 
 /// Where the test's Prometheus listens and keeps its data; killed and removed on drop.
@@ -102,15 +106,10 @@ fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// The scrape configuration the chart's monitors stand for, for a Prometheus without the
-/// Prometheus Operator: the ServiceMonitor (the operator's metrics Service, port `http`,
-/// labels honoured) and the PodMonitor (pods the operator manages of node rank 0, port
-/// `metrics`, the job label copied to `job`), each discovered through the API server.
-fn config(kubeconfig: &str, job_namespace: &str, rules: &Path) -> String {
-    let sd = |role: &str, namespace: &str| json!([{"role": role, "kubeconfig_file": kubeconfig, "namespaces": {"names": [namespace]}}]);
-    let keep = |label: &str, regex: &str| json!({"action": "keep", "source_labels": [label], "regex": regex});
-    let copy =
-        |label: &str, target: &str| json!({"source_labels": [label], "target_label": target});
+/// The scrape configuration the chart's monitors stand for: the operator (its labels honoured,
+/// as the ServiceMonitor says) and rank 0 of the job, each from a file of targets.
+fn config(dir: &Path, rules: &Path) -> String {
+    let from = |file: &str| json!([{"files": [dir.join(file)], "refresh_interval": "2s"}]);
     json!({
         "global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
         "rule_files": [rules],
@@ -118,44 +117,81 @@ fn config(kubeconfig: &str, job_namespace: &str, rules: &Path) -> String {
             {
                 "job_name": "ferrotrain-operator",
                 "honor_labels": true,
-                "kubernetes_sd_configs": sd("endpointslice", "ferrotrain-system"),
-                "relabel_configs": [
-                    keep("__meta_kubernetes_service_label_app_kubernetes_io_name", "ferrotrain-operator"),
-                    keep("__meta_kubernetes_endpointslice_port_name", "http"),
-                    copy("__meta_kubernetes_namespace", "namespace"),
-                    copy("__meta_kubernetes_pod_name", "pod"),
-                ]
+                "file_sd_configs": from("operator.json")
             },
-            {
-                "job_name": "ferrotrain-rank0",
-                "kubernetes_sd_configs": sd("pod", job_namespace),
-                "relabel_configs": [
-                    keep("__meta_kubernetes_pod_label_app_kubernetes_io_managed_by", "ferrotrain-operator"),
-                    keep("__meta_kubernetes_pod_label_ferrotrain_dev_node_rank", "0"),
-                    keep("__meta_kubernetes_pod_container_port_name", "metrics"),
-                    copy("__meta_kubernetes_namespace", "namespace"),
-                    copy("__meta_kubernetes_pod_name", "pod"),
-                    copy("__meta_kubernetes_pod_label_ferrotrain_dev_job", "job"),
-                    copy("__meta_kubernetes_pod_label_ferrotrain_dev_attempt", "attempt"),
-                ]
-            }
+            {"job_name": "ferrotrain-rank0", "file_sd_configs": from("rank0.json")}
         ]
     })
     .to_string()
 }
 
-fn start_prometheus(job_namespace: &str) -> Prometheus {
+/// `ip:port` of a pod's container port named `port`.
+fn address(pod: &Pod, port: &str) -> Option<String> {
+    let ip = pod.status.as_ref()?.pod_ip.clone()?;
+    let number = pod.spec.as_ref()?.containers.iter().find_map(|c| {
+        c.ports
+            .iter()
+            .flatten()
+            .find(|p| p.name.as_deref() == Some(port))
+            .map(|p| p.container_port)
+    })?;
+    Some(format!("{ip}:{number}"))
+}
+
+/// The pods of `namespace` that `selector` selects.
+async fn selected(ns: &TestNamespace, namespace: &str, selector: &str) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(ns.client.clone(), namespace);
+    let params = ListParams::default().labels(selector);
+    pods.list(&params).await.unwrap().items
+}
+
+/// The targets the monitors select, as file_sd entries: the operator's pods (its metrics
+/// Service's selector, port `http`) and the job's rank-0 pod (the PodMonitor's selector, port
+/// `metrics`), labelled as the monitors' relabelling labels them.
+async fn targets(ns: &TestNamespace) -> (Value, Value) {
+    let operator: Vec<Value> = selected(
+        ns,
+        "ferrotrain-system",
+        "app.kubernetes.io/name=ferrotrain-operator",
+    )
+    .await
+    .iter()
+    .filter_map(|pod| {
+        let labels = json!({"namespace": "ferrotrain-system", "pod": pod.metadata.name});
+        Some(json!({"targets": [address(pod, "http")?], "labels": labels}))
+    })
+    .collect();
+    let selector = "app.kubernetes.io/managed-by=ferrotrain-operator,ferrotrain.dev/node-rank=0";
+    let rank0: Vec<Value> = selected(ns, &ns.name, selector)
+        .await
+        .iter()
+        .filter_map(|pod| {
+            let pod_labels = pod.metadata.labels.clone().unwrap_or_default();
+            let labels = json!({
+                "namespace": ns.name,
+                "pod": pod.metadata.name,
+                "job": pod_labels.get("ferrotrain.dev/job")?,
+                "attempt": pod_labels.get("ferrotrain.dev/attempt")?,
+            });
+            Some(json!({"targets": [address(pod, "metrics")?], "labels": labels}))
+        })
+        .collect();
+    (Value::from(operator), Value::from(rank0))
+}
+
+fn start_prometheus(job_namespace: &str, operator: &Value, rank0: &Value) -> Prometheus {
     let binary = which("prometheus").expect(
         "no prometheus binary: apt-get install prometheus (scripts/e2e.sh installs it as root)",
     );
-    let kubeconfig = std::env::var("KUBECONFIG").expect("KUBECONFIG");
     let dir = std::env::temp_dir().join(format!("ferrotrain-e2e-prometheus-{job_namespace}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("data")).unwrap();
+    std::fs::write(dir.join("operator.json"), operator.to_string()).unwrap();
+    std::fs::write(dir.join("rank0.json"), rank0.to_string()).unwrap();
     let rules = repo_root().join("charts/ferrotrain/files/prometheus-rules.yaml");
     let file = dir.join("prometheus.yml");
     // JSON is YAML.
-    std::fs::write(&file, config(&kubeconfig, job_namespace, &rules)).unwrap();
+    std::fs::write(&file, config(&dir, &rules)).unwrap();
     let port = free_port();
     let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
     let child = Command::new(binary)
@@ -232,10 +268,14 @@ async fn prometheus_scrapes_the_operator_and_rank_0_and_its_alerts_fire() {
     spec["networkPolicy"] = json!({"metricsFrom": [{"ipBlock": {"cidr": "10.201.0.1/32"}}]});
     ns.create_job("scraped", spec).await;
 
-    let policy: NetworkPolicy = Api::namespaced(ns.client.clone(), &ns.name)
-        .get("scraped")
-        .await
-        .expect("the job's NetworkPolicy");
+    let policies: Api<NetworkPolicy> = Api::namespaced(ns.client.clone(), &ns.name);
+    let policy = wait_for("the job's NetworkPolicy", WAIT, || async {
+        match policies.get("scraped").await {
+            Ok(p) => (Some(p), String::new()),
+            Err(e) => (None, e.to_string()),
+        }
+    })
+    .await;
     let ingress = serde_json::to_value(policy.spec.unwrap().ingress.unwrap()).unwrap();
     let admitted = ingress.as_array().unwrap().iter().any(|rule| {
         rule["from"]
@@ -254,12 +294,6 @@ async fn prometheus_scrapes_the_operator_and_rank_0_and_its_alerts_fire() {
         "metricsFrom is not on the progress port: {ingress}"
     );
 
-    let prometheus = start_prometheus(&ns.name);
-    wait_for("prometheus to be ready", WAIT, || async {
-        let ready = prometheus.get("/-/ready");
-        (ready.is_ok().then_some(()), format!("{ready:?}"))
-    })
-    .await;
     let running = wait_status(
         &ns.jobs(),
         "scraped",
@@ -274,6 +308,24 @@ async fn prometheus_scrapes_the_operator_and_rank_0_and_its_alerts_fire() {
     )
     .await;
     let status_rate = running.progress.unwrap().report.steps_per_second.unwrap();
+
+    let (operator, rank0) = targets(&ns).await;
+    println!("targets: operator {operator}, rank 0 {rank0}");
+    assert_eq!(rank0.as_array().unwrap().len(), 1, "{rank0}");
+    assert!(!operator.as_array().unwrap().is_empty(), "{operator}");
+    let prometheus = start_prometheus(&ns.name, &operator, &rank0);
+    wait_for(
+        "prometheus to be ready",
+        Duration::from_secs(60),
+        || async {
+            let ready = prometheus.get("/-/ready");
+            (
+                ready.is_ok().then_some(()),
+                format!("{ready:?}: {}", prometheus.log()),
+            )
+        },
+    )
+    .await;
 
     // The step rate, from rank 0, under the job's own name.
     let selector = format!("namespace=\"{}\", job=\"scraped\"", ns.name);
