@@ -184,7 +184,7 @@ fn the_trainer_flags_are_read_completely() {
     // subcommand's flag.
     let root = support::repo_root();
     let all: std::collections::BTreeSet<&String> = flags.values().flatten().collect();
-    for file in ["trainer/src/main.rs", "trainer/src/launch/args.rs"] {
+    for file in ["trainer/src/main.rs", "launch/src/args.rs"] {
         let text = std::fs::read_to_string(root.join(file)).unwrap();
         for (at, _) in text.match_indices("#[arg(") {
             let attr = &text[at..at + text[at..].find(")]").unwrap()];
@@ -250,7 +250,7 @@ fn a_metric_that_is_not_exported_fails_the_check() {
 fn a_path_or_link_to_nowhere_fails_the_check() {
     let tree = paths::Tree::read();
     let wrong = [
-        "`trainer/src/launch/spares.rs`",
+        "`launch/src/spares.rs`",
         "see docs/operater.md",
         "[x](nothing.md)",
         "[x](distributed.md#no-such-heading)",
@@ -261,7 +261,7 @@ fn a_path_or_link_to_nowhere_fails_the_check() {
         let problems = tree.check(&doc, &docs());
         assert_eq!(problems.len(), 1, "{text}: {problems:?}");
     }
-    let right = "`trainer/src/launch/spare.rs`, `operator/src/gang/*/tests.rs`, `census.rs`, \
+    let right = "`launch/src/spare.rs`, `operator/src/gang/*/tests.rs`, `census.rs`, \
                  [x](distributed.md#in-place-restarts---restart-in-place-several-nodes), \
                  docs/operator.md:74, `../shared/cluster`, [r](../README.md)\n";
     assert_eq!(tree.check(&planted(right), &docs()), Vec::<String>::new());

@@ -29,8 +29,13 @@ const INDIRECT: &[(&str, &str, &[&str])] = &[
     ("gang/in_place.rs", "why", &["SHRUNK", "WHOLE_GANG"]),
     // fail()'s own event: its callers' last argument, collected as `.fail(` calls.
     ("gang/lifecycle.rs", "event", &[]),
-    // launch_stopped()'s EventNote: its callers' reason, collected as `launch_stopped(` calls.
-    ("gang/launch.rs", "reason", &[]),
+    // A launch that stopped (controller.rs, `launch_all`): the API refused a pod, or a name
+    // is taken.
+    (
+        "gang/launch.rs",
+        "stop.reason",
+        &["POD_CREATE_REFUSED", "NAME_CONFLICT"],
+    ),
     // event()'s EventNote: the `.event(` calls themselves.
     ("gang/decider.rs", "reason", &[]),
 ];
@@ -146,16 +151,9 @@ pub fn emitted() -> Result<BTreeSet<String>, Vec<String>> {
     let mut indirect_seen = BTreeSet::new();
     for (file, text) in sources() {
         // (call, which argument is the reason: index from the start, or the last)
-        for (call, index) in [
-            (".event(", Some(1)),
-            (".fail(", None),
-            ("launch_stopped(", Some(1)),
-        ] {
+        for (call, index) in [(".event(", Some(1)), (".fail(", None)] {
             for (at, _) in text.match_indices(call) {
                 let before = &text[..at];
-                if call == "launch_stopped(" && before.ends_with("fn ") {
-                    continue;
-                }
                 if call == ".event(" && before.ends_with("fn") {
                     continue;
                 }

@@ -1,6 +1,6 @@
 //! The flags that exist: `ferrotrain-operator`'s from clap itself, `ferrotrain`'s read from its
-//! clap derive structs (trainer/src/main.rs, trainer/src/launch/args.rs: that crate links
-//! libtorch, so its `Command` is out of this test's reach), the repository scripts' from their
+//! clap derive structs (trainer/src/main.rs, which links libtorch, so its `Command` is out of
+//! this test's reach, and launch/src/args.rs, `launch`'s), the repository scripts' from their
 //! text. And the check: a flag after `ferrotrain <sub>` must be that subcommand's, after a
 //! repository script that script's, and one named alone some program's of this repository.
 
@@ -252,7 +252,7 @@ fn flag_of_any(word: &str) -> Option<String> {
 pub fn trainer_flags() -> BTreeMap<String, BTreeSet<String>> {
     let root = repo_root();
     let main = std::fs::read_to_string(root.join("trainer/src/main.rs")).unwrap();
-    let launch = std::fs::read_to_string(root.join("trainer/src/launch/args.rs")).unwrap();
+    let launch = std::fs::read_to_string(root.join("launch/src/args.rs")).unwrap();
     let sources = format!("{main}\n{launch}");
     let body = item_body(&sources, "enum Command").expect("enum Command in trainer/src/main.rs");
     let mut out = BTreeMap::new();

@@ -1,4 +1,4 @@
-//! Repository paths a page names (`trainer/src/launch/spare.rs`, `scripts/e2e.sh`,
+//! Repository paths a page names (`launch/src/spare.rs`, `scripts/e2e.sh`,
 //! `gang/*/tests.rs`), source files named alone (`census.rs`), and links with their anchors
 //! (`[distributed.md](distributed.md#in-place-restarts)`): each must exist.
 

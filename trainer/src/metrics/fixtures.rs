@@ -33,6 +33,7 @@ pub(super) fn full_progress() -> Progress {
             ..Default::default()
         }),
         resumed_from_step: Some(500),
+        healed_from: Some(ferrotrain_api::recovery::HealedFrom::Peers),
         attempt_first_step_time: Some("2026-01-02T03:00:00Z".parse().unwrap()),
         round: 0,
         round_ends: Vec::new(),
