@@ -2,9 +2,11 @@
 # The quick start: builds the trainer and trains the copy task (examples/copy.yaml) on two
 # local ranks exchanging gradients over the TCP ring. Once a checkpoint of step 300 (or later)
 # exists it kills rank 1's trainer process with SIGKILL (never a waiting spare: spares are named
-# `ft-spare`), lets the launcher restart the ranks from the latest checkpoint, and prints the
-# launcher's account of that restart from its recovery ledger (--recovery-file): the rank it
-# blamed, the checkpoint the ranks resumed from, the time from the kill to the next step and the
+# `ft-spare`) and lets the launcher restart the ranks. Rank 0 survives and leaves the state of
+# the last step it completed, so the restarted ranks start from that step, not from the
+# checkpoint (docs/distributed.md, "Losing nothing"). It prints the launcher's account of the
+# restart from its recovery ledger (--recovery-file): the rank it blamed, the step the ranks
+# resumed from and where that state came from, the time from the kill to the next step and the
 # steps trained twice. It exits 1 when no restart happened, so what it prints is what it did.
 #
 #   scripts/quickstart.sh [--config FILE] [--kill-after-checkpoint STEP] [--no-build]
@@ -94,6 +96,9 @@ echo "==> the launcher exited with code $status; checkpoints in $job_dir: $(ls "
 
 echo "==> the launcher's log of the restart ($log):"
 grep -E 'launch: (restarting|attempt [0-9]+: started)' "$log" | sed 's/^.*launch: /    launch: /'
+# What the ranks said about their state: rank 0 leaving it, the next attempt resuming from it.
+grep -E "heal: left the state|resuming from (a peer's state|checkpoint)" "$log" \
+  | sed -E 's/^.*(heal: left|resuming from)/    rank: \1/' || true
 # The ledger as logged at the end (it is logged at every attempt's end; the last is whole).
 awk '/launch: attempt 0: resumed/ { first = NR } { line[NR] = $0 }
   END { for (i = first; i <= NR; i++) if (line[i] ~ /launch: (attempt [0-9]+: resumed|recovery:)/) print line[i] }' \
@@ -124,8 +129,15 @@ code = failed.get("exitCode")
 how = f"killed by signal {code - 128}" if code and code > 128 else f"exit code {code}"
 print(f"    rank 1 ({how}) ended attempt 0 at step {first.get('lastStep', 0)}; "
       f"the launcher blamed it: {failed.get('reason')}")
+resumed, healed = second.get("resumedFromStep", 0), second.get("healedFrom")
+if healed == "peers":
+    source = "the state a surviving rank left when attempt 0 ended (healedFrom peers)"
+elif healed == "checkpoint":
+    source = "the latest checkpoint (healedFrom checkpoint: no rank left a state as new)"
+else:
+    source = "nothing: a fresh start"
 print(f"    the same launcher restarted both ranks as attempt 1 (no new job, nothing else "
-      f"restarted), resuming from checkpoint step {second.get('resumedFromStep', 0)}")
+      f"restarted), resuming from step {resumed}: {source}")
 if "firstStepAt" in second:
     gap = (at(second["firstStepAt"]) - at(failed["failedAt"])).total_seconds()
     print(f"    from the failure to attempt 1's first step: {gap:.2f} s")
