@@ -35,20 +35,20 @@ pub struct RestartPolicy {
     #[serde(default = "defaults::max_backoff_seconds")]
     #[schemars(range(min = 0, max = 86400))]
     pub max_backoff_seconds: i64,
-    /// After a retryable failure of a trainer process whose pod stays (a crash, a kill, an
-    /// OOM kill inside the container, a hang), restart every pod's ranks in place as a new
-    /// round of the same attempt, from the last step the gang completed (the surviving ranks
-    /// hand it over): the pods, their nodes and GPUs are kept, and the next step comes
-    /// seconds later. Counted against maxRestarts like a gang restart. A pod that goes away
-    /// (deleted, evicted, its launcher killed) is created again alone and joins the others'
-    /// next round (one taken away spends no restart), and so is one whose node is lost (node
-    /// rank 0's restarts the gang): the launchers notice a pod cut off from them (a network partition, a frozen
-    /// node) by its missing heartbeats within heartbeatTimeoutSeconds, long before Kubernetes
-    /// calls its node NotReady, and train on without it (`elastic`) or wait for its
-    /// replacement; back from a partition, a replaced pod leaves the gang. Needs ferrotrain's
-    /// own launcher (no custom `command`) and more than one replica; false restarts the whole gang on every failure. A few seconds into each
-    /// round every pod starts a spare trainer per rank that waits, libtorch loaded, to be the
-    /// next round's rank (about 120 MB of memory each, within the pod's limit; env
+    /// After a retryable failure of a trainer process whose pod stays (a crash, a kill, an OOM kill
+    /// inside the container, a hang), restart every pod's ranks in place as a new round of the same
+    /// attempt, from the last step the gang completed (the surviving ranks hand it over): the pods,
+    /// their nodes and GPUs are kept, and the next step comes seconds later. Counted against
+    /// maxRestarts like a gang restart. A pod that goes away (deleted, evicted, its launcher
+    /// killed) is created again alone and joins the others' next round (one taken away spends no
+    /// restart), and so is one whose node is lost (node rank 0's restarts the gang): the launchers
+    /// notice a pod cut off from them (a network partition, a frozen node) by its missing
+    /// heartbeats within heartbeatTimeoutSeconds, long before Kubernetes calls its node NotReady,
+    /// and train on without it (`elastic`) or wait for its replacement; back from a partition, a
+    /// replaced pod leaves the gang. Needs ferrotrain's own launcher (no custom `command`) and more
+    /// than one replica; false restarts the whole gang on every failure. A few seconds into each
+    /// round every pod starts a spare trainer per rank that waits, libtorch loaded, to be the next
+    /// round's rank (about 120 MB of memory each, within the pod's limit; env
     /// FERROTRAIN_SPARE_RANKS=false in podTemplate.env turns them off).
     #[serde(default = "defaults::in_place")]
     pub in_place: bool,
