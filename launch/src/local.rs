@@ -1,6 +1,7 @@
-//! Supervision without in-place restarts: one node restarts its group from the latest
-//! checkpoint (a new attempt each time, with backoff); on several nodes a failure ends the
-//! launcher with the failing rank's code and the operator restarts the gang.
+//! Supervision without in-place restarts: one node restarts its group (a new attempt each
+//! time, with backoff) from the freshest state its ranks left, else the latest checkpoint; on
+//! several nodes a failure ends the launcher with the failing rank's code and the operator
+//! restarts the gang.
 
 use std::time::{Duration, Instant};
 
@@ -99,12 +100,13 @@ pub fn supervise_attempts(args: &LaunchArgs, l: &Launch) -> Result<i32, LaunchEr
                     return Ok(f.code);
                 }
                 restarts += 1;
-                // Doubled for each failure in a row since an attempt that saved a checkpoint.
+                // Doubled for each failure in a row since an attempt that kept progress.
                 let in_a_row = ledger.recovery.failures_in_a_row(true).unwrap_or(restarts);
                 let backoff = args.restart_wait(in_a_row);
                 tracing::warn!(
                     "launch: restarting the group in {:.1} s (restart {restarts} of \
-                     {}); ranks resume from the latest checkpoint",
+                     {}); ranks resume from the state a surviving rank left, else the latest \
+                     checkpoint",
                     backoff.as_secs_f64(),
                     args.max_restarts
                 );

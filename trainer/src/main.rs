@@ -28,7 +28,8 @@ struct Cli {
 enum Command {
     /// Run one rank of a training job (a single process when started by hand).
     Run(RunArgs),
-    /// Start the local ranks of a job and restart them from the latest checkpoint on failure.
+    /// Start the local ranks of a job and restart them on failure, from the state a surviving
+    /// rank left (else the latest checkpoint).
     Launch(ferrotrain_launch::LaunchArgs),
     /// Check a config file: exit 0 when valid, 2 when invalid, 3 when a data file is missing.
     Validate {

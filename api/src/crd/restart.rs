@@ -16,7 +16,9 @@ use super::defaults;
     }
 ]))]
 pub struct RestartPolicy {
-    /// Gang restarts allowed before the job Fails; 0 fails on the first retryable failure.
+    /// Restarts allowed before the job Fails, in place or of the whole gang; a disruption
+    /// spends none (an eviction, a preemption, a drain, and in place any pod taken away). 0
+    /// fails on the first retryable failure.
     #[serde(default = "defaults::max_restarts")]
     #[schemars(range(min = 0, max = 10000))]
     pub max_restarts: i32,
@@ -33,19 +35,20 @@ pub struct RestartPolicy {
     #[serde(default = "defaults::max_backoff_seconds")]
     #[schemars(range(min = 0, max = 86400))]
     pub max_backoff_seconds: i64,
-    /// After a retryable failure of a trainer process whose pod stays (a crash, a kill, an
-    /// OOM kill inside the container, a hang), restart every pod's ranks in place as a new
-    /// round of the same attempt: the pods, their nodes and GPUs are kept, and the next step
-    /// comes seconds later. Counted against maxRestarts like a gang restart. A pod that goes
-    /// away (deleted, evicted, its launcher killed) is created again alone and joins the
-    /// others' next round, and so is one whose node is lost (node rank 0's restarts the
-    /// gang): the launchers notice a pod cut off from them (a network partition, a frozen
-    /// node) by its missing heartbeats within heartbeatTimeoutSeconds, long before Kubernetes
-    /// calls its node NotReady, and train on without it (`elastic`) or wait for its
-    /// replacement; back from a partition, a replaced pod leaves the gang. Needs ferrotrain's
-    /// own launcher (no custom `command`) and more than one replica; false restarts the whole gang on every failure. A few seconds into each
-    /// round every pod starts a spare trainer per rank that waits, libtorch loaded, to be the
-    /// next round's rank (about 120 MB of memory each, within the pod's limit; env
+    /// After a retryable failure of a trainer process whose pod stays (a crash, a kill, an OOM kill
+    /// inside the container, a hang), restart every pod's ranks in place as a new round of the same
+    /// attempt, from the last step the gang completed (the surviving ranks hand it over): the pods,
+    /// their nodes and GPUs are kept, and the next step comes seconds later. Counted against
+    /// maxRestarts like a gang restart. A pod that goes away (deleted, evicted, its launcher
+    /// killed) is created again alone and joins the others' next round (one taken away spends no
+    /// restart), and so is one whose node is lost (node rank 0's restarts the gang): the launchers
+    /// notice a pod cut off from them (a network partition, a frozen node) by its missing
+    /// heartbeats within heartbeatTimeoutSeconds, long before Kubernetes calls its node NotReady,
+    /// and train on without it (`elastic`) or wait for its replacement; back from a partition, a
+    /// replaced pod leaves the gang. Needs ferrotrain's own launcher (no custom `command`) and more
+    /// than one replica; false restarts the whole gang on every failure. A few seconds into each
+    /// round every pod starts a spare trainer per rank that waits, libtorch loaded, to be the next
+    /// round's rank (about 120 MB of memory each, within the pod's limit; env
     /// FERROTRAIN_SPARE_RANKS=false in podTemplate.env turns them off).
     #[serde(default = "defaults::in_place")]
     pub in_place: bool,
@@ -81,14 +84,16 @@ impl Default for RestartPolicy {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ElasticSpec {
-    /// The fewest pods the job trains on. A pod that is lost and not running again within
-    /// waitSeconds is left out: the others train on (each covering the missing ranks' shards
+    /// The fewest pods the job trains on. A pod known to be gone (deleted, evicted, its
+    /// launcher killed, cut off) is left out at once, and one that does not come to a round
+    /// after waitSeconds: the others train on (each covering the missing ranks' shards
     /// of the same global batch, so the loss curve does not change) until it is back, and the
     /// gang grows again at once. Default: replicas (not elastic).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 4096))]
     pub min_replicas: Option<i32>,
-    /// How long the others wait for a lost pod before they train on without it.
+    /// How long the others wait for a pod that does not come to a round before they train on
+    /// without it (one known to be gone is not waited for).
     #[serde(default = "defaults::elastic_wait_seconds")]
     #[schemars(range(min = 0, max = 86400))]
     pub wait_seconds: i64,

@@ -23,9 +23,12 @@ pub const VERSION: &str = "v1alpha1";
 pub const MAX_NAME_LENGTH: usize = 47;
 
 /// A data-parallel training job: `replicas` pods, each running `procsPerReplica` ranks of the
-/// ferrotrain trainer (or any image following the torchrun environment contract). The operator
-/// restarts the whole gang from the latest checkpoint when any rank fails and reports training
-/// progress (step, rate, loss, ETA) in the status.
+/// ferrotrain trainer (or any image following the torchrun environment contract). When a rank
+/// fails, ferrotrain's launcher restarts every rank in place (restartPolicy.inPlace, the
+/// default on more than one pod) from the last step the gang completed, which the surviving
+/// ranks hand over, and a pod that goes away is replaced alone; other failures, and every
+/// failure of a custom `command`, restart the whole gang from the latest checkpoint. The
+/// status reports training progress (step, rate, loss, ETA) and what every restart cost.
 #[derive(CustomResource, Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[kube(
     group = "ferrotrain.dev",
@@ -38,14 +41,14 @@ pub const MAX_NAME_LENGTH: usize = 47;
     namespaced,
     status = "DistributedTrainingStatus",
     derive = "PartialEq",
-    doc = "A data-parallel training job run as a gang of pods, restarted as a whole from the latest checkpoint on failure, with training progress in its status.",
+    doc = "A data-parallel training job run as a gang of pods: a failed trainer restarts in place in its pods from the last step the gang completed (restartPolicy.inPlace, the default on more than one pod) and a lost pod is replaced alone, else the whole gang restarts from the latest checkpoint; training progress and what each restart cost are in its status.",
     // The JSON form: clippy's duplicated-attribute lint misfires on repeated `type_ = ...`.
     printcolumn = r#"{"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Where the job is in its life cycle"}"#,
     printcolumn = r#"{"name": "Step", "type": "integer", "jsonPath": ".status.progress.step", "description": "Optimizer steps completed"}"#,
     printcolumn = r#"{"name": "Steps/s", "type": "number", "jsonPath": ".status.progress.stepsPerSecond", "description": "Optimizer steps per second"}"#,
     printcolumn = r#"{"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss", "description": "Recent training loss"}"#,
     printcolumn = r#"{"name": "ETA", "type": "string", "jsonPath": ".status.progress.eta", "description": "Time left to maxSteps at the current rate"}"#,
-    printcolumn = r#"{"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Gang restarts so far"}"#,
+    printcolumn = r#"{"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Restarts so far, in place or of the whole gang (disruptions not counted)"}"#,
     printcolumn = r#"{"name": "Goodput", "type": "number", "jsonPath": ".status.recovery.goodputPercent", "description": "Percent of wall time spent on training steps that were kept", "priority": 1}"#,
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
@@ -105,8 +108,9 @@ pub struct DistributedTrainingSpec {
     pub image_pull_policy: Option<PullPolicy>,
 
     /// Entrypoint override for a bring-your-own image (for example
-    /// ["torchrun", "train.py"]). Default: `ferrotrain launch --max-restarts 0`. The container
-    /// gets the same environment contract (MASTER_ADDR, WORLD_SIZE, PET_*, ...) either way.
+    /// ["torchrun", "train.py"]). Default: `ferrotrain launch` (restarting its ranks in place
+    /// with restartPolicy.inPlace, else never). The container gets the same environment
+    /// contract (MASTER_ADDR, WORLD_SIZE, PET_*, ...) either way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
     pub command: Option<Vec<String>>,
