@@ -58,7 +58,7 @@ for beam in 1 4; do
   echo "multi30k test_2016_flickr (selected on val): ranks=$ranks steps=$steps beam=$beam $score"
   test_bleu[$beam]=$(awk '{print $3}' <<<"$score")
 done
-# A row for docs/performance.md ("Chosen on validation data").
+# A row for docs/performance-history.md ("Chosen on validation data").
 choice=$(tail -n1 <<<"$chosen" | sed -e 's/^selected: //' -e 's/; written to.*//')
 echo "| $(git rev-parse --short HEAD) | $(basename "$config") | $ranks | $steps | ${toks% tok/s} | $choice | ${test_bleu[1]} | ${test_bleu[4]} |"
 # Throughput against PyTorch eager, same model and batch, in the same run.

@@ -2,7 +2,7 @@
 # The operator at scale on a live cluster: apply -> pods created (p50/p99 over 50 jobs), API
 # writes per running job per minute (the API server's own counters, by the operator's
 # ServiceAccount), the operator's RSS, CPU and reconciles per minute with 100 and 1,000 jobs.
-# Prints a Markdown table (docs/performance.md keeps the results).
+# Prints a Markdown table (docs/performance-history.md keeps the results).
 #
 #   bench/operator-scale.sh [--latency-jobs 50] [--running-jobs 4] [--window-seconds 120]
 #                           [--idle-jobs 100,1000]

@@ -168,6 +168,13 @@ if [[ $SETUP_ONLY == 1 ]]; then
 fi
 
 # --- the suite ------------------------------------------------------------------------------
+# e2e/tests/prometheus.rs runs Debian's Prometheus on this host against the cluster.
+if ! command -v prometheus >/dev/null; then
+  say "installing prometheus (Debian's package) for e2e/tests/prometheus.rs"
+  { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 600 \
+      apt-get install -y -qq --no-install-recommends prometheus; } >/tmp/ferrotrain-apt-prometheus.log 2>&1 \
+    || { tail -n 20 /tmp/ferrotrain-apt-prometheus.log >&2; die "apt-get install prometheus failed"; }
+fi
 . scripts/env.sh >/dev/null
 export FERROTRAIN_E2E_IMAGE="ferrotrain/trainer:$TAG"
 say "compiling the e2e tests"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the DistributedTraining CRD from the Rust types (api/src/crd.rs) into crds/ and
+# Regenerates the DistributedTraining CRD from the Rust types (api/src/crd/) into crds/ and
 # the Helm chart. The operator's tests fail when the committed files drift from the types.
 set -euo pipefail
 cd "$(dirname "$0")/.."

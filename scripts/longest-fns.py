@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prints the longest non-test functions of the given crates (default: operator, api, trainer).
+"""Prints the longest non-test functions of the given crates (default: api, launch, operator, trainer).
 
 A function runs from its `fn` line to the closing brace at the same indentation (rustfmt
 layout). Test code is skipped: tests.rs files, tests/ directories and `mod tests` blocks.
@@ -36,7 +36,7 @@ def main(argv):
     limit = None
     if argv[:1] == ["--max"]:
         limit, argv = int(argv[1]), argv[2:]
-    roots = argv or ["operator/src", "api/src", "trainer/src"]
+    roots = argv or ["api/src", "launch/src", "operator/src", "trainer/src"]
     found = []
     for root in roots:
         for path in sorted(pathlib.Path(root).rglob("*.rs")):

@@ -3,8 +3,9 @@
 # for the example jobs (and on more manifests when given), with each failed check either
 # justified in scripts/scan/justified.tsv (and docs/security.md) or failing the scan.
 #
-#   scripts/scan.sh [MANIFEST_FILE_OR_DIR...]   the chart, rendered twice (default values, and
-#                                               both images pinned by digest); the Service,
+#   scripts/scan.sh [MANIFEST_FILE_OR_DIR...]   the chart, rendered three times (default values,
+#                                               both images pinned by digest, every monitoring
+#                                               object on and pinned); the Service,
 #                                               Secret, ConfigMap, NetworkPolicy and pods of
 #                                               examples/copy-dt.yaml and the GPU job
 #                                               examples/translation-gpu-dt.yaml, rendered by
@@ -75,6 +76,12 @@ if [[ $self_test == 0 ]]; then
   "$helm" template ferrotrain-pinned charts/ferrotrain --namespace ferrotrain-system \
     --set image.digest=$PIN --set trainerImage.digest=$PIN \
     > "$root/chart/pinned.yaml" || die "helm template (pinned) failed"
+  # Every optional object on (the monitors, the rule, the dashboards' ConfigMap), pinned.
+  "$helm" template ferrotrain-monitoring charts/ferrotrain --namespace ferrotrain-system \
+    --set image.digest=$PIN --set trainerImage.digest=$PIN \
+    --set monitoring.serviceMonitor.enabled=true --set monitoring.podMonitor.enabled=true \
+    --set monitoring.prometheusRule.enabled=true --set monitoring.dashboard.enabled=true \
+    > "$root/chart/monitoring.yaml" || die "helm template (monitoring) failed"
   printf 'chart\tdir\trendered-chart\n' >> "$inputs_tsv"
 
   # The operator's objects for the example jobs, as `ferrotrain-operator render` prints them

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, generated-file drift, Helm chart, every Rust test
-# (unit, cross-process, mocked Kubernetes API), then the container images built and run
-# (scripts/test-images.sh). Installs what it needs (libtorch, helm; docker.io and debootstrap
-# as root on Debian) on first use. CI runs exactly this (.ci/run).
+# (unit, cross-process, mocked Kubernetes API), the alert rules (promtool), then the container
+# images built and run (scripts/test-images.sh). Installs what it needs (libtorch, helm;
+# docker.io, debootstrap and prometheus's promtool as root on Debian) on first use. CI runs exactly this (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
@@ -28,6 +28,14 @@ if [[ -x scripts/setup-helm.sh ]]; then
   HELM_BIN="$(scripts/setup-helm.sh | tail -n1)"
   export HELM_BIN
 fi
+
+# The alert rules the chart installs: promtool checks them and runs their unit tests; the
+# self-test runs those tests on rules with a threshold moved, which must fail (exit 1).
+step "Prometheus alerts: promtool check rules, promtool test rules (scripts/check-alerts.sh)"
+scripts/check-alerts.sh
+step "Prometheus alerts self-test (scripts/check-alerts.sh --self-test must exit 1)"
+rc=0; scripts/check-alerts.sh --self-test >/dev/null || rc=$?
+[[ $rc == 1 ]] || { echo "FAILED: scripts/check-alerts.sh --self-test exited $rc, not 1" >&2; exit 1; }
 
 # Each phase that runs tests has a limit of its own, well past its usual time, so that a run
 # that hangs somewhere fails with its log before CI's own limit ends it without one (a stop

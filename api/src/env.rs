@@ -106,5 +106,9 @@ pub const FERROTRAIN_TERMINATION_LOG: &str = "FERROTRAIN_TERMINATION_LOG";
 /// Set by `ferrotrain launch`: rank 0 keeps its progress report there (JSON, replaced
 /// atomically about once a second), for the launcher's recovery ledger.
 pub const FERROTRAIN_PROGRESS_FILE: &str = "FERROTRAIN_PROGRESS_FILE";
+/// Set by `ferrotrain launch`: the directory the ranks of one pod (or machine) share for
+/// their state at a round's end, which the next round's ranks start from (docs/distributed.md,
+/// "Losing nothing"). Unset: a rank leaves nothing, and starts from a checkpoint.
+pub const FERROTRAIN_HEAL_DIR: &str = "FERROTRAIN_HEAL_DIR";
 /// `ferrotrain launch --recovery-file`: where the launcher keeps its recovery ledger (JSON).
 pub const FERROTRAIN_RECOVERY_FILE: &str = "FERROTRAIN_RECOVERY_FILE";

@@ -100,6 +100,11 @@ pub struct Progress {
     /// Step this run resumed from (absent for a fresh start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed_from_step: Option<u64>,
+    /// Where this run's state came from: `peers` (a rank of the last round that was left
+    /// alive: nothing was trained twice but the step in flight) or `checkpoint` (no rank
+    /// held a state as new); absent for a fresh start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healed_from: Option<crate::recovery::HealedFrom>,
     /// When this attempt's first training step completed (start-up, rendezvous and restore
     /// end there): the recovery ledger's time to first step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -350,6 +355,7 @@ impl Progress {
             first_step_at: self.attempt_first_step_time,
             checkpoint_step: self.last_checkpoint.as_ref().map(|c| c.step),
             skipped_steps: self.skipped_steps,
+            healed_from: self.healed_from,
         }
     }
 

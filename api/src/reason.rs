@@ -107,6 +107,15 @@ pub const SHRUNK: &str = "Shrunk";
 pub const WHOLE_GANG: &str = "WholeGang";
 /// The ledger's end of a round that ended so that the gang grows back (not a failure).
 pub const RESIZED: &str = "Resized";
+/// The ledger's end of a round that no rank ended: every node's ranks were stopped from
+/// outside (each launcher signalled at once).
+pub const STOPPED: &str = "Stopped";
+/// The ledger's end of an attempt or round whose launcher was signalled (SIGTERM, SIGINT:
+/// the pod deleted, the job suspended, Ctrl-C): its ranks stopped, rank 0 saving first.
+pub const SIGNALLED: &str = "Signalled";
+/// A single launcher's ledger (`--recovery-file`): its ranks were stopped because a rank on
+/// another node failed (node 0's ledger names that rank instead).
+pub const PEER_FAILED: &str = "PeerFailed";
 
 // The end of a job: conditions Restarting, Failed, Succeeded.
 

@@ -106,6 +106,11 @@ pub struct RoundEnd {
     /// For people: what happened to the blamed rank.
     #[serde(default)]
     pub message: String,
+    /// The last step rank 0 completed in the round, by its own record (the operator's polls
+    /// may have seen an earlier one): the steps the next round trains again are counted from
+    /// here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_step: Option<u64>,
 }
 
 impl AttemptEnd {
@@ -134,9 +139,13 @@ pub struct AttemptRecord {
     /// When its first training step completed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_step_at: Option<Timestamp>,
-    /// The checkpoint step it resumed from (0 for a fresh start).
+    /// The step it resumed from (0 for a fresh start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed_from_step: Option<u64>,
+    /// Where its state came from: `peers` (a rank of the last round left alive) or
+    /// `checkpoint`; absent for a fresh start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healed_from: Option<HealedFrom>,
     /// The last step it reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_step: Option<u64>,
@@ -174,6 +183,14 @@ impl AttemptRecord {
     pub fn saved_a_checkpoint(&self) -> bool {
         self.checkpoint_step
             .is_some_and(|c| c > self.resumed_from_step.unwrap_or(0))
+    }
+
+    /// Whether what it trained is kept: a checkpoint of its own, or, where the next run
+    /// starts from the state the ranks leave (`heals`: a launcher's rounds and restarts, an
+    /// in-place round), a step past where it resumed.
+    pub fn kept_progress(&self, heals: bool) -> bool {
+        let stepped = self.last_step > self.resumed_from_step.or(Some(0));
+        self.saved_a_checkpoint() || ((heals || self.round.is_some()) && stepped)
     }
 
     fn steps_done(&self) -> u64 {
@@ -284,6 +301,20 @@ pub struct StepReport {
     pub checkpoint_step: Option<u64>,
     /// `fp16`: steps the run skipped on a gradient overflow so far.
     pub skipped_steps: u64,
+    /// Where the run's state came from.
+    pub healed_from: Option<HealedFrom>,
+}
+
+/// Where an attempt's or round's state came from when it resumed.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum HealedFrom {
+    /// A rank of the last round that was left alive held it (its pod's snapshot of the step
+    /// the gang last completed): only the step in flight was trained again.
+    Peers,
+    /// No rank held a state as new: the newest complete checkpoint (the steps since it were
+    /// trained again).
+    Checkpoint,
 }
 
 impl Recovery {
@@ -293,16 +324,18 @@ impl Recovery {
     }
 
     /// The failures in a row that the next restart follows: those of the attempts (or
-    /// rounds) at the end of the history that saved no checkpoint of their own, plus the
-    /// failure that ended the last one that did (it was training well: the count starts
-    /// again there); at least 1. None without a record (nothing known).
-    pub fn failures_in_a_row(&self) -> Option<u32> {
+    /// rounds) at the end of the history whose training was not kept
+    /// ([`AttemptRecord::kept_progress`]; `heals`: the supervisor's next run starts from the
+    /// state its ranks leave), plus the failure that ended the last one whose training was
+    /// (it was training well: the count starts again there); at least 1. None without a
+    /// record (nothing known).
+    pub fn failures_in_a_row(&self, heals: bool) -> Option<u32> {
         self.attempts.last()?;
         let fruitless = self
             .attempts
             .iter()
             .rev()
-            .take_while(|a| !a.saved_a_checkpoint())
+            .take_while(|a| !a.kept_progress(heals))
             .count();
         let after_a_good_one = usize::from(fruitless < self.attempts.len());
         Some(((fruitless + after_a_good_one) as u32).max(1))
@@ -343,6 +376,7 @@ impl Recovery {
             running_at: None,
             first_step_at: None,
             resumed_from_step: None,
+            healed_from: None,
             last_step: None,
             last_step_at: None,
             checkpoint_step: None,
@@ -370,6 +404,7 @@ impl Recovery {
         };
         if a.resumed_from_step.is_none() {
             a.resumed_from_step = Some(r.resumed_from_step.unwrap_or(0));
+            a.healed_from = r.healed_from;
         }
         let from = a.resumed_from_step.unwrap_or(0);
         if r.step > from && a.first_step_at.is_none() {
@@ -386,6 +421,16 @@ impl Recovery {
         let resumed = a.resumed_from_step;
         self.settle_previous_loss(resumed);
         self.update(at);
+    }
+
+    /// The ranks' own record says the current attempt (or round) reached `step`, which a
+    /// supervisor that polls may not have seen: the steps trained again are counted from it.
+    pub fn reached(&mut self, step: u64) {
+        if let Some(a) = self.current_mut()
+            && a.last_step.is_none_or(|s| s < step)
+        {
+            a.last_step = Some(step);
+        }
     }
 
     /// The current attempt ended.
@@ -534,6 +579,7 @@ mod tests {
             first_step_at: Some(t(first)),
             checkpoint_step: ckpt,
             skipped_steps: 0,
+            healed_from: None,
         }
     }
 
@@ -568,12 +614,12 @@ mod tests {
     #[test]
     fn failures_in_a_row_start_again_after_an_attempt_that_saved_a_checkpoint() {
         let mut r = Recovery::default();
-        assert_eq!(r.failures_in_a_row(), None, "nothing known");
+        assert_eq!(r.failures_in_a_row(false), None, "nothing known");
         r.start(0, t(0));
         r.report(report(5, 0, 1, None), t(2));
         r.end(failure(3, 4));
         assert_eq!(
-            r.failures_in_a_row(),
+            r.failures_in_a_row(false),
             Some(1),
             "a first attempt that saved nothing"
         );
@@ -582,19 +628,70 @@ mod tests {
         r.start(0, t(0));
         r.report(report(100, 0, 10, Some(80)), t(110));
         r.end(failure(110, 111));
-        assert_eq!(r.failures_in_a_row(), Some(1));
+        assert_eq!(r.failures_in_a_row(false), Some(1));
         // Attempts 1 and 2 die before saving anything past 80: two, then three in a row.
         for (attempt, at) in [(1, 120), (2, 140)] {
             r.start(attempt, t(at));
             r.report(report(85, 80, at + 5, Some(80)), t(at + 6));
             r.end(failure(at + 7, at + 8));
         }
-        assert_eq!(r.failures_in_a_row(), Some(3));
+        assert_eq!(r.failures_in_a_row(false), Some(3));
         // Attempt 3 saves step 120 before it dies: the count starts again.
         r.start(3, t(200));
         r.report(report(130, 80, 205, Some(120)), t(260));
         r.end(failure(261, 262));
-        assert_eq!(r.failures_in_a_row(), Some(1));
+        assert_eq!(r.failures_in_a_row(false), Some(1));
+    }
+
+    #[test]
+    fn where_the_ranks_leave_their_state_a_round_that_stepped_kept_its_training() {
+        // Checkpoints every 1000 steps; each round resumes from the last one's state.
+        let mut r = Recovery::default();
+        r.start(0, t(0));
+        r.report(report(300, 0, 10, None), t(100));
+        r.end(failure(100, 100));
+        r.start(1, t(101));
+        r.report(report(600, 300, 102, None), t(200));
+        r.end(failure(200, 200));
+        assert_eq!(
+            r.failures_in_a_row(true),
+            Some(1),
+            "both trained, and it was kept"
+        );
+        assert_eq!(
+            r.failures_in_a_row(false),
+            Some(2),
+            "without healing nothing was kept"
+        );
+        // A round that fails before its first step keeps nothing: then the backoff grows.
+        for (attempt, at) in [(2, 201), (3, 210)] {
+            r.start(attempt, t(at));
+            r.report(report(600, 600, at + 1, None), t(at + 2));
+            r.end(failure(at + 3, at + 3));
+        }
+        assert_eq!(r.failures_in_a_row(true), Some(3));
+    }
+
+    #[test]
+    fn the_steps_trained_again_are_counted_from_the_ranks_own_record_not_the_last_poll() {
+        // The supervisor last polled step 344; rank 0 had completed 364 when the round
+        // ended (its own record), and the next round healed from a peer at 363.
+        let mut r = Recovery::default();
+        r.start(0, t(0));
+        r.report(report(344, 0, 10, Some(300)), t(60));
+        r.reached(364);
+        r.reached(350);
+        r.end(failure(62, 62));
+        assert_eq!(r.attempts[0].last_step, Some(364), "the later step stands");
+        r.start_round(0, 1, t(62));
+        let healed = StepReport {
+            healed_from: Some(HealedFrom::Peers),
+            ..report(365, 363, 63, Some(300))
+        };
+        r.report(healed, t(63));
+        assert_eq!(r.attempts[0].lost_steps, Some(1), "only the step in flight");
+        assert_eq!(r.attempts[1].healed_from, Some(HealedFrom::Peers));
+        assert_eq!(r.lost_steps, 1);
     }
 
     #[test]

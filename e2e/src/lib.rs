@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 pub mod fleet;
 pub mod hollow;
 pub mod partition;
+pub mod rounds;
 
 /// Bound of a wait for the operator (pods created, phases, restarts).
 pub const WAIT: Duration = Duration::from_secs(300);
@@ -372,11 +373,16 @@ pub async fn rank0_get(client: &Client, ns: &str, pod: &str, path: &str) -> Resu
     ))
     .body(Vec::new())
     .map_err(|e| e.to_string())?;
-    client
-        .request_text(request)
-        .await
-        .map_err(|e| e.to_string())
+    // Bounded: a proxy to a pod that was just replaced under the same name can hang on the
+    // old pod's address for minutes.
+    match tokio::time::timeout(PROXY_TIMEOUT, client.request_text(request)).await {
+        Ok(answer) => answer.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("no answer through the pod proxy within {PROXY_TIMEOUT:?}")),
+    }
 }
+
+/// How long one request through the API server's pod proxy may take.
+const PROXY_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The trainer image of the test jobs, when $FERROTRAIN_E2E_IMAGE names one.
 pub fn trainer_image() -> Option<String> {
@@ -396,43 +402,17 @@ pub fn distributed_training(name: &str, ns: &str, spec: Value) -> DistributedTra
     .unwrap_or_else(|e| panic!("not a valid DistributedTraining spec: {e}"))
 }
 
-/// The spec of a copy-task job on `replicas` CPU pods of one rank each, with the model and
-/// batches of examples/copy-dt.yaml (25-60 steps/s with one thread per rank on this project's
-/// 2-core machine), checkpoints every [`CHECKPOINT_EVERY`] steps to `claim` (when given) and
-/// quick restarts.
+/// The spec of examples/copy-dt.yaml's job, as users get it: the copy task on CPU pods of one
+/// rank each (25-60 steps/s with one thread per rank on this project's 2-core machine), with
+/// the example's checkpoints ([`CHECKPOINT_EVERY`]), restart policy, elastic world size,
+/// timeouts and the Kubernetes defaults it leaves alone (the pods' termination grace), on
+/// `replicas` pods, for `max_steps`, its checkpoints on `claim` (when given; else the pod's
+/// own disk). Tests change only what they are about.
 pub fn copy_job(replicas: i32, max_steps: u64, claim: Option<&str>) -> Value {
-    let mut spec = json!({
-        "replicas": replicas,
-        "procsPerReplica": 1,
-        "imagePullPolicy": "IfNotPresent",
-        "resources": {
-            "requests": {"cpu": "500m", "memory": "1Gi"},
-            "limits": {"memory": "1Gi"}
-        },
-        "trainer": {
-            "task": "copy",
-            "seed": 1,
-            "maxSteps": max_steps,
-            "threads": 1,
-            "copy": {"symbols": 20, "minLength": 3, "maxLength": 12, "trainSamples": 20000, "validSamples": 200},
-            "model": {
-                "dModel": 64, "heads": 4, "encoderLayers": 2, "decoderLayers": 2,
-                "ffnDim": 128, "dropout": 0.0, "maxPositions": 32
-            },
-            "batch": {"maxTokens": 1024},
-            "optimizer": {"lr": 0.003},
-            "schedule": {"kind": "inverseSqrt", "warmupSteps": 100},
-            "labelSmoothing": 0.0,
-            "eval": {"everySteps": 500, "bleu": false},
-            "checkpoint": {"everySteps": CHECKPOINT_EVERY, "keepLatest": 2},
-            "distributed": {"collectiveTimeoutSeconds": 30, "rendezvousTimeoutSeconds": 180},
-            "logEverySteps": 50
-        },
-        "checkpoint": {},
-        "restartPolicy": {"maxRestarts": 3, "backoffSeconds": 1, "maxBackoffSeconds": 5},
-        "podTemplate": {"terminationGracePeriodSeconds": 5},
-        "stallTimeoutSeconds": 300
-    });
+    let mut spec = example_spec();
+    spec["replicas"] = json!(replicas);
+    spec["trainer"]["maxSteps"] = json!(max_steps);
+    spec["checkpoint"] = json!({});
     if let Some(claim) = claim {
         spec["checkpoint"]["claimName"] = json!(claim);
     }
@@ -440,6 +420,17 @@ pub fn copy_job(replicas: i32, max_steps: u64, claim: Option<&str>) -> Value {
         spec["image"] = json!(image);
     }
     spec
+}
+
+/// The spec of the DistributedTraining in examples/copy-dt.yaml.
+fn example_spec() -> Value {
+    let text = include_str!("../../examples/copy-dt.yaml");
+    let job = text
+        .split("\n---\n")
+        .find(|doc| doc.contains("kind: DistributedTraining"))
+        .expect("examples/copy-dt.yaml has a DistributedTraining");
+    let object: Value = serde_saphyr::from_str(job).expect("examples/copy-dt.yaml parses");
+    object["spec"].clone()
 }
 
 /// A copy job the schema and the operator accept but the trainer refuses at start with exit
@@ -555,8 +546,6 @@ pub fn launcher_pid(uid: &str) -> u32 {
     found[0]
 }
 
-/// Sends `signal` (KILL, STOP, ...) to the trainer process (`ferrotrain run`) of the pod, not
-/// to its launcher; returns the pid it signalled.
 /// The pid of the spare trainer (process name ft-spare, launch/spare.rs) waiting in `pod`'s
 /// trainer container for the next round, once its agent has started one (bounded wait).
 pub async fn wait_spare(pods: &Api<Pod>, pod: &str) -> u32 {
@@ -576,6 +565,8 @@ pub async fn wait_spare(pods: &Api<Pod>, pod: &str) -> u32 {
     .await
 }
 
+/// Sends `signal` (KILL, STOP, ...) to the trainer process (`ferrotrain run`) of the pod, not
+/// to its launcher; returns the pid it signalled.
 pub async fn signal_trainer(pods: &Api<Pod>, pod: &str, signal: &str) -> u32 {
     // argv[0] a ferrotrain binary and argv[1] `run`: the launcher (`launch`) and this very
     // shell (whose script names the pattern) are left alone, and so are spares waiting for
@@ -600,6 +591,24 @@ pub async fn signal_trainer(pods: &Api<Pod>, pod: &str, signal: &str) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_test_jobs_are_the_example_as_shipped_but_for_their_length_and_claim() {
+        let spec = copy_job(2, 123, Some("claim"));
+        let mut example = example_spec();
+        example["trainer"]["maxSteps"] = json!(123);
+        example["checkpoint"] = json!({"claimName": "claim"});
+        if let Some(image) = trainer_image() {
+            example["image"] = json!(image);
+        }
+        assert_eq!(spec, example);
+        // No tuned grace, backoff or heartbeat: what users get.
+        assert!(spec.get("podTemplate").is_none(), "{spec}");
+        assert_eq!(
+            spec["restartPolicy"],
+            json!({"maxRestarts": 5, "backoffSeconds": 5})
+        );
+    }
 
     /// The jobs the tests run get past the schema's types and the trainer's own validation
     /// (which the operator applies before creating pods): the config-error tests must fail

@@ -31,6 +31,8 @@ const HEARTBEAT_SECONDS: f64 = 10.0;
 /// enough for Kubernetes to call the node lost and the operator to replace the pod.
 fn apart_job(job: &str) -> Value {
     let mut spec = copy_job(2, 1_000_000, Some(&format!("{job}-checkpoints")));
+    // Elastic or not is each test's own choice.
+    spec.as_object_mut().unwrap().remove("elastic");
     spec["trainer"]["distributed"]["rendezvousTimeoutSeconds"] = json!(600);
     spec["podTemplate"]["labels"] = json!({SPREAD: job});
     spec["podTemplate"]["affinity"] = json!({"podAntiAffinity": {

@@ -110,6 +110,7 @@ async fn deleting_a_pod_after_a_checkpoint_restarts_the_gang_from_that_checkpoin
     // (tests/in_place.rs has the pod replaced alone, the default).
     let mut spec = copy_job(2, 1_000_000, Some("resume-checkpoints"));
     spec["restartPolicy"]["inPlace"] = serde_json::json!(false);
+    spec.as_object_mut().unwrap().remove("elastic");
     ns.create_job("resume", spec).await;
 
     wait_first_checkpoint(&ns, "resume").await;

@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{error, info};
 
+use crate::caches::Caches;
 use crate::config::{Args, Settings};
 use crate::controller;
 use crate::lease::{self, Leadership, LeaseSettings};
@@ -94,18 +95,11 @@ async fn lead(
 ) -> Result<(), Error> {
     preflight(&client, args.namespace.as_deref()).await?;
     let settings = Settings::from(args);
-    let namespace = args.namespace.clone();
+    // Warm on every replica: a standby that takes over acts on what it already holds.
+    let caches = Caches::start(&client, args.namespace.as_deref(), &readiness);
+    let _ = jobs.set(caches.jobs.clone());
     if !args.leader_election {
-        controller::run(
-            client,
-            settings,
-            namespace,
-            metrics,
-            readiness,
-            jobs,
-            stop.wait(),
-        )
-        .await;
+        controller::run(client, settings, &caches, metrics, readiness, stop.wait()).await;
         return Ok(());
     }
     let mut leadership = Leadership::join(client.clone(), LeaseSettings::from_env(args)?).await?;
@@ -123,7 +117,7 @@ async fn lead(
             _ = lost => { let _ = lost_tx.send(true); }
         }
     };
-    controller::run(client, settings, namespace, metrics, readiness, jobs, until).await;
+    controller::run(client, settings, &caches, metrics, readiness, until).await;
     if *lost_rx.borrow() {
         return Err(Error::LostLease);
     }

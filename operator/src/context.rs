@@ -14,7 +14,7 @@ use kube::{Client, ResourceExt};
 
 use crate::build::BuildSettings;
 use crate::config::Settings;
-use crate::gang::Timing;
+use crate::gang::{LaunchStop, Timing};
 use crate::labels;
 use crate::metrics::Metrics;
 use crate::progress::ProgressClient;
@@ -46,6 +46,8 @@ pub struct Context {
     status_writes: Mutex<HashMap<String, Timestamp>>,
     /// Consecutive failed reconciles per job (the backoff of `error_policy`).
     pub(crate) error_counts: Mutex<HashMap<String, u32>>,
+    /// Why the last launch of each job's pods stopped (by UID), for its next decision.
+    launch_stops: Mutex<HashMap<String, LaunchStop>>,
     /// The version of Kubernetes' own gang scheduling API the API server serves (discovered
     /// when the controller starts: enabling it needs an operator restart).
     pub native_gang: Option<NativeApi>,
@@ -76,6 +78,7 @@ impl Context {
             written: Mutex::new(HashMap::new()),
             status_writes: Mutex::new(HashMap::new()),
             error_counts: Mutex::new(HashMap::new()),
+            launch_stops: Mutex::new(HashMap::new()),
             native_gang: None,
         }
     }
@@ -129,6 +132,22 @@ impl Context {
         let mut writes = self.status_writes.lock().expect("lock");
         writes.retain(|_, at| now.duration_since(*at) < SignedDuration::from_hours(1));
         writes.insert(uid.to_string(), now);
+    }
+
+    /// Why the last launch of job `uid`'s pods stopped, if it did.
+    pub fn launch_stop(&self, uid: &str) -> Option<LaunchStop> {
+        self.launch_stops.lock().expect("lock").get(uid).cloned()
+    }
+
+    /// Notes how the launch of job `uid` at `now` went: `stop` when it stopped, None when every
+    /// pod was created. Forgets stops of an hour ago (their jobs are gone or launched since).
+    pub fn launch_went(&self, uid: &str, stop: Option<LaunchStop>, now: Timestamp) {
+        let mut stops = self.launch_stops.lock().expect("lock");
+        stops.retain(|_, s| now.duration_since(s.at) < SignedDuration::from_hours(1));
+        match stop {
+            Some(stop) => stops.insert(uid.to_string(), stop),
+            None => stops.remove(uid),
+        };
     }
 
     pub fn remember_write(&self, read: &DistributedTraining, object: DistributedTraining) {

@@ -1,4 +1,4 @@
-//! The controller: wiring (watches, caches, predicates) and the reconcile pipeline
+//! The controller: what wakes it (the warm [`Caches`]) and the reconcile pipeline
 //! observe -> decide -> build -> apply -> status.
 
 use std::future::Future;
@@ -12,16 +12,15 @@ use ferrotrain_api::recovery::EndCause;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::Api;
+use kube::runtime::Controller;
 use kube::runtime::controller::{self, Action};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::watcher;
-use kube::runtime::{Controller, WatchStreamExt, predicates};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tracing::{debug, info, warn};
 
 use crate::apply::{self, Applied};
 use crate::build::{self, Owner};
+use crate::caches::Caches;
 use crate::config::Settings;
 pub use crate::context::Context;
 pub use crate::error::{Error, Result};
@@ -31,7 +30,6 @@ use crate::metrics::{ErrorLabels, Metrics, ReasonLabels, ReconcileResult, Result
 use crate::observe;
 use crate::readiness::Readiness;
 use crate::scheduling::{self, GangMode};
-use crate::shapes;
 
 /// Now, truncated to whole seconds: status times have second resolution, and a time that
 /// differs only in its nanoseconds would make every status look changed.
@@ -111,6 +109,7 @@ pub async fn reconcile_at(
         ],
     ));
     let timing = ctx.timing();
+    let launch_stop = ctx.launch_stop(&dt.uid().unwrap_or_default());
     let gang_mode = scheduling::mode(
         &dt.spec,
         dt.labels(),
@@ -128,6 +127,7 @@ pub async fn reconcile_at(
         spec_problems: &problems,
         timing: &timing,
         gang: &gang_mode,
+        launch_stop: launch_stop.as_ref(),
     });
     debug!(job = %owner.name, phase = %decision.status.phase, actions = ?decision.actions, "decided");
     let launches = build_launches(ctx, &dt, &owner, &decision, &gang_mode);
@@ -176,10 +176,10 @@ fn build_launches(
     let mut settings = ctx.build_settings();
     settings.gang = gang_mode.clone();
     settings.termination_grace_seconds = gang::save_grace_seconds(&decision.status);
-    // The budget of the attempt from its start: a pod that replaces a lost one counts rounds
-    // from 0 like the others (status.round of the restarts are this attempt's).
-    let status = &decision.status;
-    settings.restarts_left = dt.spec.restart_policy.max_restarts - (status.restarts - status.round);
+    // What is left of the budget: a new gang's launchers count from 0, and so does a pod that
+    // replaces a lost one while the others have spent this attempt's in-place restarts
+    // (status.restarts counts both; resizes and disruptions spend nothing).
+    settings.restarts_left = dt.spec.restart_policy.max_restarts - decision.status.restarts;
     decision
         .actions
         .iter()
@@ -201,7 +201,9 @@ fn build_launches(
 }
 
 /// Applies a decision: deletes, then the status, then creates (a crash in between never loses
-/// a restart: the status is written before the new attempt's pods exist), then events.
+/// a restart: the status is written before the new attempt's pods exist), then events. The
+/// status is written once; a launch that stops (the API refuses a pod, a name is taken) is
+/// remembered for the next decision, which says so in the status ([`gang::LaunchStop`]).
 async fn carry_out(
     ctx: &Context,
     dt: &DistributedTraining,
@@ -222,15 +224,19 @@ async fn carry_out(
     }
     let mut events = decision.events.clone();
     let mut requeue = decision.requeue_after;
-    let (stopped, notes) = launch_all(ctx, dt, owner, &decision.status, &launches, now).await?;
-    events.extend(notes);
-    if let Some(stopped) = stopped {
-        if stopped.nothing_created {
-            // "creating N pods" would not be true.
-            events.retain(|e| e.reason != reason::CREATED);
+    if !launches.is_empty() {
+        let attempt = decision.status.attempt;
+        let launched = launch_all(ctx, owner, &launches, attempt, now).await?;
+        events.extend(launched.notes);
+        if let Some(stop) = &launched.stop {
+            if stop.reason == reason::NAME_CONFLICT {
+                // Nothing was created: "creating N pods" would not be true.
+                events.retain(|e| e.reason != reason::CREATED);
+            }
+            // The next decision shows why, at once.
+            requeue = Some(Duration::from_secs(1));
         }
-        events.extend(stopped.note);
-        requeue = Some(REFUSED_RETRY);
+        ctx.launch_went(&uid, launched.stop, now);
     }
     apply::events(ctx, dt, decision.status.attempt, &events).await?;
     if decision.actions.contains(&gang::Action::DeleteJob) {
@@ -265,32 +271,32 @@ fn only_progress_changed(
 /// 0.53 s p50 in bench/operator-scale.sh).
 const DEBOUNCE: Duration = Duration::from_millis(100);
 
-/// How soon a launch the API refused (quota, LimitRange, webhook) or a name conflict stopped
-/// is tried again.
-const REFUSED_RETRY: Duration = Duration::from_secs(30);
-
-/// A launch that stopped: the event to publish (None when this was already reported).
-struct Stopped {
-    note: Option<gang::EventNote>,
-    /// A name conflict stops the launch before any object is written.
-    nothing_created: bool,
+/// How the launches of a decision went: the events to add, and why they stopped if they did.
+struct Launched {
+    notes: Vec<gang::EventNote>,
+    stop: Option<gang::LaunchStop>,
 }
 
-/// Applies the launches. When the API refuses a pod (quota, LimitRange, admission webhook) or
-/// a name is taken by an object this job does not control, the job says so in its status
-/// (Created=False) instead of only in the log: returns why it stopped and the caller retries
-/// later; the state machine fails a refused launch past its startup timeout.
+/// Applies the launches of `attempt`. When the API refuses a pod (quota, LimitRange, admission
+/// webhook) or a name is taken by an object this job does not control, it stops there and
+/// says why, for the next decision to show in the status (and, past the start-up timeout, to
+/// fail a refused launch).
 async fn launch_all(
     ctx: &Context,
-    dt: &DistributedTraining,
     owner: &Owner,
-    status: &DistributedTrainingStatus,
     launches: &[build::GangObjects],
+    attempt: i32,
     now: Timestamp,
-) -> Result<(Option<Stopped>, Vec<gang::EventNote>)> {
+) -> Result<Launched> {
     let mut notes = Vec::new();
+    let stop = |reason, message: String| gang::LaunchStop {
+        attempt,
+        reason,
+        message,
+        at: now,
+    };
     for objects in launches {
-        let (stopped, note, nothing_created) = match apply::gang(ctx, owner, objects).await {
+        let stopped = match apply::gang(ctx, owner, objects).await {
             Ok(Applied::Done) => continue,
             Ok(Applied::GangIgnored(message)) => {
                 warn!(job = %owner.name, namespace = %owner.namespace, %message, "gang not enforced");
@@ -303,38 +309,20 @@ async fn launch_all(
             }
             Ok(Applied::NameConflict(message)) => {
                 warn!(job = %owner.name, namespace = %owner.namespace, %message, "name conflict");
-                let (s, note) = name_conflict(status, &message, now, dt.metadata.generation);
-                (s, note, true)
+                stop(reason::NAME_CONFLICT, message)
             }
             Err(error) if error.is_refused_create() && !error.is_namespace_terminating() => {
                 warn!(job = %owner.name, namespace = %owner.namespace, %error, "the API refused a pod of the gang");
-                let (s, note) =
-                    gang::launch_refused(status, &error.to_string(), now, dt.metadata.generation);
-                (s, note, false)
+                stop(reason::POD_CREATE_REFUSED, error.to_string())
             }
             Err(error) => return Err(error),
         };
-        if stopped != *status {
-            apply::status(ctx, dt, owner, stopped).await?;
-        }
-        let stopped = Stopped {
-            note,
-            nothing_created,
-        };
-        return Ok((Some(stopped), notes));
+        return Ok(Launched {
+            notes,
+            stop: Some(stopped),
+        });
     }
-    Ok((None, notes))
-}
-
-/// Condition Created turns False with reason [`reason::NAME_CONFLICT`] and the message naming the
-/// object; the Warning event is returned once per message, not on every retry.
-pub fn name_conflict(
-    status: &DistributedTrainingStatus,
-    message: &str,
-    now: Timestamp,
-    generation: Option<i64>,
-) -> (DistributedTrainingStatus, Option<gang::EventNote>) {
-    gang::launch_stopped(status, reason::NAME_CONFLICT, message, now, generation)
+    Ok(Launched { notes, stop: None })
 }
 
 /// The job's pods: labelled with its name and controlled by this very object (a re-created
@@ -480,80 +468,36 @@ fn jobs_on_node(pods: &Store<Pod>, node: &Node) -> Vec<ObjectRef<DistributedTrai
     jobs
 }
 
-/// The names the watches go by in logs and `/readyz`.
-const WATCHES: [&str; 3] = ["distributedtrainings", "pods", "nodes"];
-
-/// Runs the controller until `shutdown` completes. `jobs` receives the jobs cache (for the
-/// metrics endpoint); `readiness` follows the watches (synced, failing).
+/// Runs the controller on the warm `caches` until `shutdown` completes: every job in them is
+/// reconciled at once, then each as its watches wake it.
 pub async fn run(
     client: Client,
     settings: Settings,
-    namespace: Option<String>,
+    caches: &Caches,
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
-    jobs: Arc<std::sync::OnceLock<Store<DistributedTraining>>>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let (dts, pods_api): (Api<DistributedTraining>, Api<Pod>) = match &namespace {
-        Some(ns) => (
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client.clone(), ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
-    };
-    let nodes_api: Api<Node> = Api::all(client.clone());
-    readiness.track(&WATCHES);
-    let [dt_watch, pod_watch, node_watch] = WATCHES;
-
-    let (dt_store, dt_writer) = reflector::store();
-    let health = readiness.clone();
-    // Our own status writes do not bump the generation: they never trigger a reconcile.
-    // The caches drop managedFields (nothing here reads them): a tenth of a job's memory.
-    let dt_stream = watcher(dts, watcher::Config::default())
-        .default_backoff()
-        .modify(|dt: &mut DistributedTraining| dt.managed_fields_mut().clear())
-        .reflect(dt_writer)
-        .inspect(move |item| health.observe(dt_watch, item))
-        .applied_objects()
-        .predicate_filter(predicates::generation, Default::default());
-
-    let (pod_store, pod_writer) = reflector::store();
-    let pod_selector = format!("{}={}", labels::MANAGED_BY, labels::MANAGER);
-    let health = readiness.clone();
-    let pod_stream = watcher(pods_api, watcher::Config::default().labels(&pod_selector))
-        .default_backoff()
-        .modify(shapes::trim_pod)
-        .reflect(pod_writer)
-        .inspect(move |item| health.observe(pod_watch, item))
-        .touched_objects();
-
-    let (node_store, node_writer) = reflector::store();
-    let health = readiness.clone();
-    let node_stream = shapes::readiness_changes(
-        watcher(nodes_api, watcher::Config::default())
-            .default_backoff()
-            .modify(shapes::trim_node)
-            .reflect(node_writer)
-            .inspect(move |item| health.observe(node_watch, item)),
-    );
-
-    let _ = jobs.set(dt_store.clone());
+    readiness.lead();
     let native_gang = scheduling::discover_native_api(&client).await;
     info!(native_gang = ?native_gang, "gang scheduling: scheduling.k8s.io as served by the API server");
     let mut context = Context::new(
         client,
         settings,
         metrics,
-        pod_store.clone(),
-        node_store,
+        caches.pods.clone(),
+        caches.nodes.clone(),
         readiness.synced_flag(),
     );
     context.native_gang = native_gang;
     let ctx = Arc::new(context);
-    let mapper_pods = pod_store;
-    Controller::for_stream(dt_stream, dt_store)
-        .owns_stream(pod_stream)
-        .watches_stream(node_stream, move |node| jobs_on_node(&mapper_pods, &node))
+    let streams = caches.controller_streams();
+    let mapper_pods = caches.pods.clone();
+    Controller::for_stream(streams.jobs, caches.jobs.clone())
+        .owns_stream(streams.pods)
+        .watches_stream(streams.nodes, move |node| jobs_on_node(&mapper_pods, &node))
+        // What the caches held before this replica led (all of it, for a standby taking over).
+        .reconcile_all_on(futures::stream::once(async {}))
         .with_config(controller::Config::default().debounce(DEBOUNCE))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)

@@ -11,6 +11,7 @@
 pub mod app;
 pub mod apply;
 pub mod build;
+pub mod caches;
 pub mod config;
 pub mod context;
 pub mod controller;

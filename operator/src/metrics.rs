@@ -44,6 +44,22 @@ pub struct JobLabels {
     pub job: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobPhaseLabels {
+    pub namespace: String,
+    pub job: String,
+    pub phase: String,
+}
+
+/// What the per-job gauges read from one job's status at scrape time.
+pub struct JobNumbers<'a> {
+    pub namespace: String,
+    pub job: String,
+    pub phase: Phase,
+    pub restarts: i32,
+    pub recovery: Option<&'a Recovery>,
+}
+
 /// Every metric of the operator, registered once.
 pub struct Metrics {
     pub registry: Registry,
@@ -61,6 +77,9 @@ pub struct Metrics {
     /// Per job, from status.recovery at scrape time.
     pub goodput: Family<JobLabels, Gauge<f64, AtomicU64>>,
     pub lost_steps: Family<JobLabels, Gauge>,
+    /// Per job, status.restarts and status.phase at scrape time.
+    pub job_restarts: Family<JobLabels, Gauge>,
+    pub job_phase: Family<JobPhaseLabels, Gauge>,
     /// The operator process itself, read at scrape time.
     pub resident_memory: Gauge,
     pub cpu_seconds: Gauge<f64, AtomicU64>,
@@ -95,7 +114,7 @@ impl Metrics {
         let restarts = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "gang_restarts",
-            "Gang restarts by failure reason",
+            "Restarts (in place or of the whole gang) by failure reason, every job together",
             restarts.clone(),
         );
         let time_to_first_step = Histogram::new(exponential_buckets(1.0, 2.0, 16));
@@ -125,17 +144,25 @@ impl Metrics {
             Unit::Seconds,
             recovery.clone(),
         );
-        let goodput = Family::<JobLabels, Gauge<f64, AtomicU64>>::default();
-        registry.register(
+        let goodput = registered(
+            &mut registry,
             "job_goodput_percent",
             "Share of a job's wall time spent on training steps it kept (status.recovery)",
-            goodput.clone(),
         );
-        let lost_steps = Family::<JobLabels, Gauge>::default();
-        registry.register(
+        let lost_steps = registered(
+            &mut registry,
             "job_lost_steps",
             "Steps a job trained twice because an attempt ended after its last checkpoint",
-            lost_steps.clone(),
+        );
+        let job_restarts = registered(
+            &mut registry,
+            "job_restarts",
+            "A job's restarts counted against its maxRestarts (status.restarts)",
+        );
+        let job_phase = registered(
+            &mut registry,
+            "job_phase",
+            "1 for a job's current phase (status.phase)",
         );
         let resident_memory = Gauge::default();
         registry.register_with_unit(
@@ -164,6 +191,8 @@ impl Metrics {
             recovery,
             goodput,
             lost_steps,
+            job_restarts,
+            job_phase,
             resident_memory,
             cpu_seconds,
         };
@@ -198,16 +227,30 @@ impl Metrics {
         }
     }
 
-    /// Sets the per-job recovery gauges from every known job's ledger (at scrape time, so
-    /// deleted jobs disappear).
-    pub fn set_job_recovery<'a>(
-        &self,
-        jobs: impl IntoIterator<Item = (String, String, &'a Recovery)>,
-    ) {
+    /// Sets the per-job gauges from every known job's status (at scrape time, so deleted
+    /// jobs disappear): its phase and restarts, and from its ledger its goodput and lost
+    /// steps.
+    pub fn set_job_numbers<'a>(&self, jobs: impl IntoIterator<Item = JobNumbers<'a>>) {
         self.goodput.clear();
         self.lost_steps.clear();
-        for (namespace, job, r) in jobs {
-            let labels = JobLabels { namespace, job };
+        self.job_restarts.clear();
+        self.job_phase.clear();
+        for j in jobs {
+            let labels = JobLabels {
+                namespace: j.namespace,
+                job: j.job,
+            };
+            self.job_phase
+                .get_or_create(&JobPhaseLabels {
+                    namespace: labels.namespace.clone(),
+                    job: labels.job.clone(),
+                    phase: j.phase.as_str().into(),
+                })
+                .set(1);
+            self.job_restarts
+                .get_or_create(&labels)
+                .set(i64::from(j.restarts));
+            let Some(r) = j.recovery else { continue };
             if let Some(g) = r.goodput_percent {
                 self.goodput.get_or_create(&labels).set(g);
             }
@@ -238,6 +281,16 @@ impl Metrics {
             .expect("writing to a String cannot fail");
         out
     }
+}
+
+/// A new metric of its kind, registered under `name`.
+fn registered<M>(registry: &mut Registry, name: &str, help: &str) -> M
+where
+    M: prometheus_client::registry::Metric + Clone + Default,
+{
+    let metric = M::default();
+    registry.register(name, help, metric.clone());
+    metric
 }
 
 /// VmRSS of /proc/self/status, in bytes.
@@ -292,6 +345,44 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn every_job_has_its_phase_and_restarts_and_a_ledger_its_goodput() {
+        let m = Metrics::new();
+        let recovery = Recovery {
+            goodput_percent: Some(87.5),
+            lost_steps: 12,
+            ..Recovery::default()
+        };
+        let job = |name: &str, phase, restarts, recovery| JobNumbers {
+            namespace: "ml".into(),
+            job: name.into(),
+            phase,
+            restarts,
+            recovery,
+        };
+        m.set_job_numbers([
+            job("a", Phase::Running, 2, Some(&recovery)),
+            job("b", Phase::Pending, 0, None),
+        ]);
+        let text = m.encode();
+        for line in [
+            "ferrotrain_operator_job_phase{namespace=\"ml\",job=\"a\",phase=\"Running\"} 1",
+            "ferrotrain_operator_job_phase{namespace=\"ml\",job=\"b\",phase=\"Pending\"} 1",
+            "ferrotrain_operator_job_restarts{namespace=\"ml\",job=\"a\"} 2",
+            "ferrotrain_operator_job_restarts{namespace=\"ml\",job=\"b\"} 0",
+            "ferrotrain_operator_job_goodput_percent{namespace=\"ml\",job=\"a\"} 87.5",
+            "ferrotrain_operator_job_lost_steps{namespace=\"ml\",job=\"a\"} 12",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        assert!(!text.contains("job_goodput_percent{namespace=\"ml\",job=\"b\""));
+        // A deleted job's series go with it.
+        m.set_job_numbers([job("b", Phase::Running, 1, None)]);
+        let text = m.encode();
+        assert!(!text.contains("job=\"a\""), "{text}");
+        assert!(text.contains("job_phase{namespace=\"ml\",job=\"b\",phase=\"Running\"} 1"));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use ferrotrain_api::Progress;
 use ferrotrain_api::crd::DistributedTrainingSpec;
+use ferrotrain_api::reason;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 
@@ -43,7 +44,7 @@ pub fn pod_view(pod: &Pod, node: Option<&Node>) -> Option<PodView> {
             exit_code: None,
             reason: status
                 .and_then(|s| s.reason.clone())
-                .unwrap_or_else(|| "PodFailed".into()),
+                .unwrap_or_else(|| reason::POD_FAILED.into()),
             message: status.and_then(|s| s.message.clone()).unwrap_or_default(),
             finished_at: None,
         })

@@ -46,8 +46,7 @@ impl Default for Readiness {
 }
 
 impl Readiness {
-    /// Starts tracking `names` as new, unsynced watches (the controller calls this when it
-    /// starts its watches).
+    /// Starts tracking `names` as new, unsynced watches (when the caches start).
     pub fn track(&self, names: &[&'static str]) {
         let mut watches = self.watches.lock().expect("lock");
         watches.clear();
@@ -61,6 +60,11 @@ impl Readiness {
     /// This replica waits for the lease: ready, with nothing to watch yet.
     pub fn follow(&self) {
         self.following.store(true, Ordering::Relaxed);
+    }
+
+    /// This replica leads: ready when its watches are synced and not failing.
+    pub fn lead(&self) {
+        self.following.store(false, Ordering::Relaxed);
     }
 
     /// The flag reconciles check before acting.
@@ -183,11 +187,14 @@ mod tests {
     }
 
     #[test]
-    fn a_follower_is_ready_and_leading_starts_unsynced() {
+    fn a_follower_is_ready_and_a_leader_only_once_synced() {
         let r = Readiness::default();
+        r.track(&["jobs"]);
         r.follow();
         assert_eq!(r.check(), Ok(()));
-        r.track(&["jobs"]);
+        r.lead();
         assert!(r.check().is_err());
+        r.observe::<Pod>("jobs", &Ok(watcher::Event::InitDone));
+        assert_eq!(r.check(), Ok(()));
     }
 }

@@ -12,7 +12,7 @@ use ferrotrain_api::crd::DistributedTraining;
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 
-use crate::metrics::Metrics;
+use crate::metrics::{JobNumbers, Metrics};
 use crate::readiness::Readiness;
 
 /// What the endpoints read.
@@ -42,9 +42,15 @@ async fn metrics(State(state): State<ServerState>) -> impl IntoResponse {
             jobs.iter()
                 .map(|dt| dt.status.as_ref().map(|s| s.phase).unwrap_or_default()),
         );
-        state.metrics.set_job_recovery(jobs.iter().filter_map(|dt| {
-            let recovery = dt.status.as_ref()?.recovery.as_ref()?;
-            Some((dt.namespace()?, dt.name_any(), recovery))
+        state.metrics.set_job_numbers(jobs.iter().filter_map(|dt| {
+            let status = dt.status.as_ref();
+            Some(JobNumbers {
+                namespace: dt.namespace()?,
+                job: dt.name_any(),
+                phase: status.map(|s| s.phase).unwrap_or_default(),
+                restarts: status.map_or(0, |s| s.restarts),
+                recovery: status.and_then(|s| s.recovery.as_ref()),
+            })
         }));
     }
     (

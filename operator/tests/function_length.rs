@@ -1,24 +1,10 @@
-//! Issue 12's goal, kept: no non-test function in operator/, api/ or trainer/ over 120 lines
-//! (`scripts/longest-fns.py` prints the longest ones).
+//! Issue 12's goal, kept: no non-test function in api/, launch/, operator/ or trainer/ over 120
+//! lines (`scripts/longest-fns.py` prints the longest ones).
 
-use std::path::{Path, PathBuf};
+#[path = "support/source.rs"]
+mod source;
 
 const MAX_LINES: usize = 120;
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            if path.file_name().is_some_and(|n| n != "tests") {
-                rust_files(&path, out);
-            }
-        } else if path.extension().is_some_and(|e| e == "rs")
-            && path.file_name().is_some_and(|n| n != "tests.rs")
-        {
-            out.push(path);
-        }
-    }
-}
 
 fn indent(line: &str) -> usize {
     line.len() - line.trim_start().len()
@@ -64,12 +50,8 @@ fn functions(text: &str) -> Vec<(usize, String, usize)> {
 }
 
 #[test]
-fn no_function_in_operator_api_or_trainer_is_over_120_lines() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut files = Vec::new();
-    for dir in ["operator/src", "api/src", "trainer/src"] {
-        rust_files(&root.join(dir), &mut files);
-    }
+fn no_function_in_the_product_crates_is_over_120_lines() {
+    let files = source::product_files();
     let mut long = Vec::new();
     let mut longest = 0;
     for file in &files {

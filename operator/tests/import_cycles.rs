@@ -1,4 +1,4 @@
-//! No two files of operator/, api/ or trainer/ import each other, directly or through others:
+//! No two files of api/, launch/, operator/ or trainer/ import each other, directly or through others:
 //! a file's imports lead only to files below it, so each can be read (and changed) knowing
 //! only what it imports. An import is a path to another file's module in a `use` or in the code
 //! (`crate::gang::decide`, `super::failure::Failure`, `decider::Decider` from gang/mod.rs); a
@@ -8,26 +8,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Every non-test .rs file under `dir`. A `main.rs` beside a `lib.rs` is left out: the
-/// binary is a crate of its own, which reaches the library by its name, never `crate::`.
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let binary_beside_library = dir.join("lib.rs").is_file();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        if path.is_dir() {
-            if name != "tests" {
-                rust_files(&path, out);
-            }
-        } else if name.ends_with(".rs")
-            && name != "tests.rs"
-            && name != "fixtures.rs"
-            && !(name == "main.rs" && binary_beside_library)
-        {
-            out.push(path);
-        }
-    }
-}
+#[path = "support/source.rs"]
+mod source;
+use source::code_of;
 
 /// The module path of a file of a crate whose root is `src`: `lib.rs` is `[]`, `gang/mod.rs`
 /// and `gang.rs` are `["gang"]`, `gang/census.rs` is `["gang", "census"]`.
@@ -44,24 +27,6 @@ fn module_of(src: &Path, file: &Path) -> Vec<String> {
         parts.pop();
     }
     parts
-}
-
-/// The text of a file without its test module (`#[cfg(test)] mod tests { ... }` at the end,
-/// or a `mod tests;` declaration) and without comments.
-fn code_of(text: &str) -> String {
-    let mut out = String::new();
-    for line in text.lines() {
-        let trimmed = line.trim_start();
-        if trimmed.starts_with("mod tests {") || trimmed.starts_with("pub(super) mod tests") {
-            break;
-        }
-        if trimmed.starts_with("//") {
-            continue;
-        }
-        out.push_str(line);
-        out.push('\n');
-    }
-    out
 }
 
 /// Every path of `use` trees and of the code, as segments: `use a::{b, c::d};` gives
@@ -203,7 +168,7 @@ fn deepest(
 /// The import graph of the crate at `src`: file -> the files it imports.
 fn imports(src: &Path) -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
     let mut list = Vec::new();
-    rust_files(src, &mut list);
+    source::rust_files(src, false, &mut list);
     let files: BTreeMap<Vec<String>, PathBuf> = list
         .iter()
         .map(|f| (module_of(src, f), f.clone()))
@@ -273,9 +238,9 @@ const UNTIED: &[(&str, &str)] = &[];
 
 #[test]
 fn no_file_imports_itself_through_others() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = source::root();
     let mut untied_seen = Vec::new();
-    for src in ["operator/src", "api/src", "trainer/src"] {
+    for src in source::CRATES {
         let graph = imports(&root.join(src));
         let edges: usize = graph.values().map(BTreeSet::len).sum();
         // The scan saw the imports.

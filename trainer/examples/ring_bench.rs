@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use ferrotrain_trainer::dist::auth::Auth;
+use ferrotrain_launch::auth::Auth;
 use ferrotrain_trainer::dist::ring::local_rings;
 
 fn main() {

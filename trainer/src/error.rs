@@ -120,6 +120,18 @@ impl From<std::io::Error> for TrainError {
     }
 }
 
+impl From<ferrotrain_launch::store::StoreError> for TrainError {
+    fn from(e: ferrotrain_launch::store::StoreError) -> Self {
+        TrainError::Distributed(Reason::of(e))
+    }
+}
+
+impl From<ferrotrain_launch::auth::TokenError> for TrainError {
+    fn from(e: ferrotrain_launch::auth::TokenError) -> Self {
+        TrainError::Config(Reason::of(e))
+    }
+}
+
 impl From<ferrotrain_api::ConfigError> for TrainError {
     fn from(e: ferrotrain_api::ConfigError) -> Self {
         TrainError::Config(Reason::of(e))
@@ -127,23 +139,6 @@ impl From<ferrotrain_api::ConfigError> for TrainError {
 }
 
 pub type Result<T, E = TrainError> = std::result::Result<T, E>;
-
-/// Writes the one-line reason Kubernetes shows as the container's termination message.
-/// Best effort: a missing or read-only /dev/termination-log is not an error.
-pub fn write_termination_message(message: &str) {
-    let path = std::env::var(ferrotrain_api::env::FERROTRAIN_TERMINATION_LOG)
-        .unwrap_or_else(|_| ferrotrain_api::env::TERMINATION_LOG.to_string());
-    let mut line: String = message.replace('\n', " ");
-    // Kubernetes keeps at most 4096 bytes of the termination message.
-    if line.len() > 4000 {
-        let mut cut = 4000;
-        while !line.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        line.truncate(cut);
-    }
-    let _ = std::fs::write(path, line);
-}
 
 #[cfg(test)]
 mod tests {

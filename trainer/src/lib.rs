@@ -4,9 +4,10 @@
 //! schedules), `decode` (greedy and beam search), `bleu`, `checkpoint`, `metrics` (HTTP and the
 //! per-step reporter), `tensorboard` (event files), `resources` (CPU and memory of the process),
 //! `device` (where a rank computes), `omp` (OpenMP's wait policy), `allocator` (jemalloc, for
-//! libtorch too), `dist` (rendezvous and collectives), `train` (the training loop), `launch`
-//! (the local process supervisor), `signals` (SIGTERM/SIGINT handling for both), `rfc3339`
-//! (times as the trainer writes them). Each of `checkpoint`, `data`, `dist`, `metrics`,
+//! libtorch too), `dist` (rendezvous and collectives), `train` (the training loop), `rfc3339`
+//! (times as the trainer writes them). The launcher (`ferrotrain launch`), the rendezvous
+//! store, its handshake and the signal handling are the crate `ferrotrain-launch`, which needs
+//! no libtorch. Each of `checkpoint`, `data`, `dist`, `metrics`,
 //! `model` and `train` is a folder of files by concern; its mod.rs names them and re-exports
 //! what others use.
 
@@ -21,7 +22,7 @@ pub mod device;
 pub mod dist;
 pub mod doctor;
 pub mod error;
-pub mod launch;
+pub mod heal;
 pub mod loss_scale;
 pub mod memory;
 pub mod metrics;
@@ -32,7 +33,6 @@ pub mod precision;
 pub mod resources;
 pub mod rfc3339;
 pub mod select;
-pub mod signals;
 pub mod tensorboard;
 pub mod train;
 pub mod translate;

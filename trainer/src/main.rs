@@ -8,10 +8,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use ferrotrain_api::config::Precision;
 use ferrotrain_api::{TrainerConfig, env, exit};
-use ferrotrain_trainer::error::{Result, TrainError, write_termination_message};
-use ferrotrain_trainer::{
-    bleu, data, decode, dist, launch, precision, select, signals, train, translate,
-};
+use ferrotrain_launch::signals;
+use ferrotrain_launch::termination::write_termination_message;
+use ferrotrain_trainer::error::{Result, TrainError};
+use ferrotrain_trainer::{bleu, data, decode, dist, precision, select, train, translate};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -28,8 +28,9 @@ struct Cli {
 enum Command {
     /// Run one rank of a training job (a single process when started by hand).
     Run(RunArgs),
-    /// Start the local ranks of a job and restart them from the latest checkpoint on failure.
-    Launch(launch::LaunchArgs),
+    /// Start the local ranks of a job and restart them on failure, from the state a surviving
+    /// rank left (else the latest checkpoint).
+    Launch(ferrotrain_launch::LaunchArgs),
     /// Check a config file: exit 0 when valid, 2 when invalid, 3 when a data file is missing.
     Validate {
         #[arg(long, env = env::FERROTRAIN_CONFIG)]
@@ -240,7 +241,7 @@ fn run(args: RunArgs) -> Result<Option<i32>> {
     );
     // A spare (an in-place restart's next rank, launch/spare.rs) waits here, libtorch loaded,
     // for its round's environment; until then its rank is the launcher's guess.
-    let rank = if launch::spare::become_rank_if_spare()? {
+    let rank = if ferrotrain_launch::spare::become_rank_if_spare()? {
         dist::RankEnv::from_env()?
     } else {
         rank
@@ -291,11 +292,10 @@ fn run(args: RunArgs) -> Result<Option<i32>> {
         // the refused connections with them (as /progress counts them).
         let mut report = summary.final_progress.clone();
         let hosted = std::env::var_os(ferrotrain_api::env::FERROTRAIN_REFUSED_FILE);
-        let counted = ferrotrain_trainer::dist::refused::with_hosted(
-            hosted.as_deref().map(std::path::Path::new),
-        );
+        let counted =
+            ferrotrain_launch::refused::with_hosted(hosted.as_deref().map(std::path::Path::new));
         report.rejected_connections =
-            ferrotrain_trainer::dist::refused::merged(counted, &report.rejected_connections);
+            ferrotrain_launch::refused::merged(counted, &report.rejected_connections);
         write_termination_message(&report.to_termination_message());
     }
     if let Some(signal) = summary.interrupted_by {
@@ -468,7 +468,7 @@ fn main() -> ExitCode {
         },
         Command::Launch(args) => {
             init_logging(0);
-            match launch::run(args) {
+            match ferrotrain_launch::run(args) {
                 Ok(code) => return ExitCode::from(code.clamp(0, 255) as u8),
                 Err(e) => {
                     tracing::error!("launch: {e}");

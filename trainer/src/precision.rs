@@ -203,8 +203,8 @@ mod tests {
 
     use super::*;
     use crate::dist::RingCollective;
-    use crate::dist::auth::Auth;
     use crate::dist::ring::local_rings;
+    use ferrotrain_launch::auth::Auth;
 
     const AVX2_ONLY: &str = "processor\t: 0\nmodel name\t: AMD EPYC 7B12\n\
                              flags\t\t: fpu sse2 avx avx2 fma\n";

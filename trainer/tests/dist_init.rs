@@ -80,7 +80,7 @@ fn grad_sync_sums_in_buckets_during_backward_and_treats_unused_parameters_as_zer
         let completion = [3, 2, 1, 0];
         let mut sync = GradSync::new(&tensors, &opt.grad_layout(), 256, &completion).unwrap();
         assert!(sync.bucket_sizes().len() >= 3, "{:?}", sync.bucket_sizes());
-        dist::broadcast_buffers(comm.as_mut(), &opt.state_buffers(), 64).unwrap();
+        dist::broadcast_buffers(comm.as_mut(), &opt.state_buffers(), 64, 0).unwrap();
         // Rank 1 does not use parameter 2 this step: its gradient stays zero there.
         let mut loss = Tensor::zeros([], (Kind::Float, Device::Cpu));
         for (i, p) in tensors.iter().enumerate() {

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use ferrotrain_trainer::dist::auth::Auth;
+use ferrotrain_launch::auth::Auth;
 use ferrotrain_trainer::dist::ring::{Ring, local_rings};
 
 fn rings(world: usize, timeout: Duration) -> Vec<Ring> {

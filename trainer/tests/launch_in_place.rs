@@ -17,6 +17,8 @@ struct Gang {
     port: u16,
     /// The launchers read the token from a file, as in a pod (FERROTRAIN_RDZV_TOKEN_FILE).
     token_file: bool,
+    /// --stop-grace-seconds.
+    stop_grace: &'static str,
 }
 
 impl Gang {
@@ -40,6 +42,7 @@ impl Gang {
             dir,
             port,
             token_file: false,
+            stop_grace: "2",
         }
     }
 
@@ -103,7 +106,7 @@ impl Gang {
             ])
             .args([
                 "--stop-grace-seconds",
-                "2",
+                self.stop_grace,
                 "--restart-backoff-seconds",
                 "0.2",
             ])
@@ -342,6 +345,57 @@ esac"#,
     assert!(g.exists("start-0-1") && g.exists("start-1-1"));
     let end = g.ledger().attempts[0].end.clone().unwrap();
     assert_eq!((end.reason.as_str(), end.rank), ("PodLeaving", Some(1)));
+}
+
+#[test]
+fn a_killed_launcher_is_known_gone_at_once_not_after_the_stop_grace() {
+    // Rank 0 fails as soon as rank 1 is gone (its ring would break); rank 1 dies with its
+    // launcher (PR_SET_PDEATHSIG).
+    let mut g = Gang::new(
+        r#"case "$RANK-$FERROTRAIN_ROUND" in
+  1-0) echo $$ > "$FAKE_OUT/pid-1"; exec sleep 60;;
+  0-0) until [ -s "$FAKE_OUT/pid-1" ]; do sleep 0.05; done
+       while kill -0 "$(cat "$FAKE_OUT/pid-1")" 2>/dev/null; do sleep 0.05; done; exit 1;;
+  *) sleep 0.3; exit 0;;
+esac"#,
+    );
+    // A grace the old wait for a report would have spent: 20 s + 5 s.
+    g.stop_grace = "20";
+    let mut n0 = g.node(0, 3);
+    let mut n1 = g.node(1, 3);
+    wait_line(&g, "pid-1");
+    let killed = std::time::Instant::now();
+    // SAFETY: killing a launcher the test started, as the OOM killer would.
+    unsafe {
+        libc::kill(n1.pid(), libc::SIGKILL);
+    }
+    let _ = n1.wait(Duration::from_secs(10));
+    let ruled = loop {
+        let ended = std::fs::read_to_string(g.path("recovery-0.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<Recovery>(&t).ok())
+            .and_then(|r| r.attempts.first().and_then(|a| a.end.clone()));
+        if let Some(end) = ended {
+            break end;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(20), "{}", n0.log());
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = killed.elapsed();
+    eprintln!("launcher of node 1 killed -> node 0 ruled {took:?} later");
+    assert!(
+        took < Duration::from_secs(5),
+        "{took:?}: node 0 waited for a report"
+    );
+    assert_eq!((ruled.reason.as_str(), ruled.rank), ("AgentLost", Some(1)));
+    // Its replacement (a new pod) joins the next round.
+    let mut replacement = g.launcher(1, 2, 3, &[], "1b");
+    both_succeed(&mut n0, &mut replacement);
+    let log = n0.log();
+    assert!(
+        log.contains("is gone: its connection to node 0's store closed"),
+        "{log}"
+    );
 }
 
 #[test]

@@ -1,141 +1,265 @@
-//! bench/restart-speed.sh's cluster half: kill -9 of the trainer process of rank 1 in a 2-pod
-//! copy job, N times, and the time from each kill to the next completed training step (rank
-//! 0's own report: the first step of the new round or attempt), with in-place restarts
-//! (restartPolicy.inPlace: true, the default; with the spare trainers of launch/spare.rs and
-//! without them) and without (the whole gang recreated). Prints
-//! a Markdown table with the median and the max of each.
+//! bench/restart-speed.sh's cluster half: failures of every kind that leave a rank alive, N
+//! of each, injected into a running 2-pod job of examples/copy-dt.yaml as shipped (its grace,
+//! backoff and elastic world size; only the length, the claim and the restart budget set),
+//! at the example's model size and at the Multi30k recipe's (d 256, 3+3 layers, ffn 512, an
+//! 8,000-symbol vocabulary: 6 M parameters, a 72 MB state with the optimizer's moments).
+//! For each failure: the time from it to the next step rank 0 completed (its own report), and
+//! the steps trained twice (the ledger's lostSteps of the round it ended, counted from the
+//! ranks' own record). Prints a Markdown table: p50, p95 and max of each kind, and the steps.
+//!
+//!   restart-speed [FAILURES] [SIZE...]   (SIZE: example, multi30k; default both)
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ferrotrain_api::crd::Phase;
+use ferrotrain_api::crd::{DistributedTraining, Phase};
 use ferrotrain_api::recovery::Timestamp;
+use ferrotrain_e2e::rounds::{RoundStart, round_started};
 use ferrotrain_e2e::{
-    TRAIN_WAIT, TestNamespace, WAIT, copy_job, rank0_progress, signal_trainer, wait_for,
-    wait_spare, wait_status,
+    TRAIN_WAIT, TestNamespace, WAIT, copy_job, kill_launcher_from_host, pods_of, rank0_progress,
+    signal_trainer, wait_for, wait_spare, wait_status,
 };
-use serde_json::json;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, EvictParams};
+use serde_json::{Value, json};
 
-/// How the job restarts.
-#[derive(Clone, Copy, PartialEq)]
-enum Mode {
-    /// In place, the next round's ranks the spares that waited (the default).
-    InPlace,
-    /// In place, every round's ranks new processes (FERROTRAIN_SPARE_RANKS=false).
-    NoSpares,
-    /// The whole gang recreated (restartPolicy.inPlace: false).
-    WholeGang,
+/// A failure that leaves a rank alive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    /// kill -9 of rank 1's trainer (a crash, the OOM killer in the container).
+    KillRank1,
+    /// kill -9 of rank 0's trainer.
+    KillRank0,
+    /// kill -9 of rank 1's launcher, the pod's first process: the pod fails.
+    KillLauncher,
+    /// rank 1's pod deleted.
+    DeletePod,
+    /// rank 1's pod evicted through the Eviction API (a drain).
+    EvictPod,
+    /// node 0's pod deleted: it hosts the gang's store, so its replacement must start.
+    DeleteNode0,
 }
 
-impl Mode {
+const KINDS: [Kind; 6] = [
+    Kind::KillRank1,
+    Kind::KillRank0,
+    Kind::KillLauncher,
+    Kind::DeletePod,
+    Kind::EvictPod,
+    Kind::DeleteNode0,
+];
+
+impl Kind {
     fn name(self) -> &'static str {
         match self {
-            Mode::InPlace => "in place (same pods, spare trainers)",
-            Mode::NoSpares => "in place, no spares (new processes)",
-            Mode::WholeGang => "whole gang (new pods)",
+            Kind::KillRank1 => "kill -9 of rank 1's trainer",
+            Kind::KillRank0 => "kill -9 of rank 0's trainer",
+            Kind::KillLauncher => "kill -9 of rank 1's launcher (pod fails)",
+            Kind::DeletePod => "rank 1's pod deleted",
+            Kind::EvictPod => "rank 1's pod evicted",
+            Kind::DeleteNode0 => "node 0's pod deleted",
         }
     }
 
-    fn in_place(self) -> bool {
-        self != Mode::WholeGang
+    /// Whether the failure takes a pod away: the other trains on alone, then grows back.
+    fn takes_a_pod(self) -> bool {
+        matches!(self, Kind::KillLauncher | Kind::DeletePod | Kind::EvictPod)
     }
+}
+
+/// (model size, kind, seconds to the next step, steps trained twice) of each failure.
+type Row = (String, Kind, Vec<f64>, Vec<Option<u64>>);
+
+/// One failure's outcome.
+struct Outcome {
+    seconds: f64,
+    round: u64,
 }
 
 #[tokio::main]
 async fn main() {
-    let repeats: usize = std::env::args()
-        .nth(1)
-        .map(|n| n.parse().expect("the number of kills"))
-        .unwrap_or(5);
+    let mut args = std::env::args().skip(1);
+    let failures: usize = args
+        .next()
+        .map(|n| n.parse().expect("the number of failures of each kind"))
+        .unwrap_or(10);
+    let sizes: Vec<String> = args.collect();
+    let sizes = if sizes.is_empty() {
+        vec!["example".to_string(), "multi30k".to_string()]
+    } else {
+        sizes
+    };
     let mut rows = Vec::new();
-    for mode in [Mode::InPlace, Mode::NoSpares, Mode::WholeGang] {
-        rows.push((mode, kills(mode, repeats).await));
+    for size in &sizes {
+        rows.extend(run_size(size, failures).await);
     }
     println!(
-        "\n| restart | kills | next step after the kill: median | max | each |\n|---|---|---|---|---|"
+        "\n| model | failure | n | next step after it: p50 | p95 | max | steps trained twice: total | max |\n|---|---|---|---|---|---|---|---|"
     );
-    for (mode, mut s) in rows {
-        s.sort_by(f64::total_cmp);
-        let each: Vec<String> = s.iter().map(|v| format!("{v:.2}")).collect();
+    for (size, kind, mut seconds, lost) in rows {
+        seconds.sort_by(f64::total_cmp);
+        let pick = |q: f64| seconds[((seconds.len() - 1) as f64 * q).round() as usize];
         println!(
-            "| {} | {} | {:.2} s | {:.2} s | {} |",
-            mode.name(),
-            s.len(),
-            s[s.len() / 2],
-            s[s.len() - 1],
-            each.join(", ")
+            "| {size} | {} | {} | {:.2} s | {:.2} s | {:.2} s | {} | {} |",
+            kind.name(),
+            seconds.len(),
+            pick(0.5),
+            pick(0.95),
+            seconds[seconds.len() - 1],
+            counted(&lost, |known| known.iter().sum::<u64>()),
+            counted(&lost, |known| known.iter().max().copied().unwrap_or(0)),
         );
     }
 }
 
-/// Seconds from each kill to the next step, `repeats` kills in one job.
-async fn kills(mode: Mode, repeats: usize) -> Vec<f64> {
-    let in_place = mode.in_place();
-    let ns = TestNamespace::create(match mode {
-        Mode::InPlace => "speed-inplace",
-        Mode::NoSpares => "speed-nospare",
-        Mode::WholeGang => "speed-gang",
+/// `f` of the known counts, and how many were not in the ledger.
+fn counted(lost: &[Option<u64>], f: impl Fn(&[u64]) -> u64) -> String {
+    let known: Vec<u64> = lost.iter().flatten().copied().collect();
+    match lost.len() - known.len() {
+        0 => f(&known).to_string(),
+        missing => format!("{} ({missing} not in the ledger)", f(&known)),
+    }
+}
+
+/// The job's spec at `size`.
+fn spec(size: &str, failures: usize) -> Value {
+    let mut spec = copy_job(2, 100_000_000, Some("speed-checkpoints"));
+    // Failures (kills) spend the budget; disruptions do not.
+    spec["restartPolicy"]["maxRestarts"] = json!(3 * failures + 5);
+    if size == "multi30k" {
+        spec["trainer"]["copy"]["symbols"] = json!(7996);
+        spec["trainer"]["model"] = json!({
+            "dModel": 256, "heads": 4, "encoderLayers": 3, "decoderLayers": 3,
+            "ffnDim": 512, "dropout": 0.0, "maxPositions": 32
+        });
+        spec["resources"] = json!({"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"memory": "2Gi"}});
+    }
+    spec
+}
+
+/// Every kind, `failures` times each, in one job of `size`: rows (size, kind, seconds, lost).
+async fn run_size(size: &str, failures: usize) -> Vec<Row> {
+    let ns = TestNamespace::create(&format!("speed-{size}")).await;
+    ns.create_checkpoint_claim("speed-checkpoints").await;
+    ns.create_job("speed", spec(size, failures)).await;
+    wait_status(&ns.jobs(), "speed", "Running", TRAIN_WAIT, |s| {
+        s.phase == Phase::Running && s.progress.as_ref().is_some_and(|p| p.report.step > 0)
     })
     .await;
-    ns.create_checkpoint_claim("speed-checkpoints").await;
-    let mut spec = copy_job(2, 10_000_000, Some("speed-checkpoints"));
-    spec["restartPolicy"] = json!({"maxRestarts": repeats + 2, "backoffSeconds": 0, "maxBackoffSeconds": 0, "inPlace": in_place});
-    if mode == Mode::NoSpares {
-        spec["podTemplate"]["env"] = json!([{"name": "FERROTRAIN_SPARE_RANKS", "value": "false"}]);
-    }
-    ns.create_job("speed", spec).await;
-    let mut seconds = Vec::new();
-    for kill in 0..repeats {
-        let attempt_and_round =
-            |s: &ferrotrain_api::crd::DistributedTrainingStatus| (s.attempt, s.round);
-        let settled = wait_status(&ns.jobs(), "speed", "Running, stepping", TRAIN_WAIT, |s| {
-            s.phase == Phase::Running && s.restarts == kill as i32
-        })
-        .await;
-        let before = attempt_and_round(&settled);
-        let rank0 = format!("speed-{}-0", before.0);
-        // Past the current round's first step, so the next first step is the restart's.
-        wait_for("rank 0 stepping", WAIT, || async {
-            let p = rank0_progress(&ns.client, &ns.name, &rank0).await;
-            let ok = p
-                .as_ref()
-                .is_ok_and(|p| p.attempt_first_step_time.is_some());
-            (ok.then_some(()), format!("{p:?}"))
-        })
-        .await;
-        let victim = format!("speed-{}-1", before.0);
-        if mode == Mode::InPlace {
-            // A failure past a round's first seconds: the next round's spare trainers wait.
-            wait_spare(&ns.pods(), &victim).await;
-        } else {
-            // As long into the round as a spare would take.
-            tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut outcomes: BTreeMap<Kind, Vec<Outcome>> = BTreeMap::new();
+    for n in 0..failures {
+        for kind in KINDS {
+            let outcome = fail_once(&ns, kind).await;
+            eprintln!(
+                "{size}: {} #{}: next step {:.2} s later (round {})",
+                kind.name(),
+                n + 1,
+                outcome.seconds,
+                outcome.round
+            );
+            outcomes.entry(kind).or_default().push(outcome);
         }
-        let killed_at = Timestamp::now();
-        signal_trainer(&ns.pods(), &victim, "KILL").await;
-        let first = wait_for("the next step after the kill", TRAIN_WAIT, || async {
-            let status = ns.jobs().get("speed").await.ok().and_then(|d| d.status);
-            let attempt = status.as_ref().map_or(before.0, |s| s.attempt);
-            let pod = format!("speed-{attempt}-0");
-            match rank0_progress(&ns.client, &ns.name, &pod).await {
-                Ok(p) => {
-                    let next = p
-                        .attempt_first_step_time
-                        .filter(|t| *t > killed_at)
-                        .filter(|_| attempt > before.0 || p.round > before.1 as u64);
-                    (next, format!("attempt {attempt} round {}", p.round))
-                }
-                Err(e) => (None, e),
-            }
+    }
+    let lost = lost_by_round(&ns).await;
+    outcomes
+        .into_iter()
+        .map(|(kind, list)| {
+            let seconds = list.iter().map(|o| o.seconds).collect();
+            let lost = list
+                .iter()
+                .map(|o| lost.get(&o.round).copied())
+                .collect();
+            (size.to_string(), kind, seconds, lost)
         })
-        .await;
-        let took = first.duration_since(killed_at).as_secs_f64();
-        eprintln!(
-            "{}: kill {} -> next step after {took:.2} s",
-            mode.name(),
-            kill + 1
-        );
-        seconds.push(took);
+        .collect()
+}
+
+/// Rank 0's report: its round and world size.
+async fn rank0_round(ns: &TestNamespace) -> (u64, u32) {
+    wait_for("rank 0 stepping", WAIT, || async {
+        match rank0_progress(&ns.client, &ns.name, "speed-0-0").await {
+            Ok(p) => (
+                p.attempt_first_step_time.map(|_| (p.round, p.world_size)),
+                format!("round {} world {}", p.round, p.world_size),
+            ),
+            Err(e) => (None, e),
+        }
+    })
+    .await
+}
+
+/// Injects one failure of `kind` into the whole gang, once it trains; returns the time to
+/// the next step and the round the failure ended. Leaves the gang whole again.
+async fn fail_once(ns: &TestNamespace, kind: Kind) -> Outcome {
+    let (round, _) = wait_for("the whole gang stepping", WAIT, || async {
+        let (round, world) = rank0_round(ns).await;
+        ((world == 2).then_some((round, world)), format!("round {round} world {world}"))
+    })
+    .await;
+    let pods: Api<Pod> = ns.pods();
+    let victim = if kind == Kind::KillRank0 || kind == Kind::DeleteNode0 {
+        "speed-0-0"
+    } else {
+        "speed-0-1"
+    };
+    if matches!(kind, Kind::KillRank0 | Kind::KillRank1) {
+        // The killed rank's agent has its spare for the next round (as in a round that
+        // trained for a while).
+        wait_spare(&pods, victim).await;
+    } else {
         tokio::time::sleep(Duration::from_secs(3)).await;
     }
-    seconds
+    let at = Timestamp::now();
+    inject(ns, kind, victim).await;
+    let next: RoundStart = round_started(ns, "speed-0-0", round + 1).await;
+    if kind.takes_a_pod() {
+        // Trains on alone, then grows back with the replacement.
+        round_started(ns, "speed-0-0", round + 2).await;
+    }
+    Outcome {
+        seconds: next.seconds_after(at),
+        round,
+    }
+}
+
+async fn inject(ns: &TestNamespace, kind: Kind, victim: &str) {
+    let pods: Api<Pod> = ns.pods();
+    match kind {
+        Kind::KillRank0 | Kind::KillRank1 => {
+            signal_trainer(&pods, victim, "KILL").await;
+        }
+        Kind::KillLauncher => {
+            let uid = pods_of(&pods, "speed")
+                .await
+                .into_iter()
+                .find(|p| p.metadata.name.as_deref() == Some(victim))
+                .and_then(|p| p.metadata.uid)
+                .expect("rank 1's pod");
+            kill_launcher_from_host(&uid);
+        }
+        Kind::DeletePod | Kind::DeleteNode0 => {
+            pods.delete(victim, &Default::default()).await.expect("delete");
+        }
+        Kind::EvictPod => {
+            pods.evict(victim, &EvictParams::default())
+                .await
+                .expect("evict");
+        }
+    }
+}
+
+/// The steps each round of attempt 0 trained that were trained again (the ledger, exact once
+/// the next round resumed), by round.
+async fn lost_by_round(ns: &TestNamespace) -> BTreeMap<u64, u64> {
+    let jobs: Api<DistributedTraining> = ns.jobs();
+    // The last round's record is exact once the operator has polled the round after it.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let dt = jobs.get("speed").await.expect("the job");
+    let ledger = dt.status.and_then(|s| s.recovery).unwrap_or_default();
+    ledger
+        .attempts
+        .iter()
+        .filter(|a| a.attempt == 0)
+        .filter_map(|a| Some((a.round.unwrap_or(0), a.lost_steps?)))
+        .collect()
 }

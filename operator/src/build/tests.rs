@@ -3,7 +3,10 @@
 use super::*;
 use crate::fixtures::{JobExt, build_settings, job};
 use ferrotrain_api::TrainerConfig;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use ferrotrain_api::crd::DistributedTraining;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::ResourceExt;
 
 fn gpu_job() -> DistributedTraining {
     job().with_spec(serde_json::json!({

@@ -30,7 +30,7 @@ impl<'a, 'o> Decider<'a, 'o> {
     }
 
     fn restarted_in_place(&mut self, e: &RoundEnd) {
-        if e.end.cause != EndCause::Failure {
+        if e.end.cause == EndCause::Stopped {
             // A resize (the gang grew back): a record of its own, no restart.
             self.next_round_record(e, None);
             return;
@@ -50,7 +50,12 @@ impl<'a, 'o> Decider<'a, 'o> {
             time: Time(self.now()),
             secondary_failures: 0,
         };
-        self.status.restarts += 1;
+        // A pod taken away (deleted, evicted, drained) spends no restart, as for gang
+        // restarts; the launchers count the same.
+        let disruption = e.end.cause == EndCause::Disruption;
+        if !disruption {
+            self.status.restarts += 1;
+        }
         *self
             .status
             .restarts_by_cause
@@ -73,8 +78,13 @@ impl<'a, 'o> Decider<'a, 'o> {
             reason::RESTARTED_IN_PLACE,
             format!(
                 "{who}: {}: every rank restarted in place as round {next} of attempt {attempt} \
-                 (restart {}/{max}; {kept})",
-                info.message, self.status.restarts
+                 ({}; {kept})",
+                info.message,
+                if disruption {
+                    "a disruption: no restart spent".to_string()
+                } else {
+                    format!("restart {}/{max}", self.status.restarts)
+                }
             ),
         );
         self.status.last_failure = Some(info);
@@ -89,6 +99,9 @@ impl<'a, 'o> Decider<'a, 'o> {
             let mut end = e.end.clone();
             if let Some((rank, node)) = who {
                 (end.rank, end.node) = (rank.map(i64::from), node);
+            }
+            if let Some(step) = e.last_step {
+                r.reached(step);
             }
             r.end(end);
             r.start_round(i64::from(attempt), next, e.end.detected_at);
@@ -167,6 +180,7 @@ impl<'a, 'o> Decider<'a, 'o> {
                 detected_at: now,
             },
             message: "node 0's pod went away (deleted, drained, or its launcher killed); the other launchers wait for its replacement's rendezvous store".into(),
+            last_step: None,
         };
         self.restarted_in_place(&end);
     }

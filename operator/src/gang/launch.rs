@@ -7,65 +7,15 @@ use std::time::Duration;
 use ferrotrain_api::crd::{DistributedTrainingStatus, Phase, condition};
 use ferrotrain_api::reason;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::SignedDuration;
 
-use super::conditions::set_condition;
-use super::decider::{Decider, first_line};
-use super::decision::{Action, EventNote};
+use super::decider::{Decider, first_line, signed};
+use super::decision::Action;
+use super::observed::LaunchStop;
 
-/// The API refused to create a pod of the attempt (a ResourceQuota, a LimitRange, an admission
-/// webhook): for the controller to call when a Launch fails with such an error. Condition
-/// Created turns False with the API's message ([`launch_stopped`]). The decision after it
-/// retries the launch and, past `spec.startupTimeoutSeconds`, fails the job.
-pub fn launch_refused(
-    status: &DistributedTrainingStatus,
-    error: &str,
-    now: Timestamp,
-    generation: Option<i64>,
-) -> (DistributedTrainingStatus, Option<EventNote>) {
-    let message = first_line(error);
-    launch_stopped(
-        status,
-        reason::POD_CREATE_REFUSED,
-        &message,
-        now,
-        generation,
-    )
-}
-
-/// A launch the cluster stopped before the attempt's pods all exist (the API refused one, or a
-/// name is taken): condition Created turns False with `reason` and `message`, and the Warning
-/// event saying so is returned once per message, not on every retry of the launch. The
-/// controller writes the status and publishes the event.
-pub fn launch_stopped(
-    status: &DistributedTrainingStatus,
-    reason: &'static str,
-    message: &str,
-    now: Timestamp,
-    generation: Option<i64>,
-) -> (DistributedTrainingStatus, Option<EventNote>) {
-    let mut status = status.clone();
-    let message = format!("attempt {}: {message}", status.attempt);
-    let known = status
-        .condition(condition::CREATED)
-        .is_some_and(|c| c.status == "False" && c.reason == reason && c.message == message);
-    let c = condition::CREATED;
-    set_condition(
-        &mut status.conditions,
-        c,
-        false,
-        reason,
-        message.clone(),
-        now,
-        generation,
-    );
-    let event = (!known).then_some(EventNote {
-        warning: true,
-        reason,
-        note: message,
-    });
-    (status, event)
-}
+/// How soon a launch the API refused (quota, LimitRange, webhook) or a name conflict stopped
+/// is tried again.
+pub const LAUNCH_RETRY: Duration = Duration::from_secs(30);
 
 /// The pods' `terminationGracePeriodSeconds` when the user sets none: long enough for rank 0
 /// to save a checkpoint on SIGTERM. From the last save the trainer reported (the whole save,
@@ -123,6 +73,9 @@ impl<'a, 'o> Decider<'a, 'o> {
         if self.earlier_attempt_remains() {
             return false;
         }
+        if self.launch_held_back() {
+            return false;
+        }
         if self.status.start_time.is_none() {
             self.status.start_time = Some(Time(self.now()));
         }
@@ -155,7 +108,38 @@ impl<'a, 'o> Decider<'a, 'o> {
         false
     }
 
-    /// The API has refused the attempt's pods (see [`launch_refused`]) for the start-up
+    /// The last launch of this attempt stopped ([`LaunchStop`]: the API refused a pod, or a
+    /// name is taken): condition Created turns False saying why, with a Warning event once per
+    /// message (not on every retry). True until [`LAUNCH_RETRY`] after the stop, when the
+    /// launch is tried again.
+    fn launch_held_back(&mut self) -> bool {
+        let attempt = self.status.attempt;
+        let Some(stop) = self.o.launch_stop.filter(|s| s.attempt == attempt) else {
+            return false;
+        };
+        self.show_launch_stop(stop);
+        let retry = stop.at + signed(LAUNCH_RETRY);
+        if self.now() < retry {
+            self.requeue_at(retry);
+            return true;
+        }
+        false
+    }
+
+    /// Condition Created False with the stop's reason and message; the Warning event only
+    /// when the condition did not say so already.
+    fn show_launch_stop(&mut self, stop: &LaunchStop) {
+        let message = format!("attempt {}: {}", stop.attempt, first_line(&stop.message));
+        let known = self.status.condition(condition::CREATED).is_some_and(|c| {
+            c.status == "False" && c.reason == stop.reason && c.message == message
+        });
+        self.set_condition(condition::CREATED, false, stop.reason, message.clone());
+        if !known {
+            self.event(true, stop.reason, message);
+        }
+    }
+
+    /// The API has refused the attempt's pods ([`Self::launch_held_back`]) for the start-up
     /// timeout: the job Fails with the API's message (the next attempt's pods would be refused
     /// alike). Within it, the launch is retried.
     fn create_refused_too_long(&mut self) -> bool {

@@ -190,7 +190,9 @@ impl<'a, 'o> Decider<'a, 'o> {
             .status
             .recovery
             .as_ref()
-            .and_then(Recovery::failures_in_a_row)
+            // A gang restart's new pods start from a checkpoint: only what a checkpoint kept
+            // counts (an in-place round's record counts its steps: the next round kept them).
+            .and_then(|r| r.failures_in_a_row(false))
             .map_or(self.status.restarts, |n| n as i32);
         backoff(self.o.spec, if disrupted { 1 } else { in_a_row })
     }

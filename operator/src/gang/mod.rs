@@ -12,7 +12,8 @@
 //! - `lifecycle.rs`: the phases: suspend, resume, a fixed spec, the restart backoff, the
 //!   deadline, success, failure, restart or fail, the end of an attempt in the ledger;
 //! - `launch.rs`: an attempt's pods, one checkpoint writer at a time, older attempts' pods
-//!   deleted, pods stuck on a lost node force-deleted, the API refusing a pod;
+//!   deleted, pods stuck on a lost node force-deleted, a launch the API refused or a taken
+//!   name stopped (an observation of the last carry-out, retried);
 //! - `census.rs`: the current attempt's ranks sorted into running, succeeded, failed and
 //!   waiting, their placement, and what that means for the attempt;
 //! - `failure.rs`: what ended an attempt and which failure is the root cause;
@@ -38,11 +39,11 @@ mod queue;
 
 pub use conditions::{set_condition, set_condition_to};
 pub use decision::{Action, Decision, EventNote};
-pub use launch::{launch_refused, launch_stopped, launcher_stop_grace_seconds, save_grace_seconds};
+pub use launch::{LAUNCH_RETRY, launcher_stop_grace_seconds, save_grace_seconds};
 pub use lifecycle::backoff;
 pub use observed::{
-    Disruption, Observed, PodState, PodView, ProgressObservation, Termination, Timing, WaitCause,
-    Waiting,
+    Disruption, LaunchStop, Observed, PodState, PodView, ProgressObservation, Termination, Timing,
+    WaitCause, Waiting,
 };
 
 /// Decides the next step. See the module documentation.

@@ -196,6 +196,21 @@ pub struct Timing {
     pub force_delete_grace: Duration,
 }
 
+/// Why the last launch of an attempt's pods stopped before they all existed, as the controller
+/// saw it carried out: the API refused a pod (a ResourceQuota, a LimitRange, an admission
+/// webhook: [`reason::POD_CREATE_REFUSED`]) or one of the job's names is taken by an object
+/// the job does not control ([`reason::NAME_CONFLICT`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LaunchStop {
+    pub attempt: i32,
+    /// [`reason::POD_CREATE_REFUSED`] or [`reason::NAME_CONFLICT`].
+    pub reason: &'static str,
+    /// The API's words, or the object that holds the name.
+    pub message: String,
+    /// When it stopped.
+    pub at: Timestamp,
+}
+
 /// Everything the state machine decides from.
 #[derive(Clone, Debug)]
 pub struct Observed<'a> {
@@ -214,4 +229,6 @@ pub struct Observed<'a> {
     pub timing: &'a Timing,
     /// How the job's pods are scheduled all-or-nothing (scheduling::mode).
     pub gang: &'a GangMode,
+    /// Why the controller's last launch of the job's pods stopped, if it did.
+    pub launch_stop: Option<&'a LaunchStop>,
 }

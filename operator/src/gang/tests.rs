@@ -17,6 +17,8 @@ pub(super) struct Row {
     pub(super) problems: Vec<String>,
     pub(super) now: i64,
     pub(super) generation: i64,
+    /// Why the controller's last launch stopped, if it did.
+    pub(super) launch_stop: Option<LaunchStop>,
     // expectations
     pub(super) phase: Phase,
     pub(super) attempt: i32,
@@ -37,6 +39,7 @@ impl Default for Row {
             problems: Vec::new(),
             now: 100,
             generation: 1,
+            launch_stop: None,
             phase: Phase::Pending,
             attempt: 0,
             restarts: 0,
@@ -67,6 +70,7 @@ pub(super) fn run_with(row: &Row, gang: &crate::scheduling::GangMode) -> Decisio
         spec_problems: &row.problems,
         timing: &timing,
         gang,
+        launch_stop: row.launch_stop.as_ref(),
     })
 }
 

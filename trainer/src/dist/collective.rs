@@ -111,8 +111,13 @@ impl Collective for Single {
 
 /// Broadcasts host values from rank 0 through `comm`'s device; returns rank 0's values.
 pub fn broadcast_host(comm: &mut dyn Collective, values: &[f32]) -> Result<Vec<f32>> {
+    broadcast_host_from(comm, values, 0)
+}
+
+/// Broadcasts host values from rank `root` through `comm`'s device; returns its values.
+fn broadcast_host_from(comm: &mut dyn Collective, values: &[f32], root: usize) -> Result<Vec<f32>> {
     let mut t = comm.upload(values)?;
-    comm.broadcast(&mut t, 0)?;
+    comm.broadcast(&mut t, root)?;
     Ok(comm.download(t)?.into_iter().map(|v| v as f32).collect())
 }
 
@@ -126,19 +131,51 @@ pub fn all_reduce_host(comm: &mut dyn Collective, values: &[f32]) -> Result<Vec<
 /// Broadcasts unsigned integers from rank 0, exactly: each travels as four 16-bit limbs,
 /// which f32 represents without rounding.
 pub fn broadcast_u64s(comm: &mut dyn Collective, values: &[u64]) -> Result<Vec<u64>> {
-    let limbs: Vec<f32> = values
+    broadcast_u64s_from(comm, values, 0)
+}
+
+/// [`broadcast_u64s`] from rank `root`.
+pub fn broadcast_u64s_from(
+    comm: &mut dyn Collective,
+    values: &[u64],
+    root: usize,
+) -> Result<Vec<u64>> {
+    let back = broadcast_host_from(comm, &limbs(values), root)?;
+    Ok(from_limbs(&back))
+}
+
+/// Every rank's `values` (the same number on each), by rank, exactly: each rank fills its
+/// own slots of one sum.
+pub fn all_gather_u64s(comm: &mut dyn Collective, values: &[u64]) -> Result<Vec<Vec<u64>>> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let per = values.len() * 4;
+    let mut slots = vec![0.0f32; per * world];
+    slots[rank * per..(rank + 1) * per].copy_from_slice(&limbs(values));
+    let summed = if world > 1 {
+        all_reduce_host(comm, &slots)?
+    } else {
+        slots
+    };
+    Ok(summed.chunks(per.max(1)).map(from_limbs).collect())
+}
+
+/// Each value as four 16-bit limbs, low first.
+fn limbs(values: &[u64]) -> Vec<f32> {
+    values
         .iter()
         .flat_map(|v| (0..4).map(move |i| ((v >> (16 * i)) & 0xffff) as f32))
-        .collect();
-    let back = broadcast_host(comm, &limbs)?;
-    Ok(back
+        .collect()
+}
+
+fn from_limbs(limbs: &[f32]) -> Vec<u64> {
+    limbs
         .chunks(4)
         .map(|c| {
             c.iter()
                 .enumerate()
                 .fold(0u64, |acc, (i, &l)| acc | ((l as u64) << (16 * i)))
         })
-        .collect())
+        .collect()
 }
 
 /// Broadcasts a byte string from rank 0 (each byte as one f32).

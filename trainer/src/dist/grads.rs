@@ -247,11 +247,12 @@ impl Drop for GradSync {
     }
 }
 
-/// Makes `buffers` (flat, on `comm`'s device) equal to rank 0's, `bucket_bytes` at a time.
+/// Makes `buffers` (flat, on `comm`'s device) equal to rank `root`'s, `bucket_bytes` at a time.
 pub fn broadcast_buffers(
     comm: &mut dyn Collective,
     buffers: &[Tensor],
     bucket_bytes: usize,
+    root: usize,
 ) -> Result<()> {
     for buffer in buffers {
         let per = (bucket_bytes / buffer.kind().elt_size_in_bytes()).max(1) as i64;
@@ -259,7 +260,7 @@ pub fn broadcast_buffers(
         let mut offset = 0;
         while offset < n {
             let len = per.min(n - offset);
-            comm.broadcast(&mut buffer.narrow(0, offset, len), 0)?;
+            comm.broadcast(&mut buffer.narrow(0, offset, len), root)?;
             offset += len;
         }
     }

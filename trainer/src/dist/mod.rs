@@ -8,11 +8,11 @@
 //! implements, the single rank's, and host-value helpers), `rendezvous` (rank 0's store and
 //! the ring's wiring), `ring` (the TCP ring algorithm) and `ring_collective` (the ring as a
 //! `Collective`), `nccl`/`nccl_lib` (the GPU backend), `grads` (the gradient exchange in
-//! buckets during backward), `store` and `auth` (the rendezvous store and its handshake),
-//! `ports` (listeners inside the NetworkPolicy's port range), `refused` (refused connections
-//! counted for /metrics), `strict` (the device-strict twin for tests), `bench`.
+//! buckets during backward), `ports` (listeners inside the NetworkPolicy's port range),
+//! `strict` (the device-strict twin for tests), `bench`. The rendezvous store, its handshake
+//! and the count of refused connections are `ferrotrain_launch`'s `store`, `auth` and
+//! `refused`.
 
-pub mod auth;
 pub mod bench;
 mod collective;
 pub mod grads;
@@ -22,11 +22,9 @@ pub mod nccl;
 pub mod nccl_lib;
 pub mod ports;
 mod rank;
-pub mod refused;
 mod rendezvous;
 pub mod ring;
 mod ring_collective;
-pub mod store;
 pub mod strict;
 pub mod watchdog;
 
@@ -35,11 +33,12 @@ use tch::Device;
 
 use crate::error::{Result, TrainError};
 pub use collective::{Collective, Single, all_reduce_host, broadcast_host};
-pub(crate) use collective::{broadcast_bytes, broadcast_u64s};
+pub(crate) use collective::{
+    all_gather_u64s, broadcast_bytes, broadcast_u64s, broadcast_u64s_from,
+};
 pub use grads::{GradSync, broadcast_buffers};
-pub use rank::{DEFAULT_MASTER_PORT, RankEnv};
+pub use rank::RankEnv;
 pub use rendezvous::Rendezvous;
-pub(crate) use rendezvous::bind_until;
 pub use ring_collective::RingCollective;
 
 /// `FERROTRAIN_GANG_OF_ONE=1`: a single rank on a GPU trains through a real NCCL

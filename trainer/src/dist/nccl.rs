@@ -38,8 +38,7 @@ use super::rank::RankEnv;
 use super::rendezvous::Rendezvous;
 use super::watchdog::{ABORT_LIMIT, Abortable, Mark, Poll, bounded_abort};
 use crate::error::{Result, TrainError};
-
-const ID_KEY: &str = "nccl/unique-id";
+use ferrotrain_launch::keys;
 
 /// Fails with a clear message unless libcuda, GPU `ordinal` and libnccl are present; returns
 /// the loaded NCCL.
@@ -428,10 +427,10 @@ impl Nccl {
             // SAFETY: initialized by ncclGetUniqueId on success.
             let id = unsafe { id.assume_init() };
             let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
-            meeting.client.set(ID_KEY, &bytes)?;
+            meeting.client.set(keys::NCCL_ID, &bytes)?;
             id
         } else {
-            let bytes = meeting.client.get(ID_KEY, meeting.left())?;
+            let bytes = meeting.client.get(keys::NCCL_ID, meeting.left())?;
             if bytes.len() != 128 {
                 return Err(TrainError::Distributed(
                     "rendezvous: malformed NCCL unique id".into(),

@@ -2,6 +2,7 @@
 //! torchrun's names, and ferrotrain's attempt, token and round).
 
 use ferrotrain_api::env;
+use ferrotrain_launch::DEFAULT_MASTER_PORT;
 
 use crate::error::{Result, TrainError};
 
@@ -27,10 +28,10 @@ pub struct RankEnv {
     /// Where this rank's ring listener must bind (FERROTRAIN_PORT_RANGE: the ports the job's
     /// NetworkPolicy names).
     pub port_range: Option<(u16, u16)>,
+    /// Where the ranks of this pod leave their state for the next round
+    /// (FERROTRAIN_HEAL_DIR; none: nothing is left).
+    pub heal_dir: Option<std::path::PathBuf>,
 }
-
-/// MASTER_PORT when unset (torchrun's default).
-pub const DEFAULT_MASTER_PORT: u16 = 29500;
 
 impl RankEnv {
     /// Reads the env contract; a process started without it is rank 0 of 1.
@@ -65,7 +66,7 @@ impl RankEnv {
         let master_addr = var(env::MASTER_ADDR)
             .filter(|s| !s.trim().is_empty())
             .unwrap_or_else(|| "127.0.0.1".to_string());
-        let token = super::auth::token_from(&var)?.unwrap_or_default();
+        let token = ferrotrain_launch::auth::token_from(&var)?.unwrap_or_default();
         let round: u64 = parse(&var, env::FERROTRAIN_ROUND, 0)?;
         let store_hosted = var(env::FERROTRAIN_STORE_HOSTED).is_some_and(|v| v.trim() == "1");
         let virtual_world: usize = parse(&var, env::FERROTRAIN_VIRTUAL_WORLD, 0)?;
@@ -111,6 +112,9 @@ impl RankEnv {
             store_hosted,
             virtual_world,
             port_range,
+            heal_dir: var(env::FERROTRAIN_HEAL_DIR)
+                .filter(|d| !d.trim().is_empty())
+                .map(std::path::PathBuf::from),
         })
     }
 }

@@ -1,16 +1,18 @@
 //! The rendezvous: rank 0's key-value store (or node 0's launcher's), every rank's
 //! connection to it, and the ring's addresses published and wired through it.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use ferrotrain_api::config::DistributedConfig;
+use ferrotrain_launch::auth::Auth;
+use ferrotrain_launch::keys;
+use ferrotrain_launch::listen::bind_until;
+use ferrotrain_launch::store::{StoreClient, StoreServer};
 
-use super::auth::Auth;
 use super::rank::RankEnv;
 use super::ring::Ring;
-use super::store::{StoreClient, StoreServer};
-use crate::error::{Reason, Result, TrainError};
+use crate::error::{Result, TrainError};
 
 /// A rank's view of the rendezvous: its store connection and, on rank 0, the store itself.
 pub struct Rendezvous {
@@ -48,7 +50,7 @@ impl Rendezvous {
         };
         let client = StoreClient::connect(host, env.master_port, &store_auth, deadline)?;
         let client = if env.store_hosted {
-            client.with_prefix(format!("round/{}/", env.round))
+            client.with_prefix(keys::round_prefix(env.round))
         } else {
             client
         };
@@ -75,16 +77,16 @@ impl Rendezvous {
         // where they reached its store.
         let host = self.client.local_ip()?;
         self.client.set(
-            &format!("ring/{rank}"),
+            &keys::ring(rank),
             SocketAddr::new(host, port).to_string().as_bytes(),
         )?;
         let next = (rank + 1) % world;
         let next_addr: SocketAddr = if next == 0 {
-            let port = self.client.get("ring/0", self.left())?;
+            let port = self.client.get(&keys::ring(0), self.left())?;
             let port: SocketAddr = parse_addr(&port)?;
             SocketAddr::new(self.client.peer_ip()?, port.port())
         } else {
-            parse_addr(&self.client.get(&format!("ring/{next}"), self.left())?)?
+            parse_addr(&self.client.get(&keys::ring(next), self.left())?)?
         };
         let timeout = Duration::from_secs(config.collective_timeout_seconds);
         let mut ring = Ring::establish(
@@ -110,22 +112,4 @@ fn parse_addr(bytes: &[u8]) -> Result<SocketAddr> {
         .ok()
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| TrainError::Distributed("rendezvous: malformed ring address".into()))
-}
-
-/// Binds `addr`, retrying while the port is still held (a previous attempt's rank 0 exiting).
-pub(crate) fn bind_until(addr: SocketAddr, deadline: Instant) -> Result<TcpListener> {
-    loop {
-        match TcpListener::bind(addr) {
-            Ok(l) => return Ok(l),
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            Err(e) => {
-                return Err(TrainError::Distributed(Reason::caused(
-                    format!("rendezvous: rank 0 cannot listen on {addr} (MASTER_PORT)"),
-                    e,
-                )));
-            }
-        }
-    }
 }

@@ -19,7 +19,9 @@ use std::os::fd::AsRawFd;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::auth::{Auth, Channel};
+use ferrotrain_launch::auth::{Auth, Channel};
+use ferrotrain_launch::{refused, signals};
+
 use crate::error::{Result, TrainError};
 
 /// Default pipeline segment; big enough to amortize syscalls, small enough to pipeline.
@@ -198,6 +200,9 @@ fn op_name(op: u32) -> &'static str {
         _ => "barrier",
     }
 }
+
+/// The longest a collective waits without looking whether its round was abandoned.
+const ABANDON_CHECK: Duration = Duration::from_millis(100);
 
 /// Waits for `events` on up to two fds; returns their revents.
 fn poll2(a: (i32, i16), b: (i32, i16), timeout: Duration) -> std::io::Result<(i16, i16)> {
@@ -573,6 +578,9 @@ impl Ring {
         } else {
             at.last_recv
         };
+        if signals::abandoned() {
+            return Err(format!("the round ended elsewhere: {what} abandoned"));
+        }
         let idle = quiet_since.elapsed();
         if idle >= self.timeout {
             // Blame the link that has been silent longest.
@@ -585,10 +593,11 @@ impl Ring {
         }
         let send_events = if can_send { libc::POLLOUT } else { 0 };
         let recv_events = if receiving { libc::POLLIN } else { 0 };
+        // In slices: a signal to abandon may come just before the poll.
         poll2(
             (self.next.as_raw_fd(), send_events),
             (self.prev.as_raw_fd(), recv_events),
-            self.timeout - idle,
+            (self.timeout - idle).min(ABANDON_CHECK),
         )
         .map_err(|e| format!("poll failed during {what}: {e}"))?;
         Ok(())
@@ -692,7 +701,7 @@ fn accept_prev(
                         }
                         Err(e) => {
                             tracing::debug!("ring: rejected {addr}: {e}");
-                            super::refused::count(super::refused::Reason::of(&e), addr, "ring");
+                            refused::count(refused::Reason::of(&e), addr, "ring");
                         }
                     }
                 });

@@ -5,8 +5,8 @@ use tch::{Device, Kind, Tensor};
 
 use super::collective::Collective;
 use super::ring::Ring;
-use super::store::StoreServer;
 use crate::error::{Result, TrainError};
+use ferrotrain_launch::store::StoreServer;
 
 /// The TCP ring on CPU tensors (tensors elsewhere go through a CPU copy).
 pub struct RingCollective {

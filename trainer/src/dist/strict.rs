@@ -455,7 +455,7 @@ mod tests {
             Vec::<f32>::try_from(&tensors[1].grad()).unwrap(),
             vec![2.0; 5]
         );
-        crate::dist::broadcast_buffers(&mut comm, &opt.state_buffers(), 8).unwrap();
+        crate::dist::broadcast_buffers(&mut comm, &opt.state_buffers(), 8, 0).unwrap();
         assert_eq!(Vec::<f32>::try_from(&tensors[1]).unwrap(), vec![1.0; 5]);
     }
 

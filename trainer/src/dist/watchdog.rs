@@ -50,6 +50,11 @@ pub enum Hang {
         phase: &'static str,
         after: Duration,
     },
+    /// The round ended elsewhere while `phase` was pending (the launcher said so:
+    /// `signals::ABANDON`).
+    Abandoned {
+        phase: &'static str,
+    },
 }
 
 impl Hang {
@@ -61,6 +66,9 @@ impl Hang {
                 "{what} did not complete within {:.0} s ({phase}): a peer rank died or hangs",
                 after.as_secs_f64()
             ),
+            Hang::Abandoned { phase } => {
+                format!("{what} abandoned ({phase}): the round ended elsewhere")
+            }
         }
     }
 }
@@ -96,6 +104,9 @@ pub fn wait(
                 phase,
                 after: waited,
             });
+        }
+        if ferrotrain_launch::signals::abandoned() {
+            return Err(Hang::Abandoned { phase });
         }
         if waited > Duration::from_micros(200) {
             std::thread::sleep(Duration::from_micros(50).min(limit - waited));

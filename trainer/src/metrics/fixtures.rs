@@ -33,6 +33,7 @@ pub(super) fn full_progress() -> Progress {
             ..Default::default()
         }),
         resumed_from_step: Some(500),
+        healed_from: Some(ferrotrain_api::recovery::HealedFrom::Peers),
         attempt_first_step_time: Some("2026-01-02T03:00:00Z".parse().unwrap()),
         round: 0,
         round_ends: Vec::new(),
@@ -46,14 +47,10 @@ pub(super) fn full_progress() -> Progress {
         rejected_connections: [("bad_token".to_string(), 3)].into(),
         gang_resources: Some(GangResources {
             ranks: 4,
-            cpu_utilization: Some(ferrotrain_api::progress::Spread {
-                mean: 1.5,
-                min: 0.25,
-                min_rank: 3,
-                max: 2.0,
-                max_rank: 1,
-            }),
-            ..Default::default()
+            cpu_utilization: Some(spread(1.5, 0.25, 3, 2.0, 1)),
+            rss_bytes: Some(spread(2e9, 1.5e9, 0, 2.5e9, 2)),
+            gpu_utilization: Some(spread(0.75, 0.5, 1, 0.875, 0)),
+            gpu_memory_used_bytes: Some(spread(6e9, 5e9, 2, 7e9, 3)),
         }),
         parameters: 9_876_543,
         peak_memory_bytes: Some(1 << 30),
@@ -82,6 +79,22 @@ pub(super) fn full_progress() -> Progress {
             valid_pairs: 1014,
             valid_truncated: 2,
         }),
+    }
+}
+
+fn spread(
+    mean: f64,
+    min: f64,
+    min_rank: u32,
+    max: f64,
+    max_rank: u32,
+) -> ferrotrain_api::progress::Spread {
+    ferrotrain_api::progress::Spread {
+        mean,
+        min,
+        min_rank,
+        max,
+        max_rank,
     }
 }
 

@@ -133,8 +133,8 @@ fn snapshot(state: &ServerState) -> Progress {
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default();
     }
-    let here = crate::dist::refused::with_hosted(state.refused.as_deref());
-    p.rejected_connections = crate::dist::refused::merged(here, &p.rejected_connections);
+    let here = ferrotrain_launch::refused::with_hosted(state.refused.as_deref());
+    p.rejected_connections = ferrotrain_launch::refused::merged(here, &p.rejected_connections);
     p
 }
 

@@ -8,9 +8,9 @@ use ferrotrain_api::progress::GangResources;
 use tch::Tensor;
 
 use super::trainer::Trainer;
-use crate::error::Result;
+use crate::error::{Result, TrainError};
 use crate::resources::ResourceSampler;
-use crate::signals;
+use ferrotrain_launch::signals;
 
 /// What `Trainer::exchange` reads at the end of a step's backward, for its gang and
 /// single-rank halves.
@@ -42,6 +42,11 @@ impl Trainer<'_> {
     /// The step's collectives and its one host read: the gradients, loss, clock, signals
     /// and (some steps) resources of every rank.
     pub(super) fn exchange(&mut self, loss_local: &Tensor, target_tokens: i64) -> Result<Synced> {
+        if signals::abandoned() {
+            return Err(TrainError::Distributed(
+                "the round ended elsewhere: the step's exchange abandoned".into(),
+            ));
+        }
         let signal = signals::received();
         let train_seconds = self.clock.train_seconds();
         // The same on every rank: the step number decides.

@@ -8,12 +8,15 @@
 //!
 //! `run` is the loop; each file holds one concern of it: `job` (what a run is given and
 //! returns, the job directory's files), `trainer` (the run's state), `start` (everything
-//! before the first step), `resume`, `step` (batch, forward and backward, optimizer step),
-//! `exchange` (the step's collectives and its one host read), `evaluate`, `save` (when rank
-//! 0 checkpoints), `report` (the step log, the progress report) and `window` (rates).
+//! before the first step), `resume` (where the state comes from: a peer's, a checkpoint's),
+//! `step` (batch, forward and backward, optimizer step), `exchange` (the step's collectives
+//! and its one host read), `evaluate`, `save` (when rank 0 checkpoints), `hand_over` (the
+//! state left for the next round), `report` (the step log, the progress report) and `window`
+//! (rates).
 
 mod evaluate;
 mod exchange;
+mod hand_over;
 mod job;
 mod replica;
 mod report;
@@ -30,14 +33,17 @@ pub use resume::restore_model;
 use crate::error::Result;
 use trainer::Trainer;
 
-/// Trains until `maxSteps` (or `maxSeconds`), resuming from the job's latest checkpoint.
+/// Trains until `maxSteps` (or `maxSeconds`), from the freshest state of the gang's last
+/// round or the job's latest checkpoint. When the round ends early (a peer failed, a signal)
+/// the state it reached is left for the next round.
 pub fn run(opts: &RunOptions) -> Result<Summary> {
     let mut t = Trainer::start(opts)?;
-    while !t.done() {
-        let s = t.step()?;
-        t.evaluate_if_due(&s)?;
-        t.checkpoint_if_due(&s)?;
-        t.report(&s);
+    if let Err(e) = t.train() {
+        t.hand_over(&e);
+        return Err(e);
+    }
+    if t.interrupted_by.is_some() {
+        t.hand_over_at_stop();
     }
     t.finish()
 }

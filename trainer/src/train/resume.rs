@@ -1,17 +1,22 @@
-//! Where training starts: rank 0 reads the newest complete checkpoint into the model and
-//! the optimizer (or finds it incompatible), and every rank learns rank 0's decision, its
-//! weights and its optimizer moments.
+//! Where training starts, agreed by every rank: the freshest state any rank holds (its pod's
+//! snapshot of the last round: `heal`), else rank 0's newest complete checkpoint (or its
+//! finding that the checkpoint does not fit the config), else a fresh start. The rank that
+//! holds it sends every other rank its weights, its optimizer moments and where training
+//! stood; then every rank checks that it holds the very same state.
+
+use std::path::Path;
 
 use ferrotrain_api::TrainerConfig;
 use tch::Tensor;
 
 use crate::checkpoint::{CheckpointStore, Named, TrainerState};
-use crate::dist::{self, Collective, broadcast_u64s};
-use crate::error::{Result, TrainError};
+use crate::dist::{self, Collective, all_gather_u64s, broadcast_u64s_from};
+use crate::error::{Reason, Result, TrainError};
+use crate::heal::{self, HealState, Offer, Source};
 use crate::loss_scale::ScaleState;
 use crate::optim::AdamW;
 
-/// What rank 0 found in the job's checkpoints.
+/// What the source found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ResumeStatus {
     Fresh,
@@ -20,20 +25,31 @@ enum ResumeStatus {
     Incompatible,
 }
 
-/// Where training starts, as rank 0 decided it; every rank learns it from rank 0. Encoded
-/// and decoded here only.
+/// Where training starts, as the source decided it; every rank learns it from the source.
+/// Encoded and decoded here only.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct ResumeHeader {
     status: ResumeStatus,
     step: u64,
     samples: u64,
     optimizer_steps: u64,
-    /// The checkpoint's fp16 loss scale, if it has one.
+    /// The job's training seconds so far (rank 0's clock: a new rank 0 goes on with it).
+    train_seconds: f64,
+    /// The state's fp16 loss scale, if it has one.
     loss_scale: Option<ScaleState>,
 }
 
 impl ResumeHeader {
-    fn encode(&self) -> [u64; 7] {
+    const FRESH: ResumeHeader = ResumeHeader {
+        status: ResumeStatus::Fresh,
+        step: 0,
+        samples: 0,
+        optimizer_steps: 0,
+        train_seconds: 0.0,
+        loss_scale: None,
+    };
+
+    fn encode(&self) -> [u64; 8] {
         let status = match self.status {
             ResumeStatus::Fresh => 0,
             ResumeStatus::Resumed => 1,
@@ -47,6 +63,7 @@ impl ResumeHeader {
             self.step,
             self.samples,
             self.optimizer_steps,
+            self.train_seconds.to_bits(),
             has_scale,
             scale,
             tracker,
@@ -59,13 +76,14 @@ impl ResumeHeader {
             step,
             samples,
             optimizer_steps,
+            train_seconds,
             has_scale,
             scale,
             tracker,
         ] = v
         else {
             return Err(TrainError::Distributed(
-                format!("resume header: {} values, expected 7", v.len()).into(),
+                format!("resume header: {} values, expected 8", v.len()).into(),
             ));
         };
         let loss_scale = (has_scale == 1).then(|| ScaleState {
@@ -78,7 +96,7 @@ impl ResumeHeader {
             4 => ResumeStatus::Incompatible,
             other => {
                 return Err(TrainError::Distributed(
-                    format!("resume header: unknown status {other} from rank 0").into(),
+                    format!("resume header: unknown status {other}").into(),
                 ));
             }
         };
@@ -87,13 +105,36 @@ impl ResumeHeader {
             step,
             samples,
             optimizer_steps,
+            train_seconds: f64::from_bits(train_seconds),
             loss_scale,
         })
     }
 
-    /// Rank 0's header on every rank.
-    fn broadcast(self, comm: &mut dyn Collective) -> Result<Self> {
-        Self::decode(&broadcast_u64s(comm, &self.encode())?)
+    /// The header of `root` on every rank.
+    fn broadcast(self, comm: &mut dyn Collective, root: usize) -> Result<Self> {
+        Self::decode(&broadcast_u64s_from(comm, &self.encode(), root)?)
+    }
+
+    fn of_snapshot(s: &HealState) -> Self {
+        ResumeHeader {
+            status: ResumeStatus::Resumed,
+            step: s.step,
+            samples: s.samples,
+            optimizer_steps: s.optimizer_steps,
+            train_seconds: s.train_seconds,
+            loss_scale: s.loss_scale,
+        }
+    }
+
+    fn of_checkpoint(s: &TrainerState, optimizer_steps: u64) -> Self {
+        ResumeHeader {
+            status: ResumeStatus::Resumed,
+            step: s.step,
+            samples: s.samples,
+            optimizer_steps,
+            train_seconds: s.train_seconds,
+            loss_scale: s.loss_scale,
+        }
     }
 }
 
@@ -129,96 +170,193 @@ pub fn restore_model(vars: &[(String, Tensor)], saved: &Named) -> Result<()> {
 pub(super) struct Start {
     pub(super) step: u64,
     pub(super) samples: u64,
-    /// Training seconds of the job's earlier runs (rank 0 knows; the others learn rank 0's
-    /// clock every step).
+    /// Training seconds of the job's earlier runs (the source knows; the others learn it
+    /// from the source, then rank 0's clock every step).
     pub(super) earlier_seconds: f64,
     pub(super) resumed_from_step: Option<u64>,
-    /// The checkpoint's fp16 loss scale (rank 0's, on every rank).
+    /// The state's fp16 loss scale (the source's, on every rank).
     pub(super) loss_scale: Option<ScaleState>,
+    /// Where the state came from.
+    pub(super) source: Source,
 }
 
-/// Resume: rank 0 (the one with a `store`) reads the newest complete checkpoint into the
-/// model and the optimizer and tells the others, who take its weights and moments.
+/// What a rank resumes from: rank 0's checkpoints, its pod's snapshots.
+pub(super) struct Sources<'a> {
+    /// Rank 0's checkpoint store (none on the others).
+    pub(super) store: Option<&'a CheckpointStore>,
+    /// The pod's heal directory (none outside a launcher).
+    pub(super) heal_dir: Option<&'a Path>,
+    /// The digest of the whole trainer config (`config_digest`).
+    pub(super) config: u64,
+}
+
+/// A digest of every field of `config`: ranks that differ in any would diverge.
+pub(super) fn config_digest(config: &TrainerConfig) -> u64 {
+    // FNV-1a 64, as the checkpoint's digest of the model's shape.
+    config
+        .to_yaml()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+}
+
+/// Resume: every rank says what it holds, every rank computes the same plan, the source
+/// loads its state and sends it to the others, and every rank checks it holds the same.
 pub(super) fn resume(
-    store: Option<&CheckpointStore>,
+    from: &Sources<'_>,
     config: &TrainerConfig,
     params: &[(String, Tensor)],
     optimizer: &mut AdamW,
     comm: &mut dyn Collective,
     bucket_bytes: usize,
 ) -> Result<Start> {
-    let mut resume_state: Option<TrainerState> = None;
-    let mut status = ResumeStatus::Fresh;
-    let mut incompatible = None;
-    let latest = match store {
+    let buffers = optimizer.state_buffers();
+    let layout = heal::layout_of(&buffers);
+    let own = from
+        .heal_dir
+        .and_then(|dir| heal::newest(dir, &layout, from.config));
+    let latest = match from.store {
         Some(store) => store.latest()?,
         None => None,
     };
-    if let Some((dir, _)) = latest {
-        let loaded = CheckpointStore::load(&dir)?;
-        let outcome = if loaded.state.config_digest != config.digest() {
-            Err(TrainError::IncompatibleCheckpoint(format!(
+    let offer = Offer {
+        snapshot: own.as_ref().map(|(_, s)| s.step),
+        checkpoint: latest.as_ref().map(|(_, s)| s.step),
+        config: from.config,
+    };
+    let offers: Vec<Offer> = all_gather_u64s(comm, &offer.encode())?
+        .iter()
+        .map(|v| Offer::decode(v))
+        .collect();
+    let source = heal::plan(&offers).map_err(|m| mismatch(&m, comm.rank()))?;
+    let root = source.root();
+    let mut incompatible = None;
+    let header = if comm.rank() != root {
+        ResumeHeader::FRESH
+    } else {
+        match (source, own, latest) {
+            (Source::Peer { .. }, Some((path, state)), _) => {
+                load_snapshot(&path, &state, &buffers)?;
+                ResumeHeader::of_snapshot(&state)
+            }
+            (Source::Checkpoint { .. }, _, Some((dir, _))) => {
+                match load_checkpoint(&dir, config, params, optimizer) {
+                    Ok(state) => ResumeHeader::of_checkpoint(&state, optimizer.steps),
+                    Err(e) => {
+                        incompatible = Some(e);
+                        ResumeHeader {
+                            status: ResumeStatus::Incompatible,
+                            ..ResumeHeader::FRESH
+                        }
+                    }
+                }
+            }
+            _ => ResumeHeader::FRESH,
+        }
+    };
+    let header = if comm.world_size() > 1 {
+        header.broadcast(comm, root)?
+    } else {
+        header
+    };
+    if header.status == ResumeStatus::Incompatible {
+        return Err(incompatible.unwrap_or_else(|| {
+            TrainError::IncompatibleCheckpoint(
+                "rank 0 found the checkpoint incompatible with the config".into(),
+            )
+        }));
+    }
+    optimizer.steps = header.optimizer_steps;
+    if comm.world_size() > 1 {
+        // The source's parameters and moments, straight from the optimizer's flat buffers.
+        dist::broadcast_buffers(comm, &buffers, bucket_bytes, root)?;
+        same_state_everywhere(comm, &buffers, root)?;
+    }
+    let resumed = header.status == ResumeStatus::Resumed;
+    if let (true, Source::Peer { .. }) = (resumed, source) {
+        tracing::info!(
+            step = header.step,
+            rank = root,
+            "resuming from a peer's state"
+        );
+    }
+    Ok(Start {
+        step: header.step,
+        samples: header.samples,
+        earlier_seconds: header.train_seconds,
+        resumed_from_step: resumed.then_some(header.step),
+        loss_scale: header.loss_scale,
+        source: if resumed { source } else { Source::Fresh },
+    })
+}
+
+/// The error of a rank whose config is not the gang's (permanent: it names the rank), or of
+/// a rank of the gang that cannot go on with it (retryable: that rank's pod is the one to fix).
+fn mismatch(m: &heal::ConfigMismatch, rank: usize) -> TrainError {
+    let message = format!(
+        "rank(s) {:?} run a trainer config other than the gang's (digest {:016x}): a pod \
+         started after spec.trainer changed cannot join ranks that train with the old one; \
+         create the job again to change its config",
+        m.ranks, m.gang
+    );
+    if m.ranks.contains(&rank) {
+        TrainError::Config(message.into())
+    } else {
+        TrainError::Distributed(message.into())
+    }
+}
+
+/// The source's own snapshot into its buffers; a damaged one is removed (the next round
+/// takes another source) and the round ends.
+fn load_snapshot(path: &Path, state: &HealState, buffers: &[Tensor]) -> Result<()> {
+    heal::load(path, state, buffers).inspect_err(|e| {
+        tracing::warn!(dir = %path.display(), error = %e, "heal: removing a damaged snapshot");
+        let _ = std::fs::remove_dir_all(path);
+    })
+}
+
+/// Rank 0 reads the checkpoint in `dir` into the model and the optimizer.
+fn load_checkpoint(
+    dir: &Path,
+    config: &TrainerConfig,
+    params: &[(String, Tensor)],
+    optimizer: &mut AdamW,
+) -> Result<TrainerState> {
+    let loaded = CheckpointStore::load(dir)?;
+    if loaded.state.config_digest != config.digest() {
+        return Err(TrainError::IncompatibleCheckpoint(
+            format!(
                 "checkpoint {} was written by a config with digest {}, this config has {} \
                  (model shape, task or vocabulary changed); use a new job name or checkpoint directory",
                 dir.display(),
                 loaded.state.config_digest,
                 config.digest()
-            ).into()))
-        } else {
-            restore_model(params, &loaded.model)
-                .and_then(|_| optimizer.load_state(&loaded.optimizer))
-        };
-        match outcome {
-            Ok(()) => {
-                tracing::info!(step = loaded.state.step, dir = %dir.display(), "resuming from checkpoint");
-                status = ResumeStatus::Resumed;
-                resume_state = Some(loaded.state);
-            }
-            Err(e) => {
-                status = ResumeStatus::Incompatible;
-                incompatible = Some(e);
-            }
-        }
+            )
+            .into(),
+        ));
     }
-    let (mut step, mut samples) = resume_state
-        .as_ref()
-        .map_or((0, 0), |s| (s.step, s.samples));
-    let earlier_seconds = resume_state.as_ref().map_or(0.0, |s| s.train_seconds);
-    let mut loss_scale = resume_state.as_ref().and_then(|s| s.loss_scale);
-    if comm.world_size() > 1 {
-        let header = ResumeHeader {
-            status,
-            step,
-            samples,
-            optimizer_steps: optimizer.steps,
-            loss_scale,
-        }
-        .broadcast(comm)?;
-        status = header.status;
-        step = header.step;
-        samples = header.samples;
-        optimizer.steps = header.optimizer_steps;
-        loss_scale = header.loss_scale;
-        if status == ResumeStatus::Incompatible {
-            return Err(incompatible.unwrap_or_else(|| {
-                TrainError::IncompatibleCheckpoint(
-                    "rank 0 found the checkpoint incompatible with the config".into(),
-                )
-            }));
-        }
-        // Rank 0's parameters and moments, straight from the optimizer's flat buffers.
-        dist::broadcast_buffers(comm, &optimizer.state_buffers(), bucket_bytes)?;
-    } else if let Some(e) = incompatible {
-        return Err(e);
+    restore_model(params, &loaded.model)?;
+    optimizer.load_state(&loaded.optimizer)?;
+    tracing::info!(step = loaded.state.step, dir = %dir.display(), "resuming from checkpoint");
+    Ok(loaded.state)
+}
+
+/// Every rank holds the very state the source sent (a digest of every buffer, compared):
+/// otherwise the round ends here, naming the ranks, rather than train diverged replicas.
+fn same_state_everywhere(comm: &mut dyn Collective, buffers: &[Tensor], root: usize) -> Result<()> {
+    let mine = u64::from(heal::digest(buffers)?);
+    let all = all_gather_u64s(comm, &[mine])?;
+    let theirs = all[root][0];
+    let differ: Vec<usize> = (0..all.len()).filter(|&r| all[r][0] != theirs).collect();
+    if differ.is_empty() {
+        return Ok(());
     }
-    let resumed_from_step = (status == ResumeStatus::Resumed).then_some(step);
-    Ok(Start {
-        step,
-        samples,
-        earlier_seconds,
-        resumed_from_step,
-        loss_scale,
-    })
+    Err(TrainError::Distributed(Reason::from(format!(
+        "heal: the state of rank(s) {differ:?} differs from rank {root}'s after it was sent \
+         (digest {mine:08x} here, {theirs:08x} at rank {root}): the round ends rather than train \
+         diverged replicas"
+    ))))
 }
 
 #[cfg(test)]
@@ -249,15 +387,16 @@ mod tests {
                 step: u64::MAX - 3,
                 samples: 1 << 40,
                 optimizer_steps: 17,
+                train_seconds: 1234.5678,
                 loss_scale,
             };
             assert_eq!(ResumeHeader::decode(&h.encode()).unwrap(), h);
             let mut comm = dist::Single {
                 device: Device::Cpu,
             };
-            assert_eq!(h.broadcast(&mut comm).unwrap(), h);
+            assert_eq!(h.broadcast(&mut comm, 0).unwrap(), h);
         }
-        assert!(ResumeHeader::decode(&[2, 0, 0, 0, 0, 0, 0]).is_err());
+        assert!(ResumeHeader::decode(&[2, 0, 0, 0, 0, 0, 0, 0]).is_err());
         assert!(ResumeHeader::decode(&[0, 0, 0, 0]).is_err());
     }
 }

@@ -13,8 +13,8 @@ use tch::Device;
 
 use super::job::{CONFIG_FILE, RunOptions, TRAIN_LOG, VOCAB_FILE};
 use super::replica::ModelReplica;
-use super::resume::{Start, resume};
-use super::trainer::{Clock, Trainer};
+use super::resume::{Sources, Start, config_digest, resume};
+use super::trainer::{Clock, Heal, Trainer};
 use super::window::Window;
 use crate::checkpoint::{CheckpointStore, WriterId};
 use crate::data::{self, BatchStream, Corpus, preflight_data};
@@ -26,7 +26,7 @@ use crate::metrics::{MetricsServer, Reporter, SharedProgress};
 use crate::model;
 use crate::precision;
 use crate::resources::ResourceSampler;
-use crate::signals;
+use ferrotrain_launch::signals;
 
 impl<'a> Trainer<'a> {
     /// Everything before the first step: device and rendezvous, data, model and optimizer,
@@ -55,23 +55,24 @@ impl<'a> Trainer<'a> {
             bucket_bytes,
         )?;
         let store = open_store(opts, leader)?;
+        let heal = Heal {
+            dir: opts.rank.heal_dir.clone(),
+            config: config_digest(config),
+        };
+        let sources = Sources {
+            store: store.as_ref(),
+            heal_dir: heal.dir.as_deref(),
+            config: heal.config,
+        };
         let start = resume(
-            store.as_ref(),
+            &sources,
             config,
             &replica.params,
             &mut replica.optimizer,
             comm.as_mut(),
             bucket_bytes,
         )?;
-        let scaler = (precision.used == Precision::Fp16)
-            .then(|| LossScaler::new(&config.loss_scale, start.loss_scale));
-        if let (true, Some(s)) = (leader, &scaler) {
-            tracing::info!(
-                scale = s.scale(),
-                resumed = start.loss_scale.is_some(),
-                "fp16: dynamic loss scale"
-            );
-        }
+        let scaler = loss_scaler(config, &precision, &start, leader);
         let (progress, server) =
             serve_progress(opts, leader, world, &start, &replica, store.as_ref())?;
         {
@@ -103,6 +104,7 @@ impl<'a> Trainer<'a> {
         let clock = Clock {
             loop_started: Instant::now(),
             earlier_seconds: start.earlier_seconds,
+            synced_seconds: start.earlier_seconds,
             budget: config.max_seconds.map(|s| s as f64),
         };
         // A first sample now, so the first summary has a utilisation.
@@ -120,6 +122,7 @@ impl<'a> Trainer<'a> {
             step: start.step,
             samples: start.samples,
             resumed_from_step: start.resumed_from_step,
+            heal,
             clock,
             window: Window::default(),
             eval,
@@ -142,6 +145,25 @@ impl<'a> Trainer<'a> {
             comm,
         })
     }
+}
+
+/// `fp16`'s dynamic loss scale, going on from the state's (None in the other precisions).
+fn loss_scaler(
+    config: &ferrotrain_api::TrainerConfig,
+    precision: &PrecisionChoice,
+    start: &Start,
+    leader: bool,
+) -> Option<LossScaler> {
+    let scaler = (precision.used == Precision::Fp16)
+        .then(|| LossScaler::new(&config.loss_scale, start.loss_scale));
+    if let (true, Some(s)) = (leader, &scaler) {
+        tracing::info!(
+            scale = s.scale(),
+            resumed = start.loss_scale.is_some(),
+            "fp16: dynamic loss scale"
+        );
+    }
+    scaler
 }
 
 /// Checks the data files, picks the device, meets the other ranks, agrees on the precision
@@ -237,6 +259,7 @@ fn serve_progress(
         p.samples = start.samples;
         p.world_size = world as u32;
         p.resumed_from_step = start.resumed_from_step;
+        p.healed_from = start.source.healed_from();
         p.parameters = model::parameter_count(&replica.vs);
         p.last_checkpoint = store.and_then(|s| s.last_completed());
     }

@@ -81,6 +81,7 @@ impl Trainer<'_> {
         }
         self.step += 1;
         self.samples += batch.samples;
+        self.clock.synced_seconds = synced.train_seconds;
         if synced.loss.is_finite() || !skipped {
             self.train_loss = Some(synced.loss);
         }

@@ -26,6 +26,9 @@ use crate::resources::ResourceSampler;
 pub(super) struct Clock {
     pub(super) loop_started: Instant,
     pub(super) earlier_seconds: f64,
+    /// Rank 0's training seconds at the last step (the step's all-reduce gives every rank
+    /// rank 0's count): what the next round goes on from.
+    pub(super) synced_seconds: f64,
     /// `maxSeconds`.
     pub(super) budget: Option<f64>,
 }
@@ -42,6 +45,13 @@ impl Clock {
     pub(super) fn time_used(&self, train_seconds: f64) -> f64 {
         self.budget.map_or(0.0, |b| train_seconds / b)
     }
+}
+
+/// Where this rank leaves its state when the round ends (`heal`): its pod's heal directory
+/// (none: nothing is left) and the digest of the config it trains with.
+pub(super) struct Heal {
+    pub(super) dir: Option<std::path::PathBuf>,
+    pub(super) config: u64,
 }
 
 /// What the evaluations of this run found.
@@ -83,6 +93,7 @@ pub(super) struct Trainer<'a> {
     /// Examples consumed, of the job.
     pub(super) samples: u64,
     pub(super) resumed_from_step: Option<u64>,
+    pub(super) heal: Heal,
     pub(super) clock: Clock,
     pub(super) window: Window,
     pub(super) eval: EvalState,

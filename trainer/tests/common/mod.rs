@@ -382,6 +382,7 @@ pub fn rank_env(rank: usize, world_size: usize, port: u16, token: &str) -> RankE
         store_hosted: false,
         virtual_world: None,
         port_range: None,
+        heal_dir: None,
     }
 }
 

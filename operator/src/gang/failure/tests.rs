@@ -273,6 +273,7 @@ fn ledger(saved: [bool; 3]) -> ferrotrain_api::Recovery {
             first_step_at: None,
             checkpoint_step: Some(if saved { from + 50 } else { from }),
             skipped_steps: 0,
+            healed_from: None,
         };
         r.report(report, t(attempt as i64 * 10 + 5));
         if attempt < 2 {

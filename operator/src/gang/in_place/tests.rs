@@ -24,6 +24,7 @@ fn after_kill(step: u64, round: u64, at: i64) -> Progress {
             detected_at: t(at),
         },
         message: "rank 1 was killed by signal 9 (SIGKILL)".into(),
+        last_step: Some(step - 5),
     };
     Progress {
         round: round + 1,
@@ -96,6 +97,50 @@ fn a_round_that_ended_is_one_restart_with_its_cause_node_and_ledger_record() {
         r.mean_recovery_seconds,
         Some(1.0),
         "kill at 50, next step at 51"
+    );
+}
+
+#[test]
+fn the_steps_a_round_trains_again_are_counted_from_rank_0s_own_record_not_the_last_poll() {
+    // The operator last polled step 20 of round 0; rank 0 had completed 64 when the round
+    // ended, and round 1 healed from a peer's state at 63: one step (the one in flight) is
+    // trained again, not 0 (from the poll) nor 44.
+    let seen = polled(ran_with_both_pods_seen(), report(20, 2.0), 30).status;
+    let peers = Some(ferrotrain_api::recovery::HealedFrom::Peers);
+    let mut p = after_kill(70, 0, 50);
+    p.round_ends[0].last_step = Some(64);
+    p.resumed_from_step = Some(63);
+    p.healed_from = peers;
+    let d = polled(seen, p, 52);
+    let r = d.status.recovery.as_ref().unwrap();
+    assert_eq!(r.attempts[0].last_step, Some(64), "{r:#?}");
+    assert_eq!(r.attempts[0].lost_steps, Some(1), "{r:#?}");
+    assert_eq!(r.attempts[1].healed_from, peers);
+    assert_eq!(r.lost_steps, 1);
+}
+
+#[test]
+fn a_round_ended_by_a_pod_taken_away_spends_no_restart() {
+    let mut p = after_kill(60, 0, 50);
+    let end = &mut p.round_ends[0].end;
+    (end.cause, end.reason) = (EndCause::Disruption, "PodLeaving".into());
+    let d = polled(ran_with_both_pods_seen(), p, 52);
+    let s = &d.status;
+    assert_eq!(
+        (s.restarts, s.round),
+        (0, 1),
+        "a disruption, as for gang restarts"
+    );
+    assert_eq!(s.restarts_by_cause.get("PodLeaving"), Some(&1));
+    assert!(
+        d.events[0].note.contains("a disruption: no restart spent"),
+        "{}",
+        d.events[0].note
+    );
+    let r = s.recovery.as_ref().unwrap();
+    assert_eq!(
+        r.attempts[0].end.as_ref().unwrap().cause,
+        EndCause::Disruption
     );
 }
 

@@ -96,29 +96,57 @@ fn created_message(d: &Decision) -> String {
     format!("{} {}: {}", c.status, c.reason, c.message)
 }
 
+/// The controller's last launch of attempt 0 stopped at `at` for `reason`.
+fn stopped(reason: &'static str, message: &str, at: i64) -> Option<LaunchStop> {
+    Some(LaunchStop {
+        attempt: 0,
+        reason,
+        message: message.into(),
+        at: t(at),
+    })
+}
+
 #[test]
 fn a_refused_pod_create_is_shown_once_then_fails_the_job_at_the_startup_timeout() {
     let quota = "pods \"mt-0-1\" is forbidden: exceeded quota: compute, requested: cpu=8, used: cpu=60, limited: cpu=64";
     let launching = status(Phase::Pending, 0, 0, vec![]);
-    let (s, event) = launch_refused(&launching, quota, t(10), Some(1));
-    let event = event.unwrap();
+    let refused = Row {
+        status: launching,
+        pods: vec![pending(0, 0)],
+        launch_stop: stopped("PodCreateRefused", quota, 10),
+        now: 10,
+        ..Row::default()
+    };
+    let d = run(&refused);
+    let event = &d.events[0];
     assert!(event.warning);
     assert_eq!(event.reason, "PodCreateRefused");
     assert_eq!(event.note, format!("attempt 0: {quota}"));
-    let c = s.condition(condition::CREATED).unwrap();
+    let c = d.status.condition(condition::CREATED).unwrap();
     assert_eq!(
         (c.status.as_str(), c.reason.as_str()),
         ("False", "PodCreateRefused")
     );
-    // The same refusal on the next retry: no second event.
-    let (s2, again) = launch_refused(&s, quota, t(40), Some(1));
-    assert!(again.is_none());
-    assert_eq!(s2, s);
+    assert!(
+        d.actions.is_empty(),
+        "held back until the retry: {:?}",
+        d.actions
+    );
+    assert_eq!(d.requeue_after, Some(std::time::Duration::from_secs(30)));
+    // The same refusal seen again: no second event, the same status.
+    let again = run(&Row {
+        status: d.status.clone(),
+        now: 20,
+        ..refused
+    });
+    assert!(again.events.is_empty(), "{:?}", again.events);
+    assert_eq!(again.status, d.status);
 
-    // Within the start-up timeout the launch is retried.
+    // Within the start-up timeout the launch is retried, 30 s after it stopped.
     let row = Row {
-        status: s.clone(),
+        status: d.status.clone(),
         pods: vec![pending(0, 0)],
+        launch_stop: stopped("PodCreateRefused", quota, 10),
         now: 300,
         ..Row::default()
     };
@@ -136,6 +164,46 @@ fn a_refused_pod_create_is_shown_once_then_fails_the_job_at_the_startup_timeout(
         f.message
     );
     assert_eq!(d.actions, vec![del(0, 0)]);
+}
+
+#[test]
+fn a_name_conflict_is_shown_once_and_the_launch_retried_after_a_while() {
+    let taken = "Service ml/mt exists and is not this job's: delete it or rename the job";
+    let row = Row {
+        status: status(Phase::Pending, 0, 0, vec![]),
+        launch_stop: stopped("NameConflict", taken, 100),
+        now: 101,
+        ..Row::default()
+    };
+    let d = run(&row);
+    let events: Vec<&str> = d.events.iter().map(|e| e.reason).collect();
+    assert_eq!(events, ["NameConflict"], "no 'creating 2 pods'");
+    let c = d.status.condition(condition::CREATED).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "NameConflict")
+    );
+    assert!(c.message.contains("Service ml/mt exists"), "{}", c.message);
+    assert!(d.actions.is_empty());
+    let retry = run(&Row {
+        status: d.status.clone(),
+        now: 130,
+        ..row
+    });
+    assert_eq!(retry.actions, vec![launch(0, &[0, 1])]);
+    assert!(
+        !retry.events.iter().any(|e| e.reason == "NameConflict"),
+        "shown once: {:?}",
+        retry.events
+    );
+    // A stop of an earlier attempt says nothing of this one.
+    let later = Row {
+        status: status(Phase::Pending, 1, 1, vec![]),
+        launch_stop: stopped("NameConflict", taken, 100),
+        now: 101,
+        ..Row::default()
+    };
+    assert_eq!(run(&later).actions, vec![launch(1, &[0, 1])]);
 }
 
 #[test]

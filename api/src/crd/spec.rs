@@ -1,0 +1,254 @@
+//! The resource itself: its group, version and kind, and the spec a user writes.
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::defaults;
+use super::network::NetworkPolicySpec;
+use super::pod_template::PodTemplateOverrides;
+use super::restart::{ElasticSpec, RestartPolicy};
+use super::scheduling::SchedulingSpec;
+use super::status::DistributedTrainingStatus;
+use super::storage::{CheckpointSpec, DataSpec};
+use crate::config::TrainerConfig;
+
+/// API group of the resource.
+pub const GROUP: &str = "ferrotrain.dev";
+/// API version of the resource.
+pub const VERSION: &str = "v1alpha1";
+/// Longest object name: pods are named `<name>-<attempt>-<nodeRank>` and must stay a DNS label
+/// (63 characters) for their hostname.
+pub const MAX_NAME_LENGTH: usize = 47;
+
+/// A data-parallel training job: `replicas` pods, each running `procsPerReplica` ranks of the
+/// ferrotrain trainer (or any image following the torchrun environment contract). When a rank
+/// fails, ferrotrain's launcher restarts every rank in place (restartPolicy.inPlace, the
+/// default on more than one pod) from the last step the gang completed, which the surviving
+/// ranks hand over, and a pod that goes away is replaced alone; other failures, and every
+/// failure of a custom `command`, restart the whole gang from the latest checkpoint. The
+/// status reports training progress (step, rate, loss, ETA) and what every restart cost.
+#[derive(CustomResource, Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "ferrotrain.dev",
+    version = "v1alpha1",
+    kind = "DistributedTraining",
+    plural = "distributedtrainings",
+    singular = "distributedtraining",
+    shortname = "dt",
+    category = "ferrotrain",
+    namespaced,
+    status = "DistributedTrainingStatus",
+    derive = "PartialEq",
+    doc = "A data-parallel training job run as a gang of pods: a failed trainer restarts in place in its pods from the last step the gang completed (restartPolicy.inPlace, the default on more than one pod) and a lost pod is replaced alone, else the whole gang restarts from the latest checkpoint; training progress and what each restart cost are in its status.",
+    // The JSON form: clippy's duplicated-attribute lint misfires on repeated `type_ = ...`.
+    printcolumn = r#"{"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Where the job is in its life cycle"}"#,
+    printcolumn = r#"{"name": "Step", "type": "integer", "jsonPath": ".status.progress.step", "description": "Optimizer steps completed"}"#,
+    printcolumn = r#"{"name": "Steps/s", "type": "number", "jsonPath": ".status.progress.stepsPerSecond", "description": "Optimizer steps per second"}"#,
+    printcolumn = r#"{"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss", "description": "Recent training loss"}"#,
+    printcolumn = r#"{"name": "ETA", "type": "string", "jsonPath": ".status.progress.eta", "description": "Time left to maxSteps at the current rate"}"#,
+    printcolumn = r#"{"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Restarts so far, in place or of the whole gang (disruptions not counted)"}"#,
+    printcolumn = r#"{"name": "Goodput", "type": "number", "jsonPath": ".status.recovery.goodputPercent", "description": "Percent of wall time spent on training steps that were kept", "priority": 1}"#,
+    printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "has(self.trainer) || has(self.command)",
+        "message": "spec.trainer is required unless spec.command runs your own training program",
+        "fieldPath": ".trainer"
+    },
+    {
+        "rule": "!has(self.procsPerReplica) || self.gpusPerReplica == 0 || self.procsPerReplica <= self.gpusPerReplica",
+        "message": "spec.procsPerReplica must not exceed spec.gpusPerReplica on GPU pods (one rank per GPU at most)",
+        "fieldPath": ".procsPerReplica"
+    },
+    {
+        "rule": "!has(self.elastic) || !has(self.elastic.minReplicas) || self.elastic.minReplicas <= self.replicas",
+        "message": "spec.elastic.minReplicas must not exceed spec.replicas",
+        "fieldPath": ".elastic.minReplicas"
+    }
+]))]
+pub struct DistributedTrainingSpec {
+    /// Number of pods (nodes) in the gang. Each pod runs `procsPerReplica` ranks, so the world
+    /// size is replicas * procsPerReplica.
+    #[schemars(range(min = 1, max = 4096))]
+    pub replicas: i32,
+
+    /// Ranks (processes) per pod. Defaults to gpusPerReplica on GPU pods, 1 on CPU pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 256))]
+    pub procs_per_replica: Option<i32>,
+
+    /// GPUs (nvidia.com/gpu) requested by each pod; 0 trains on CPU.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 64))]
+    pub gpus_per_replica: i32,
+
+    /// Give the trainer container the IPC_LOCK capability, the one capability a job may add:
+    /// RDMA (InfiniBand, RoCE, AWS EFA) pins its buffers in memory. Request the network's
+    /// devices in resources (rdma/..., vpc.amazonaws.com/efa) and see docs/gpu.md. Pod
+    /// Security `restricted` refuses such pods; `baseline` admits them.
+    #[serde(default)]
+    pub ipc_lock: bool,
+
+    /// CPU and memory requests/limits of each pod's trainer container. GPUs are added from
+    /// gpusPerReplica.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// Container image. Defaults to the operator's trainer image (--trainer-image).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub image: Option<String>,
+
+    /// Image pull policy of the trainer container: Always, IfNotPresent or Never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
+
+    /// Entrypoint override for a bring-your-own image (for example
+    /// ["torchrun", "train.py"]). Default: `ferrotrain launch` (restarting its ranks in place
+    /// with restartPolicy.inPlace, else never). The container gets the same environment
+    /// contract (MASTER_ADDR, WORLD_SIZE, PET_*, ...) either way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub command: Option<Vec<String>>,
+
+    /// Arguments appended to the entrypoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<Vec<String>>,
+
+    /// Pod-level customisation: labels, annotations, scheduling, extra env and volumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_template: Option<PodTemplateOverrides>,
+
+    /// The trainer configuration (task, model, data, batch, optimizer, schedule, precision,
+    /// maxSteps, eval, seed), mounted into every pod as the file FERROTRAIN_CONFIG. Optional only
+    /// with a custom `command`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trainer: Option<TrainerConfig>,
+
+    /// Where checkpoints are written; when to save and which to keep is trainer.checkpoint.
+    /// Without a volume checkpoints go to a pod-local emptyDir and a gang restart starts from
+    /// scratch. Only the node-rank-0 pod mounts the volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointSpec>,
+
+    /// The volume holding the dataset; the trainer's working directory, so relative paths in
+    /// trainer.data resolve against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<DataSpec>,
+
+    /// How gang restarts are bounded and paced.
+    #[serde(default)]
+    pub restart_policy: RestartPolicy,
+
+    /// Elastic world size: train on with fewer pods when some are lost and cannot be placed
+    /// again (docs/operator.md, "Elastic world size"). Needs in-place restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<ElasticSpec>,
+
+    /// How the gang is scheduled all-or-nothing (docs/scheduling.md).
+    #[serde(default)]
+    pub scheduling: SchedulingSpec,
+
+    /// Who may reach the gang's pods: a NetworkPolicy per job, on by default, and the pods'
+    /// listening ports pinned to a declared range (docs/security.md).
+    #[serde(default)]
+    pub network_policy: NetworkPolicySpec,
+
+    /// The Kueue LocalQueue that admits the job (as the `kueue.x-k8s.io/queue-name` label
+    /// of the job does): the pods carry it and wait, Queued, until Kueue admits the gang.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub queue_name: Option<String>,
+
+    /// True stops the job: its pods are deleted and none are created until it is set back to
+    /// false, which starts a new attempt from the latest checkpoint (Kueue's convention).
+    #[serde(default)]
+    pub suspend: bool,
+
+    /// Delete the object (and its pods) this many seconds after it Succeeded or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub ttl_seconds_after_finished: Option<i64>,
+
+    /// Fail the job when it has been running (since it started or last resumed) this long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub active_deadline_seconds: Option<i64>,
+
+    /// When the trainer's reported progress (step or phase) does not change for this many
+    /// seconds while all pods run, the job is marked Stalled and the gang restarted. 0 disables
+    /// stall detection (it also never fires for images without a /progress endpoint).
+    #[serde(default = "defaults::stall_timeout_seconds")]
+    #[schemars(range(min = 0))]
+    pub stall_timeout_seconds: i64,
+
+    /// Seconds each pod of an attempt may take from its creation to a running trainer
+    /// (scheduling, image pull, volume attach). A pod still not running then ends the attempt
+    /// with its own reason: a gang restart when a restart can help (Unschedulable, a volume
+    /// that does not attach), phase Failed when it cannot (the image cannot be pulled, a
+    /// missing ConfigMap or Secret). 0 waits forever; the reason is shown in the Running
+    /// condition either way.
+    #[serde(default = "defaults::startup_timeout_seconds")]
+    #[schemars(range(min = 0))]
+    pub startup_timeout_seconds: i64,
+}
+
+/// Container image pull policy.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+pub enum PullPolicy {
+    /// Pull on every pod start.
+    Always,
+    /// Pull when the node does not have the image.
+    IfNotPresent,
+    /// Never pull.
+    Never,
+}
+
+impl PullPolicy {
+    /// The Kubernetes spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PullPolicy::Always => "Always",
+            PullPolicy::IfNotPresent => "IfNotPresent",
+            PullPolicy::Never => "Never",
+        }
+    }
+}
+
+impl DistributedTrainingSpec {
+    /// Ranks per pod: procsPerReplica, else one per GPU, else 1.
+    pub fn procs_per_replica(&self) -> i32 {
+        self.procs_per_replica
+            .unwrap_or(if self.gpus_per_replica > 0 {
+                self.gpus_per_replica
+            } else {
+                1
+            })
+            .max(1)
+    }
+
+    /// Whether the pods' launchers restart their ranks in place (restartPolicy.inPlace with
+    /// ferrotrain's own launcher, on more than one pod; one pod's gang restarts as fast).
+    pub fn restarts_in_place(&self) -> bool {
+        self.restart_policy.in_place && self.command.is_none() && self.replicas > 1
+    }
+
+    /// The fewest pods the job may train on: elastic.minReplicas with in-place restarts,
+    /// else every pod.
+    pub fn min_replicas(&self) -> i32 {
+        let min = self.elastic.as_ref().and_then(|e| e.min_replicas);
+        match min {
+            Some(m) if self.restarts_in_place() => m.clamp(1, self.replicas.max(1)),
+            _ => self.replicas.max(1),
+        }
+    }
+
+    /// Total ranks over all pods.
+    pub fn world_size(&self) -> i32 {
+        self.replicas.max(1) * self.procs_per_replica()
+    }
+}

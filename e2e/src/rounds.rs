@@ -1,0 +1,88 @@
+//! Rounds of an attempt as the recovery tests see them: when rank 0 first stepped in a round
+//! (its own report, fresher than the status), where the round's state came from, and how many
+//! steps the round before it had trained that were trained again (the ledger in the status).
+
+use ferrotrain_api::crd::DistributedTrainingStatus;
+use ferrotrain_api::recovery::{AttemptRecord, HealedFrom, Timestamp};
+
+use crate::{TestNamespace, WAIT, wait_rank0, wait_status};
+
+/// Rank 0's first step in a round.
+#[derive(Debug, Clone, Copy)]
+pub struct RoundStart {
+    /// When rank 0 completed the round's first step.
+    pub first_step: Timestamp,
+    /// The world size the round trains at.
+    pub world_size: u32,
+    /// The step its state was at (the last the gang completed, healed from peers).
+    pub resumed_from: Option<u64>,
+    pub healed_from: Option<HealedFrom>,
+}
+
+impl RoundStart {
+    /// Seconds from `since` (the failure) to this first step.
+    pub fn seconds_after(&self, since: Timestamp) -> f64 {
+        self.first_step.duration_since(since).as_secs_f64()
+    }
+}
+
+/// Waits (through pod `pod`'s own report) until rank 0 has stepped in round `round`.
+pub async fn round_started(ns: &TestNamespace, pod: &str, round: u64) -> RoundStart {
+    let what = format!("rank 0 ({pod}) stepping in round {round}");
+    wait_rank0(ns, pod, &what, |p| {
+        let first_step = p.attempt_first_step_time.filter(|_| p.round == round)?;
+        Some(RoundStart {
+            first_step,
+            world_size: p.world_size,
+            resumed_from: p.resumed_from_step,
+            healed_from: p.healed_from,
+        })
+    })
+    .await
+}
+
+/// The ledger's record of round `round` of attempt 0, once the round after it has resumed
+/// (its `lostSteps` then exact), with the status it was read from.
+pub async fn ended_round(
+    ns: &TestNamespace,
+    job: &str,
+    round: u64,
+) -> (AttemptRecord, DistributedTrainingStatus) {
+    let record = |s: &DistributedTrainingStatus, r: u64| {
+        let ledger = s.recovery.as_ref()?;
+        ledger
+            .attempts
+            .iter()
+            .find(|a| a.attempt == 0 && a.round.unwrap_or(0) == r)
+            .cloned()
+    };
+    let what = format!("round {round}'s record, the next round resumed");
+    let status = wait_status(&ns.jobs(), job, &what, WAIT, |s| {
+        record(s, round).is_some_and(|r| r.end.is_some() && r.lost_steps.is_some())
+            && record(s, round + 1).is_some_and(|r| r.resumed_from_step.is_some())
+    })
+    .await;
+    (record(&status, round).expect("checked"), status)
+}
+
+/// Asserts that the round after `ended` started from its peers' state and that `ended` lost
+/// at most the step in flight (steps it trained that were trained again); returns that count.
+pub fn lost_at_most_the_step_in_flight(ended: &AttemptRecord, next: &RoundStart) -> u64 {
+    assert_eq!(
+        next.healed_from,
+        Some(HealedFrom::Peers),
+        "round {:?} ended and the next started from {:?} at step {:?}, not from its peers",
+        ended.round,
+        next.healed_from,
+        next.resumed_from
+    );
+    let lost = ended.lost_steps.expect("exact once the next round resumed");
+    assert!(
+        lost <= 1,
+        "round {:?} (last step {:?}) lost {lost} steps; the next resumed from {:?}",
+        ended.round,
+        ended.last_step,
+        next.resumed_from
+    );
+    lost
+}

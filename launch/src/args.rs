@@ -1,0 +1,158 @@
+//! What a launcher is told (flags and their env twins), and what every attempt or round
+//! starts its ranks with.
+
+use std::path::{Path, PathBuf};
+
+use ferrotrain_api::{env, exit};
+
+/// MASTER_PORT when none is given: torchrun's.
+pub const DEFAULT_MASTER_PORT: u16 = 29500;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct LaunchArgs {
+    /// The trainer config (YAML) every rank runs.
+    #[arg(long, env = env::FERROTRAIN_CONFIG)]
+    pub config: PathBuf,
+    /// Nodes in the job.
+    #[arg(long, env = env::NNODES, default_value_t = 1)]
+    pub nnodes: usize,
+    /// Ranks started on this node (one per GPU on GPU nodes).
+    #[arg(long, env = env::NPROC_PER_NODE, default_value_t = 1)]
+    pub nproc_per_node: usize,
+    /// This node's index, 0-based.
+    #[arg(long, env = env::NODE_RANK, default_value_t = 0)]
+    pub node_rank: usize,
+    /// Address of node 0, which hosts the rendezvous store.
+    #[arg(long, env = env::MASTER_ADDR, default_value = "127.0.0.1")]
+    pub master_addr: String,
+    /// Port of the rendezvous store; 0 picks a free port (single node only).
+    #[arg(long, env = env::MASTER_PORT, default_value_t = DEFAULT_MASTER_PORT)]
+    pub master_port: u16,
+    /// Single node: how many times the group is restarted after a retryable failure.
+    #[arg(long, env = env::FERROTRAIN_MAX_RESTARTS, default_value_t = 3)]
+    pub max_restarts: u32,
+    /// Wait before a restart; doubles with each failure in a row, counted since the last
+    /// attempt (or round) that trained a step the next one kept (its ranks leave their state;
+    /// or a checkpoint of its own). In-place rounds restart at once after the first such
+    /// failure.
+    #[arg(
+        long,
+        env = env::FERROTRAIN_RESTART_BACKOFF_SECONDS,
+        default_value_t = 1.0
+    )]
+    pub restart_backoff_seconds: f64,
+    /// Longest wait between restarts.
+    #[arg(
+        long,
+        env = env::FERROTRAIN_RESTART_BACKOFF_MAX_SECONDS,
+        default_value_t = 30.0
+    )]
+    pub restart_backoff_max_seconds: f64,
+    /// How long ranks get between SIGTERM and SIGKILL: a signalled rank saves a checkpoint
+    /// first. Keep it below the pod's terminationGracePeriodSeconds (default 30).
+    #[arg(long, env = env::FERROTRAIN_STOP_GRACE_SECONDS, default_value_t = 25.0)]
+    pub stop_grace_seconds: f64,
+    /// Keep the recovery ledger here (JSON, rewritten after every change): each attempt's
+    /// start, first step, end and lost steps, and the run's goodput (docs/observability.md).
+    #[arg(long, env = env::FERROTRAIN_RECOVERY_FILE)]
+    pub recovery_file: Option<PathBuf>,
+    /// Several nodes: restart the ranks in place (a new round, every node's ranks together)
+    /// after a retryable failure instead of exiting; up to --max-restarts rounds. Node 0's
+    /// launcher then hosts the rendezvous store (docs/distributed.md, "In-place restarts").
+    #[arg(long, env = env::FERROTRAIN_RESTART_IN_PLACE, default_value_t = false)]
+    pub restart_in_place: bool,
+    /// Restarts (in place, or a single node's group): start a spare trainer per local rank a
+    /// few seconds into each round or attempt, which loads libtorch and waits; the next
+    /// one's ranks are those spares, so a restart skips libtorch's start-up (about 0.4 s of
+    /// CPU a process). Costs about 120 MB of memory a spare. Only for this executable's own
+    /// ranks (not --rank-program); not on several nodes without --restart-in-place (the
+    /// operator restarts that gang).
+    #[arg(
+        long,
+        env = env::FERROTRAIN_SPARE_RANKS,
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub spare_ranks: bool,
+    /// Exit codes no restart can fix (comma-separated): a rank that exits with one is never
+    /// restarted, and the launcher exits with it.
+    #[arg(
+        long,
+        env = env::FERROTRAIN_PERMANENT_EXIT_CODES,
+        value_delimiter = ',',
+        default_values_t = [exit::INVALID_CONFIG, exit::INVALID_DATA, exit::INCOMPATIBLE_CHECKPOINT]
+    )]
+    pub permanent_exit_codes: Vec<i32>,
+    /// In-place restarts, elastic: a round may start with this many nodes (at least) once the
+    /// others have not come for --elastic-wait-seconds (default: every node, not elastic).
+    #[arg(long, env = env::FERROTRAIN_MIN_NODES)]
+    pub min_nodes: Option<usize>,
+    /// In-place restarts, elastic: how long node 0 waits for every node before a round starts
+    /// with fewer (at least --min-nodes).
+    #[arg(
+        long,
+        env = env::FERROTRAIN_ELASTIC_WAIT_SECONDS,
+        default_value_t = 60.0
+    )]
+    pub elastic_wait_seconds: f64,
+    /// In-place restarts: a node whose agent sends node 0 no heartbeat for this long is
+    /// lost (a partition, a frozen node): node 0 ends the round without it, and a node whose
+    /// heartbeats do not reach node 0 for this long stops its own ranks.
+    #[arg(
+        long,
+        env = env::FERROTRAIN_HEARTBEAT_TIMEOUT_SECONDS,
+        default_value_t = 10.0
+    )]
+    pub heartbeat_timeout_seconds: f64,
+    /// In-place restarts: how long every node's launcher waits for the others to join a round.
+    #[arg(
+        long,
+        env = env::FERROTRAIN_RENDEZVOUS_TIMEOUT_SECONDS,
+        default_value_t = 600.0
+    )]
+    pub rendezvous_timeout_seconds: f64,
+    /// The program each rank runs (default: this executable). For tests and wrappers.
+    #[arg(long, env = env::FERROTRAIN_RANK_PROGRAM, hide = true)]
+    pub rank_program: Option<PathBuf>,
+    /// Extra arguments passed to every rank after `run --config <path>`.
+    #[arg(last = true)]
+    pub rank_args: Vec<String>,
+}
+
+impl LaunchArgs {
+    /// The wait before a restart after `in_a_row` failures in a row: --restart-backoff-seconds
+    /// doubled for each after the first, at most --restart-backoff-max-seconds.
+    pub fn restart_wait(&self, in_a_row: u32) -> std::time::Duration {
+        let secs = |s: f64| std::time::Duration::from_secs_f64(s.max(0.0));
+        ferrotrain_api::recovery::restart_wait(
+            secs(self.restart_backoff_seconds),
+            secs(self.restart_backoff_max_seconds),
+            in_a_row,
+        )
+    }
+}
+
+/// What every attempt or round of this launcher starts its ranks with.
+pub struct Launch {
+    /// The program each rank runs.
+    pub program: PathBuf,
+    /// The rendezvous token.
+    pub token: String,
+    /// FERROTRAIN_ATTEMPT as given (the operator's attempt).
+    pub base_attempt: u64,
+    /// OMP_NUM_THREADS for each rank, unless the environment sets it.
+    pub omp_threads: Option<String>,
+    /// The launcher's scratch directory (termination logs, progress and rounds files).
+    pub logs: PathBuf,
+    /// The ranks are this executable (no --rank-program): they can be spares.
+    pub own_binary: bool,
+}
+
+/// After a successful run, global rank 0's termination message is its final progress report
+/// (on node 0 only): it becomes the launcher's, which is the container's.
+pub fn forward_final_report(logs: &Path) {
+    let message = std::fs::read_to_string(logs.join("rank-0.termination-log")).unwrap_or_default();
+    if ferrotrain_api::Progress::from_termination_message(&message).is_some() {
+        crate::termination::write_termination_message(&message);
+    }
+}

@@ -1,0 +1,589 @@
+//! Which rank ended a round of in-place restarts, from what every node's agent saw. Pure: the
+//! agent of node 0 gathers one [`NodeReport`] per node and calls [`verdict`].
+//!
+//! A round ends when any rank fails; its peers then fail too (their collective broke), so most
+//! rounds end with several failures. The cause is, in this order:
+//! 1. a permanent failure (by default exit 2, 3 or 4: no restart can fix it);
+//! 2. a node whose launcher was signalled: its pod is going away (deleted, evicted, drained);
+//! 3. a rank killed by a signal (SIGKILL, the OOM killer): killed from outside. Not a rank that
+//!    exited 143 or 130 after a graceful stop: the ranks stop together on a SIGTERM any of them
+//!    gets (rank 0 saving a checkpoint), so that is how a peer follows, never the cause;
+//! 4. a frozen rank (stopped: SIGSTOP, a debugger) that never failed on its own: it made its
+//!    peers time out, and blaming the peers that waited would be wrong;
+//! 5. a node whose agent sent no report: its launcher was killed (SIGKILL, the OOM killer) or
+//!    its pod lost without a signal, and its ranks with it; its peers' ranks only saw their
+//!    ring break;
+//! 6. a rank its peers name as the one that did not answer in a collective (a hang);
+//! 7. otherwise the earliest failure (ties: the lower rank).
+
+use ferrotrain_api::reason;
+use ferrotrain_api::recovery::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use crate::group::{GroupOutcome, RankFailure};
+use crate::signals;
+
+/// What one node's agent saw when the round ended.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeReport {
+    /// The node (pod) index.
+    pub node: usize,
+    /// The pod's host name (the operator maps it to its Kubernetes node).
+    pub host: String,
+    /// Its local ranks (global numbers).
+    pub ranks: Vec<usize>,
+    /// Its launcher was signalled: the pod goes away (deleted, evicted, drained).
+    #[serde(default)]
+    pub leaving: bool,
+    /// The first of its local ranks that failed on its own, if one did.
+    pub failure: Option<RankFailure>,
+    /// Its local ranks that were stopped (not running) when the round ended.
+    pub frozen: Vec<usize>,
+    /// Node 0 heard nothing from this node's agent (it wrote this report for it).
+    #[serde(default)]
+    pub silent: bool,
+    /// Silent because its heartbeat stood still for this many seconds (heartbeat.rs): it is
+    /// cut off (a partition, a frozen node), not known to be dead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreachable_seconds: Option<f64>,
+    /// Silent because its agent is gone: its connection to node 0's store closed before it
+    /// reported (the store applied the agent's will, this report).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub gone: bool,
+}
+
+impl NodeReport {
+    /// The report node 0 writes for a node whose agent sent none.
+    pub fn silent(node: usize, ranks: Vec<usize>) -> Self {
+        NodeReport {
+            node,
+            host: String::new(),
+            ranks,
+            leaving: false,
+            failure: None,
+            frozen: Vec::new(),
+            silent: true,
+            unreachable_seconds: None,
+            gone: false,
+        }
+    }
+
+    /// The report an agent leaves as its will for the round: if its connection to node 0's
+    /// store closes before it reports, node 0 reads this one at once.
+    pub fn gone(node: usize, host: &str, ranks: Vec<usize>) -> Self {
+        NodeReport {
+            host: host.to_string(),
+            gone: true,
+            ..Self::silent(node, ranks)
+        }
+    }
+
+    /// The report node 0 writes for a node it ended the round without: no heartbeat from
+    /// it for `seconds`.
+    pub fn unreachable(node: usize, ranks: Vec<usize>, seconds: f64) -> Self {
+        NodeReport {
+            unreachable_seconds: Some(seconds),
+            ..Self::silent(node, ranks)
+        }
+    }
+
+    /// What `node`'s agent (on host `host`) saw when its ranks `ranks` stopped with
+    /// `outcome`: the failure of its own rank, or the ranks that were frozen.
+    pub fn after(node: usize, host: &str, ranks: Vec<usize>, outcome: &GroupOutcome) -> Self {
+        NodeReport {
+            node,
+            host: host.to_string(),
+            ranks,
+            leaving: false,
+            failure: match outcome {
+                GroupOutcome::Failed(f) => Some(f.clone()),
+                _ => None,
+            },
+            frozen: match outcome {
+                GroupOutcome::PeerFailed { frozen } => frozen.clone(),
+                GroupOutcome::Frozen { rank, .. } => vec![*rank],
+                _ => Vec::new(),
+            },
+            silent: false,
+            unreachable_seconds: None,
+            gone: false,
+        }
+    }
+
+    /// This report, of a node whose launcher got `signal` at `now`: its pod is going away
+    /// (deleted, evicted, drained), which is what ended the round for it.
+    pub fn leaving(self, signal: i32, now: Timestamp) -> Self {
+        let rank = self.ranks.first().copied().unwrap_or(0);
+        let reason = format!(
+            "the launcher of pod {} got {} (the pod is being deleted, evicted or drained)",
+            self.host,
+            signals::name(signal)
+        );
+        NodeReport {
+            leaving: true,
+            failure: Some(RankFailure {
+                rank,
+                code: 128 + signal,
+                reason,
+                seen_at: now,
+            }),
+            ..self
+        }
+    }
+}
+
+/// Why a round ended: the rank blamed and how its peers followed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub round: u64,
+    /// The rank blamed (none when no rank could be: every node was stopped from outside).
+    pub rank: Option<usize>,
+    pub node: Option<usize>,
+    pub host: Option<String>,
+    /// Its exit code (128 + signal when killed); none for a frozen rank.
+    pub code: Option<i32>,
+    /// One of [`ferrotrain_api::reason`]'s: ExitCode, PodLeaving, Killed, Frozen,
+    /// Unresponsive, PermanentExitCode, AgentLost, Stopped or Resized.
+    pub reason: String,
+    /// For people: what happened to it.
+    pub message: String,
+    /// A restart cannot help (exit 2, 3 or 4).
+    pub permanent: bool,
+    /// When the first failure was seen: the agents learnt of the round's end then.
+    pub detected_at: Timestamp,
+    /// Other ranks that failed after it.
+    pub secondary: usize,
+    /// Failures in a row, this one included, since the last round that saved a checkpoint
+    /// ([`ferrotrain_api::Recovery::failures_in_a_row`], from node 0's ledger): how long
+    /// every agent backs off before the next round (0: not counted, no wait).
+    #[serde(default)]
+    pub in_a_row: u32,
+}
+
+/// Whether the round ended because a pod was taken away (deleted, evicted, drained): a
+/// disruption, which spends no restart and waits no backoff.
+pub fn is_disruption(verdict: &Verdict) -> bool {
+    verdict.reason == reason::POD_LEAVING
+}
+
+/// The verdict of a round ended at `now` for a resize: nobody to blame, nothing lost.
+pub fn resized(round: u64, now: Timestamp) -> Verdict {
+    Verdict {
+        round,
+        rank: None,
+        node: None,
+        host: None,
+        code: None,
+        reason: reason::RESIZED.into(),
+        message: "a node came back: the round ended at a checkpoint so that the gang grows".into(),
+        permanent: false,
+        detected_at: now,
+        secondary: 0,
+        in_a_row: 0,
+    }
+}
+
+/// Applies the rule of the module documentation to the reports of every node; `permanent`
+/// lists the exit codes no restart can fix. `now` is when it rules: the round's detection
+/// time when no failure says when.
+pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32], now: Timestamp) -> Verdict {
+    let failures: Vec<(&NodeReport, &RankFailure)> = reports
+        .iter()
+        .filter_map(|r| r.failure.as_ref().map(|f| (r, f)))
+        .collect();
+    let detected_at = failures.iter().map(|(_, f)| f.seen_at).min().unwrap_or(now);
+    let earliest = |pick: &dyn Fn(&RankFailure) -> bool| {
+        failures
+            .iter()
+            .filter(|(_, f)| pick(f))
+            .min_by_key(|(_, f)| (f.seen_at, f.rank))
+            .copied()
+    };
+    let base = Verdict {
+        round,
+        rank: None,
+        node: None,
+        host: None,
+        code: None,
+        reason: String::new(),
+        message: String::new(),
+        permanent: false,
+        detected_at,
+        secondary: failures.len(),
+        in_a_row: 0,
+    };
+    let blame = |(r, f): (&NodeReport, &RankFailure), reason: &str| Verdict {
+        rank: Some(f.rank),
+        node: Some(r.node),
+        host: Some(r.host.clone()),
+        code: Some(f.code),
+        reason: reason.into(),
+        message: f.reason.clone(),
+        permanent: permanent.contains(&f.code),
+        secondary: failures.len() - 1,
+        ..base.clone()
+    };
+    if let Some(hit) = earliest(&|f| permanent.contains(&f.code)) {
+        return blame(hit, reason::PERMANENT_EXIT_CODE);
+    }
+    let leaving = failures
+        .iter()
+        .filter(|(r, _)| r.leaving)
+        .min_by_key(|(_, f)| (f.seen_at, f.rank))
+        .copied();
+    if let Some(hit) = leaving {
+        return blame(hit, reason::POD_LEAVING);
+    }
+    if let Some(hit) = earliest(&|f| killed(f.code)) {
+        return blame(hit, reason::KILLED);
+    }
+    if let Some((r, rank)) = reports
+        .iter()
+        .flat_map(|r| r.frozen.iter().map(move |rank| (r, *rank)))
+        .min_by_key(|(_, rank)| *rank)
+    {
+        return Verdict {
+            rank: Some(rank),
+            node: Some(r.node),
+            host: Some(r.host.clone()),
+            reason: reason::FROZEN.into(),
+            message: format!(
+                "rank {rank} was stopped (SIGSTOP or a debugger) while its peers waited for it \
+                 in a collective"
+            ),
+            ..base
+        };
+    }
+    if let Some(r) = reports.iter().find(|r| r.silent) {
+        let message = match r.unreachable_seconds {
+            None if r.gone => format!(
+                "node {}'s launcher is gone: its connection to node 0's store closed before it \
+                 reported (it was killed: SIGKILL, the OOM killer; or its container exited), \
+                 and its ranks {:?} with it",
+                r.node, r.ranks
+            ),
+            Some(s) => format!(
+                "node {} was cut off: its launcher sent no heartbeat for {s:.1} s (a network \
+                 partition, or its node stopped or froze); the round ended without its ranks {:?}",
+                r.node, r.ranks
+            ),
+            None => format!(
+                "node {}'s launcher sent no report: it was killed (SIGKILL, the OOM killer) or \
+                 its pod was lost, and its ranks {:?} with it",
+                r.node, r.ranks
+            ),
+        };
+        return Verdict {
+            rank: r.ranks.first().copied(),
+            node: Some(r.node),
+            reason: reason::AGENT_LOST.into(),
+            message,
+            ..base
+        };
+    }
+    if let Some(rank) = named_unresponsive(&failures) {
+        let node = reports.iter().find(|r| r.ranks.contains(&rank));
+        let said = earliest(&|f| unresponsive_rank(&f.reason) == Some(rank)).map(|(_, f)| f);
+        return Verdict {
+            rank: Some(rank),
+            node: node.map(|r| r.node),
+            host: node.map(|r| r.host.clone()),
+            reason: reason::UNRESPONSIVE.into(),
+            message: format!(
+                "rank {rank} did not answer its peers in a collective (hung){}",
+                said.map(|f| format!(": {}", f.reason)).unwrap_or_default()
+            ),
+            ..base
+        };
+    }
+    match earliest(&|_| true) {
+        Some(hit) => blame(hit, reason::EXIT_CODE),
+        None => Verdict {
+            reason: reason::STOPPED.into(),
+            message: "every node's ranks were stopped from outside".into(),
+            ..base
+        },
+    }
+}
+
+/// Killed by a signal from outside: 128 + n, but not the graceful stop of SIGTERM or SIGINT
+/// (the trainer exits 128 + n itself after saving).
+fn killed(code: i32) -> bool {
+    code >= 128 && code != 128 + libc::SIGTERM && code != 128 + libc::SIGINT
+}
+
+/// The rank most failures say did not answer, when no failure is that rank's own.
+fn named_unresponsive(failures: &[(&NodeReport, &RankFailure)]) -> Option<usize> {
+    let mut named: Vec<usize> = failures
+        .iter()
+        .filter_map(|(_, f)| unresponsive_rank(&f.reason))
+        .filter(|rank| !failures.iter().any(|(_, f)| f.rank == *rank))
+        .collect();
+    named.sort_unstable();
+    let mut best: Option<(usize, usize)> = None;
+    for chunk in named.chunk_by(|a, b| a == b) {
+        if best.is_none_or(|(_, n)| chunk.len() > n) {
+            best = Some((chunk[0], chunk.len()));
+        }
+    }
+    best.map(|(rank, _)| rank)
+}
+
+/// "rank 3 did not answer within 30 s during ..." (the ring's timeout message) -> 3.
+fn unresponsive_rank(message: &str) -> Option<usize> {
+    let at = message.find(" did not answer")?;
+    let before = &message[..at];
+    let number = before.rsplit("rank ").next()?;
+    number.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PERMANENT: [i32; 3] = [2, 3, 4];
+
+    fn verdict(round: u64, reports: &[NodeReport]) -> Verdict {
+        super::verdict(round, reports, &PERMANENT, at(99))
+    }
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_second(1_750_000_000 + s).unwrap()
+    }
+
+    fn failed(node: usize, rank: usize, code: i32, reason: &str, seen: i64) -> NodeReport {
+        NodeReport {
+            node,
+            host: format!("job-0-{node}"),
+            ranks: vec![rank],
+            leaving: false,
+            failure: Some(RankFailure {
+                rank,
+                code,
+                reason: reason.into(),
+                seen_at: at(seen),
+            }),
+            frozen: Vec::new(),
+            silent: false,
+            unreachable_seconds: None,
+            gone: false,
+        }
+    }
+
+    fn quiet(node: usize, frozen: &[usize]) -> NodeReport {
+        NodeReport {
+            node,
+            host: format!("job-0-{node}"),
+            ranks: vec![node],
+            leaving: false,
+            failure: None,
+            frozen: frozen.to_vec(),
+            silent: false,
+            unreachable_seconds: None,
+            gone: false,
+        }
+    }
+
+    #[test]
+    fn a_node_whose_agent_is_gone_is_blamed_not_the_peer_whose_ring_broke() {
+        // Node 1's launcher was SIGKILLed: its ranks died with it and its agent never
+        // reported; node 0's rank failed first on the broken ring.
+        let broke = "rank 0: the ring to rank 1 broke: connection reset by peer";
+        let v = verdict(
+            2,
+            &[
+                failed(0, 0, 1, broke, 10),
+                NodeReport::silent(1, vec![2, 3]),
+            ],
+        );
+        assert_eq!(v.reason, reason::AGENT_LOST);
+        assert_eq!((v.rank, v.node, v.code), (Some(2), Some(1), None));
+        assert!(
+            v.message.contains("node 1's launcher sent no report"),
+            "{}",
+            v.message
+        );
+        assert!(!v.permanent);
+        // A permanent failure elsewhere still rules; so does a rank killed on a reporting node.
+        let v = verdict(
+            2,
+            &[
+                failed(0, 0, 2, "config", 10),
+                NodeReport::silent(1, vec![1]),
+            ],
+        );
+        assert_eq!(v.reason, reason::PERMANENT_EXIT_CODE);
+        let v = verdict(
+            2,
+            &[
+                failed(0, 0, 137, "killed", 10),
+                NodeReport::silent(1, vec![1]),
+            ],
+        );
+        assert_eq!(v.reason, reason::KILLED);
+    }
+
+    #[test]
+    fn a_node_cut_off_by_its_heartbeat_is_blamed_as_cut_off_not_as_killed() {
+        // Node 1 went silent behind a partition: node 0 stopped its own ranks (no failure of
+        // theirs) and wrote node 1's report from the heartbeat.
+        let v = verdict(
+            4,
+            &[quiet(0, &[]), NodeReport::unreachable(1, vec![1], 10.4)],
+        );
+        assert_eq!(v.reason, reason::AGENT_LOST);
+        assert_eq!((v.rank, v.node), (Some(1), Some(1)));
+        assert!(
+            v.message
+                .starts_with("node 1 was cut off: its launcher sent no heartbeat for 10.4 s"),
+            "{}",
+            v.message
+        );
+    }
+
+    #[test]
+    fn a_killed_rank_is_blamed_over_the_peer_whose_collective_broke_first() {
+        let v = verdict(
+            0,
+            &[
+                failed(
+                    0,
+                    0,
+                    1,
+                    "rank 0 exited with code 1: ring: connection reset",
+                    10,
+                ),
+                failed(1, 1, 137, "rank 1 was killed by signal 9 (SIGKILL)", 11),
+            ],
+        );
+        assert_eq!((v.rank, v.node, v.code), (Some(1), Some(1), Some(137)));
+        assert_eq!(v.reason, reason::KILLED);
+        assert_eq!(v.host.as_deref(), Some("job-0-1"));
+        assert_eq!((v.secondary, v.permanent), (1, false));
+        assert_eq!(
+            v.detected_at,
+            at(10),
+            "the agents learnt of it at the first failure"
+        );
+    }
+
+    #[test]
+    fn a_pod_going_away_is_blamed_over_the_ranks_its_leaving_broke() {
+        let mut gone = failed(1, 1, 143, "the launcher of pod job-0-1 got SIGTERM", 12);
+        gone.leaving = true;
+        let v = verdict(0, &[failed(0, 0, 137, "killed while saving", 11), gone]);
+        assert_eq!(
+            (v.rank, v.node, v.reason.as_str()),
+            (Some(1), Some(1), "PodLeaving")
+        );
+    }
+
+    #[test]
+    fn a_permanent_failure_wins_whatever_came_first() {
+        let v = verdict(
+            2,
+            &[
+                failed(0, 0, 137, "killed", 5),
+                failed(1, 1, 3, "data.train.source: no such file", 9),
+            ],
+        );
+        assert_eq!(
+            (v.rank, v.reason.as_str(), v.permanent),
+            (Some(1), "PermanentExitCode", true)
+        );
+    }
+
+    #[test]
+    fn a_peer_that_stopped_gracefully_with_the_frozen_rank_is_not_blamed() {
+        // Rank 1 frozen; its launcher stops it (SIGTERM + SIGCONT); the ranks stop together,
+        // and rank 0 exits 143 before its launcher heard of the freeze.
+        let v = verdict(
+            0,
+            &[
+                failed(
+                    0,
+                    0,
+                    143,
+                    "rank 0 exited with code 143: stopped by SIGTERM",
+                    10,
+                ),
+                quiet(1, &[1]),
+            ],
+        );
+        assert_eq!((v.rank, v.reason.as_str()), (Some(1), "Frozen"));
+    }
+
+    #[test]
+    fn a_frozen_rank_is_blamed_not_the_peer_that_timed_out_waiting_for_it() {
+        let v = verdict(
+            0,
+            &[
+                failed(
+                    0,
+                    0,
+                    1,
+                    "rank 0 exited with code 1: rank 1 did not answer within 30 s during all-reduce",
+                    40,
+                ),
+                quiet(1, &[1]),
+            ],
+        );
+        assert_eq!((v.rank, v.node, v.code), (Some(1), Some(1), None));
+        assert_eq!(v.reason, reason::FROZEN);
+        assert!(v.message.contains("stopped"), "{}", v.message);
+        assert_eq!(v.secondary, 1);
+    }
+
+    #[test]
+    fn a_hung_rank_named_by_its_peers_is_blamed() {
+        let v = verdict(
+            0,
+            &[
+                failed(
+                    0,
+                    0,
+                    1,
+                    "rank 0 exited with code 1: rank 2 did not answer within 30 s during all-reduce",
+                    40,
+                ),
+                failed(
+                    1,
+                    1,
+                    1,
+                    "rank 1 exited with code 1: rank 2 did not answer within 30 s during all-reduce",
+                    41,
+                ),
+                quiet(2, &[]),
+            ],
+        );
+        assert_eq!(
+            (v.rank, v.node, v.reason.as_str()),
+            (Some(2), Some(2), "Unresponsive")
+        );
+        assert_eq!(v.secondary, 2);
+    }
+
+    #[test]
+    fn otherwise_the_earliest_failure_then_the_lower_rank() {
+        let v = verdict(
+            0,
+            &[failed(0, 0, 1, "late", 12), failed(1, 3, 1, "first", 11)],
+        );
+        assert_eq!((v.rank, v.reason.as_str()), (Some(3), "ExitCode"));
+        let tie = verdict(0, &[failed(1, 3, 1, "b", 11), failed(0, 1, 1, "a", 11)]);
+        assert_eq!(tie.rank, Some(1));
+        let none = verdict(0, &[quiet(0, &[]), quiet(1, &[])]);
+        assert_eq!((none.rank, none.reason.as_str()), (None, "Stopped"));
+    }
+
+    #[test]
+    fn the_ring_timeout_message_names_the_rank() {
+        assert_eq!(
+            unresponsive_rank(
+                "rank 0 exited with code 1: training step 12: rank 7 did not answer within 30 s during all-reduce"
+            ),
+            Some(7)
+        );
+        assert_eq!(unresponsive_rank("connection reset by rank 7"), None);
+    }
+}

@@ -1,0 +1,184 @@
+//! Node 0's agent's own duties: it hosts the rendezvous store for the pod's whole life (its
+//! ranks connect to it: `FERROTRAIN_STORE_HOSTED`), so a crash of rank 0's trainer does not
+//! take the store down; it announces each round; and when a round ends it gathers every
+//! member's report (gather.rs), rules who is to blame (blame.rs), records the round's end in
+//! its ledger and in the rounds file rank 0 serves, and publishes the verdict.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use ferrotrain_api::recovery::{AttemptEnd, EndCause, RoundEnd, Timestamp};
+
+use crate::auth::Auth;
+use crate::blame::{self, NodeReport, Verdict};
+use crate::error::AgentError;
+use crate::files::{self, ROUNDS_FILE};
+use crate::gather::{Gathering, Step};
+use crate::keys;
+use crate::ledger::Ledger;
+use crate::listen::bind_until;
+use crate::store::{self, StoreClient, StoreServer};
+
+/// Node 0's part: the store it serves and what it remembers of the rounds.
+pub struct Host {
+    _server: StoreServer,
+    /// How every round so far ended (rank 0 serves them in its progress report).
+    ends: Vec<RoundEnd>,
+    /// The nodes the last round ended without (no heartbeat), not waited for again.
+    lost: Vec<usize>,
+    /// Where rank 0 reads the rounds' ends.
+    rounds_file: PathBuf,
+}
+
+impl Host {
+    /// Serves the store on `port` (bound within `rendezvous`), counting refused connections
+    /// into `logs` for rank 0's report.
+    pub fn start(
+        port: u16,
+        auth: &Auth,
+        rendezvous: Duration,
+        logs: PathBuf,
+    ) -> store::Result<Self> {
+        let deadline = Instant::now() + rendezvous;
+        let listener = bind_until(SocketAddr::from(([0, 0, 0, 0], port)), deadline)?;
+        let handshake = rendezvous.min(Duration::from_secs(10));
+        files::keep_refusals_written(logs.clone());
+        Ok(Host {
+            _server: StoreServer::start(listener, auth.clone(), handshake)?,
+            ends: Vec::new(),
+            lost: Vec::new(),
+            rounds_file: logs.join(ROUNDS_FILE),
+        })
+    }
+
+    /// The nodes the last round ended without, forgotten: the next round does not wait for
+    /// them (their heartbeat timeout was their wait), though it takes them if they come.
+    pub fn take_lost(&mut self) -> Vec<usize> {
+        std::mem::take(&mut self.lost)
+    }
+
+    /// Round `round` starts: agents that join late find it.
+    pub fn announce(&self, client: &mut StoreClient, round: u64) -> store::Result<()> {
+        client.set(keys::ROUND, round.to_string().as_bytes())
+    }
+
+    /// Rules how round `round` ended, from the reports of `gathering`'s members (`permanent`:
+    /// the exit codes no restart fixes), records it in `ledger` and publishes the verdict.
+    pub fn rule(
+        &mut self,
+        client: &mut StoreClient,
+        round: u64,
+        mut gathering: Gathering,
+        permanent: &[i32],
+        ledger: &mut Ledger,
+    ) -> Result<Verdict, AgentError> {
+        if client
+            .try_get(&keys::resize(round), Duration::ZERO)?
+            .is_some()
+        {
+            let verdict = blame::resized(round, Timestamp::now());
+            publish(client, &verdict)?;
+            self.record(round, &verdict, EndCause::Stopped, ledger);
+            return Ok(verdict);
+        }
+        let nodes: Vec<usize> = gathering.nodes().collect();
+        for node in nodes {
+            if let Some(seconds) = client.try_get(&keys::lost(round, node), Duration::ZERO)? {
+                let seconds = String::from_utf8_lossy(&seconds).parse().unwrap_or(0.0);
+                gathering.lost(node, seconds);
+                self.lost.push(node);
+            }
+        }
+        let reports = reports(client, round, &mut gathering);
+        // A node whose agent is gone, or whose pod goes away, is not waited for by the next
+        // round either: its pod is replaced (and, elastic, the gang trains on without it
+        // until it is back).
+        self.lost.extend(
+            reports
+                .iter()
+                .filter(|r| r.gone || r.leaving)
+                .map(|r| r.node),
+        );
+        let mut verdict = blame::verdict(round, &reports, permanent, Timestamp::now());
+        // Recorded first: the ledger, with rank 0's last report, says whether the round saved
+        // a checkpoint, and so how long every agent backs off.
+        let cause = if blame::is_disruption(&verdict) {
+            EndCause::Disruption
+        } else {
+            EndCause::Failure
+        };
+        self.record(round, &verdict, cause, ledger);
+        verdict.in_a_row = ledger.recovery.failures_in_a_row(true).unwrap_or(1);
+        publish(client, &verdict)?;
+        Ok(verdict)
+    }
+
+    /// The round's end in the ledger and the rounds file.
+    fn record(&mut self, round: u64, verdict: &Verdict, cause: EndCause, ledger: &mut Ledger) {
+        let end = AttemptEnd {
+            cause,
+            reason: verdict.reason.clone(),
+            rank: verdict.rank.map(|r| r as i64),
+            exit_code: verdict.code,
+            node: verdict.host.clone(),
+            failed_at: verdict.detected_at,
+            detected_at: verdict.detected_at,
+        };
+        ledger.end_with(end.clone());
+        // Rank 0's own record of the round's last step, read as the round was closed.
+        let last_step = ledger.recovery.attempts.last().and_then(|a| a.last_step);
+        self.ends.push(RoundEnd {
+            round,
+            end,
+            message: verdict.message.clone(),
+            last_step,
+        });
+        self.write_round_ends();
+    }
+
+    /// Replaces the rounds file (atomically) with every round's end so far.
+    fn write_round_ends(&self) {
+        let tmp = self.rounds_file.with_extension("tmp");
+        let json = serde_json::to_vec(&self.ends).expect("round ends serialize");
+        let written =
+            std::fs::write(&tmp, json).and_then(|()| std::fs::rename(&tmp, &self.rounds_file));
+        if let Err(e) = written {
+            let path = self.rounds_file.display();
+            tracing::warn!(path = %path, error = %e, "rounds file not written");
+        }
+    }
+}
+
+/// Every member's report of round `round`, asked for as `gathering` says. A report that does
+/// not come (or cannot be read) is a silent one.
+fn reports(client: &mut StoreClient, round: u64, gathering: &mut Gathering) -> Vec<NodeReport> {
+    let started = Instant::now();
+    loop {
+        match gathering.next(started.elapsed()) {
+            Step::Rule(reports) => return reports,
+            Step::Ask { node, within } => {
+                match client.try_get(&keys::report(round, node), within) {
+                    Ok(Some(bytes)) => match serde_json::from_slice::<NodeReport>(&bytes) {
+                        Ok(report) => gathering.heard(node, report),
+                        Err(e) => {
+                            tracing::warn!("agent: round {round}: node {node}'s report: {e}");
+                            gathering.garbled(node);
+                        }
+                    },
+                    Ok(None) => tracing::warn!("agent: round {round}: no report from node {node}"),
+                    Err(e) => {
+                        tracing::warn!("agent: round {round}: no report from node {node}: {e}");
+                        gathering.garbled(node);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Publishes node 0's verdict for every agent.
+pub fn publish(client: &mut StoreClient, verdict: &Verdict) -> store::Result<()> {
+    let json = serde_json::to_vec(verdict).expect("a verdict serializes");
+    client.set(&keys::verdict(verdict.round), &json)
+}

@@ -1,0 +1,121 @@
+//! How one rank process is started: the env contract of a group's ranks ([`Spawn`],
+//! [`rank_env`]) and its command ([`rank_command`]), shared by the group (launch/group.rs)
+//! and its spares (launch/spare.rs).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ferrotrain_api::env;
+
+use crate::args::LaunchArgs;
+use crate::files::{PROGRESS_FILE, REFUSED_FILE, ROUNDS_FILE};
+
+/// What every rank of a group is started with.
+pub struct Spawn<'a> {
+    pub args: &'a LaunchArgs,
+    pub program: &'a Path,
+    pub attempt: u64,
+    pub port: u16,
+    pub token: &'a str,
+    pub logs: &'a Path,
+    pub omp_threads: Option<String>,
+    /// In-place restarts (the agent, [`crate::agent`]): the round the ranks belong to; the
+    /// agent of node 0 hosts the rendezvous store, so rank 0 must not start one.
+    pub round: Option<u64>,
+    /// Elastic rounds: this node's position among the round's member nodes and their number
+    /// (ranks are renumbered over the members; the gang's full size is the virtual world).
+    pub place: Option<(usize, usize)>,
+}
+
+/// Local rank `local_rank` of the group `a` starts: its global rank, its termination log, and
+/// its environment (the env contract).
+pub fn rank_env(a: &Spawn<'_>, local_rank: usize) -> (usize, PathBuf, Vec<(&'static str, String)>) {
+    let args = a.args;
+    let (position, nodes) = a.place.unwrap_or((args.node_rank, args.nnodes));
+    let world = nodes * args.nproc_per_node;
+    let rank = position * args.nproc_per_node + local_rank;
+    let log = a.logs.join(format!("rank-{rank}.termination-log"));
+    let path = |p: &Path| p.to_string_lossy().into_owned();
+    let mut vars = vec![
+        (env::RANK, rank.to_string()),
+        (env::LOCAL_RANK, local_rank.to_string()),
+        (env::WORLD_SIZE, world.to_string()),
+        (env::LOCAL_WORLD_SIZE, args.nproc_per_node.to_string()),
+        (env::NNODES, args.nnodes.to_string()),
+        (env::NODE_RANK, args.node_rank.to_string()),
+        (env::NPROC_PER_NODE, args.nproc_per_node.to_string()),
+        (env::MASTER_ADDR, args.master_addr.clone()),
+        (env::MASTER_PORT, a.port.to_string()),
+        (env::FERROTRAIN_ATTEMPT, a.attempt.to_string()),
+        (env::TORCHELASTIC_RESTART_COUNT, a.attempt.to_string()),
+        (env::FERROTRAIN_CONFIG, path(&args.config)),
+        (env::FERROTRAIN_TERMINATION_LOG, path(&log)),
+        (
+            env::FERROTRAIN_PROGRESS_FILE,
+            path(&a.logs.join(PROGRESS_FILE)),
+        ),
+        (env::FERROTRAIN_HEAL_DIR, path(&heal_dir(a.logs))),
+    ];
+    if a.place.is_some() {
+        // The trainers cover the shards of the ranks a smaller round lacks.
+        let full = args.nnodes * args.nproc_per_node;
+        vars.push((env::FERROTRAIN_VIRTUAL_WORLD, full.to_string()));
+    }
+    // A token the pod holds in a file (the operator mounts the job's Secret) stays there: the
+    // ranks read the same file (FERROTRAIN_RDZV_TOKEN_FILE, inherited) instead of finding the
+    // token in their environment.
+    let set = |name| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
+    let from_file = !set(env::FERROTRAIN_RDZV_TOKEN) && set(env::FERROTRAIN_RDZV_TOKEN_FILE);
+    if !from_file {
+        vars.push((env::FERROTRAIN_RDZV_TOKEN, a.token.to_string()));
+    }
+    if let Some(round) = a.round {
+        vars.extend([
+            (env::FERROTRAIN_ROUND, round.to_string()),
+            (env::FERROTRAIN_STORE_HOSTED, "1".to_string()),
+            (env::FERROTRAIN_ROUNDS_FILE, path(&a.logs.join(ROUNDS_FILE))),
+            (
+                env::FERROTRAIN_REFUSED_FILE,
+                path(&a.logs.join(REFUSED_FILE)),
+            ),
+        ]);
+    }
+    if let Some(t) = &a.omp_threads {
+        vars.push(("OMP_NUM_THREADS", t.clone()));
+    }
+    (rank, log, vars)
+}
+
+/// Where the ranks leave their state for the next round (trainer's `heal`):
+/// FERROTRAIN_HEAL_DIR when the launcher is given one (a memory-backed volume for large
+/// models), else `heal/` in its scratch directory, which goes with it.
+pub fn heal_dir(logs: &Path) -> PathBuf {
+    std::env::var_os(env::FERROTRAIN_HEAL_DIR)
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| logs.join("heal"), PathBuf::from)
+}
+
+/// The command of a rank with environment `vars`: `<program> run --config <path> [rank
+/// args]`, dying with its launcher.
+pub fn rank_command(a: &Spawn<'_>, vars: &[(&'static str, String)]) -> Command {
+    let mut cmd = Command::new(a.program);
+    cmd.arg("run")
+        .arg("--config")
+        .arg(&a.args.config)
+        .args(&a.args.rank_args)
+        .envs(vars.iter().map(|(k, v)| (k, v)));
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe. A rank dies with its launcher, even a
+        // SIGKILLed one, instead of training on as an orphan. (The thread that spawns it is
+        // its parent for this purpose: the launcher's main thread.)
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+    }
+    cmd
+}

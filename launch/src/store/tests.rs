@@ -1,0 +1,147 @@
+//! The store and its client together, over loopback.
+
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::auth::Auth;
+
+fn server(auth: &Auth) -> StoreServer {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    StoreServer::start(l, auth.clone(), Duration::from_secs(2)).unwrap()
+}
+
+fn client(srv: &StoreServer, auth: &Auth) -> StoreClient {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    StoreClient::connect("127.0.0.1", srv.local_addr().port(), auth, deadline).unwrap()
+}
+
+#[test]
+fn set_get_add_barrier() {
+    let auth = Auth::new("tok", 0);
+    let srv = server(&auth);
+    let mut a = client(&srv, &auth);
+    let mut b = client(&srv, &auth);
+    a.set("k", b"v").unwrap();
+    assert_eq!(b.get("k", Duration::from_secs(1)).unwrap(), b"v");
+    assert_eq!(a.add("n", 2).unwrap(), 2);
+    assert_eq!(b.add("n", 3).unwrap(), 5);
+    let t = std::thread::spawn(move || {
+        b.barrier("x", 2, Duration::from_secs(5)).unwrap();
+        b
+    });
+    a.barrier("x", 2, Duration::from_secs(5)).unwrap();
+    t.join().unwrap();
+}
+
+#[test]
+fn get_blocks_until_set_and_times_out() {
+    let auth = Auth::new("tok", 0);
+    let srv = server(&auth);
+    let mut a = client(&srv, &auth);
+    let mut b = client(&srv, &auth);
+    let t = std::thread::spawn(move || b.get("late", Duration::from_secs(5)).unwrap());
+    std::thread::sleep(Duration::from_millis(100));
+    a.set("late", b"here").unwrap();
+    assert_eq!(t.join().unwrap(), b"here");
+    let start = Instant::now();
+    let err = a.get("never", Duration::from_millis(200)).unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(2));
+    assert!(err.to_string().contains("never"), "{err}");
+}
+
+#[test]
+fn connect_retries_until_the_server_listens() {
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let auth = Auth::new("tok", 1);
+    let a2 = auth.clone();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        let l = TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let srv = StoreServer::start(l, a2, Duration::from_secs(2)).unwrap();
+        std::thread::sleep(Duration::from_secs(2));
+        drop(srv);
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut c = StoreClient::connect("127.0.0.1", port, &auth, deadline).unwrap();
+    c.set("a", b"b").unwrap();
+    t.join().unwrap();
+}
+
+#[test]
+fn unresolvable_host_fails_at_the_deadline_with_the_cause() {
+    let auth = Auth::new("tok", 1);
+    let start = Instant::now();
+    let deadline = start + Duration::from_millis(500);
+    let err = StoreClient::connect("no-such-host.invalid", 1, &auth, deadline)
+        .err()
+        .unwrap();
+    assert!(start.elapsed() < Duration::from_secs(5));
+    let msg = err.to_string();
+    assert!(msg.contains("no-such-host.invalid"), "{msg}");
+}
+
+#[test]
+fn adding_to_a_value_that_is_no_counter_drops_only_that_connection() {
+    let auth = Auth::new("tok", 0);
+    let srv = server(&auth);
+    let mut a = client(&srv, &auth);
+    a.set("k", b"abc").unwrap();
+    assert!(
+        a.add("k", 1).is_err(),
+        "malformed: the connection is dropped"
+    );
+    let mut b = client(&srv, &auth);
+    assert_eq!(b.get("k", Duration::ZERO).unwrap(), b"abc");
+}
+
+#[test]
+fn a_connections_will_is_set_when_it_ends_unless_its_key_is_set_by_then() {
+    let auth = Auth::new("tok", 0);
+    let srv = server(&auth);
+    let mut watcher = client(&srv, &auth);
+    let mut dying = client(&srv, &auth);
+    dying.will("agent/3/report/1", b"gone").unwrap();
+    let waited = std::thread::spawn(move || {
+        let started = Instant::now();
+        let v = watcher
+            .get("agent/3/report/1", Duration::from_secs(10))
+            .unwrap();
+        (v, started.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    drop(dying);
+    let (value, after) = waited.join().unwrap();
+    assert_eq!(value, b"gone");
+    assert!(
+        after < Duration::from_secs(5),
+        "woken when it ended: {after:?}"
+    );
+
+    // Its own report came first: the will does not overwrite it.
+    let mut reporting = client(&srv, &auth);
+    reporting.will("agent/4/report/1", b"gone").unwrap();
+    reporting.set("agent/4/report/1", b"report").unwrap();
+    drop(reporting);
+    // A will taken back, or replaced, is not applied.
+    let mut revoked = client(&srv, &auth);
+    revoked.will("agent/5/report/1", b"gone").unwrap();
+    revoked.revoke_will().unwrap();
+    revoked.will("agent/6/report/1", b"gone").unwrap();
+    revoked.will("agent/7/report/1", b"gone").unwrap();
+    drop(revoked);
+    let mut c = client(&srv, &auth);
+    assert_eq!(
+        c.get("agent/7/report/1", Duration::from_secs(5)).unwrap(),
+        b"gone"
+    );
+    assert_eq!(
+        c.get("agent/4/report/1", Duration::ZERO).unwrap(),
+        b"report"
+    );
+    assert_eq!(c.try_get("agent/5/report/1", Duration::ZERO).unwrap(), None);
+    assert_eq!(c.try_get("agent/6/report/1", Duration::ZERO).unwrap(), None);
+}
