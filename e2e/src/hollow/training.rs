@@ -125,6 +125,8 @@ impl Run {
                 detected_at: now,
             },
             message: format!("node {node_rank}'s pod went away (hollow kubelet)"),
+            // Steps are never trained twice here: the next round starts where this one ended.
+            last_step: Some(self.steps as u64),
         });
         self.round += 1;
     }
