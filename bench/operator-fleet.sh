@@ -30,7 +30,9 @@ KUBECTL="${KUBECTL:-$HOME/.cache/ferrotrain-cluster/bin/kubectl}"
 [[ -x "$KUBECTL" ]] || KUBECTL=kubectl
 
 # Release builds: the operator as its image ships it, and the simulator's cost at its least.
-nice -n 5 cargo build --quiet --release -p ferrotrain-operator -p ferrotrain-e2e --bins
+# (--bin, not -p: the workspace's feature unification, so the dependencies are built once.)
+nice -n 5 cargo build --quiet --release --bin ferrotrain-operator --bin operator-fleet --bin hollow-nodes
+TARGET="${CARGO_TARGET_DIR:-$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')}"
 echo "operator-fleet: cluster $("$KUBECTL" version -o json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["serverVersion"]["gitVersion"])' 2>/dev/null || echo '?'), commit $(git rev-parse --short HEAD), $(nproc) cores" >&2
 
 # The installed operator steps aside for the run.
@@ -47,4 +49,4 @@ if [[ -n "$replicas" && "$replicas" != 0 ]]; then
   "$KUBECTL" -n ferrotrain-system scale deployment ferrotrain --replicas=0 >/dev/null
   "$KUBECTL" -n ferrotrain-system wait --for=delete pod -l app.kubernetes.io/name=ferrotrain-operator --timeout=120s >/dev/null 2>&1 || true
 fi
-target/release/operator-fleet "$@"
+"$TARGET/release/operator-fleet" "$@"

@@ -23,6 +23,8 @@ pub fn hollow_job(
     annotations: Value,
 ) -> Value {
     let mut spec = copy_job(pods, total_steps, None);
+    // A fixed gang (the example is elastic): the simulator steps only while every pod runs.
+    spec.as_object_mut().expect("a spec").remove("elastic");
     spec["gpusPerReplica"] = json!(gpus);
     spec["procsPerReplica"] = json!(gpus.max(1));
     spec["image"] = json!("ferrotrain/trainer:hollow");
@@ -141,6 +143,7 @@ mod tests {
         assert_eq!(annotations[ANNOTATION_TOTAL_STEPS], "100");
         assert_eq!(annotations["hollow.ferrotrain.dev/progress"], "silent");
         assert_eq!(spec["podTemplate"]["nodeSelector"][HOLLOW_LABEL], "fleet");
+        assert_eq!(dt.spec.min_replicas(), 8, "a fixed gang");
     }
 
     #[test]
