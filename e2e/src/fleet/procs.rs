@@ -1,7 +1,7 @@
 //! Processes the fleet bench starts (the operators, the hollow nodes) and the CPU and memory of
 //! any process on this machine, read from /proc.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -53,7 +53,7 @@ pub fn kit_pid(name: &str) -> Option<u32> {
     text.split_whitespace().next()?.parse().ok()
 }
 
-/// A child process: its stdout lines arrive on a channel, its stderr goes to a file; killed
+/// A child process: its stdout lines arrive on a channel and, with its stderr, in a file; killed
 /// (SIGKILL) when dropped unless it already exited.
 pub struct Proc {
     pub name: String,
@@ -84,12 +84,18 @@ impl Proc {
             .spawn()
             .map_err(|e| format!("starting {}: {e}", program.display()))?;
         let stdout = child.stdout.take().expect("a piped stdout");
+        let mut copy = std::fs::OpenOptions::new()
+            .append(true)
+            .open(log)
+            .map_err(|e| format!("{}: {e}", log.display()))?;
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
+            // Every line goes to the log too (the operator logs to stdout); the channel only
+            // while someone may still wait for a line.
+            let mut listening = true;
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
+                let _ = writeln!(copy, "{line}");
+                listening = listening && tx.send(line).is_ok();
             }
         });
         Ok(Proc {

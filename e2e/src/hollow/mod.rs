@@ -141,6 +141,8 @@ pub(crate) struct State {
     silenced: HashSet<String>,
     /// Nodes that report Ready=False.
     not_ready: HashSet<String>,
+    /// Each node's readiness as last written, and since when.
+    readiness: HashMap<String, (bool, Timestamp)>,
 }
 
 pub(crate) struct Shared {
@@ -169,6 +171,13 @@ impl Shared {
 
     fn is_not_ready(&self, node: &str) -> bool {
         self.state.lock().expect("lock").not_ready.contains(node)
+    }
+
+    /// Since when `node` is `ready` as of `now`: the time of the last change, or `now` when it
+    /// changes (or is written the first time) now.
+    fn readiness_since(&self, node: &str, ready: bool, now: Timestamp) -> Timestamp {
+        let mut state = self.state.lock().expect("lock");
+        nodes::readiness_since(&mut state.readiness, node, ready, now)
     }
 }
 
@@ -214,6 +223,7 @@ impl Simulator {
                 polls: HashMap::new(),
                 silenced: HashSet::new(),
                 not_ready: HashSet::new(),
+                readiness: HashMap::new(),
             }),
             config,
             nodes,

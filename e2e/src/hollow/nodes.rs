@@ -4,6 +4,7 @@
 //! reads) and its status refreshed every few minutes (kwok's node-heartbeat-with-lease stage
 //! does the same).
 
+use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -59,13 +60,22 @@ pub fn node_object(config: &Config, name: &str, ip: Ipv4Addr, now: Timestamp) ->
             "taints": [{"key": HOLLOW_LABEL, "value": config.name, "effect": "NoSchedule"}]
         }
     });
-    node["status"] = node_status(config, ip, true, now);
+    node["status"] = node_status(config, ip, true, now, now);
     serde_json::from_value(node).expect("a valid Node")
 }
 
-/// The node's status: capacity, the four conditions a kubelet posts, its address.
-pub fn node_status(config: &Config, ip: Ipv4Addr, ready: bool, now: Timestamp) -> Value {
-    let now = now.to_string();
+/// The node's status: capacity, the four conditions a kubelet posts, its address. The
+/// conditions' heartbeat is `now`; their transition time is `since`, when the node last became
+/// Ready or NotReady (a kubelet keeps it across refreshes: a watcher sees a refresh change only
+/// the heartbeat).
+pub fn node_status(
+    config: &Config,
+    ip: Ipv4Addr,
+    ready: bool,
+    since: Timestamp,
+    now: Timestamp,
+) -> Value {
+    let (now, since) = (now.to_string(), since.to_string());
     let condition = |type_: &str, status: bool, reason: &str, message: &str| {
         json!({
             "type": type_,
@@ -73,7 +83,7 @@ pub fn node_status(config: &Config, ip: Ipv4Addr, ready: bool, now: Timestamp) -
             "reason": reason,
             "message": message,
             "lastHeartbeatTime": now,
-            "lastTransitionTime": now
+            "lastTransitionTime": since
         })
     };
     let capacity = json!({
@@ -164,6 +174,7 @@ async fn register_one(
     ip: Ipv4Addr,
 ) -> bool {
     let now = Timestamp::now();
+    shared.readiness_since(name, true, now);
     let node = node_object(&shared.config, name, ip, now);
     let created = match nodes.create(&PostParams::default(), &node).await {
         Ok(n) => n,
@@ -190,10 +201,27 @@ async fn register_one(
     }
 }
 
+/// Since when a node is `ready` as of `now`, by the readiness last written of each node
+/// (`seen`): the time of its last change, or `now` when it changes (or is first written) now.
+pub fn readiness_since(
+    seen: &mut HashMap<String, (bool, Timestamp)>,
+    node: &str,
+    ready: bool,
+    now: Timestamp,
+) -> Timestamp {
+    let entry = seen.entry(node.to_string()).or_insert((ready, now));
+    if entry.0 != ready {
+        *entry = (ready, now);
+    }
+    entry.1
+}
+
 /// Writes the node's status (Ready or not, heartbeat now).
 pub(crate) async fn set_status(shared: &Shared, name: &str, ip: Ipv4Addr, ready: bool) -> bool {
     let nodes: Api<Node> = Api::all(shared.client.clone());
-    let body = json!({"status": node_status(&shared.config, ip, ready, Timestamp::now())});
+    let now = Timestamp::now();
+    let since = shared.readiness_since(name, ready, now);
+    let body = json!({"status": node_status(&shared.config, ip, ready, since, now)});
     let written = nodes
         .patch_status(name, &PatchParams::default(), &Patch::Strategic(&body))
         .await;
@@ -324,6 +352,23 @@ mod tests {
         assert_eq!(taints[0].key, HOLLOW_LABEL);
         assert_eq!(taints[0].effect, "NoSchedule");
         assert_ne!(node_ip(43, 249), node_ip(43, 250));
+    }
+
+    #[test]
+    fn a_refresh_keeps_the_transition_time_and_a_change_moves_it() {
+        let at = |s: i64| Timestamp::from_second(1_800_000_000 + s).unwrap();
+        let mut seen = HashMap::new();
+        assert_eq!(readiness_since(&mut seen, "n", true, at(0)), at(0));
+        assert_eq!(readiness_since(&mut seen, "n", true, at(300)), at(0));
+        assert_eq!(readiness_since(&mut seen, "n", false, at(310)), at(310));
+        assert_eq!(readiness_since(&mut seen, "n", false, at(600)), at(310));
+        let config = Config::named("fleet");
+        let status = node_status(&config, node_ip(43, 0), false, at(310), at(600));
+        let ready = &status["conditions"][3];
+        assert_eq!(
+            (&ready["lastTransitionTime"], &ready["lastHeartbeatTime"]),
+            (&json!(at(310).to_string()), &json!(at(600).to_string()))
+        );
         assert_eq!(node_ip(43, 0), Ipv4Addr::new(127, 44, 0, 1));
     }
 }
