@@ -70,7 +70,15 @@ impl Proc {
         env: &[(&str, String)],
         log: &Path,
     ) -> Result<Proc, String> {
-        let stderr = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+        // One file, appended to by the child's stderr and by the copy of its stdout below.
+        let opened = |log: &Path| {
+            std::fs::File::create(log)?;
+            std::fs::OpenOptions::new().append(true).open(log)
+        };
+        let stderr = opened(log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let mut copy = stderr
+            .try_clone()
+            .map_err(|e| format!("{}: {e}", log.display()))?;
         let mut command = Command::new(program);
         command
             .args(args)
@@ -84,10 +92,6 @@ impl Proc {
             .spawn()
             .map_err(|e| format!("starting {}: {e}", program.display()))?;
         let stdout = child.stdout.take().expect("a piped stdout");
-        let mut copy = std::fs::OpenOptions::new()
-            .append(true)
-            .open(log)
-            .map_err(|e| format!("{}: {e}", log.display()))?;
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
             // Every line goes to the log too (the operator logs to stdout); the channel only
