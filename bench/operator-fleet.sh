@@ -12,6 +12,7 @@
 #   bench/operator-fleet.sh [--nodes 1000] [--running-jobs 500] [--pods-per-job 8]
 #                           [--suspended-jobs 1000] [--latency-jobs 100] [--drain-nodes 100]
 #                           [--window-seconds 60] [--renew-seconds 10] [--operator-flag=--x=y]
+#   FLEET_BINARIES=DIR bench/operator-fleet.sh ...   (DIR's binaries, no build)
 #
 # Needs the cluster with the CRD and the chart's RBAC (scripts/e2e.sh --setup-only). The
 # installed operator (Deployment ferrotrain in ferrotrain-system) would act on the bench's
@@ -31,8 +32,17 @@ KUBECTL="${KUBECTL:-$HOME/.cache/ferrotrain-cluster/bin/kubectl}"
 
 # Release builds: the operator as its image ships it, and the simulator's cost at its least.
 # (--bin, not -p: the workspace's feature unification, so the dependencies are built once.)
-nice -n 5 cargo build --quiet --release --bin ferrotrain-operator --bin operator-fleet --bin hollow-nodes
-TARGET="${CARGO_TARGET_DIR:-$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')}"
+# FLEET_BINARIES=DIR runs the three binaries in DIR as they are (a build kept for a before /
+# after comparison) instead.
+if [[ -n "${FLEET_BINARIES:-}" ]]; then
+  BIN="$FLEET_BINARIES"
+else
+  nice -n 5 cargo build --quiet --release --bin ferrotrain-operator --bin operator-fleet --bin hollow-nodes
+  BIN="${CARGO_TARGET_DIR:-$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')}/release"
+fi
+for b in ferrotrain-operator operator-fleet hollow-nodes; do
+  [[ -x "$BIN/$b" ]] || { echo "operator-fleet.sh: no $BIN/$b" >&2; exit 2; }
+done
 echo "operator-fleet: cluster $("$KUBECTL" version -o json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["serverVersion"]["gitVersion"])' 2>/dev/null || echo '?'), commit $(git rev-parse --short HEAD), $(nproc) cores" >&2
 
 # The installed operator steps aside for the run.
@@ -49,4 +59,4 @@ if [[ -n "$replicas" && "$replicas" != 0 ]]; then
   "$KUBECTL" -n ferrotrain-system scale deployment ferrotrain --replicas=0 >/dev/null
   "$KUBECTL" -n ferrotrain-system wait --for=delete pod -l app.kubernetes.io/name=ferrotrain-operator --timeout=120s >/dev/null 2>&1 || true
 fi
-"$TARGET/release/operator-fleet" "$@"
+"$BIN/operator-fleet" "$@"
