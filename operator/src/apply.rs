@@ -141,35 +141,53 @@ pub async fn delete_job(ctx: &Context, dt: &DistributedTraining, owner: &Owner) 
     }
 }
 
-/// Service and ConfigMap (server-side apply), the Secret (created once: ranks of a running
-/// attempt read its token at start, so it is never overwritten), then the pods. An existing
-/// object of one of these names that this job does not control is never applied over (apply
-/// with force would take it over and garbage collection would later delete it with the job):
-/// the launch stops with [`Applied::NameConflict`].
-pub async fn gang(ctx: &Context, owner: &Owner, objects: &GangObjects) -> Result<Applied> {
+/// The gang's own objects: Service and ConfigMap (server-side apply), the Secret (created
+/// once: ranks of a running attempt read its token at start, so it is never overwritten), the
+/// NetworkPolicy and the attempt's group, all at once (none needs another; a launch waits for
+/// one round trip of them instead of one after the other: 9 calls in a row were 1.1 s of a new
+/// job's 1.3 s on a loaded API server). An existing object of one of these names that this job
+/// does not control is never applied over (apply with force would take it over and garbage
+/// collection would later delete it with the job): the first such conflict, in that order, is
+/// returned and no pod must be created.
+pub async fn gang_objects(
+    ctx: &Context,
+    owner: &Owner,
+    objects: &GangObjects,
+) -> Result<Option<Applied>> {
+    let service = server_side_apply(ctx, owner, &objects.service);
+    let config_map = async {
+        match &objects.config_map {
+            Some(config_map) => server_side_apply(ctx, owner, config_map).await,
+            None => Ok(None),
+        }
+    };
+    let secret = create(ctx, owner, &objects.secret);
+    let policy = async {
+        match &objects.network_policy {
+            Some(policy) => server_side_apply(ctx, owner, policy).await,
+            None => Ok(None),
+        }
+    };
+    let group = async {
+        match &objects.group {
+            Some(group) => create_group(ctx, owner, group).await,
+            None => Ok(None),
+        }
+    };
+    let (service, config_map, secret, policy, group) =
+        futures::join!(service, config_map, secret, policy, group);
+    for applied in [service, config_map, secret, policy, group] {
+        if let Some(conflict) = applied? {
+            return Ok(Some(conflict));
+        }
+    }
+    Ok(None)
+}
+
+/// The gang's pods, after [`gang_objects`] (before any pod: a pod is never reachable by
+/// strangers, not even for a moment).
+pub async fn pods(ctx: &Context, owner: &Owner, objects: &GangObjects) -> Result<Applied> {
     let ns = &owner.namespace;
-    if let Some(conflict) = server_side_apply(ctx, owner, &objects.service).await? {
-        return Ok(conflict);
-    }
-    if let Some(config_map) = &objects.config_map
-        && let Some(conflict) = server_side_apply(ctx, owner, config_map).await?
-    {
-        return Ok(conflict);
-    }
-    if let Some(conflict) = create(ctx, owner, &objects.secret).await? {
-        return Ok(conflict);
-    }
-    // Before any pod: a pod is never reachable by strangers, not even for a moment.
-    if let Some(policy) = &objects.network_policy
-        && let Some(conflict) = server_side_apply(ctx, owner, policy).await?
-    {
-        return Ok(conflict);
-    }
-    if let Some(group) = &objects.group
-        && let Some(conflict) = create_group(ctx, owner, group).await?
-    {
-        return Ok(conflict);
-    }
     // The pods at once: a 64-pod gang takes one API round trip, not 64 (the requests leave in
     // rank order all the same).
     let created = futures::future::join_all(objects.pods.iter().map(|pod| async move {
