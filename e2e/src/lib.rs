@@ -375,7 +375,9 @@ pub async fn rank0_get(client: &Client, ns: &str, pod: &str, path: &str) -> Resu
     // old pod's address for minutes.
     match tokio::time::timeout(PROXY_TIMEOUT, client.request_text(request)).await {
         Ok(answer) => answer.map_err(|e| e.to_string()),
-        Err(_) => Err(format!("no answer through the pod proxy within {PROXY_TIMEOUT:?}")),
+        Err(_) => Err(format!(
+            "no answer through the pod proxy within {PROXY_TIMEOUT:?}"
+        )),
     }
 }
 

@@ -125,14 +125,15 @@ fn counted(lost: &[Option<u64>], f: impl Fn(&[u64]) -> u64) -> String {
 fn spec(size: &str, failures: usize) -> Value {
     let mut spec = copy_job(2, 100_000_000, Some("speed-checkpoints"));
     // Failures (kills) spend the budget; disruptions do not.
-    spec["restartPolicy"]["maxRestarts"] = json!(3 * failures + 5);
+    spec["restartPolicy"]["maxRestarts"] = json!(KINDS.len() * failures + 5);
     if size == "multi30k" {
         spec["trainer"]["copy"]["symbols"] = json!(7996);
         spec["trainer"]["model"] = json!({
             "dModel": 256, "heads": 4, "encoderLayers": 3, "decoderLayers": 3,
             "ffnDim": 512, "dropout": 0.0, "maxPositions": 32
         });
-        spec["resources"] = json!({"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"memory": "2Gi"}});
+        spec["resources"] =
+            json!({"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"memory": "2Gi"}});
     }
     spec
 }
@@ -165,10 +166,7 @@ async fn run_size(size: &str, failures: usize) -> Vec<Row> {
         .into_iter()
         .map(|(kind, list)| {
             let seconds = list.iter().map(|o| o.seconds).collect();
-            let lost = list
-                .iter()
-                .map(|o| lost.get(&o.round).copied())
-                .collect();
+            let lost = list.iter().map(|o| lost.get(&o.round).copied()).collect();
             (size.to_string(), kind, seconds, lost)
         })
         .collect()
@@ -193,7 +191,10 @@ async fn rank0_round(ns: &TestNamespace) -> (u64, u32) {
 async fn fail_once(ns: &TestNamespace, kind: Kind) -> Outcome {
     let (round, _) = wait_for("the whole gang stepping", WAIT, || async {
         let (round, world) = rank0_round(ns).await;
-        ((world == 2).then_some((round, world)), format!("round {round} world {world}"))
+        (
+            (world == 2).then_some((round, world)),
+            format!("round {round} world {world}"),
+        )
     })
     .await;
     let pods: Api<Pod> = ns.pods();
@@ -238,7 +239,9 @@ async fn inject(ns: &TestNamespace, kind: Kind, victim: &str) {
             kill_launcher_from_host(&uid);
         }
         Kind::DeletePod | Kind::DeleteNode0 => {
-            pods.delete(victim, &Default::default()).await.expect("delete");
+            pods.delete(victim, &Default::default())
+                .await
+                .expect("delete");
         }
         Kind::EvictPod => {
             pods.evict(victim, &EvictParams::default())
