@@ -64,7 +64,7 @@ proptest! {
 
     #[test]
     fn a_declared_length_is_never_reserved_before_it_arrives(
-        declared in any::<u32>(),
+        declared in prop_oneof![any::<u32>(), 0..=MAX_FRAME as u32],
         sent in proptest::collection::vec(any::<u8>(), 0..2048),
     ) {
         let mut wire = declared.to_le_bytes().to_vec();
@@ -195,4 +195,26 @@ fn fuzz_handshake() {
     });
     let rejected = server.stats.rejected.load(Ordering::Relaxed) as u64;
     assert_eq!(rejected, report.executions, "every one refused and counted");
+}
+
+/// A GET on a key nobody sets, from a client that hangs up at once: the store must not keep a
+/// thread and a connection slot for the GET's hour (300 of them were more than its 256 slots).
+#[test]
+fn gets_of_clients_that_left_do_not_use_up_the_store() {
+    let server = store();
+    let addr = server.local_addr();
+    let auth = Auth::new("t", 1);
+    let get = Request::Get {
+        key: "never/set".into(),
+        wait: Duration::from_secs(3600),
+    };
+    for _ in 0..300 {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        auth.connect(&mut stream, Channel::Store, 0, Duration::from_secs(5))
+            .unwrap();
+        write_frame(&mut stream, &get.encode()).unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    still_serves(addr, 0).unwrap();
+    assert_eq!(server.stats.rejected.load(Ordering::Relaxed), 0);
 }
