@@ -192,7 +192,7 @@ EXPR='package(ferrotrain-e2e)'
 [[ -z "$FILTER" ]] || EXPR="$EXPR & ($FILTER)"
 NEXTEST=(cargo nextest run "${SELECT[@]}" --run-ignored only --profile e2e -E "$EXPR")
 "${NEXTEST[@]}" --no-run >/dev/null 2>&1 || "${NEXTEST[@]}" --no-run
-JUNIT="${CARGO_TARGET_DIR:-$ROOT/target}/nextest/e2e/junit.xml"
+JUNIT="$ROOT/target/nextest/e2e/junit.xml"
 failed_runs=0
 for run in $(seq "$REPEAT"); do
   say "run $run of $REPEAT"
