@@ -170,32 +170,31 @@ impl<'a, 'o> Decider<'a, 'o> {
             return;
         }
         let now = self.now();
+        let (cause, why, message) = if failed {
+            (
+                EndCause::Failure,
+                reason::AGENT_LOST,
+                "node 0's launcher was killed; the other launchers wait for its replacement's rendezvous store",
+            )
+        } else {
+            (
+                EndCause::Disruption,
+                reason::POD_LEAVING,
+                "node 0's pod went away (deleted, evicted or drained); the other launchers wait for its replacement's rendezvous store",
+            )
+        };
         let end = RoundEnd {
             round: self.status.round.max(0) as u64,
             end: ferrotrain_api::recovery::AttemptEnd {
-                cause: if failed {
-                    EndCause::Failure
-                } else {
-                    EndCause::Disruption
-                },
-                reason: if failed {
-                    reason::AGENT_LOST
-                } else {
-                    reason::POD_LEAVING
-                }
-                .to_string(),
+                cause,
+                reason: why.to_string(),
                 rank: Some(0),
                 exit_code: None,
                 node: None,
                 failed_at: now,
                 detected_at: now,
             },
-            message: if failed {
-                "node 0's launcher was killed; the other launchers wait for its replacement's rendezvous store"
-            } else {
-                "node 0's pod went away (deleted, evicted or drained); the other launchers wait for its replacement's rendezvous store"
-            }
-            .into(),
+            message: message.into(),
             last_step: None,
         };
         self.restarted_in_place(&end);
