@@ -211,10 +211,9 @@ fn resumed_from_in_log(log: &str) -> u64 {
         .unwrap_or_else(|| panic!("no resume in the log:\n{log}"))
 }
 
-fn interrupt_and_recover(signal: i32) {
-    let job = Job::new(&config(MAX_STEPS));
-    let mut launcher = job.launch(2);
-    // Past the first checkpoints, well before the end.
+/// Once training is past the first checkpoints (step 50), well before the end, sends
+/// `signal` to rank 1 of attempt 0; returns when.
+fn signal_rank_1_past_step_50(job: &Job, launcher: &Launcher, signal: i32) -> Instant {
     wait_for("training to pass step 50", Duration::from_secs(60), || {
         job.logged_steps()
             .last()
@@ -227,6 +226,13 @@ fn interrupt_and_recover(signal: i32) {
     unsafe {
         libc::kill(victim, signal);
     }
+    hit
+}
+
+fn interrupt_and_recover(signal: i32) {
+    let job = Job::new(&config(MAX_STEPS));
+    let mut launcher = job.launch(2);
+    let hit = signal_rank_1_past_step_50(&job, &launcher, signal);
     // The group comes back as attempt 1 (the launcher's log says so: its spares, started
     // a few seconds into attempt 0, already carry attempt 1's environment).
     wait_for("the restart", Duration::from_secs(30), || {
@@ -357,17 +363,7 @@ fn a_source_that_dies_mid_transfer_leaves_no_half_state_and_the_next_round_heals
     let job = Job::new(&config(MAX_STEPS));
     let marker = job.dir.path().join("fault-fired");
     let mut launcher = job.launch_with(2, &[("FERROTRAIN_FAULT_HEAL_SOURCE_DIES", &marker)]);
-    wait_for("training to pass step 50", Duration::from_secs(60), || {
-        job.logged_steps()
-            .last()
-            .is_some_and(|&s| s >= 50)
-            .then_some(())
-    });
-    let victim = rank_pid(launcher.pid(), 1, 0).expect("rank 1 of attempt 0 runs");
-    // SAFETY: signalling a rank process the launcher started for this test.
-    unsafe {
-        libc::kill(victim, libc::SIGKILL);
-    }
+    signal_rank_1_past_step_50(&job, &launcher, libc::SIGKILL);
     let status = launcher.wait(Duration::from_secs(120));
     let log = launcher.log();
     assert_eq!(status.code(), Some(0), "launch failed:\n{log}");
