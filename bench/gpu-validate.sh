@@ -212,8 +212,8 @@ seconds_between() {
     'BEGIN { if (a != "" && b != "") printf "%.1f", b - a }'
 }
 
-# (g) kill -9 of a rank mid-run: the launcher restarts it from the latest checkpoint and the
-# run finishes. The kill waits until the attempt is 5 s old, so that the next attempt's spare
+# (g) kill -9 of a rank mid-run: the launcher restarts it (one rank, so no survivor holds a
+# newer state: from the latest checkpoint) and the run finishes. The kill waits until the attempt is 5 s old, so that the next attempt's spare
 # trainer (started 3 s into an attempt: launch/spare.rs) is waiting and the restart runs on it;
 # the row gives the launcher's time from the failure to the resumed rank's first step.
 if section g; then

@@ -246,7 +246,7 @@ build_local() {
     trainer)
       libtorch=$(scripts/setup-libtorch.sh | tail -n1)
       LIBTORCH="$libtorch" cargo_build -p ferrotrain-trainer
-      bin="target/$(profile_dir "$PROFILE")/ferrotrain"
+      bin="${CARGO_TARGET_DIR:-target}/$(profile_dir "$PROFILE")/ferrotrain"
       stage_binary "$bin" "$ctx/prebuilt/bin/ferrotrain"
       stage_libtorch "$libtorch" "$ctx/prebuilt/lib"
       build_image trainer -f docker/trainer.Dockerfile --build-arg BINARIES=prebuilt \
@@ -268,7 +268,7 @@ build_local() {
       ;;
     operator)
       cargo_build -p ferrotrain-operator
-      stage_binary "target/$(profile_dir "$PROFILE")/ferrotrain-operator" "$ctx/prebuilt/bin/ferrotrain-operator"
+      stage_binary "${CARGO_TARGET_DIR:-target}/$(profile_dir "$PROFILE")/ferrotrain-operator" "$ctx/prebuilt/bin/ferrotrain-operator"
       build_image operator -f docker/operator.Dockerfile --build-arg BINARIES=prebuilt \
         --build-arg "BASE_IMAGE=$LOCAL_BASE" "${LOCAL_ARGS[@]}" "$ctx"
       ;;

@@ -382,7 +382,10 @@ impl Progress {
 
 /// Optional report fields, in the order they are left out when a report is too long for a
 /// termination message: detail first, then rates; step, losses, eval and the checkpoint stay.
-const DROPPED_FIRST: [&str; 10] = [
+/// Round ends and refusals go last: they can be long (one entry a round, a reason a key), and
+/// the operator reads them from the polls while the job runs (issue 44: without them a report
+/// of 60 round ends overflowed its message, which the kubelet then cut into invalid JSON).
+const DROPPED_FIRST: [&str; 12] = [
     "data",
     "precision",
     "resources",
@@ -393,6 +396,8 @@ const DROPPED_FIRST: [&str; 10] = [
     "commFraction",
     "learningRate",
     "stepsPerSecond",
+    "roundEnds",
+    "rejectedConnections",
 ];
 
 /// Compact JSON of `value` (an object) in at most `limit` bytes when dropping

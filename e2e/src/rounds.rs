@@ -10,6 +10,8 @@ use crate::{TestNamespace, WAIT, wait_rank0, wait_status};
 /// Rank 0's first step in a round.
 #[derive(Debug, Clone, Copy)]
 pub struct RoundStart {
+    /// The round.
+    pub round: u64,
     /// When rank 0 completed the round's first step.
     pub first_step: Timestamp,
     /// The world size the round trains at.
@@ -26,12 +28,15 @@ impl RoundStart {
     }
 }
 
-/// Waits (through pod `pod`'s own report) until rank 0 has stepped in round `round`.
+/// Waits (through pod `pod`'s own report) until rank 0 has stepped in round `round` or a
+/// later one (a round can end before its first step, e.g. a shrunk round that a quick
+/// replacement grows again at once).
 pub async fn round_started(ns: &TestNamespace, pod: &str, round: u64) -> RoundStart {
-    let what = format!("rank 0 ({pod}) stepping in round {round}");
+    let what = format!("rank 0 ({pod}) stepping in round {round} or later");
     wait_rank0(ns, pod, &what, |p| {
-        let first_step = p.attempt_first_step_time.filter(|_| p.round == round)?;
+        let first_step = p.attempt_first_step_time.filter(|_| p.round >= round)?;
         Some(RoundStart {
+            round: p.round,
             first_step,
             world_size: p.world_size,
             resumed_from: p.resumed_from_step,
@@ -57,12 +62,27 @@ pub async fn ended_round(
             .cloned()
     };
     let what = format!("round {round}'s record, the next round resumed");
+    // A round that ended before its first step trained nothing: no count of its own.
+    let settled = |r: &AttemptRecord| r.lost_steps.is_some() || r.last_step.is_none();
     let status = wait_status(&ns.jobs(), job, &what, WAIT, |s| {
-        record(s, round).is_some_and(|r| r.end.is_some() && r.lost_steps.is_some())
-            && record(s, round + 1).is_some_and(|r| r.resumed_from_step.is_some())
+        record(s, round).is_some_and(|r| r.end.is_some() && settled(&r))
+            && record(s, round + 1)
+                .is_some_and(|r| r.resumed_from_step.is_some() || r.end.is_some())
     })
     .await;
     (record(&status, round).expect("checked"), status)
+}
+
+/// The steps trained twice by the rounds from `from` up to the one before `next` (rounds that
+/// ended before their first step count nothing), each checked to lose at most the step in
+/// flight and `next` to start from its peers; returns the total.
+pub async fn lost_before(ns: &TestNamespace, job: &str, from: u64, next: &RoundStart) -> u64 {
+    let mut total = 0;
+    for round in from..next.round {
+        let (record, _) = ended_round(ns, job, round).await;
+        total += lost_at_most_the_step_in_flight(&record, next);
+    }
+    total
 }
 
 /// Asserts that the round after `ended` started from its peers' state and that `ended` lost
@@ -76,7 +96,7 @@ pub fn lost_at_most_the_step_in_flight(ended: &AttemptRecord, next: &RoundStart)
         next.healed_from,
         next.resumed_from
     );
-    let lost = ended.lost_steps.expect("exact once the next round resumed");
+    let lost = ended.lost_steps.unwrap_or(0);
     assert!(
         lost <= 1,
         "round {:?} (last step {:?}) lost {lost} steps; the next resumed from {:?}",

@@ -97,8 +97,8 @@ async fn lead(
     let settings = Settings::from(args);
     // Warm on every replica: a standby that takes over acts on what it already holds.
     let caches = Caches::start(&client, args.namespace.as_deref(), &readiness);
-    let _ = jobs.set(caches.jobs.clone());
     if !args.leader_election {
+        let _ = jobs.set(caches.jobs.clone());
         controller::run(client, settings, &caches, metrics, readiness, stop.wait()).await;
         return Ok(());
     }
@@ -108,6 +108,9 @@ async fn lead(
         leadership.release().await;
         return Ok(());
     }
+    // The jobs' series (/metrics) come from the leader alone: a standby's copies would count
+    // every job twice in a sum over the operator's pods.
+    let _ = jobs.set(caches.jobs.clone());
     let lost = leadership.lost();
     let (lost_tx, lost_rx) = watch::channel(false);
     let controller_stop = stop.clone();

@@ -22,6 +22,7 @@ pub mod device;
 pub mod dist;
 pub mod doctor;
 pub mod error;
+pub mod fault;
 pub mod heal;
 pub mod loss_scale;
 pub mod memory;

@@ -1,6 +1,7 @@
 //! `ferrotrain launch` with the real trainer on 127.0.0.1: a rank killed with SIGKILL or
-//! stopped with SIGSTOP mid-run makes the group restart and resume from the latest
-//! checkpoint, losing at most one checkpoint interval; a permanent failure is not restarted.
+//! stopped with SIGSTOP mid-run makes the group restart from the state the surviving rank
+//! left, losing at most the step in flight (also when the rank serving that state dies while
+//! it sends it); a permanent failure is not restarted.
 //! On two "nodes" (two launchers) with `--restart-in-place`, a killed rank restarts every
 //! rank in a new round without either launcher exiting.
 
@@ -49,6 +50,11 @@ impl Job {
     }
 
     fn launch(&self, nproc: usize) -> Launcher {
+        self.launch_with(nproc, &[])
+    }
+
+    /// [`Job::launch`] with more environment for the launcher and its ranks.
+    fn launch_with(&self, nproc: usize, env: &[(&str, &std::path::Path)]) -> Launcher {
         let stderr = self.dir.path().join("launch.log");
         let mut cmd = common::ferrotrain();
         cmd.arg("launch")
@@ -69,6 +75,9 @@ impl Job {
             .env_remove("FERROTRAIN_ATTEMPT")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&stderr).unwrap());
+        for (name, value) in env {
+            cmd.env(name, value);
+        }
         ProcessGroup::spawn(cmd, Some(stderr))
     }
 
@@ -202,10 +211,9 @@ fn resumed_from_in_log(log: &str) -> u64 {
         .unwrap_or_else(|| panic!("no resume in the log:\n{log}"))
 }
 
-fn interrupt_and_recover(signal: i32) {
-    let job = Job::new(&config(MAX_STEPS));
-    let mut launcher = job.launch(2);
-    // Past the first checkpoints, well before the end.
+/// Once training is past the first checkpoints (step 50), well before the end, sends
+/// `signal` to rank 1 of attempt 0; returns when.
+fn signal_rank_1_past_step_50(job: &Job, launcher: &Launcher, signal: i32) -> Instant {
     wait_for("training to pass step 50", Duration::from_secs(60), || {
         job.logged_steps()
             .last()
@@ -218,6 +226,13 @@ fn interrupt_and_recover(signal: i32) {
     unsafe {
         libc::kill(victim, signal);
     }
+    hit
+}
+
+fn interrupt_and_recover(signal: i32) {
+    let job = Job::new(&config(MAX_STEPS));
+    let mut launcher = job.launch(2);
+    let hit = signal_rank_1_past_step_50(&job, &launcher, signal);
     // The group comes back as attempt 1 (the launcher's log says so: its spares, started
     // a few seconds into attempt 0, already carry attempt 1's environment).
     wait_for("the restart", Duration::from_secs(30), || {
@@ -337,6 +352,55 @@ fn a_killed_rank_restarts_the_group_from_the_survivors_state() {
 #[test]
 fn a_stopped_rank_is_detected_by_the_collective_timeout_and_the_group_recovers() {
     interrupt_and_recover(libc::SIGSTOP);
+}
+
+/// The rank that serves the next round its state dies after the header, before the state
+/// (a fault armed in the debug build): the ranks that got half a transfer fail before they
+/// train (nothing of theirs is left or trained), and the round after heals from the same
+/// snapshot. Nothing is trained twice beyond the step in flight of the first failure.
+#[test]
+fn a_source_that_dies_mid_transfer_leaves_no_half_state_and_the_next_round_heals() {
+    let job = Job::new(&config(MAX_STEPS));
+    let marker = job.dir.path().join("fault-fired");
+    let mut launcher = job.launch_with(2, &[("FERROTRAIN_FAULT_HEAL_SOURCE_DIES", &marker)]);
+    signal_rank_1_past_step_50(&job, &launcher, libc::SIGKILL);
+    let status = launcher.wait(Duration::from_secs(120));
+    let log = launcher.log();
+    assert_eq!(status.code(), Some(0), "launch failed:\n{log}");
+    assert!(marker.exists(), "the fault fired:\n{log}");
+    assert!(
+        log.contains("fault injected: the heal source dies"),
+        "{log}"
+    );
+    // Attempt 1 died healing, before any rank of it took the state up (each logs it once it
+    // holds it, checked); attempt 2's two ranks healed from the snapshot attempt 1 was sent.
+    let lines: Vec<&str> = log.lines().collect();
+    let fault = lines
+        .iter()
+        .position(|l| l.contains("fault injected"))
+        .unwrap();
+    let healed: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i].contains("resuming from a peer's state"))
+        .collect();
+    assert_eq!(healed.len(), 2, "attempt 2's two ranks:\n{log}");
+    assert!(
+        healed.iter().all(|&i| i > fault),
+        "no heal before the fault:\n{log}"
+    );
+    assert!(!log.contains("resuming from checkpoint"), "{log}");
+    let steps = job.logged_steps();
+    assert_eq!(*steps.last().unwrap(), MAX_STEPS, "{log}");
+    let (before, lost) = steps_lost(&steps, resumed_from_in_log(&log));
+    assert!(
+        lost <= 1,
+        "lost {lost} steps (killed at step {before})\n{log}"
+    );
+    let r = job.recovery();
+    assert_eq!(r.attempts.len(), 3, "{r:#?}");
+    assert_eq!(
+        r.attempts[1].first_step_at, None,
+        "attempt 1 never trained: {r:#?}"
+    );
 }
 
 #[test]

@@ -29,7 +29,7 @@ mod server;
 
 pub use client::StoreClient;
 pub use error::{ConnectError, Result, StoreError};
-pub use protocol::MAX_FRAME;
+pub use protocol::{MAX_FRAME, Request, read_frame, write_frame};
 pub use server::{StoreServer, StoreStats};
 
 #[cfg(test)]

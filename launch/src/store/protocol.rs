@@ -1,12 +1,15 @@
 //! The store's frames, parsed and encoded: pure, so that any bytes a peer sends can be tried
 //! against it (a malformed request is `None`, never a panic or an unbounded allocation: a
-//! frame is at most [`MAX_FRAME`] bytes, and nothing here allocates more than it holds).
+//! frame is at most [`MAX_FRAME`] bytes, and nothing here allocates more than it holds, or
+//! than twice what the peer actually sent: a declared length is not reserved up front).
 
 use std::io::{ErrorKind, Read, Write};
 use std::time::Duration;
 
 /// Largest request or response frame; the store only carries addresses, ids and reports.
 pub const MAX_FRAME: usize = 1 << 20;
+/// What a frame's buffer starts with; it grows as the rest of the frame arrives.
+const FIRST_READ: usize = 64 << 10;
 
 const OP_SET: u8 = 1;
 const OP_GET: u8 = 2;
@@ -115,8 +118,15 @@ pub fn read_frame(stream: &mut impl Read) -> std::io::Result<Option<Vec<u8>>> {
             format!("frame of {len} bytes exceeds the {MAX_FRAME}-byte cap"),
         ));
     }
-    let mut buf = vec![0u8; len];
-    stream.read_exact(&mut buf)?;
+    // Grows with what arrives: a peer that declares a megabyte and sends a byte costs a byte.
+    let mut buf = Vec::with_capacity(len.min(FIRST_READ));
+    stream.take(len as u64).read_to_end(&mut buf)?;
+    if buf.len() < len {
+        return Err(std::io::Error::new(
+            ErrorKind::UnexpectedEof,
+            format!("frame cut short: {} of {len} bytes", buf.len()),
+        ));
+    }
     Ok(Some(buf))
 }
 

@@ -22,6 +22,9 @@ const MAX_CONNECTIONS: usize = 256;
 const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 /// Longest a GET may block on the server.
 const MAX_GET_WAIT: Duration = Duration::from_secs(3600);
+/// How often a GET blocked on a missing key looks whether its client is still there: one
+/// that went away must not hold a thread and a connection slot until its wait runs out.
+const PEER_CHECK: Duration = Duration::from_millis(250);
 /// TCP keepalive of a connection with a will: its peer is called gone after about
 /// idle + interval x probes of silence (a host that vanished without closing it).
 const KEEPALIVE: (i32, i32, i32) = (10, 5, 3);
@@ -184,6 +187,10 @@ fn serve_connection(
             Err(e) => {
                 stats.dropped_frames.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!("rendezvous store: dropping {peer}: {e}");
+                // A frame over the cap or cut short is the peer's doing; a reset is not.
+                if matches!(e.kind(), ErrorKind::InvalidData | ErrorKind::UnexpectedEof) {
+                    refused::count(Reason::BadFrame, peer, "rendezvous store");
+                }
                 return;
             }
         };
@@ -201,7 +208,7 @@ fn serve_connection(
                 will.last = (!key.is_empty()).then_some((key, value));
                 Some(vec![OK])
             }
-            other => handle(other, state),
+            other => handle(other, state, &stream),
         };
         let Some(response) = response else {
             stats.dropped_frames.fetch_add(1, Ordering::Relaxed);
@@ -262,8 +269,9 @@ fn keep_alive(stream: &TcpStream) {
     set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, probes);
 }
 
-/// Executes one request (not a will: that is the connection's); `None` when it is malformed.
-fn handle(request: Request, state: &State) -> Option<Vec<u8>> {
+/// Executes one request (not a will: that is the connection's) from `client`; `None` when it
+/// is malformed.
+fn handle(request: Request, state: &State, client: &TcpStream) -> Option<Vec<u8>> {
     match request {
         Request::Set { key, value } => {
             state.values.lock().expect("store lock").insert(key, value);
@@ -281,12 +289,12 @@ fn handle(request: Request, state: &State) -> Option<Vec<u8>> {
                     return Some(out);
                 }
                 let now = Instant::now();
-                if now >= deadline {
+                if now >= deadline || peer_gone(client) {
                     return Some(vec![TIMED_OUT]);
                 }
                 values = state
                     .changed
-                    .wait_timeout(values, deadline - now)
+                    .wait_timeout(values, (deadline - now).min(PEER_CHECK))
                     .expect("store lock")
                     .0;
             }
@@ -308,6 +316,18 @@ fn handle(request: Request, state: &State) -> Option<Vec<u8>> {
         }
         Request::Will { .. } => None,
     }
+}
+
+/// Whether the client closed its side or the connection broke (the answer would go nowhere).
+fn peer_gone(client: &TcpStream) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: client.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call; a zero timeout never blocks.
+    let ready = unsafe { libc::poll(&mut pfd, 1, 0) };
+    ready > 0 && pfd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }
 
 /// Waits until `fd` is readable or `timeout` passes.

@@ -28,6 +28,9 @@ struct Census<'o> {
     replacing: Vec<i32>,
     /// Those of them whose pod is gone: its replacement can be created.
     gone: Vec<i32>,
+    /// Node 0's pod is among them because its launcher was killed (a failure), not because
+    /// the pod was taken away (a disruption).
+    node0_failed: bool,
 }
 
 impl<'a, 'o> Decider<'a, 'o> {
@@ -45,7 +48,7 @@ impl<'a, 'o> Decider<'a, 'o> {
             && census.running >= self.o.spec.min_replicas()
             && !census.replacing.contains(&0);
         if !census.replacing.is_empty() && !trains_without_some {
-            self.replace_pods(&census.replacing, census.gone);
+            self.replace_pods(&census.replacing, census.gone, census.node0_failed);
         } else if census.succeeded == replicas {
             self.succeed(census.rank0);
         } else if census.running + census.succeeded == replicas || trains_without_some {
@@ -96,6 +99,7 @@ impl<'a, 'o> Decider<'a, 'o> {
                     self.actions
                         .push(super::decision::Action::DeletePod(pod.name.clone()));
                     census.replacing.push(rank);
+                    census.node0_failed |= rank == 0;
                 }
                 PodState::Failed(t) => census.failures.push(self.exited(pod, t)),
                 PodState::Running | PodState::Pending => self.check_alive(pod, &mut census),

@@ -159,8 +159,10 @@ impl<'a, 'o> Decider<'a, 'o> {
 
     /// Node 0's pod went away: its launcher, which rules on every round, cannot say how
     /// the round ended, so the operator counts it (once per loss: the Running condition
-    /// names the pods being replaced).
-    fn node0_left(&mut self, pod: &str) {
+    /// names the pods being replaced). Taken away (deleted, evicted, drained) it is a
+    /// disruption and spends no restart, as for the other pods; its launcher killed
+    /// (`failed`), a failure.
+    fn node0_left(&mut self, pod: &str, failed: bool) {
         let listed = self.status.condition(condition::RUNNING).is_some_and(|c| {
             c.reason == reason::POD_REPLACED && c.message.split([' ', ',']).any(|word| word == pod)
         });
@@ -168,18 +170,31 @@ impl<'a, 'o> Decider<'a, 'o> {
             return;
         }
         let now = self.now();
+        let (cause, why, message) = if failed {
+            (
+                EndCause::Failure,
+                reason::AGENT_LOST,
+                "node 0's launcher was killed; the other launchers wait for its replacement's rendezvous store",
+            )
+        } else {
+            (
+                EndCause::Disruption,
+                reason::POD_LEAVING,
+                "node 0's pod went away (deleted, evicted or drained); the other launchers wait for its replacement's rendezvous store",
+            )
+        };
         let end = RoundEnd {
             round: self.status.round.max(0) as u64,
             end: ferrotrain_api::recovery::AttemptEnd {
-                cause: EndCause::Failure,
-                reason: reason::POD_LEAVING.to_string(),
+                cause,
+                reason: why.to_string(),
                 rank: Some(0),
                 exit_code: None,
                 node: None,
                 failed_at: now,
                 detected_at: now,
             },
-            message: "node 0's pod went away (deleted, drained, or its launcher killed); the other launchers wait for its replacement's rendezvous store".into(),
+            message: message.into(),
             last_step: None,
         };
         self.restarted_in_place(&end);
@@ -188,7 +203,7 @@ impl<'a, 'o> Decider<'a, 'o> {
     /// Pods of `replacing` went away: those already `gone` are created again under their
     /// names, alone; the other pods' launchers wait for them in their next round, so nothing
     /// else is touched. The round that ended is counted when rank 0 reports it (roundEnds).
-    pub(super) fn replace_pods(&mut self, replacing: &[i32], gone: Vec<i32>) {
+    pub(super) fn replace_pods(&mut self, replacing: &[i32], gone: Vec<i32>, node0_failed: bool) {
         self.status.phase = Phase::Starting;
         let attempt = self.status.attempt;
         let pods: Vec<String> = replacing
@@ -200,7 +215,10 @@ impl<'a, 'o> Decider<'a, 'o> {
             pods.join(", ")
         );
         if replacing.contains(&0) {
-            self.node0_left(&crate::labels::pod_name(self.o.job, attempt, 0));
+            self.node0_left(
+                &crate::labels::pod_name(self.o.job, attempt, 0),
+                node0_failed,
+            );
         }
         let known = self
             .status

@@ -6,7 +6,7 @@ use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
 use super::io::io_err;
-use super::safetensors::read_header;
+use super::safetensors::{read_header, verify_data};
 use super::state::TrainerState;
 use crate::error::Result;
 
@@ -55,12 +55,14 @@ pub(super) fn complete_checkpoints(root: &Path) -> Result<Vec<(PathBuf, TrainerS
     steps.sort_by_key(|s| s.0);
     Ok(steps
         .into_iter()
-        .filter_map(|(step, dir)| inspect(&dir, step).ok().map(|state| (dir, state)))
+        .filter_map(|(step, dir)| inspect(&dir, step, false).ok().map(|state| (dir, state)))
         .collect())
 }
 
-/// Cheap completeness check: reads trainer.json and the two safetensors headers only.
-pub(super) fn inspect(dir: &Path, step: u64) -> Result<TrainerState, String> {
+/// Completeness check: reads trainer.json (checked against its CRC-32C) and the two
+/// safetensors headers; with `verify_tensors`, their data against its CRC-32C too (reads
+/// every byte: what a resume trusts, not what retention counts).
+pub(super) fn inspect(dir: &Path, step: u64, verify_tensors: bool) -> Result<TrainerState, String> {
     let state = read_state(dir)?;
     if state.step != step {
         return Err(format!(
@@ -72,7 +74,10 @@ pub(super) fn inspect(dir: &Path, step: u64) -> Result<TrainerState, String> {
         let path = dir.join(file);
         let mut f = File::open(&path).map_err(|e| format!("{file}: {e}"))?;
         let len = f.metadata().map_err(|e| format!("{file}: {e}"))?.len();
-        read_header(&mut f, len).map_err(|e| format!("{file}: {e}"))?;
+        let header = read_header(&mut f, len).map_err(|e| format!("{file}: {e}"))?;
+        if verify_tensors {
+            verify_data(&mut f, &header).map_err(|e| format!("{file}: {e}"))?;
+        }
     }
     Ok(state)
 }
@@ -80,7 +85,7 @@ pub(super) fn inspect(dir: &Path, step: u64) -> Result<TrainerState, String> {
 pub(super) fn read_state(dir: &Path) -> Result<TrainerState, String> {
     let path = dir.join(STATE_FILE);
     let bytes = fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+    TrainerState::decode(&bytes).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 pub(super) fn dir_size(dir: &Path) -> u64 {

@@ -42,7 +42,7 @@ pub use layout::{
     MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, TEMP_PREFIX, parse_step_dir_name, step_dir_name,
 };
 pub use retention::retained_steps;
-pub use safetensors::{Named, read_safetensors};
+pub use safetensors::{Named, read_safetensors, tensors_from_bytes};
 pub use save::{SaveEvent, SaveHook};
 pub use state::TrainerState;
 pub use store::{CheckpointStore, Loaded};

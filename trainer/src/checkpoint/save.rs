@@ -107,7 +107,7 @@ impl SaveJob {
             temp_dir: &temp,
             file: OPTIMIZER_FILE,
         });
-        let json = serde_json::to_vec_pretty(&self.state).map_err(|e| {
+        let json = self.state.encode().map_err(|e| {
             TrainError::Other(Reason::caused("checkpoint: encoding trainer.json", e))
         })?;
         size += write_synced(&temp.join(STATE_FILE), |w| w.write_all(&json))?;

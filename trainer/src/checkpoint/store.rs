@@ -96,7 +96,7 @@ impl CheckpointStore {
         let mut steps = step_dirs(&self.root)?;
         steps.sort_by_key(|s| std::cmp::Reverse(s.0));
         for (step, dir) in steps {
-            match inspect(&dir, step) {
+            match inspect(&dir, step, true) {
                 Ok(state) => return Ok(Some((dir, state))),
                 Err(why) => {
                     tracing::warn!(dir = %dir.display(), reason = %why, "skipping an incomplete or corrupt checkpoint")
@@ -385,6 +385,55 @@ mod tests {
         let info = store.wait().unwrap().unwrap();
         let total = info.save_seconds.expect("measured");
         assert!(total >= blocking && total < 60.0, "{total} vs {blocking}");
+    }
+
+    /// Issue 44: truncated, bit-flipped or zeroed at offsets over each file, the newest
+    /// checkpoint is either skipped (the older one is resumed) or, where the damage could not
+    /// change what it holds (JSON whitespace), read back exactly as saved. Never trained from
+    /// damaged.
+    #[test]
+    fn a_damaged_newest_checkpoint_is_skipped_never_resumed_from() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut store = CheckpointStore::new(tmp.path(), policy(5, 0)).unwrap();
+        save_now(&mut store, 100, None);
+        save_now(&mut store, 200, Some(1.0));
+        let newest = tmp.path().join("step-00000200");
+        let pristine = CheckpointStore::load(&newest).unwrap();
+        let (mut skipped, mut harmless) = (0, 0);
+        for file in [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE] {
+            let path = newest.join(file);
+            let good = fs::read(&path).unwrap();
+            let n = good.len();
+            for at in [0, 3, 8, 9, 40, n / 4, n / 2, 3 * n / 4, n - 9, n - 1] {
+                for damage in 0..3 {
+                    let mut bad = good.clone();
+                    match damage {
+                        0 => bad.truncate(at),
+                        1 => bad[at] ^= 1 << (at % 8),
+                        _ => bad[at..(at + 16).min(n)].fill(0),
+                    }
+                    fs::write(&path, &bad).unwrap();
+                    let (dir, state) = store.latest().unwrap().unwrap();
+                    if state.step == 100 {
+                        skipped += 1;
+                        let e = CheckpointStore::load(&newest).err().map(|e| e.to_string());
+                        assert!(
+                            e.as_deref().is_some_and(|e| e.contains(file)),
+                            "{file} damaged ({damage} at {at}): load says {e:?}"
+                        );
+                    } else {
+                        harmless += 1;
+                        let loaded = CheckpointStore::load(&dir).unwrap();
+                        assert_eq!(loaded.state, pristine.state, "{file} {damage} at {at}");
+                        assert_same(&loaded.model, &pristine.model);
+                        assert_same(&loaded.optimizer, &pristine.optimizer);
+                    }
+                }
+            }
+            fs::write(&path, &good).unwrap();
+        }
+        println!("{skipped} damaged copies skipped, {harmless} harmless");
+        assert!(skipped >= 80, "{skipped} skipped, {harmless} harmless");
     }
 
     /// Prints how long a transformer-sized save blocks the caller versus how long it takes

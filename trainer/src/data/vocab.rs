@@ -54,13 +54,28 @@ impl Vocabulary {
     }
     /// Reads a vocabulary saved by `save` (or any tokenizer.json).
     pub fn load(path: &Path) -> Result<Self> {
-        let tokenizer = Tokenizer::from_file(path).map_err(|e| {
+        let bytes = std::fs::read(path).map_err(|e| {
             TrainError::Data(Reason::caused(
-                format!("cannot load tokenizer {}", path.display()),
+                format!("cannot read tokenizer {}", path.display()),
                 e,
             ))
         })?;
-        Self::checked(tokenizer, &path.display().to_string())
+        Self::from_json(&bytes, &path.display().to_string())
+    }
+
+    /// Parses a tokenizer.json's bytes; `origin` names them in errors.
+    pub fn from_json(bytes: &[u8], origin: &str) -> Result<Self> {
+        // tokenizers 0.22 panics on some malformed files (a file cut short inside the
+        // `decoder`, found by fuzzing): that is a refusal naming the file, not a crash.
+        let parsed = std::panic::catch_unwind(|| Tokenizer::from_bytes(bytes)).map_err(|_| {
+            TrainError::Data(
+                format!("cannot load tokenizer {origin}: not a valid tokenizer.json").into(),
+            )
+        })?;
+        let tokenizer = parsed.map_err(|e| {
+            TrainError::Data(Reason::caused(format!("cannot load tokenizer {origin}"), e))
+        })?;
+        Self::checked(tokenizer, origin)
     }
     /// Writes it atomically (temp file + rename).
     pub fn save(&self, path: &Path) -> Result<()> {
@@ -304,6 +319,16 @@ mod tests {
         let garbage = write(dir.path(), "garbage.json", "{not json");
         let message = data_error(Vocabulary::load(Path::new(&garbage)));
         assert!(message.contains("garbage.json"), "{message}");
+    }
+
+    /// Issue 44's fuzzing: tokenizers panics on a file cut short inside its `decoder`.
+    #[test]
+    fn a_tokenizer_cut_short_is_refused_naming_the_file_not_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let cut = r#"{"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": "#;
+        let path = write(dir.path(), "cut.json", cut);
+        let message = data_error(Vocabulary::load(Path::new(&path)));
+        assert!(message.contains("cut.json"), "{message}");
     }
 
     #[test]

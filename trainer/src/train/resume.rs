@@ -268,6 +268,13 @@ pub(super) fn resume(
         }));
     }
     optimizer.steps = header.optimizer_steps;
+    if comm.rank() == root
+        && matches!(source, Source::Peer { .. })
+        && crate::fault::fire_once(crate::fault::HEAL_SOURCE_DIES)
+    {
+        tracing::warn!("fault injected: the heal source dies before it sends its state");
+        std::process::abort();
+    }
     if comm.world_size() > 1 {
         // The source's parameters and moments, straight from the optimizer's flat buffers.
         dist::broadcast_buffers(comm, &buffers, bucket_bytes, root)?;

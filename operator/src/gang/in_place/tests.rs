@@ -269,28 +269,50 @@ fn a_deleted_pod_is_replaced_alone_and_the_others_are_left_running() {
 }
 
 #[test]
-fn losing_node_0s_pod_replaces_it_alone_and_counts_one_restart() {
+fn losing_node_0s_pod_replaces_it_alone_a_disruption_that_spends_no_restart() {
     use crate::fixtures::running_status;
     // Node 0's pod is gone: the others' launchers wait for its replacement's store.
     let gone = in_place(&running_status(0, 0), vec![running(0, 1)], 100);
     let s = &gone.status;
     assert_eq!(
         (s.phase, s.attempt, s.restarts, s.round),
-        (Phase::Starting, 0, 1, 1)
+        (Phase::Starting, 0, 0, 1)
     );
     assert_eq!(s.restarts_by_cause.get("PodLeaving"), Some(&1));
     assert_eq!(s.last_failure.as_ref().unwrap().node_rank, Some(0));
+    assert!(
+        gone.events
+            .iter()
+            .any(|e| e.note.contains("a disruption: no restart spent")),
+        "{:?}",
+        gone.events
+    );
     assert_eq!(gone.actions, [relaunch(0)]);
     // Looked at again before the replacement exists: counted once.
     let again = in_place(&gone.status, vec![running(0, 1)], 101);
-    assert_eq!((again.status.restarts, again.status.round), (1, 1));
+    assert_eq!(again.status.round, 1);
+    assert_eq!(again.status.restarts_by_cause.get("PodLeaving"), Some(&1));
     assert!(again.events.is_empty(), "said once: {:?}", again.events);
     // The replacement runs: the same attempt runs again.
     let back = in_place(&again.status, vec![running(0, 0), running(0, 1)], 110);
     assert_eq!(
         (back.status.phase, back.status.attempt, back.status.restarts),
-        (Phase::Running, 0, 1)
+        (Phase::Running, 0, 0)
     );
+}
+
+#[test]
+fn node_0s_killed_launcher_is_a_failure_that_spends_a_restart() {
+    use crate::fixtures::{exited, running_status};
+    let killed = in_place(
+        &running_status(0, 0),
+        vec![exited(0, 0, 137, "", 99), running(0, 1)],
+        100,
+    );
+    let s = &killed.status;
+    assert_eq!((s.restarts, s.round), (1, 1), "{s:?}");
+    assert_eq!(s.restarts_by_cause.get("AgentLost"), Some(&1));
+    assert_eq!(s.last_failure.as_ref().unwrap().node_rank, Some(0));
 }
 
 #[test]
