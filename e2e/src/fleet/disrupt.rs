@@ -13,7 +13,8 @@ use serde_json::json;
 
 use super::bench::Bench;
 use super::jobs::{poll, quantile};
-use super::phases::{Row, row, say, sim_snapshot, wait_holder};
+use super::phases::{Row, row, say, server_row, sim_snapshot, wait_holder};
+use super::window::Counters;
 
 /// The `n` nodes holding the most of the bench's running pods, and those pods.
 fn busiest_nodes(b: &Bench, n: usize) -> (Vec<String>, Vec<String>) {
@@ -65,6 +66,7 @@ pub async fn drain(b: &mut Bench, rows: &mut Vec<Row>) -> Result<(), String> {
             jobs.len()
         ),
     );
+    let before = Counters::read(b).await?;
     let t0 = Instant::now();
     let t0_ms = Timestamp::now().as_millisecond();
     cordon(b, &nodes, true).await;
@@ -100,6 +102,7 @@ pub async fn drain(b: &mut Bench, rows: &mut Vec<Row>) -> Result<(), String> {
         },
     )
     .await?;
+    let replacing = before.to(&Counters::read(b).await?);
     let stepping = poll(
         "every drained job stepping again",
         Duration::from_secs(600),
@@ -166,6 +169,10 @@ pub async fn drain(b: &mut Bench, rows: &mut Vec<Row>) -> Result<(), String> {
             peak_rate(&replaced)
         ),
         ">= 300 pods/s",
+    ));
+    rows.push(server_row(
+        "the drain, until every pod was replaced",
+        &replacing,
     ));
     rows.push(row(
         "drain: every affected job steps again (simulator) / is Running in its status: p50 / max",

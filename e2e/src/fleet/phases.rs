@@ -256,6 +256,7 @@ async fn running(b: &mut Bench, rows: &mut Vec<Row>) -> Result<(), String> {
     let names: Vec<String> = (first..s.running_jobs)
         .map(|i| format!("run-{i:04}"))
         .collect();
+    let before = Counters::read(b).await?;
     let created = create_many(&api, &b.ns, names, &spec, s.latency_jobs).await;
     let want = s.pods_per_job as usize;
     let (b, created): (&Bench, &Vec<(String, Option<Instant>)>) = (b, &created);
@@ -288,6 +289,7 @@ async fn running(b: &mut Bench, rows: &mut Vec<Row>) -> Result<(), String> {
         },
     )
     .await?;
+    let burst = before.to(&Counters::read(b).await?);
     rows.push(row(
         format!(
             "apply -> all {want} pods created, {} jobs at once: p50 / p99 / max",
@@ -301,8 +303,31 @@ async fn running(b: &mut Bench, rows: &mut Vec<Row>) -> Result<(), String> {
         ),
         "p99 < 1 s",
     ));
+    rows.push(server_row("the burst", &burst));
     wait_stepping(b, s.running_jobs, Duration::from_secs(900)).await?;
     Ok(())
+}
+
+/// What the control plane did in a window `what`: the API server's request rate (every
+/// client) and write latency, its CPU and etcd's, the machine's busy cores.
+pub(super) fn server_row(what: &str, w: &Window) -> Row {
+    row(
+        format!(
+            "{what} ({:.1} s): API server requests/s by verb; write p99; CPU of the API server, etcd, the operator (leader); busy cores of 2",
+            w.seconds
+        ),
+        format!(
+            "{:.0}/s ({}); {}; {:.2}, {:.2}, {:.2}; {:.2}",
+            w.api_total_rate(),
+            w.api_rates_by_verb(),
+            w.api_write_p99.map_or("-".into(), |p| format!("<= {p} s")),
+            w.api_cpu_cores,
+            w.usage_of("etcd").cores,
+            w.usage_of("fleet-a").cores,
+            w.machine_cores
+        ),
+        "",
+    )
 }
 
 /// Waits until `n` jobs are Running with steps in their status.
