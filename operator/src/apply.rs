@@ -6,6 +6,7 @@
 use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingStatus};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
@@ -161,7 +162,11 @@ pub async fn gang_objects(
             None => Ok(None),
         }
     };
-    let secret = create(ctx, owner, &objects.secret);
+    let secret = async {
+        create(ctx, owner, &objects.secret)
+            .await
+            .map(Made::conflict)
+    };
     let policy = async {
         match &objects.network_policy {
             Some(policy) => server_side_apply(ctx, owner, policy).await,
@@ -185,8 +190,14 @@ pub async fn gang_objects(
 }
 
 /// The gang's pods, after [`gang_objects`] (before any pod: a pod is never reachable by
-/// strangers, not even for a moment).
-pub async fn pods(ctx: &Context, owner: &Owner, objects: &GangObjects) -> Result<Applied> {
+/// strangers, not even for a moment). Each pod created at `now` counts as present until the
+/// pod cache shows it ([`crate::unseen`]).
+pub async fn pods(
+    ctx: &Context,
+    owner: &Owner,
+    objects: &GangObjects,
+    now: Timestamp,
+) -> Result<Applied> {
     let ns = &owner.namespace;
     // The pods at once: a 64-pod gang takes one API round trip, not 64 (the requests leave in
     // rank order all the same).
@@ -200,11 +211,15 @@ pub async fn pods(ctx: &Context, owner: &Owner, objects: &GangObjects) -> Result
     let mut ignored = None;
     let mut first_conflict = None;
     for (pod, result) in objects.pods.iter().zip(created) {
-        let (conflict, dropped) = result?;
+        let (made, dropped) = result?;
         ignored = ignored.or(dropped);
-        match conflict {
-            Some(c) => first_conflict = first_conflict.or(Some(c)),
-            None => info!(job = %owner.name, namespace = %ns, pod = %pod.name_any(), "created pod"),
+        match made {
+            Made::Conflict(c) => first_conflict = first_conflict.or(Some(c)),
+            Made::Created(created) => {
+                info!(job = %owner.name, namespace = %ns, pod = %pod.name_any(), "created pod");
+                ctx.unseen.created(created, now);
+            }
+            Made::Ours => {}
         }
     }
     if let Some(conflict) = first_conflict {
@@ -266,7 +281,7 @@ async fn create_with_fields(
     owner: &Owner,
     pod: &Pod,
     fields: &serde_json::Value,
-) -> Result<(Option<Applied>, Option<String>)> {
+) -> Result<(Made<Pod>, Option<String>)> {
     let resource = ApiResource::erase::<Pod>(&());
     let api: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), &owner.namespace, &resource);
@@ -275,7 +290,13 @@ async fn create_with_fields(
     merge(&mut json, fields);
     let object: DynamicObject = serde_json::from_value(json).expect("a pod is an object");
     match api.create(&PostParams::default(), &object).await {
-        Ok(created) => Ok((None, dropped_fields(&created.data, fields))),
+        Ok(created) => {
+            let dropped = dropped_fields(&created.data, fields);
+            let pod = serde_json::to_value(created)
+                .and_then(serde_json::from_value)
+                .expect("the API returns a pod");
+            Ok((Made::Created(pod), dropped))
+        }
         Err(e) if is_status(&e, 409) => Ok((create(ctx, owner, pod).await?, None)),
         Err(e) => Err(api_err("create", "Pod", &name)(e)),
     }
@@ -356,17 +377,33 @@ async fn server_side_apply<K: ChildObject>(
     Ok(None)
 }
 
+/// What a create came to.
+enum Made<K> {
+    /// Created: the object as the API returned it.
+    Created(K),
+    /// It existed already and this job controls it (created by an earlier reconcile whose
+    /// write the cache has not shown yet), or it is gone again since.
+    Ours,
+    /// An object of its name exists that this job does not control.
+    Conflict(Applied),
+}
+
+impl<K> Made<K> {
+    fn conflict(self) -> Option<Applied> {
+        match self {
+            Made::Conflict(c) => Some(c),
+            Made::Created(_) | Made::Ours => None,
+        }
+    }
+}
+
 /// Creates `object`; one that exists already is fine when this job controls it (created by
 /// an earlier reconcile whose write the cache has not shown yet), a conflict otherwise.
-async fn create<K: ChildObject>(
-    ctx: &Context,
-    owner: &Owner,
-    object: &K,
-) -> Result<Option<Applied>> {
+async fn create<K: ChildObject>(ctx: &Context, owner: &Owner, object: &K) -> Result<Made<K>> {
     let api: Api<K> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let name = object.name_any();
     match api.create(&PostParams::default(), object).await {
-        Ok(_) => Ok(None),
+        Ok(created) => Ok(Made::Created(created)),
         Err(e) if is_status(&e, 409) => {
             let existing = api.get_metadata_opt(&name).await.map_err(api_err(
                 "get",
@@ -375,10 +412,10 @@ async fn create<K: ChildObject>(
             ))?;
             match existing {
                 Some(existing) if !owner.controls(&existing.metadata) => {
-                    Ok(Some(conflict(owner, &K::kind(&()), &name)))
+                    Ok(Made::Conflict(conflict(owner, &K::kind(&()), &name)))
                 }
                 // Ours, or gone again since (the next reconcile creates it).
-                _ => Ok(None),
+                _ => Ok(Made::Ours),
             }
         }
         Err(e) => Err(api_err("create", static_kind::<K>(), &name)(e)),

@@ -19,6 +19,7 @@ use crate::labels;
 use crate::metrics::Metrics;
 use crate::progress::ProgressClient;
 use crate::scheduling::NativeApi;
+use crate::unseen::UnseenPods;
 
 /// The object as our last status write returned it, and every resourceVersion our writes
 /// replaced: while the cache shows one of those, it is older than what we know (the job watch
@@ -64,6 +65,8 @@ pub struct Context {
     /// The version of Kubernetes' own gang scheduling API the API server serves (discovered
     /// when the controller starts: enabling it needs an operator restart).
     pub native_gang: Option<NativeApi>,
+    /// Pods this process created that the pod cache has not shown yet (they count as present).
+    pub unseen: UnseenPods,
 }
 
 impl Context {
@@ -94,6 +97,7 @@ impl Context {
             launch_stops: Mutex::new(HashMap::new()),
             gangs_applied: Mutex::new(HashMap::new()),
             native_gang: None,
+            unseen: UnseenPods::default(),
         }
     }
 

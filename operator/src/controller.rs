@@ -99,7 +99,7 @@ pub async fn reconcile_at(
     let owner = Owner::of(&dt)?;
     let status = dt.status.clone().unwrap_or_default();
 
-    let observed = observe_job(ctx, &owner, &status).await;
+    let observed = observe_job(ctx, &owner, &status, now).await;
     let mut problems = observe::spec_problems(&dt.spec);
     problems.extend(observe::port_problems(
         &dt.spec,
@@ -144,8 +144,11 @@ async fn observe_job(
     ctx: &Context,
     owner: &Owner,
     status: &DistributedTrainingStatus,
+    now: Timestamp,
 ) -> ObservedJob {
-    let pods = owned_pods(&ctx.pods, owner);
+    let pods = ctx
+        .unseen
+        .with_unseen(owner, owned_pods(&ctx.pods, owner), now);
     let views = pods
         .iter()
         .filter_map(|p| {
@@ -313,7 +316,7 @@ async fn launch_all(
             Some(conflict) => Ok(conflict),
             None => {
                 ctx.note_gang_applied(applied.clone(), now);
-                apply::pods(ctx, owner, objects).await
+                apply::pods(ctx, owner, objects, now).await
             }
         };
         let stopped = match created {

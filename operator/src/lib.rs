@@ -31,6 +31,7 @@ pub mod report;
 pub mod scheduling;
 pub mod server;
 pub mod shapes;
+pub mod unseen;
 
 pub use ferrotrain_api::crd::{
     DistributedTraining, DistributedTrainingSpec, DistributedTrainingStatus,

@@ -103,6 +103,7 @@ pub async fn drain(b: &mut Bench, rows: &mut Vec<Row>) -> Result<(), String> {
     )
     .await?;
     let replacing = before.to(&Counters::read(b).await?);
+    let reaction = replacement_latencies(b, wanted, t0);
     let stepping = poll(
         "every drained job stepping again",
         Duration::from_secs(600),
@@ -170,6 +171,19 @@ pub async fn drain(b: &mut Bench, rows: &mut Vec<Row>) -> Result<(), String> {
         ),
         ">= 300 pods/s",
     ));
+    rows.push(row(
+        format!(
+            "drain: a pod gone from the API -> its replacement created (the operator's part), {} pods: p50 / p99 / max",
+            reaction.len()
+        ),
+        format!(
+            "{:.2} / {:.2} / {:.2} s",
+            quantile(&reaction, 0.5),
+            quantile(&reaction, 0.99),
+            quantile(&reaction, 1.0)
+        ),
+        "",
+    ));
     rows.push(server_row(
         "the drain, until every pod was replaced",
         &replacing,
@@ -186,6 +200,32 @@ pub async fn drain(b: &mut Bench, rows: &mut Vec<Row>) -> Result<(), String> {
         "",
     ));
     Ok(())
+}
+
+/// For each drained pod (by name), the seconds from its deletion's end (the tracker saw it
+/// gone) to the first pod of its name created after that: what the operator's watch, decision
+/// and create take, without the Eviction API's and the kubelet's time.
+fn replacement_latencies(b: &Bench, wanted: &BTreeSet<String>, t0: Instant) -> Vec<f64> {
+    b.tracker.with(|s| {
+        wanted
+            .iter()
+            .filter_map(|name| {
+                let gone = s
+                    .pod_deletes
+                    .iter()
+                    .filter(|(at, n)| *at > t0 && n == name)
+                    .map(|(at, _)| *at)
+                    .min()?;
+                let added = s
+                    .pod_adds
+                    .iter()
+                    .filter(|(at, n, _)| *at >= gone && n == name)
+                    .map(|(at, _, _)| *at)
+                    .min()?;
+                Some((added - gone).as_secs_f64())
+            })
+            .collect()
+    })
 }
 
 /// The most events in any one second.

@@ -45,6 +45,8 @@ pub struct Seen {
     pub pods: HashMap<String, PodSeen>,
     /// Each new pod (a new UID): when, its name, its job.
     pub pod_adds: Vec<(Instant, String, String)>,
+    /// Each pod gone from the API (its deletion finished): when, its name.
+    pub pod_deletes: Vec<(Instant, String)>,
     /// Each change of a job after its creation (the operator's status writes): when, which.
     pub job_writes: Vec<(Instant, String)>,
     /// The Lease's holder and when it became so.
@@ -166,6 +168,7 @@ async fn watch_pods(api: Api<Pod>, seen: Arc<Mutex<Seen>>) {
                 if s.pods.get(&name).map(|x| &x.uid) == p.metadata.uid.as_ref() {
                     s.pods.remove(&name);
                 }
+                s.pod_deletes.push((Instant::now(), name));
                 continue;
             }
             _ => continue,

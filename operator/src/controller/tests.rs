@@ -764,6 +764,42 @@ async fn a_pod_replaced_in_the_same_attempt_is_created_alone() {
 }
 
 #[tokio::test]
+async fn a_pod_created_by_the_last_reconcile_is_not_created_again_before_the_cache_shows_it() {
+    // The drain on the fleet bench: another pod's event woke the job between the create of a
+    // replacement and the watch event that brought it; the second reconcile saw it missing and
+    // created it again (409, and a GET).
+    let pods = vec![api_pod(0, 0).with_trainer(trainer_running())];
+    let (ctx, handle, _) = Context::test(pods, Settings::default());
+    let mut dt = job().with_status(running_status(0, 0));
+    dt.spec.restart_policy.in_place = true;
+    dt.metadata.resource_version = Some("100".into());
+    let dt = Arc::new(dt);
+    let applied = GangApplied {
+        uid: UID.into(),
+        attempt: 0,
+        generation: Some(1),
+    };
+    ctx.note_gang_applied(applied, t(90));
+    let calls = vec![
+        status_call(&dt, "101", |s| assert_eq!(s.replicas, 1)),
+        call(
+            Method::POST,
+            &format!("/api/v1/namespaces/{NS}/pods"),
+            Answer::Echo,
+            |body| assert_eq!(body["metadata"]["name"], "mt-0-1"),
+        ),
+        event_call("PodReplaced"),
+    ];
+    let (_, handle) = reconcile_expecting(&ctx, handle, dt.clone(), t(100), calls).await;
+    // The cache still lacks mt-0-1 (and shows the job as it was before the status write):
+    // no pod is created; the status counts the pod created.
+    let calls = vec![status_call(&dt, "102", |s| {
+        assert_eq!((s.phase, s.replicas), (Phase::Starting, 2));
+    })];
+    reconcile_expecting(&ctx, handle, dt, t(101), calls).await;
+}
+
+#[tokio::test]
 async fn a_permanent_exit_code_fails_the_job_with_the_ranks_message() {
     let pods = vec![
         api_pod(0, 0)
