@@ -263,7 +263,9 @@ impl Operator {
             let shutdown = async move {
                 let _ = stopped.await;
             };
-            if let Err(e) = ferrotrain_operator::app::run(client, *args, listener, shutdown).await {
+            if let Err(e) =
+                ferrotrain_operator::app::run(client.into(), *args, listener, shutdown).await
+            {
                 eprintln!("the in-process operator stopped: {e}");
             }
         });

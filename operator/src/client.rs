@@ -14,11 +14,35 @@ use tower::limit::ConcurrencyLimitLayer;
 /// Requests the operator has in flight at most (reads and writes, watches while they start).
 pub const API_CONCURRENCY: usize = 32;
 
-/// A client for the cluster the environment names (in-cluster, or $KUBECONFIG), bounded to
-/// [`API_CONCURRENCY`] requests in flight.
-pub async fn connect() -> Result<Client, kube::Error> {
+/// The operator's clients for the cluster the environment names (in-cluster, or $KUBECONFIG).
+#[derive(Clone)]
+pub struct Clients {
+    /// The controller's reads, watches and writes: at most [`API_CONCURRENCY`] in flight.
+    pub work: Client,
+    /// The leader Lease's reads and renewals, unbounded, on connections of their own: a
+    /// renewal never waits behind the controller's requests. Sharing the bounded client, the
+    /// fleet bench's leader queued its renewal behind a burst of 800 pod creates, missed the
+    /// renew deadline and exited (client-go's leader election has a client of its own too).
+    pub lease: Client,
+}
+
+impl From<Client> for Clients {
+    /// One client for both (tests against a fake API server).
+    fn from(client: Client) -> Self {
+        Clients {
+            work: client.clone(),
+            lease: client,
+        }
+    }
+}
+
+/// The operator's [`Clients`] for the cluster the environment names.
+pub async fn connect() -> Result<Clients, kube::Error> {
     let config = Config::infer().await.map_err(kube::Error::InferConfig)?;
-    Ok(bounded(ClientBuilder::try_from(config)?, API_CONCURRENCY))
+    Ok(Clients {
+        work: bounded(ClientBuilder::try_from(config.clone())?, API_CONCURRENCY),
+        lease: Client::try_from(config)?,
+    })
 }
 
 /// The client of `builder`, with at most `limit` requests in flight.
