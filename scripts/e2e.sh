@@ -152,6 +152,8 @@ else
   TAG=$(cat "$TAG_FILE" 2>/dev/null) || die "--no-images: no earlier run's images (run without it once)"
   say "images of the last run: $TAG"
 fi
+. scripts/lib/keep-images.sh
+keep_images "$TAG"
 
 # --- the CRD and the chart, as the README installs them --------------------------------------
 install_started=$SECONDS
