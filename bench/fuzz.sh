@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Runs every fuzz target for SECONDS each (default 120) and prints, per target, the
+# Runs every fuzz target (every test named fuzz_*: the store's frames, connection and
+# handshake, the termination message, the trainer config, a checkpoint file, tokenizer.json,
+# requests to rank 0's progress server) for SECONDS each (default 120) and prints, per target, the
 # executions, the corpus size, the distinct outcomes reached and the findings (each saved
 # under $FERROTRAIN_FUZZ_FINDINGS, default target/fuzz-findings/). The same targets run for
 # 3 seconds each in the test suite. SEED changes the mutations (default: the suite's seed).

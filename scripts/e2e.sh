@@ -152,6 +152,8 @@ else
   TAG=$(cat "$TAG_FILE" 2>/dev/null) || die "--no-images: no earlier run's images (run without it once)"
   say "images of the last run: $TAG"
 fi
+. scripts/lib/keep-images.sh
+keep_images "$TAG"
 
 # --- the CRD and the chart, as the README installs them --------------------------------------
 install_started=$SECONDS
@@ -168,6 +170,9 @@ if [[ $SETUP_ONLY == 1 ]]; then
 fi
 
 # --- the suite ------------------------------------------------------------------------------
+# Test namespaces an earlier run left behind (killed before its tests cleaned up: a CI
+# timeout, ^C) would go on training beside this run's jobs.
+kubectl delete namespace -l ferrotrain.dev/e2e=true --wait=false >/dev/null
 # e2e/tests/prometheus.rs runs Debian's Prometheus on this host against the cluster.
 if ! command -v prometheus >/dev/null; then
   say "installing prometheus (Debian's package) for e2e/tests/prometheus.rs"

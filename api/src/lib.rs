@@ -12,6 +12,7 @@ pub mod exit;
 pub mod progress;
 pub mod reason;
 pub mod recovery;
+pub mod sealed;
 
 pub use config::{ConfigError, FieldError, ParallelFiles, Task, TrainerConfig};
 pub use progress::{CheckpointInfo, DataStats, GpuUsage, Progress, ResourceUsage, TrainerPhase};

@@ -115,7 +115,8 @@ pub struct Progress {
     pub round: u64,
     /// Connections refused by the rendezvous store and rank 0's ring listener since they
     /// started, by reason (bad_token, not_ferrotrain, wrong_channel, handshake, bad_frame,
-    /// too_many_connections): something other than this job's ranks connects (docs/security.md).
+    /// too_many_connections, wrong_rank): something other than this job's ranks connects
+    /// (docs/security.md).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub rejected_connections: std::collections::BTreeMap<String, u64>,
     /// In-place restarts: how each earlier round of this attempt ended, as node 0's launcher

@@ -22,6 +22,7 @@
 
 mod alloc;
 mod corpus;
+pub mod damage;
 mod mutate;
 
 use std::collections::HashSet;

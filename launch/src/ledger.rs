@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use ferrotrain_api::recovery::{AttemptEnd, EndCause, Timestamp};
-use ferrotrain_api::{Progress, Recovery, reason};
+use ferrotrain_api::{Progress, Recovery, reason, sealed};
 
 use crate::files::PROGRESS_FILE;
 use crate::group::GroupOutcome;
@@ -48,11 +48,17 @@ impl Ledger {
     }
 
     /// The attempt's last report, read when it ended; rank 0 rewrites it after every step,
-    /// so its modification time is when the last step completed.
+    /// so its modification time is when the last step completed. A damaged one (it carries
+    /// its CRC-32C) is no report: the record keeps what it had rather than a wrong step.
     fn read_progress(&mut self) {
-        let report = std::fs::read(&self.progress_file)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<Progress>(&b).ok());
+        let report = std::fs::read(&self.progress_file).ok().and_then(|b| {
+            sealed::open::<Progress>(&b, sealed::CRC_FIELD)
+                .inspect_err(|why| {
+                    let path = self.progress_file.display();
+                    tracing::warn!("launch: ignoring rank 0's progress file {path}: {why}")
+                })
+                .ok()
+        });
         let written = std::fs::metadata(&self.progress_file)
             .and_then(|m| m.modified())
             .ok()
@@ -185,4 +191,51 @@ pub fn recovery_lines(r: &Recovery) -> Vec<String> {
         opt(r.mean_recovery_seconds),
     ));
     lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn progress(step: u64) -> Progress {
+        Progress {
+            step,
+            resumed_from_step: Some(40),
+            ..Progress::default()
+        }
+    }
+
+    /// Issue 44: rank 0's progress file truncated, bit-flipped or zeroed at ten offsets: the
+    /// attempt's record holds the report as written or none, never a step it did not reach.
+    #[test]
+    fn a_damaged_progress_file_is_ignored_never_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = sealed::seal(&progress(1234), sealed::CRC_FIELD).unwrap();
+        let (mut ignored, mut read) = (0, 0);
+        for copy in ferrotrain_fuzz::damage::copies(&good) {
+            let mut ledger = Ledger::new(dir.path(), Vec::new());
+            ledger.started(1, None);
+            std::fs::write(dir.path().join(PROGRESS_FILE), &copy.bytes).unwrap();
+            ledger.ended(&GroupOutcome::Finished);
+            let attempt = &ledger.recovery.attempts[0];
+            match attempt.last_step {
+                None => ignored += 1,
+                Some(step) => {
+                    assert_eq!(
+                        (step, attempt.resumed_from_step),
+                        (1234, Some(40)),
+                        "{copy}"
+                    );
+                    read += 1;
+                }
+            }
+        }
+        println!("{ignored} damaged progress files ignored, {read} read as written");
+        assert!(ignored >= 28, "{ignored} ignored, {read} read");
+        let mut ledger = Ledger::new(dir.path(), Vec::new());
+        ledger.started(1, None);
+        std::fs::write(dir.path().join(PROGRESS_FILE), &good).unwrap();
+        ledger.ended(&GroupOutcome::Finished);
+        assert_eq!(ledger.recovery.attempts[0].last_step, Some(1234));
+    }
 }

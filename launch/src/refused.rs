@@ -24,18 +24,23 @@ pub enum Reason {
     Handshake,
     /// An authenticated peer sent a malformed frame.
     BadFrame,
-    /// The store was at its connection limit.
+    /// The store was at its connection limit, or a ring listener at its limit of
+    /// handshakes in flight.
     TooManyConnections,
+    /// A ring peer proved the token but announced a rank other than the listener's
+    /// previous one.
+    WrongRank,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 6] = [
+    pub const ALL: [Reason; 7] = [
         Reason::BadToken,
         Reason::NotFerrotrain,
         Reason::WrongChannel,
         Reason::Handshake,
         Reason::BadFrame,
         Reason::TooManyConnections,
+        Reason::WrongRank,
     ];
 
     /// The label value in /metrics and the key in the progress report.
@@ -47,6 +52,7 @@ impl Reason {
             Reason::Handshake => "handshake",
             Reason::BadFrame => "bad_frame",
             Reason::TooManyConnections => "too_many_connections",
+            Reason::WrongRank => "wrong_rank",
         }
     }
 
@@ -65,7 +71,7 @@ impl Reason {
     }
 }
 
-static COUNTS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
+static COUNTS: [AtomicU64; Reason::ALL.len()] = [const { AtomicU64::new(0) }; Reason::ALL.len()];
 /// When the last line was logged, and how many refusals it did not mention since.
 static LOG: Mutex<Option<(Instant, u64)>> = Mutex::new(None);
 /// At most one log line per this long: a flood must not flood the log too.

@@ -147,6 +147,37 @@ fn incompatible_checkpoint_exits_4() {
     assert_fails(&out, 4, "digest");
 }
 
+/// Issue 44: damaged state in the job directory stops a resume before any step, naming the
+/// file: a token of tokenizer.json renamed (a valid vocabulary of the right size, which
+/// loaded before its CRC: exit 3, permanent), then fence.json's attempt changed (exit 1,
+/// retryable). Put back, the job resumes.
+#[test]
+fn a_damaged_tokenizer_or_fence_stops_the_resume_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = tmp.path().join("ckpt");
+    let log = tmp.path().join("log");
+    let cfg = write(tmp.path(), "job.yaml", &copy_config(6, 3, ""));
+    assert!(run_job(&cfg, &ckpt, &log).status.success());
+    let job = ckpt.join("job");
+    let cfg = write(tmp.path(), "job.yaml", &copy_config(12, 3, ""));
+    let damage = |file: &str, from: &str, to: &str| {
+        let good = std::fs::read_to_string(job.join(file)).unwrap();
+        let bad = good.replacen(from, to, 1);
+        assert_ne!(bad, good, "{from} in {file}");
+        std::fs::write(job.join(file), bad).unwrap();
+        good
+    };
+    let tokenizer = damage("tokenizer.json", "\"s11\"", "\"t11\"");
+    assert_fails(&run_job(&cfg, &ckpt, &log), 3, "tokenizer.json");
+    std::fs::write(job.join("tokenizer.json"), tokenizer).unwrap();
+    let fence = damage("fence.json", "\"attempt\": 0", "\"attempt\": 5");
+    assert_fails(&run_job(&cfg, &ckpt, &log), 1, "fence.json");
+    assert!(!job.join("step-00000009").exists(), "nothing trained");
+    std::fs::write(job.join("fence.json"), fence).unwrap();
+    assert!(run_job(&cfg, &ckpt, &log).status.success());
+    assert!(job.join("step-00000012").is_dir());
+}
+
 #[test]
 fn translation_job_trains_evaluates_translates_and_scores() {
     let tmp = tempfile::tempdir().unwrap();

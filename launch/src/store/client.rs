@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use super::error::{ConnectError, Result, StoreError};
-use super::protocol::{OK, Request, read_frame, write_frame};
+use super::protocol::{OK, REFUSED, Request, read_frame, write_frame};
 use crate::auth::{Auth, Channel};
 use crate::keys;
 
@@ -144,6 +144,10 @@ impl StoreClient {
             .map_err(|e| fail("setting timeout", e))?;
         write_frame(&mut self.stream, payload).map_err(|e| fail("sending", e))?;
         match read_frame(&mut self.stream) {
+            Ok(Some(r)) if r.first() == Some(&REFUSED) => Err(StoreError::Refused {
+                server: self.server.clone(),
+                limit: String::from_utf8_lossy(&r[1..]).into_owned(),
+            }),
             Ok(Some(r)) if !r.is_empty() => Ok(r),
             Ok(_) => Err(fail(
                 "reading",

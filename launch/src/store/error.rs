@@ -26,6 +26,9 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    /// A write would pass one of the store's limits (keys, their size, the bytes held).
+    #[error("rendezvous store at {server} refused a write: {limit}")]
+    Refused { server: String, limit: String },
     /// The store answered something this client did not ask for.
     #[error("rendezvous store at {server}: malformed {what} reply")]
     MalformedReply { server: String, what: &'static str },

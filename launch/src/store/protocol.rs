@@ -19,6 +19,9 @@ const OP_WILL: u8 = 4;
 pub const OK: u8 = 0;
 /// The first byte of a GET's reply when the key was not set in time.
 pub const TIMED_OUT: u8 = 1;
+/// The first byte of a write's reply when it would pass one of the store's limits; the
+/// rest is the limit in words (`values`).
+pub const REFUSED: u8 = 2;
 
 /// One request, as a client sends it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,7 +1,6 @@
 //! The store's server: one thread per connection, each read and write bounded, a cap on
 //! connections; a connection's will applied when it ends.
 
-use std::collections::HashMap;
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -11,7 +10,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::error::{Result, StoreError};
-use super::protocol::{OK, Request, TIMED_OUT, read_frame, write_frame};
+use super::protocol::{OK, REFUSED, Request, TIMED_OUT, read_frame, write_frame};
+use super::values::{Full, Values, check_key};
 use crate::auth::{Auth, Channel};
 use crate::refused::{self, Reason};
 
@@ -31,7 +31,7 @@ const KEEPALIVE: (i32, i32, i32) = (10, 5, 3);
 
 #[derive(Default)]
 pub(super) struct State {
-    values: Mutex<HashMap<String, Vec<u8>>>,
+    values: Mutex<Values>,
     changed: Condvar,
 }
 
@@ -201,13 +201,16 @@ fn serve_connection(
             return;
         };
         let response = match request {
-            Request::Will { key, value } => {
-                if will.last.is_none() {
-                    keep_alive(&stream);
+            Request::Will { key, value } => match check_key(&key) {
+                Ok(()) => {
+                    if will.last.is_none() {
+                        keep_alive(&stream);
+                    }
+                    will.last = (!key.is_empty()).then_some((key, value));
+                    Some(vec![OK])
                 }
-                will.last = (!key.is_empty()).then_some((key, value));
-                Some(vec![OK])
-            }
+                Err(full) => Some(refusal(full)),
+            },
             other => handle(other, state, &stream),
         };
         let Some(response) = response else {
@@ -238,8 +241,7 @@ impl Drop for Will<'_> {
             return;
         };
         let mut values = self.state.values.lock().expect("store lock");
-        if let std::collections::hash_map::Entry::Vacant(slot) = values.entry(key) {
-            slot.insert(value);
+        if values.insert_if_vacant(key, value) {
             drop(values);
             self.state.changed.notify_all();
         }
@@ -274,7 +276,10 @@ fn keep_alive(stream: &TcpStream) {
 fn handle(request: Request, state: &State, client: &TcpStream) -> Option<Vec<u8>> {
     match request {
         Request::Set { key, value } => {
-            state.values.lock().expect("store lock").insert(key, value);
+            let set = state.values.lock().expect("store lock").insert(key, value);
+            if let Err(full) = set {
+                return Some(refusal(full));
+            }
             state.changed.notify_all();
             Some(vec![OK])
         }
@@ -307,7 +312,9 @@ fn handle(request: Request, state: &State, client: &TcpStream) -> Option<Vec<u8>
                 None => 0,
             };
             let new = current.wrapping_add(delta);
-            values.insert(key, new.to_le_bytes().to_vec());
+            if let Err(full) = values.insert(key, new.to_le_bytes().to_vec()) {
+                return Some(refusal(full));
+            }
             drop(values);
             state.changed.notify_all();
             let mut out = vec![OK];
@@ -316,6 +323,13 @@ fn handle(request: Request, state: &State, client: &TcpStream) -> Option<Vec<u8>
         }
         Request::Will { .. } => None,
     }
+}
+
+/// The answer to a write past one of the store's limits: the limit, in words.
+fn refusal(full: Full) -> Vec<u8> {
+    let mut out = vec![REFUSED];
+    out.extend(full.to_string().bytes());
+    out
 }
 
 /// Whether the client closed its side or the connection broke (the answer would go nowhere).

@@ -145,3 +145,69 @@ fn a_connections_will_is_set_when_it_ends_unless_its_key_is_set_by_then() {
     assert_eq!(c.try_get("agent/5/report/1", Duration::ZERO).unwrap(), None);
     assert_eq!(c.try_get("agent/6/report/1", Duration::ZERO).unwrap(), None);
 }
+
+fn rss_mib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line[6..]
+        .trim()
+        .trim_end_matches(" kB")
+        .trim()
+        .parse::<u64>()
+        .unwrap()
+        / 1024
+}
+
+/// Issue 44: a client with the token cannot grow the store without bound: 400 values of
+/// nearly 1 MiB under new keys, and a key over the limit, are answered with an error naming
+/// the limit; what the store held before is still served, and its memory stays bounded.
+#[test]
+fn a_client_with_the_token_cannot_grow_the_store_past_its_limits() {
+    let auth = Auth::new("tok", 0);
+    let srv = server(&auth);
+    let mut c = client(&srv, &auth);
+    c.set("kept", b"v").unwrap();
+    let long = "k".repeat(MAX_KEY_BYTES + 1);
+    let err = c.set(&long, b"v").unwrap_err().to_string();
+    assert!(
+        err.contains("1024 bytes a key") && err.contains("refused"),
+        "{err}"
+    );
+    let err = c.will(&long, b"v").unwrap_err().to_string();
+    assert!(err.contains("1024 bytes a key"), "{err}");
+    let before = rss_mib();
+    let value = vec![9u8; MAX_FRAME - 64];
+    let mut stored = 0;
+    let refusal = (0..400)
+        .find_map(|i| match c.set(&format!("fill/{i}"), &value) {
+            Ok(()) => {
+                stored += 1;
+                None
+            }
+            Err(e) => Some(e.to_string()),
+        })
+        .expect("refused before 400 MiB");
+    let during = rss_mib();
+    println!(
+        "{stored} values stored, then: {refusal}; RSS {before} MiB before, {during} MiB after"
+    );
+    assert!(
+        refusal.contains("268435456 bytes of keys and values"),
+        "{refusal}"
+    );
+    assert_eq!(stored, MAX_STORED_BYTES / MAX_FRAME);
+    // What it holds and a frame or two in flight: not the 400 MiB sent.
+    assert!(
+        during < before + (MAX_STORED_BYTES as u64 >> 20) + 64,
+        "{during} MiB"
+    );
+    // The same connection, and another, still serve.
+    assert_eq!(c.add("counter", 1).unwrap(), 1);
+    assert_eq!(
+        client(&srv, &auth)
+            .get("kept", Duration::from_secs(1))
+            .unwrap(),
+        b"v"
+    );
+    c.set("kept", b"w").unwrap();
+}

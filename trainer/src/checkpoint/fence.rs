@@ -7,6 +7,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::SystemTime;
 
+use ferrotrain_api::sealed;
 use serde::{Deserialize, Serialize};
 
 use super::io::{io_err, sync_dir, write_synced};
@@ -80,18 +81,27 @@ pub(super) fn temp_dir_name(step: u64, writer: Option<&WriterId>) -> String {
     }
 }
 
+/// The fence, checked against its CRC-32C: a damaged one names no writer anyone can trust, so
+/// it is refused (fail closed) with the way out, rather than taken over or obeyed.
 fn read_fence(root: &Path) -> Result<Option<Fence>> {
     let path = root.join(FENCE_FILE);
     match fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-            TrainError::Other(Reason::caused(
-                format!("checkpoint: {} is not a fence", path.display()),
-                e,
-            ))
-        }),
+        Ok(bytes) => sealed::open(&bytes, sealed::CRC_FIELD)
+            .map(Some)
+            .map_err(|why: String| damaged_fence(&path, &why)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(io_err("reading", &path, e)),
     }
+}
+
+fn damaged_fence(path: &Path, why: &str) -> TrainError {
+    TrainError::Other(
+        format!(
+            "checkpoint: {} is not a valid fence ({why}); no writer can be trusted to own the              directory: once no older rank 0 of this job runs, remove the file and the next              attempt claims it",
+            path.display()
+        )
+        .into(),
+    )
 }
 
 fn stale_writer_error(root: &Path, ours: &WriterId, fence: &Fence) -> TrainError {
@@ -132,7 +142,7 @@ pub(super) fn claim_fence(root: &Path, writer: &WriterId) -> Result<()> {
             pid: std::process::id(),
             time: rfc3339::format(SystemTime::now(), Resolution::Second),
         };
-        let json = serde_json::to_vec(&fence)
+        let json = sealed::seal(&fence, sealed::CRC_FIELD)
             .map_err(|e| TrainError::Other(Reason::caused("checkpoint: encoding the fence", e)))?;
         let temp = root.join(format!(".{FENCE_FILE}.{}", std::process::id()));
         write_synced(&temp, |w| w.write_all(&json))?;
@@ -328,5 +338,70 @@ mod tests {
                 .unwrap(),
         );
         assert!(temp_dirs(root).is_empty(), "{:?}", names(root));
+    }
+
+    /// Issue 44: a fence truncated, bit-flipped or zeroed at ten offsets is refused naming
+    /// the file, by a new attempt's claim and by the owner's next commit: never obeyed (a
+    /// flipped attempt could fence out every later attempt, or let a stale writer in), never
+    /// taken over silently. The checkpoints stay as they were.
+    #[test]
+    fn a_damaged_fence_is_refused_naming_it_never_obeyed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let mut owner = CheckpointStore::open_writer(root, policy(3, 0), writer(3)).unwrap();
+        save_now(&mut owner, 100, None);
+        let path = root.join(FENCE_FILE);
+        let good = fs::read(&path).unwrap();
+        let copies = ferrotrain_fuzz::damage::copies(&good);
+        for copy in &copies {
+            fs::write(&path, &copy.bytes).unwrap();
+            let claim = CheckpointStore::open_writer(root, policy(3, 0), writer(4));
+            let err = claim.err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.contains(FENCE_FILE), "{copy}: the claim says {err:?}");
+            owner
+                .save(&model(1), &optimizer(), state(200, None))
+                .unwrap();
+            let err = owner
+                .wait()
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains(FENCE_FILE), "{copy}: the commit says {err:?}");
+            assert_eq!(names(root), ["fence.json", "step-00000100"], "{copy}");
+            assert_eq!(fs::read(&path).unwrap(), copy.bytes, "{copy}: rewritten");
+        }
+        println!("{} damaged fences refused", copies.len());
+        // Put back, the owner commits again.
+        fs::write(&path, &good).unwrap();
+        save_now(&mut owner, 200, None);
+    }
+
+    #[test]
+    fn a_fence_whose_attempt_changed_is_refused_and_an_unsealed_one_still_obeyed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        drop(CheckpointStore::open_writer(root, policy(1, 0), writer(3)).unwrap());
+        let path = root.join(FENCE_FILE);
+        let sealed = fs::read_to_string(&path).unwrap();
+        assert!(sealed.contains("\"crc32c\""), "{sealed}");
+        // Before the CRC, attempt 9 here fenced out attempts 4 to 9 of the job.
+        fs::write(&path, sealed.replace("\"attempt\": 3", "\"attempt\": 9")).unwrap();
+        let err = CheckpointStore::open_writer(root, policy(1, 0), writer(4))
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            err.contains("fence.json is not a valid fence") && err.contains("CRC-32C"),
+            "{err}"
+        );
+        // A fence written before the CRC (no crc32c field) is obeyed as it was.
+        let old = serde_json::json!({"attempt": 3, "incarnation": writer(3).incarnation});
+        fs::write(&path, old.to_string()).unwrap();
+        let err = CheckpointStore::open_writer(root, policy(1, 0), writer(2))
+            .err()
+            .expect("stale")
+            .to_string();
+        assert!(err.contains("attempt 3 of this job took over"), "{err}");
+        drop(CheckpointStore::open_writer(root, policy(1, 0), writer(4)).unwrap());
     }
 }

@@ -52,14 +52,23 @@ impl Vocabulary {
     pub fn decode(&self, ids: &[u32]) -> String {
         self.tokenizer.decode(ids, true).unwrap_or_default()
     }
-    /// Reads a vocabulary saved by `save` (or any tokenizer.json).
+    /// Reads a vocabulary saved by `save` (or any tokenizer.json). One that `save` wrote has
+    /// its CRC-32C beside it ([`CRC_SUFFIX`]): a flipped byte in a token or a merge would
+    /// shift ids under the checkpoint's embeddings, so a file that does not match is refused.
     pub fn load(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|e| {
-            TrainError::Data(Reason::caused(
-                format!("cannot read tokenizer {}", path.display()),
-                e,
-            ))
-        })?;
+        let read = |path: &Path| {
+            std::fs::read(path).map_err(|e| {
+                TrainError::Data(Reason::caused(
+                    format!("cannot read tokenizer {}", path.display()),
+                    e,
+                ))
+            })
+        };
+        let bytes = read(path)?;
+        let sidecar = crc_path(path);
+        if sidecar.exists() {
+            check_crc(&bytes, &read(&sidecar)?, path)?;
+        }
         Self::from_json(&bytes, &path.display().to_string())
     }
 
@@ -77,7 +86,8 @@ impl Vocabulary {
         })?;
         Self::checked(tokenizer, origin)
     }
-    /// Writes it atomically (temp file + rename).
+    /// Writes it atomically (temp file + rename), then its CRC-32C beside it (a file of its
+    /// own: the tokenizers library refuses a tokenizer.json with a field it does not know).
     pub fn save(&self, path: &Path) -> Result<()> {
         let json = self.tokenizer.to_string(false).map_err(|e| {
             TrainError::Other(Reason::caused(
@@ -85,7 +95,9 @@ impl Vocabulary {
                 e,
             ))
         })?;
-        write_atomically(path, json.as_bytes())
+        write_atomically(path, json.as_bytes())?;
+        let crc = format!("{:08x}\n", crc32c::crc32c(json.as_bytes()));
+        write_atomically(&crc_path(path), crc.as_bytes())
     }
 
     /// Learns a joint BPE over `lines` (source and target sentences), with the special
@@ -199,6 +211,34 @@ impl Vocabulary {
     }
 }
 
+/// What a saved tokenizer.json's CRC-32C file adds to its name.
+pub const CRC_SUFFIX: &str = ".crc32c";
+
+fn crc_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(CRC_SUFFIX);
+    PathBuf::from(name)
+}
+
+/// Refuses `bytes` (of tokenizer `path`) unless they hash to the CRC-32C `recorded`.
+fn check_crc(bytes: &[u8], recorded: &[u8], path: &Path) -> Result<()> {
+    let recorded = String::from_utf8_lossy(recorded);
+    let recorded = recorded.trim();
+    let actual = format!("{:08x}", crc32c::crc32c(bytes));
+    if actual == recorded {
+        return Ok(());
+    }
+    Err(TrainError::Data(
+        format!(
+            "cannot load tokenizer {}: its CRC-32C is {actual}, {} says {recorded:?}: the file \
+             is damaged (restore both from a copy; a new job directory learns a new vocabulary)",
+            path.display(),
+            crc_path(path).display()
+        )
+        .into(),
+    ))
+}
+
 /// Writes `bytes` to a temporary file beside `path`, syncs it and renames it over `path`, so
 /// a reader sees the old file or the new one, never half of one.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -289,11 +329,12 @@ mod tests {
         let path = dir.path().join("ckpt").join("tokenizer.json");
         let vocab = small_vocab();
         vocab.save(&path).unwrap();
-        let files: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+        let mut files: Vec<_> = std::fs::read_dir(path.parent().unwrap())
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
-        assert_eq!(files, ["tokenizer.json"]);
+        files.sort();
+        assert_eq!(files, ["tokenizer.json", "tokenizer.json.crc32c"]);
         let again = Vocabulary::load(&path).unwrap();
         assert_eq!(again.size(), vocab.size());
         for line in DE {
@@ -329,6 +370,49 @@ mod tests {
         let path = write(dir.path(), "cut.json", cut);
         let message = data_error(Vocabulary::load(Path::new(&path)));
         assert!(message.contains("cut.json"), "{message}");
+    }
+
+    /// Issue 44: the job's tokenizer.json, or its CRC-32C file, truncated, bit-flipped or
+    /// zeroed at ten offsets is refused naming the file (the run fails before training) or,
+    /// where the damage cannot change it, gives the same ids. Before its CRC-32C, a flipped
+    /// byte in a token's text loaded and trained with ids the checkpoint's embeddings were
+    /// not trained for.
+    #[test]
+    fn a_damaged_saved_tokenizer_is_refused_naming_it_never_loaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        let vocab = small_vocab();
+        vocab.save(&path).unwrap();
+        let ids = |v: &Vocabulary| EN.iter().chain(DE).map(|l| v.encode(l)).collect::<Vec<_>>();
+        let (mut refused, mut same) = (0, 0);
+        for file in [path.clone(), crc_path(&path)] {
+            let good = std::fs::read(&file).unwrap();
+            for copy in ferrotrain_fuzz::damage::copies(&good) {
+                std::fs::write(&file, &copy.bytes).unwrap();
+                match Vocabulary::load(&path) {
+                    Err(TrainError::Data(m)) if m.to_string().contains("tokenizer.json") => {
+                        refused += 1
+                    }
+                    Err(other) => panic!("{copy}: {other:?}"),
+                    Ok(loaded) => {
+                        assert_eq!(ids(&loaded), ids(&vocab), "{} {copy}", file.display());
+                        assert_eq!(loaded.size(), vocab.size(), "{copy}");
+                        same += 1;
+                    }
+                }
+            }
+            std::fs::write(&file, &good).unwrap();
+        }
+        println!("{refused} damaged tokenizers refused, {same} harmless");
+        assert!(refused >= 40, "{refused} refused, {same} harmless");
+        let good = std::fs::read(&path).unwrap();
+        // A token's text changed by one letter, the file otherwise valid JSON.
+        let text = String::from_utf8(good).unwrap();
+        let renamed = text.replacen("\"▁Mann\"", "\"▁Mand\"", 1);
+        assert_ne!(renamed, text);
+        std::fs::write(&path, renamed).unwrap();
+        let message = data_error(Vocabulary::load(&path));
+        assert!(message.contains("CRC-32C"), "{message}");
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod ports;
 mod rank;
 mod rendezvous;
 pub mod ring;
+mod ring_accept;
 mod ring_collective;
 pub mod strict;
 pub mod watchdog;

@@ -16,12 +16,12 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use ferrotrain_launch::auth::{Auth, Channel};
-use ferrotrain_launch::{refused, signals};
+use ferrotrain_launch::signals;
 
+use super::ring_accept::accept_prev;
 use crate::error::{Result, TrainError};
 
 /// Default pipeline segment; big enough to amortize syscalls, small enough to pipeline.
@@ -659,62 +659,6 @@ fn add_into(dst: &mut [u8], src: &[f32]) {
         for (d, s) in dst.chunks_exact_mut(4).zip(src) {
             let v = f32::from_ne_bytes(d[..].try_into().expect("4")) + *s;
             d.copy_from_slice(&v.to_ne_bytes());
-        }
-    }
-}
-
-fn accept_prev(
-    listener: TcpListener,
-    prev: u32,
-    auth: &Auth,
-    deadline: Instant,
-) -> Result<(TcpStream, SocketAddr)> {
-    listener.set_nonblocking(true)?;
-    let (tx, rx) = mpsc::channel::<(TcpStream, SocketAddr)>();
-    loop {
-        if let Ok(found) = rx.try_recv() {
-            return Ok(found);
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            return Err(TrainError::Distributed(
-                format!("ring: rank {prev} did not connect before the rendezvous timeout").into(),
-            ));
-        }
-        match listener.accept() {
-            Ok((mut stream, addr)) => {
-                let tx = tx.clone();
-                let auth = auth.clone();
-                let left = (deadline - now).min(Duration::from_secs(10));
-                // Handshakes run on their own threads so a silent connection cannot delay
-                // the real peer's.
-                std::thread::spawn(move || {
-                    if stream.set_nonblocking(false).is_err() {
-                        return;
-                    }
-                    match auth.accept(&mut stream, Channel::Ring, left) {
-                        Ok(hello) if hello == prev => {
-                            let _ = tx.send((stream, addr));
-                        }
-                        Ok(hello) => {
-                            tracing::warn!("ring: rank {hello} connected, expected rank {prev}")
-                        }
-                        Err(e) => {
-                            tracing::debug!("ring: rejected {addr}: {e}");
-                            refused::count(refused::Reason::of(&e), addr, "ring");
-                        }
-                    }
-                });
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                if let Ok(found) = rx.recv_timeout(Duration::from_millis(5)) {
-                    return Ok(found);
-                }
-            }
-            Err(e) => {
-                tracing::warn!("ring: accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
         }
     }
 }

@@ -5,12 +5,13 @@
 //! ```text
 //! <heal dir>/state-00001234/state.bin    the buffers, back to back
 //! <heal dir>/state-00001234/meta.json    HealState: step, samples, clock, loss scale,
-//!                                        config digest, the buffers' kinds and sizes, crc32c
+//!                                        config digest, the buffers' kinds and sizes, crc32c;
+//!                                        its own CRC-32C in metaCrc32c
 //! ```
 //!
 //! Written to a temporary directory and renamed, so a `state-*` directory is complete; read
-//! back only when its meta parses, its layout is this replica's and its bytes hash to its
-//! crc32c: a half-written or damaged snapshot is skipped, never trained from. Not fsynced:
+//! back only when its meta matches its own CRC-32C, its layout is this replica's and its bytes
+//! hash to its crc32c: a half-written or damaged snapshot is skipped, never trained from. Not fsynced:
 //! it lives as long as the pod (the next round reads it from the page cache), durability is
 //! the checkpoints' job. The ranks of one pod hold the same state at the same step, so one
 //! copy per step is written (the first rank to claim it), and older ones are removed.
@@ -19,6 +20,7 @@ use std::fs;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
+use ferrotrain_api::sealed::{self, Seal};
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
@@ -29,6 +31,8 @@ const PREFIX: &str = "state-";
 const TEMP_PREFIX: &str = ".tmp-state-";
 const BYTES_FILE: &str = "state.bin";
 const META_FILE: &str = "meta.json";
+/// meta.json's own CRC-32C ([`sealed`]; `crc32c` is its buffers').
+const META_CRC_FIELD: &str = "metaCrc32c";
 
 /// Where training stood when a snapshot was taken, besides the tensors.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -163,7 +167,7 @@ fn write_into(temp: &Path, state: &HealState, buffers: &[Tensor]) -> Result<()> 
     };
     let path = temp.join(BYTES_FILE);
     fs::write(&path, &bytes).map_err(|e| heal_err("writing", &path, e))?;
-    let meta = serde_json::to_vec(&state).map_err(|e| {
+    let meta = sealed::seal(&state, META_CRC_FIELD).map_err(|e| {
         TrainError::Other(Reason::caused("heal: encoding the snapshot's meta.json", e))
     })?;
     let path = temp.join(META_FILE);
@@ -191,6 +195,11 @@ fn fitting(
     config: u64,
 ) -> std::result::Result<HealState, String> {
     let meta = fs::read(path.join(META_FILE)).map_err(|e| format!("{META_FILE}: {e}"))?;
+    match sealed::verify(&meta, META_CRC_FIELD) {
+        Ok(Seal::Intact) => {}
+        Ok(Seal::Absent) => return Err(format!("{META_FILE} has no {META_CRC_FIELD}")),
+        Err(why) => return Err(format!("{META_FILE} {why}")),
+    }
     let state: HealState =
         serde_json::from_slice(&meta).map_err(|e| format!("{META_FILE}: {e}"))?;
     if state.step != step {
@@ -342,5 +351,40 @@ mod tests {
         fs::create_dir(dir.path().join(format!("{TEMP_PREFIX}00000009"))).unwrap();
         assert!(newest(dir.path(), &layout, 0xabc).is_none());
         assert!(!write(dir.path(), &state(9), &buffers(1.0)).unwrap());
+    }
+
+    /// Issue 44: meta.json or state.bin truncated, bit-flipped or zeroed at ten offsets: the
+    /// snapshot is skipped (the round takes a peer's state or the checkpoint) or its load is
+    /// refused naming state.bin with the buffers untouched, never loaded. Before meta.json
+    /// had a CRC of its own, a flipped digit of its sample count or clock was taken as is.
+    #[test]
+    fn a_damaged_snapshot_is_skipped_or_refused_never_loaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = layout_of(&buffers(0.0));
+        write(dir.path(), &state(5), &buffers(1.0)).unwrap();
+        let (path, pristine) = newest(dir.path(), &layout, 0xabc).unwrap();
+        let (mut skipped, mut refused) = (0, 0);
+        for file in [META_FILE, BYTES_FILE] {
+            let good = fs::read(path.join(file)).unwrap();
+            for copy in ferrotrain_fuzz::damage::copies(&good) {
+                fs::write(path.join(file), &copy.bytes).unwrap();
+                let Some((found, state)) = newest(dir.path(), &layout, 0xabc) else {
+                    skipped += 1;
+                    continue;
+                };
+                assert_eq!(state, pristine, "{file} {copy}");
+                let into = buffers(0.0);
+                let err = load(&found, &state, &into).err().map(|e| e.to_string());
+                assert!(
+                    err.as_deref().is_some_and(|e| e.contains(BYTES_FILE)),
+                    "{file} {copy}: loaded ({err:?})"
+                );
+                assert_eq!(Vec::<f32>::try_from(&into[0]).unwrap(), [0.0, 1.0, 2.0]);
+                refused += 1;
+            }
+            fs::write(path.join(file), &good).unwrap();
+        }
+        println!("{skipped} damaged snapshots skipped, {refused} refused at load");
+        assert_eq!(newest(dir.path(), &layout, 0xabc).unwrap().1, pristine);
     }
 }

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use ferrotrain_api::config::TensorBoardConfig;
+use ferrotrain_api::sealed;
 use ferrotrain_api::{DataStats, Progress};
 
 use crate::error::Result;
@@ -26,7 +27,8 @@ pub struct Reporter {
 /// Rank 0's report, kept in the file the launcher named (FERROTRAIN_PROGRESS_FILE) for its
 /// recovery ledger: replaced atomically (write, then rename) after every step, so a rank
 /// killed at any moment leaves its last step for the ledger's lost steps (about 50 µs a
-/// step: a 1.5 KB JSON file).
+/// step: a 1.5 KB JSON file). Sealed with its CRC-32C ([`sealed`]): the ledger counts no
+/// step from a damaged one.
 struct ProgressFile {
     path: std::path::PathBuf,
     failed: bool,
@@ -46,7 +48,7 @@ impl ProgressFile {
             return;
         }
         let tmp = self.path.with_extension("tmp");
-        let written = serde_json::to_vec(p)
+        let written = sealed::seal(p, sealed::CRC_FIELD)
             .map_err(std::io::Error::other)
             .and_then(|json| std::fs::write(&tmp, json))
             .and_then(|()| std::fs::rename(&tmp, &self.path));

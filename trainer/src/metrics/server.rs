@@ -1,10 +1,18 @@
 //! Rank 0's HTTP endpoint: `/metrics`, `/progress` and `/healthz`, served by axum on a
 //! current-thread tokio runtime of its own thread. A request clones the progress under the
 //! lock and encodes outside it, with the process's resources read from /proc at that time.
+//!
+//! Whoever the NetworkPolicy lets reach the port is served, so what a connection may cost is
+//! bounded: at most [`MAX_CONNECTIONS`] at once (more are closed at accept and counted as
+//! refused, `too_many_connections`), a request head must arrive within [`HEAD_TIMEOUT`]
+//! (hyper's own limit on its size, about 400 KiB, holds too), and stopping the server drops
+//! every connection at once: a peer that sent half a head kept `axum::serve`'s graceful
+//! shutdown, and so rank 0's exit, waiting for ever.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
@@ -12,11 +20,19 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use ferrotrain_api::Progress;
+use ferrotrain_launch::refused::{self, Reason as Refusal};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 
 use super::prometheus::{METRICS_CONTENT_TYPE, prometheus_text};
 use super::reporter::SharedProgress;
 use crate::error::{Reason, Result, TrainError};
 use crate::resources::ResourceSampler;
+
+/// Connections served at once (the operator polls with one, a Prometheus scrapes with one).
+pub const MAX_CONNECTIONS: usize = 256;
+/// How long a request head may take to arrive, idle keep-alive connections included.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the handlers read.
 #[derive(Clone)]
@@ -70,14 +86,11 @@ impl MetricsServer {
                         Ok(l) => l,
                         Err(e) => return tracing::warn!(error = %e, "metrics: cannot serve"),
                     };
-                    let served = axum::serve(listener, router(state))
-                        .with_graceful_shutdown(async {
-                            let _ = stopped.await;
-                        })
-                        .await;
-                    if let Err(e) = served {
-                        tracing::warn!(error = %e, "metrics: server stopped");
+                    tokio::select! {
+                        () = serve(listener, router(state)) => {}
+                        _ = stopped => {}
                     }
+                    // Returning drops the runtime, and with it every connection's task.
                 })
             })
             .map_err(err)?;
@@ -99,9 +112,41 @@ impl Drop for MetricsServer {
             let _ = shutdown.send(());
         }
         if let Some(thread) = self.thread.take() {
-            // Graceful shutdown waits for open connections; the handlers answer at once.
+            // Connections are dropped, not waited for: the thread ends at once.
             let _ = thread.join();
         }
+    }
+}
+
+/// Accepts connections for ever, each served on a task of its own, within the limits above.
+async fn serve(listener: tokio::net::TcpListener, router: Router) {
+    let open = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(error = %e, "metrics: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = open.clone().try_acquire_owned() else {
+            refused::count(Refusal::TooManyConnections, peer, "progress server");
+            continue;
+        };
+        let service = TowerToHyperService::new(router.clone());
+        tokio::spawn(async move {
+            let _slot = slot;
+            let served = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEAD_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+            if let Err(e) = served {
+                tracing::debug!(%peer, error = %e, "metrics: connection ended");
+            }
+        });
     }
 }
 
@@ -284,6 +329,53 @@ mod tests {
         let started = Instant::now();
         assert_eq!(get(addr, "/healthz").0, 200);
         assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    /// Issue 44: a peer that sends half a request head and then nothing must neither hold
+    /// its connection for ever nor keep the server from stopping.
+    #[test]
+    fn a_half_sent_request_does_not_hold_the_server() {
+        let (server, _shared, addr) = start(full_progress());
+        let mut slow = TcpStream::connect(addr).unwrap();
+        slow.write_all(b"GET /progress HTTP/1.1\r\nHost: x\r\n")
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let started = Instant::now();
+        drop(server);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "drop took {:?}",
+            started.elapsed()
+        );
+    }
+
+    /// Issue 44: silent connections past the cap are closed at accept and counted; one
+    /// that says nothing is closed after the head timeout; the server serves once they go.
+    #[test]
+    fn silent_connections_are_capped_counted_and_timed_out() {
+        let (_server, _shared, addr) = start(full_progress());
+        let refused = || {
+            refused::snapshot()
+                .get(Refusal::TooManyConnections.as_str())
+                .copied()
+                .unwrap_or(0)
+        };
+        let silent: Vec<TcpStream> = (0..MAX_CONNECTIONS + 40)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        let until = Instant::now() + Duration::from_secs(20);
+        while refused() < 40 {
+            assert!(Instant::now() < until, "{} refused", refused());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // The first of them is closed by the server once the head timeout passes.
+        let mut first = silent.into_iter().next().unwrap();
+        first.set_read_timeout(Some(HEAD_TIMEOUT * 2)).unwrap();
+        let started = Instant::now();
+        assert_eq!(first.read(&mut [0u8; 64]).unwrap_or(0), 0);
+        let waited = started.elapsed();
+        assert!(waited < HEAD_TIMEOUT + Duration::from_secs(5), "{waited:?}");
+        assert_eq!(get(addr, "/healthz").0, 200);
     }
 
     #[test]

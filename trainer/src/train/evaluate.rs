@@ -1,13 +1,13 @@
 //! Evaluation: validation loss and corpus BLEU, each rank on its slice of the validation
 //! set, the sufficient statistics summed over ranks.
 
-use std::io::Write;
 use std::time::Instant;
 
 use ferrotrain_api::{TrainerConfig, TrainerPhase};
 use tch::Device;
 
 use super::report::set_phase;
+use super::start::log_line;
 use super::step::StepOutcome;
 use super::trainer::Trainer;
 use crate::bleu::BleuStats;
@@ -134,7 +134,7 @@ impl Trainer<'_> {
             );
             if let Some(log) = self.log.as_mut() {
                 let line = serde_json::json!({"step": step, "evalLoss": eval_loss, "evalBleu": eval_bleu, "evalSeconds": e0.elapsed().as_secs_f64()});
-                writeln!(log, "{line}")?;
+                log_line(log, &line)?;
             }
         }
         let mut p = self.progress.lock().expect("progress lock");

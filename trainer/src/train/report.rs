@@ -2,11 +2,10 @@
 //! (/progress, /metrics, TensorBoard, the launcher's progress file) with its rates and ETA,
 //! and a log line every `logEverySteps`.
 
-use std::io::Write;
-
 use ferrotrain_api::TrainerPhase;
 use ferrotrain_api::recovery::Timestamp;
 
+use super::start::log_line;
 use super::step::StepOutcome;
 use super::trainer::Trainer;
 use crate::error::{Result, TrainError};
@@ -38,7 +37,7 @@ impl Trainer<'_> {
             if s.skipped {
                 line["skipped"] = true.into();
             }
-            writeln!(log, "{line}")?;
+            log_line(log, &line)?;
         }
         Ok(())
     }

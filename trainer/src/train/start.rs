@@ -3,6 +3,7 @@
 //! checkpoint store and step log, the batch stream, the signal handlers and the clock.
 
 use std::fs::{File, OpenOptions};
+use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
@@ -278,17 +279,40 @@ fn open_store(opts: &RunOptions, leader: bool) -> Result<Option<CheckpointStore>
     )?))
 }
 
-/// Rank 0's step log (`train-log.jsonl`), appended to across restarts.
+/// Rank 0's step log (`train-log.jsonl`), appended to across restarts. Never read back by
+/// the trainer: a damaged log costs its damaged lines, not the run. A last line left cut
+/// short (a rank 0 killed mid-write, a full disk) is ended first, so that this run's first
+/// line is not glued to it.
 fn open_log(leader: bool, job_dir: &Path) -> Result<Option<File>> {
     if !leader {
         return Ok(None);
     }
-    Ok(Some(
-        OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(job_dir.join(TRAIN_LOG))?,
-    ))
+    let mut log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .read(true)
+        .open(job_dir.join(TRAIN_LOG))?;
+    if ends_mid_line(&log)? {
+        log.write_all(b"\n")?;
+    }
+    Ok(Some(log))
+}
+
+fn ends_mid_line(file: &File) -> std::io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Ok(false);
+    }
+    let mut last = [0u8];
+    file.read_exact_at(&mut last, len - 1)?;
+    Ok(last != *b"\n")
+}
+
+/// Appends one line to the step log in one write (a line formatted straight into the file
+/// takes a write per token, and a kill between them leaves half a line).
+pub(super) fn log_line(log: &mut File, line: &serde_json::Value) -> std::io::Result<()> {
+    log.write_all(format!("{line}\n").as_bytes())
 }
 
 /// The start-up line that says how a step's batch is cut for this gang.
@@ -306,5 +330,41 @@ fn log_plan(batch: &BatchConfig, plan: StepPlan, ranks: usize) {
             plan.micro_tokens,
             batch.max_tokens,
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 44: whatever damage the log took (truncated, a bit flipped, zeroed at ten
+    /// offsets), the trainer opens it and its next line is a line of its own that parses.
+    #[test]
+    fn a_damaged_train_log_is_appended_to_with_whole_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(TRAIN_LOG);
+        let mut good = Vec::new();
+        for step in 1..=4 {
+            let line = serde_json::json!({"step": step, "loss": 3.5, "samples": step * 64});
+            good.extend(format!("{line}\n").bytes());
+        }
+        let next = serde_json::json!({"step": 5, "loss": 3.25});
+        for copy in ferrotrain_fuzz::damage::copies(&good) {
+            std::fs::write(&path, &copy.bytes).unwrap();
+            let mut log = open_log(true, dir.path()).unwrap().unwrap();
+            log_line(&mut log, &next).unwrap();
+            let text = std::fs::read(&path).unwrap();
+            let last = text[..text.len() - 1]
+                .split(|&b| b == b'\n')
+                .next_back()
+                .unwrap();
+            let parsed: serde_json::Value = serde_json::from_slice(last)
+                .unwrap_or_else(|e| panic!("{copy}: {e}: {}", String::from_utf8_lossy(last)));
+            assert_eq!(parsed, next, "{copy}");
+            assert!(
+                text.starts_with(&copy.bytes),
+                "{copy}: the old lines are kept"
+            );
+        }
     }
 }
