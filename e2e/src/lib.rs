@@ -18,6 +18,8 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use serde_json::{Value, json};
 
+pub mod fleet;
+pub mod hollow;
 pub mod partition;
 pub mod rounds;
 

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tracing::{error, info};
 
 use crate::caches::Caches;
+use crate::client::Clients;
 use crate::config::{Args, Settings};
 use crate::controller;
 use crate::lease::{self, Leadership, LeaseSettings};
@@ -55,7 +56,7 @@ pub enum Error {
 /// Everything the operator does until `shutdown` completes (SIGTERM, SIGINT) or it loses the
 /// leader lease. `listener` serves /metrics, /healthz and /readyz.
 pub async fn run(
-    client: Client,
+    clients: Clients,
     args: Args,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -75,7 +76,7 @@ pub async fn run(
             error!(error = %e, "HTTP server failed");
         }
     });
-    let result = lead(client, &args, metrics, readiness, jobs, stop).await;
+    let result = lead(clients, &args, metrics, readiness, jobs, stop).await;
     server.abort();
     match &result {
         Ok(()) => info!("stopped"),
@@ -86,13 +87,14 @@ pub async fn run(
 
 /// Checks the API, waits for the lease (when electing), then runs the controller.
 async fn lead(
-    client: Client,
+    clients: Clients,
     args: &Args,
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
     jobs: Arc<OnceLock<kube::runtime::reflector::Store<DistributedTraining>>>,
     stop: Stop,
 ) -> Result<(), Error> {
+    let client = clients.work;
     preflight(&client, args.namespace.as_deref()).await?;
     let settings = Settings::from(args);
     // Warm on every replica: a standby that takes over acts on what it already holds.
@@ -102,7 +104,7 @@ async fn lead(
         controller::run(client, settings, &caches, metrics, readiness, stop.wait()).await;
         return Ok(());
     }
-    let mut leadership = Leadership::join(client.clone(), LeaseSettings::from_env(args)?).await?;
+    let mut leadership = Leadership::join(clients.lease, LeaseSettings::from_env(args)?).await?;
     readiness.follow();
     if !leadership.wait_to_lead(stop.wait()).await? {
         leadership.release().await;

@@ -22,6 +22,7 @@ use ferrotrain_api::crd::DistributedTraining;
 
 use crate::labels;
 use crate::readiness::Readiness;
+use crate::shapes;
 
 /// The names the watches go by in logs and `/readyz`.
 pub const WATCHES: [&str; 3] = ["distributedtrainings", "pods", "nodes"];
@@ -115,7 +116,7 @@ impl Caches {
         let health = readiness.clone();
         let stream = watcher(pods_api, watcher::Config::default().labels(&selector))
             .default_backoff()
-            .modify(|pod: &mut Pod| pod.managed_fields_mut().clear())
+            .modify(shapes::trim_pod)
             .reflect(writer)
             .inspect(move |item| health.observe(pod_watch, item))
             .touched_objects();
@@ -124,11 +125,14 @@ impl Caches {
         let (nodes, writer) = reflector::store();
         let node_outlet = Outlet::closed();
         let health = readiness.clone();
-        let stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-            .default_backoff()
-            .reflect(writer)
-            .inspect(move |item| health.observe(node_watch, item))
-            .touched_objects();
+        // Nodes wake their jobs only when their readiness changes, not on every heartbeat.
+        let stream = shapes::readiness_changes(
+            watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+                .default_backoff()
+                .modify(shapes::trim_node)
+                .reflect(writer)
+                .inspect(move |item| health.observe(node_watch, item)),
+        );
         drive(stream, node_outlet.clone());
 
         Caches {

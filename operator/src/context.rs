@@ -19,6 +19,7 @@ use crate::labels;
 use crate::metrics::Metrics;
 use crate::progress::ProgressClient;
 use crate::scheduling::NativeApi;
+use crate::unseen::UnseenPods;
 
 /// The object as our last status write returned it, and every resourceVersion our writes
 /// replaced: while the cache shows one of those, it is older than what we know (the job watch
@@ -26,6 +27,15 @@ use crate::scheduling::NativeApi;
 struct Written {
     superseded: Vec<String>,
     object: Arc<DistributedTraining>,
+}
+
+/// A job's attempt whose own objects (all but the pods) were applied, at a generation of its
+/// spec (a new generation may change them: they are applied again).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GangApplied {
+    pub uid: String,
+    pub attempt: i32,
+    pub generation: Option<i64>,
 }
 
 /// Shared state of every reconcile, built once.
@@ -48,9 +58,15 @@ pub struct Context {
     pub(crate) error_counts: Mutex<HashMap<String, u32>>,
     /// Why the last launch of each job's pods stopped (by UID), for its next decision.
     launch_stops: Mutex<HashMap<String, LaunchStop>>,
+    /// The attempt (and spec generation) whose Service, ConfigMap, Secret, NetworkPolicy and
+    /// group this process applied last, by job UID, and when: a launch of more pods in that
+    /// attempt within the hour creates only the pods.
+    gangs_applied: Mutex<HashMap<String, (GangApplied, Timestamp)>>,
     /// The version of Kubernetes' own gang scheduling API the API server serves (discovered
     /// when the controller starts: enabling it needs an operator restart).
     pub native_gang: Option<NativeApi>,
+    /// Pods this process created that the pod cache has not shown yet (they count as present).
+    pub unseen: UnseenPods,
 }
 
 impl Context {
@@ -79,7 +95,9 @@ impl Context {
             status_writes: Mutex::new(HashMap::new()),
             error_counts: Mutex::new(HashMap::new()),
             launch_stops: Mutex::new(HashMap::new()),
+            gangs_applied: Mutex::new(HashMap::new()),
             native_gang: None,
+            unseen: UnseenPods::default(),
         }
     }
 
@@ -148,6 +166,22 @@ impl Context {
             Some(stop) => stops.insert(uid.to_string(), stop),
             None => stops.remove(uid),
         };
+    }
+
+    /// Whether this process applied the objects of `gang` (that attempt at that generation)
+    /// within the hour.
+    pub fn gang_applied(&self, gang: &GangApplied) -> bool {
+        let applied = self.gangs_applied.lock().expect("lock");
+        applied.get(&gang.uid).is_some_and(|(g, _)| g == gang)
+    }
+
+    /// Notes that the objects of `gang` exist at `now` (applied, or found to be this job's);
+    /// the job's earlier attempts, and whatever was noted an hour ago (deleted jobs among it:
+    /// a job that launches again applies its objects again, once), are forgotten.
+    pub fn note_gang_applied(&self, gang: GangApplied, now: Timestamp) {
+        let mut applied = self.gangs_applied.lock().expect("lock");
+        applied.retain(|_, (_, at)| now.duration_since(*at) < SignedDuration::from_hours(1));
+        applied.insert(gang.uid.clone(), (gang, now));
     }
 
     pub fn remember_write(&self, read: &DistributedTraining, object: DistributedTraining) {

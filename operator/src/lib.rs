@@ -12,6 +12,7 @@ pub mod app;
 pub mod apply;
 pub mod build;
 pub mod caches;
+pub mod client;
 pub mod config;
 pub mod context;
 pub mod controller;
@@ -29,6 +30,8 @@ pub mod render;
 pub mod report;
 pub mod scheduling;
 pub mod server;
+pub mod shapes;
+pub mod unseen;
 
 pub use ferrotrain_api::crd::{
     DistributedTraining, DistributedTrainingSpec, DistributedTrainingStatus,

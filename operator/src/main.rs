@@ -45,7 +45,7 @@ fn init_logging(args: &Args) {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     init_logging(&args);
-    let client = kube::Client::try_default()
+    let clients = ferrotrain_operator::client::connect()
         .await
         .context("connecting to the Kubernetes API (in-cluster config or $KUBECONFIG)")?;
     let listener = tokio::net::TcpListener::bind(args.http_addr)
@@ -61,6 +61,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
             _ = terminate.recv() => info!("terminated"),
         }
     };
-    app::run(client, args, listener, shutdown).await?;
+    app::run(clients, args, listener, shutdown).await?;
     Ok(())
 }

@@ -54,7 +54,7 @@ impl Operator {
         let shutdown = async move {
             let _ = stopped.await;
         };
-        let task = tokio::spawn(app::run(fake.client(), *args, listener, shutdown));
+        let task = tokio::spawn(app::run(fake.client().into(), *args, listener, shutdown));
         Operator {
             task,
             stop: Some(stop),

@@ -69,6 +69,22 @@ struct Call {
     path: String,
     check: Box<dyn FnOnce(&Value) + Send>,
     answer: Answer,
+    /// One of a run of calls that may come in any order (made at once): matched by method
+    /// and path among them.
+    unordered: bool,
+}
+
+/// Calls made at once (a launch's Service, ConfigMap, Secret, NetworkPolicy): any order among
+/// them, but all of them after the calls before and before the calls after. Calls of the
+/// same method and path are matched in their order here.
+fn any_order(calls: Vec<Call>) -> Vec<Call> {
+    calls
+        .into_iter()
+        .map(|c| Call {
+            unordered: true,
+            ..c
+        })
+        .collect()
 }
 
 fn call(
@@ -82,6 +98,7 @@ fn call(
         path: path.to_string(),
         check: Box::new(check),
         answer,
+        unordered: false,
     }
 }
 
@@ -120,15 +137,29 @@ fn event_call(reason: &'static str) -> Call {
     )
 }
 
-/// Serves `calls` in order on the mocked API server; panics on any difference.
-async fn serve(mut handle: Handle, calls: Vec<Call>) -> Handle {
-    for (i, expected) in calls.into_iter().enumerate() {
+/// The expected call `request` is: the next one, or the first of the next run of
+/// [`any_order`] calls with its method and path (the next one when none has: the assertions
+/// then name the difference).
+fn take_expected(calls: &mut Vec<Call>, request: &Request<Body>) -> Call {
+    let run = calls.iter().take_while(|c| c.unordered).count();
+    let matching = calls[..run]
+        .iter()
+        .position(|c| c.method == request.method() && c.path == request.uri().path());
+    calls.remove(matching.unwrap_or(0))
+}
+
+/// Serves `calls` in order (runs of [`any_order`] calls in any order) on the mocked API
+/// server; panics on any difference.
+async fn serve(mut handle: Handle, mut calls: Vec<Call>) -> Handle {
+    let mut i = 0;
+    while !calls.is_empty() {
         let (request, send) = handle.next_request().await.unwrap_or_else(|| {
             panic!(
                 "call {i} ({} {}) never came",
-                expected.method, expected.path
+                calls[0].method, calls[0].path
             )
         });
+        let expected = take_expected(&mut calls, &request);
         assert_eq!(
             request.method(),
             expected.method,
@@ -176,6 +207,7 @@ async fn serve(mut handle: Handle, calls: Vec<Call>) -> Handle {
                 .body(Body::from(serde_json::to_vec(&answer).unwrap()))
                 .unwrap(),
         );
+        i += 1;
     }
     handle
 }
@@ -248,20 +280,21 @@ async fn first_reconcile_writes_status_then_creates_the_gang() {
     let (ctx, handle, _) = Context::test(vec![], Settings::default());
     let dt = Arc::new(job());
     let now = t(100);
-    let calls = vec![
-        status_call(&dt, "101", move |s| {
-            assert_eq!(
-                s,
-                DistributedTrainingStatus {
-                    phase: Phase::Pending,
-                    observed_generation: Some(1),
-                    start_time: Some(Time(t(100))),
-                    // Attempt 0 is in the ledger before its pods exist.
-                    recovery: pending_status().recovery,
-                    ..DistributedTrainingStatus::default()
-                }
-            );
-        }),
+    let mut calls = vec![status_call(&dt, "101", move |s| {
+        assert_eq!(
+            s,
+            DistributedTrainingStatus {
+                phase: Phase::Pending,
+                observed_generation: Some(1),
+                start_time: Some(Time(t(100))),
+                // Attempt 0 is in the ledger before its pods exist.
+                recovery: pending_status().recovery,
+                ..DistributedTrainingStatus::default()
+            }
+        );
+    })];
+    // The gang's own objects at once; who may reach the pods before any pod exists.
+    calls.extend(any_order(vec![
         get_absent(&service_path()),
         call(
             Method::PATCH,
@@ -295,7 +328,6 @@ async fn first_reconcile_writes_status_then_creates_the_gang() {
                 assert_eq!(body["stringData"]["token"].as_str().unwrap().len(), 64);
             },
         ),
-        // Who may reach the pods, before any pod exists.
         get_absent(&policy_path()),
         call(Method::PATCH, &policy_path(), Answer::Echo, |body| {
             assert_eq!(body["kind"], "NetworkPolicy");
@@ -306,6 +338,8 @@ async fn first_reconcile_writes_status_then_creates_the_gang() {
             );
             assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], UID);
         }),
+    ]));
+    calls.extend([
         call(
             Method::POST,
             &format!("/api/v1/namespaces/{NS}/pods"),
@@ -325,7 +359,7 @@ async fn first_reconcile_writes_status_then_creates_the_gang() {
             },
         ),
         event_call("Created"),
-    ];
+    ]);
     let (action, _) = reconcile_expecting(&ctx, handle, dt, now, calls).await;
     assert_eq!(action, Action::requeue(Duration::from_secs(30)));
 }
@@ -340,7 +374,7 @@ async fn objects_that_already_exist_are_not_an_error() {
     let exists = || Answer::Error(409, "AlreadyExists");
     let secret = format!("/api/v1/namespaces/{NS}/secrets/{NAME}-rdzv");
     let pod = |rank: i32| format!("/api/v1/namespaces/{NS}/pods/{NAME}-0-{rank}");
-    let calls = vec![
+    let mut calls = any_order(vec![
         get_existing(&service_path(), "Service", Some(UID)),
         call(Method::PATCH, &service_path(), Answer::Echo, |_| {}),
         get_existing(&config_map_path(), "ConfigMap", Some(UID)),
@@ -354,6 +388,8 @@ async fn objects_that_already_exist_are_not_an_error() {
         get_existing(&secret, "Secret", Some(UID)),
         get_existing(&policy_path(), "NetworkPolicy", Some(UID)),
         call(Method::PATCH, &policy_path(), Answer::Echo, |_| {}),
+    ]);
+    calls.extend([
         // The pods are created at once: both POSTs leave before either answer's GET.
         call(
             Method::POST,
@@ -370,7 +406,7 @@ async fn objects_that_already_exist_are_not_an_error() {
         get_existing(&pod(0), "Pod", Some(UID)),
         get_existing(&pod(1), "Pod", Some(UID)),
         event_call("Created"),
-    ];
+    ]);
     let (action, _) = reconcile_expecting(
         &ctx,
         handle,
@@ -419,9 +455,12 @@ fn created_false_call(reason: &'static str, what: &'static str) -> Call {
 async fn a_users_service_of_the_jobs_name_is_never_taken_over() {
     // Someone's own headless Service `mt` exists: applying with force would take it over and
     // the garbage collector would delete it with the job. It is left alone: no apply, no pod;
-    // Created=False/NameConflict names it, with a Warning event.
+    // Created=False/NameConflict names it, with a Warning event. (The job's other objects,
+    // applied at the same time, are its own: they go with it.)
     let (ctx, handle, _) = Context::test(vec![], Settings::default());
-    let calls = vec![get_existing(&service_path(), "Service", None)];
+    let mut calls = vec![get_existing(&service_path(), "Service", None)];
+    calls.extend(config_map_secret_and_policy());
+    let calls = any_order(calls);
     stopped_then_shown(&ctx, handle, calls, "Service ml/mt exists").await;
 }
 
@@ -430,11 +469,19 @@ async fn a_config_map_another_job_controls_is_never_applied_over() {
     // A ConfigMap `mt-config` controlled by another object (say a deleted and re-created job
     // of the same name, or another operator): left alone, as is the launch.
     let (ctx, handle, _) = Context::test(vec![], Settings::default());
-    let calls = vec![
+    let calls = any_order(vec![
         get_absent(&service_path()),
         call(Method::PATCH, &service_path(), Answer::Echo, |_| {}),
         get_existing(&config_map_path(), "ConfigMap", Some("another-uid")),
-    ];
+        call(
+            Method::POST,
+            &format!("/api/v1/namespaces/{NS}/secrets"),
+            Answer::Echo,
+            |_| {},
+        ),
+        get_absent(&policy_path()),
+        call(Method::PATCH, &policy_path(), Answer::Echo, |_| {}),
+    ]);
     stopped_then_shown(&ctx, handle, calls, "ConfigMap ml/mt-config exists").await;
 }
 
@@ -443,7 +490,7 @@ async fn a_secret_of_the_jobs_name_that_is_not_ours_stops_the_launch() {
     // A 409 on the token Secret used to be assumed ours: the pods would have read someone
     // else's Secret. The GET after the 409 shows no controller: no pod is created.
     let (ctx, handle, _) = Context::test(vec![], Settings::default());
-    let calls = vec![
+    let calls = any_order(vec![
         get_absent(&service_path()),
         call(Method::PATCH, &service_path(), Answer::Echo, |_| {}),
         get_absent(&config_map_path()),
@@ -459,8 +506,26 @@ async fn a_secret_of_the_jobs_name_that_is_not_ours_stops_the_launch() {
             "Secret",
             None,
         ),
-    ];
+        get_absent(&policy_path()),
+        call(Method::PATCH, &policy_path(), Answer::Echo, |_| {}),
+    ]);
     stopped_then_shown(&ctx, handle, calls, "Secret ml/mt-rdzv exists").await;
+}
+
+/// A new job's ConfigMap, Secret and NetworkPolicy, none of which exists yet.
+fn config_map_secret_and_policy() -> Vec<Call> {
+    vec![
+        get_absent(&config_map_path()),
+        call(Method::PATCH, &config_map_path(), Answer::Echo, |_| {}),
+        call(
+            Method::POST,
+            &format!("/api/v1/namespaces/{NS}/secrets"),
+            Answer::Echo,
+            |_| {},
+        ),
+        get_absent(&policy_path()),
+        call(Method::PATCH, &policy_path(), Answer::Echo, |_| {}),
+    ]
 }
 
 /// A launch that stopped on a name taken (the calls `first` up to the stop, with no status
@@ -586,10 +651,10 @@ async fn a_failed_rank_restarts_the_whole_gang_once_even_from_a_stale_cache() {
         ));
     }
     // (The cached object is still the stale one, so the status is written again.)
-    let calls = vec![
-        status_call(&dt, "104", |s| {
-            assert_eq!((s.phase, s.attempt), (Phase::Pending, 1));
-        }),
+    let mut calls = vec![status_call(&dt, "104", |s| {
+        assert_eq!((s.phase, s.attempt), (Phase::Pending, 1));
+    })];
+    calls.extend(any_order(vec![
         get_absent(&service_path()),
         call(
             Method::PATCH,
@@ -617,6 +682,8 @@ async fn a_failed_rank_restarts_the_whole_gang_once_even_from_a_stale_cache() {
         ),
         get_existing(&policy_path(), "NetworkPolicy", Some(UID)),
         call(Method::PATCH, &policy_path(), Answer::Echo, |_| {}),
+    ]));
+    calls.extend([
         call(
             Method::POST,
             &format!("/api/v1/namespaces/{NS}/pods"),
@@ -642,9 +709,94 @@ async fn a_failed_rank_restarts_the_whole_gang_once_even_from_a_stale_cache() {
             },
         ),
         event_call("Created"),
-    ];
+    ]);
     let (action, _) = reconcile_expecting(&ctx, handle, dt, t(112), calls).await;
     assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+}
+
+#[tokio::test]
+async fn a_pod_replaced_in_the_same_attempt_is_created_alone() {
+    // Attempt 0's launch applied the gang's Service, ConfigMap, Secret and NetworkPolicy: the
+    // pod that replaces a lost one is the only create (a drain's hundreds of replacements had
+    // cost 8 calls more each on the API server). A new generation of the spec applies them
+    // again, and so does another process (a new leader knows nothing of them).
+    let pods = vec![api_pod(0, 0).with_trainer(trainer_running())];
+    let (ctx, handle, _) = Context::test(pods, Settings::default());
+    let mut dt = job().with_status(running_status(0, 0));
+    dt.spec.restart_policy.in_place = true;
+    let dt = Arc::new(dt);
+    let applied = GangApplied {
+        uid: UID.into(),
+        attempt: 0,
+        generation: Some(1),
+    };
+    ctx.note_gang_applied(applied.clone(), t(90));
+    let calls = vec![
+        status_call(&dt, "101", |s| {
+            assert_eq!((s.phase, s.attempt, s.restarts), (Phase::Starting, 0, 0));
+        }),
+        call(
+            Method::POST,
+            &format!("/api/v1/namespaces/{NS}/pods"),
+            Answer::Echo,
+            |body| assert_eq!(body["metadata"]["name"], "mt-0-1"),
+        ),
+        event_call("PodReplaced"),
+    ];
+    reconcile_expecting(&ctx, handle, dt, t(100), calls).await;
+    assert!(ctx.gang_applied(&applied));
+    let newer = GangApplied {
+        generation: Some(2),
+        ..applied.clone()
+    };
+    assert!(!ctx.gang_applied(&newer));
+    // Forgotten an hour later, with whatever else was noted then.
+    ctx.note_gang_applied(newer.clone(), t(100 + 3600));
+    assert!(ctx.gang_applied(&newer));
+    ctx.note_gang_applied(
+        GangApplied {
+            uid: "other".into(),
+            ..applied
+        },
+        t(100 + 2 * 3600),
+    );
+    assert!(!ctx.gang_applied(&newer));
+}
+
+#[tokio::test]
+async fn a_pod_created_by_the_last_reconcile_is_not_created_again_before_the_cache_shows_it() {
+    // The drain on the fleet bench: another pod's event woke the job between the create of a
+    // replacement and the watch event that brought it; the second reconcile saw it missing and
+    // created it again (409, and a GET).
+    let pods = vec![api_pod(0, 0).with_trainer(trainer_running())];
+    let (ctx, handle, _) = Context::test(pods, Settings::default());
+    let mut dt = job().with_status(running_status(0, 0));
+    dt.spec.restart_policy.in_place = true;
+    dt.metadata.resource_version = Some("100".into());
+    let dt = Arc::new(dt);
+    let applied = GangApplied {
+        uid: UID.into(),
+        attempt: 0,
+        generation: Some(1),
+    };
+    ctx.note_gang_applied(applied, t(90));
+    let calls = vec![
+        status_call(&dt, "101", |s| assert_eq!(s.replicas, 1)),
+        call(
+            Method::POST,
+            &format!("/api/v1/namespaces/{NS}/pods"),
+            Answer::Echo,
+            |body| assert_eq!(body["metadata"]["name"], "mt-0-1"),
+        ),
+        event_call("PodReplaced"),
+    ];
+    let (_, handle) = reconcile_expecting(&ctx, handle, dt.clone(), t(100), calls).await;
+    // The cache still lacks mt-0-1 (and shows the job as it was before the status write):
+    // no pod is created; the status counts the pod created.
+    let calls = vec![status_call(&dt, "102", |s| {
+        assert_eq!((s.phase, s.replicas), (Phase::Starting, 2));
+    })];
+    reconcile_expecting(&ctx, handle, dt, t(101), calls).await;
 }
 
 #[tokio::test]
