@@ -21,10 +21,13 @@ use crate::labels;
 /// lost before it was ever seen is replaced soon.
 pub const UNSEEN_TTL: SignedDuration = SignedDuration::from_secs(15);
 
+/// A pod's namespace and name.
+type PodKey = (String, String);
+
 /// Created pods by namespace and name, with when they were created.
 #[derive(Default)]
 pub struct UnseenPods {
-    pods: Mutex<HashMap<(String, String), (Arc<Pod>, Timestamp)>>,
+    pods: Mutex<HashMap<PodKey, (Arc<Pod>, Timestamp)>>,
 }
 
 impl UnseenPods {
