@@ -714,27 +714,30 @@ async fn a_failed_rank_restarts_the_whole_gang_once_even_from_a_stale_cache() {
     assert_eq!(action, Action::requeue(Duration::from_secs(30)));
 }
 
-#[tokio::test]
-async fn a_pod_replaced_in_the_same_attempt_is_created_alone() {
-    // Attempt 0's launch applied the gang's Service, ConfigMap, Secret and NetworkPolicy: the
-    // pod that replaces a lost one is the only create (a drain's hundreds of replacements had
-    // cost 8 calls more each on the API server). A new generation of the spec applies them
-    // again, and so does another process (a new leader knows nothing of them).
+/// Rank 1's pod of a running in-place job is gone and attempt 0's gang objects were applied
+/// (at t(90)): the context, the job (resourceVersion 100) and what was noted.
+fn rank_1_gone() -> (Arc<Context>, Handle, Arc<DistributedTraining>, GangApplied) {
     let pods = vec![api_pod(0, 0).with_trainer(trainer_running())];
     let (ctx, handle, _) = Context::test(pods, Settings::default());
     let mut dt = job().with_status(running_status(0, 0));
     dt.spec.restart_policy.in_place = true;
-    let dt = Arc::new(dt);
+    dt.metadata.resource_version = Some("100".into());
     let applied = GangApplied {
         uid: UID.into(),
         attempt: 0,
         generation: Some(1),
     };
     ctx.note_gang_applied(applied.clone(), t(90));
-    let calls = vec![
-        status_call(&dt, "101", |s| {
-            assert_eq!((s.phase, s.attempt, s.restarts), (Phase::Starting, 0, 0));
-        }),
+    (ctx, handle, Arc::new(dt), applied)
+}
+
+/// The calls of rank 1's replacement: the status (`check`ed), the pod alone, the event.
+fn replacing_rank_1(
+    dt: &Arc<DistributedTraining>,
+    check: impl FnOnce(DistributedTrainingStatus) + Send + 'static,
+) -> Vec<Call> {
+    vec![
+        status_call(dt, "101", check),
         call(
             Method::POST,
             &format!("/api/v1/namespaces/{NS}/pods"),
@@ -742,7 +745,19 @@ async fn a_pod_replaced_in_the_same_attempt_is_created_alone() {
             |body| assert_eq!(body["metadata"]["name"], "mt-0-1"),
         ),
         event_call("PodReplaced"),
-    ];
+    ]
+}
+
+#[tokio::test]
+async fn a_pod_replaced_in_the_same_attempt_is_created_alone() {
+    // Attempt 0's launch applied the gang's Service, ConfigMap, Secret and NetworkPolicy: the
+    // pod that replaces a lost one is the only create (a drain's hundreds of replacements had
+    // cost 8 calls more each on the API server). A new generation of the spec applies them
+    // again, and so does another process (a new leader knows nothing of them).
+    let (ctx, handle, dt, applied) = rank_1_gone();
+    let calls = replacing_rank_1(&dt, |s| {
+        assert_eq!((s.phase, s.attempt, s.restarts), (Phase::Starting, 0, 0));
+    });
     reconcile_expecting(&ctx, handle, dt, t(100), calls).await;
     assert!(ctx.gang_applied(&applied));
     let newer = GangApplied {
@@ -768,28 +783,8 @@ async fn a_pod_created_by_the_last_reconcile_is_not_created_again_before_the_cac
     // The drain on the fleet bench: another pod's event woke the job between the create of a
     // replacement and the watch event that brought it; the second reconcile saw it missing and
     // created it again (409, and a GET).
-    let pods = vec![api_pod(0, 0).with_trainer(trainer_running())];
-    let (ctx, handle, _) = Context::test(pods, Settings::default());
-    let mut dt = job().with_status(running_status(0, 0));
-    dt.spec.restart_policy.in_place = true;
-    dt.metadata.resource_version = Some("100".into());
-    let dt = Arc::new(dt);
-    let applied = GangApplied {
-        uid: UID.into(),
-        attempt: 0,
-        generation: Some(1),
-    };
-    ctx.note_gang_applied(applied, t(90));
-    let calls = vec![
-        status_call(&dt, "101", |s| assert_eq!(s.replicas, 1)),
-        call(
-            Method::POST,
-            &format!("/api/v1/namespaces/{NS}/pods"),
-            Answer::Echo,
-            |body| assert_eq!(body["metadata"]["name"], "mt-0-1"),
-        ),
-        event_call("PodReplaced"),
-    ];
+    let (ctx, handle, dt, _) = rank_1_gone();
+    let calls = replacing_rank_1(&dt, |s| assert_eq!(s.replicas, 1));
     let (_, handle) = reconcile_expecting(&ctx, handle, dt.clone(), t(100), calls).await;
     // The cache still lacks mt-0-1 (and shows the job as it was before the status write):
     // no pod is created; the status counts the pod created.
