@@ -15,8 +15,9 @@ KEEP_NAMESPACE=ferrotrain-e2e-images
 keep_images() {
   local tag="$1" node
   kubectl create namespace "$KEEP_NAMESPACE" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-  # The last run's pods held the last run's images: gone, those can be collected.
-  kubectl -n "$KEEP_NAMESPACE" delete pods --all --wait=false >/dev/null
+  # Another run's pods held its images: gone, those can be collected (this tag's stay).
+  kubectl -n "$KEEP_NAMESPACE" get pods -o name | { grep -v -- "-$tag\$" || true; } \
+    | xargs -r kubectl -n "$KEEP_NAMESPACE" delete --wait=false >/dev/null
   for node in "$FTC_DIR"/nodes/*/; do
     node=$(basename "$node")
     kubectl -n "$KEEP_NAMESPACE" apply -f - >/dev/null <<EOF
