@@ -12,7 +12,7 @@ use kube::api::{Api, EvictParams, Patch, PatchParams};
 use serde_json::json;
 
 use super::bench::Bench;
-use super::jobs::{poll, quantile};
+use super::jobs::{p50_p99_max, poll, quantile};
 use super::phases::{Row, row, say, server_row, sim_snapshot, wait_holder};
 use super::window::Counters;
 
@@ -176,12 +176,7 @@ pub async fn drain(b: &mut Bench, rows: &mut Vec<Row>) -> Result<(), String> {
             "drain: a pod gone from the API -> its replacement created (the operator's part), {} pods: p50 / p99 / max",
             reaction.len()
         ),
-        format!(
-            "{:.2} / {:.2} / {:.2} s",
-            quantile(&reaction, 0.5),
-            quantile(&reaction, 0.99),
-            quantile(&reaction, 1.0)
-        ),
+        p50_p99_max(&reaction, 2),
         "",
     ));
     rows.push(server_row(

@@ -89,6 +89,12 @@ pub fn quantile(values: &[f64], q: f64) -> f64 {
     v[rank - 1]
 }
 
+/// "p50 / p99 / max s" of `values`, with `decimals` digits.
+pub fn p50_p99_max(values: &[f64], decimals: usize) -> String {
+    let [p50, p99, max] = [0.5, 0.99, 1.0].map(|q| quantile(values, q));
+    format!("{p50:.decimals$} / {p99:.decimals$} / {max:.decimals$} s")
+}
+
 /// Seconds since `t`.
 pub fn since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64()
@@ -153,5 +159,6 @@ mod tests {
         assert_eq!(quantile(&v, 0.99), 99.0);
         assert_eq!(quantile(&v, 1.0), 100.0);
         assert!(quantile(&[], 0.5).is_nan());
+        assert_eq!(p50_p99_max(&v, 2), "50.00 / 99.00 / 100.00 s");
     }
 }

@@ -12,7 +12,7 @@ use serde_json::json;
 
 use super::bench::Bench;
 use super::disrupt;
-use super::jobs::{create_many, hollow_job, poll, quantile};
+use super::jobs::{create_many, hollow_job, p50_p99_max, poll, quantile};
 use super::metrics::http_get;
 use super::window::{Counters, Window};
 use crate::hollow::{ANNOTATION_PROGRESS, HOLLOW_LABEL, Snapshot};
@@ -295,12 +295,7 @@ async fn running(b: &mut Bench, rows: &mut Vec<Row>) -> Result<(), String> {
             "apply -> all {want} pods created, {} jobs at once: p50 / p99 / max",
             s.latency_jobs
         ),
-        format!(
-            "{:.3} / {:.3} / {:.3} s",
-            quantile(&latencies, 0.5),
-            quantile(&latencies, 0.99),
-            quantile(&latencies, 1.0)
-        ),
+        p50_p99_max(&latencies, 3),
         "p99 < 1 s",
     ));
     rows.push(server_row("the burst", &burst));
