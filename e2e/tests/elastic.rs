@@ -7,7 +7,7 @@ use std::time::Instant;
 use ferrotrain_api::crd::{Phase, condition};
 use ferrotrain_api::recovery::Timestamp;
 use ferrotrain_e2e::{
-    TestNamespace, WAIT, copy_job, wait_first_checkpoint, wait_rank0, wait_status,
+    TestNamespace, WAIT, copy_job, wait_first_checkpoint, wait_for, wait_rank0, wait_status,
 };
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
@@ -84,6 +84,7 @@ async fn a_lost_pod_that_cannot_be_placed_leaves_a_smaller_gang_that_grows_back(
         |s| s.observed_generation >= generation,
     )
     .await;
+    let old_uid = ns.pods().get("elastic-0-2").await.unwrap().metadata.uid;
     let deleted = Timestamp::now();
     let deleted_clock = Instant::now();
     ns.pods()
@@ -115,8 +116,23 @@ async fn a_lost_pod_that_cannot_be_placed_leaves_a_smaller_gang_that_grows_back(
         (0, Phase::Running),
         "no gang restart: {shrunk:?}"
     );
-    let pending = ns.pods().get("elastic-0-2").await.expect("the replacement");
-    let phase = pending.status.and_then(|s| s.phase);
+    // The replacement is created once the deleted pod is gone, which can be after the gang
+    // already trains without it.
+    let phase = wait_for("rank 2's replacement", WAIT, || async {
+        let pod = ns.pods().get_opt("elastic-0-2").await.expect("rank 2's pod");
+        let seen = pod.as_ref().map(|p| {
+            let phase = p.status.as_ref().and_then(|s| s.phase.clone());
+            format!("uid {:?}, phase {phase:?}", p.metadata.uid)
+        });
+        let seen = seen.unwrap_or_else(|| "no pod".into());
+        let replacement = pod.filter(|p| p.metadata.uid != old_uid);
+        (replacement.map(|p| p.status.and_then(|s| s.phase)), seen)
+    })
+    .await;
+    eprintln!(
+        "rank 2's replacement created {:.1} s after the deletion",
+        deleted_clock.elapsed().as_secs_f64()
+    );
     assert_eq!(phase.as_deref(), Some("Pending"), "it cannot be placed");
 
     // Capacity is back: a node gets the label and the gang grows to 3 at its next round.
