@@ -130,6 +130,12 @@ pub async fn reconcile_at(
         launch_stop: launch_stop.as_ref(),
     });
     debug!(job = %owner.name, phase = %decision.status.phase, actions = ?decision.actions, "decided");
+    // Held until the creates are done ([`crate::context::LAUNCHES_AT_ONCE`]).
+    let _launching = if decision.launches() {
+        ctx.launching.acquire().await.ok()
+    } else {
+        None
+    };
     let launches = build_launches(ctx, &dt, &owner, &decision, &gang_mode);
     carry_out(ctx, &dt, &owner, &status, decision, launches, now).await
 }

@@ -8,6 +8,14 @@ use ferrotrain_operator::config::{Args, Cli, Command, LogFormat};
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::info;
 
+/// jemalloc, not glibc's allocator: after a burst of launches glibc kept two thirds of what
+/// the leader had allocated (at 100 running jobs: 80 MB taken from the system, 26 MB in use;
+/// `malloc_trim` gave 40 MB back), so its resident size grew with every burst it survived.
+/// jemalloc returns pages freed for 10 s (its default decay) to the system.
+#[cfg(target_os = "linux")]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();

@@ -37,6 +37,15 @@ pub struct Decision {
     pub requeue_after: Option<Duration>,
 }
 
+impl Decision {
+    /// Whether it creates pods (a new attempt's gang, or replacements).
+    pub fn launches(&self) -> bool {
+        self.actions
+            .iter()
+            .any(|a| matches!(a, Action::Launch { .. }))
+    }
+}
+
 /// Deletes first, then the rest (launches need the status written in between; the
 /// controller writes the status after deletes).
 pub(super) fn order(mut actions: Vec<Action>) -> Vec<Action> {
