@@ -119,7 +119,11 @@ async fn a_lost_pod_that_cannot_be_placed_leaves_a_smaller_gang_that_grows_back(
     // The replacement is created once the deleted pod is gone, which can be after the gang
     // already trains without it.
     let phase = wait_for("rank 2's replacement", WAIT, || async {
-        let pod = ns.pods().get_opt("elastic-0-2").await.expect("rank 2's pod");
+        let pod = ns
+            .pods()
+            .get_opt("elastic-0-2")
+            .await
+            .expect("rank 2's pod");
         let seen = pod.as_ref().map(|p| {
             let phase = p.status.as_ref().and_then(|s| s.phase.clone());
             format!("uid {:?}, phase {phase:?}", p.metadata.uid)
