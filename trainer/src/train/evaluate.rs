@@ -1,15 +1,11 @@
 //! Evaluation: validation loss and corpus BLEU, each rank on its slice of the validation
-//! set, the sufficient statistics summed over ranks.
+//! set, the sufficient statistics summed over ranks; and what the run's evaluations found,
+//! which decides when the next is due.
 
-use std::time::Instant;
-
-use ferrotrain_api::{TrainerConfig, TrainerPhase};
+use ferrotrain_api::TrainerConfig;
 use tch::Device;
 
-use super::report::set_phase;
-use super::start::log_line;
-use super::step::StepOutcome;
-use super::trainer::Trainer;
+use super::outcome::StepOutcome;
 use crate::bleu::BleuStats;
 use crate::data::{self, Corpus};
 use crate::decode;
@@ -17,9 +13,70 @@ use crate::dist::{self, Collective};
 use crate::error::Result;
 use crate::model::{self, Transformer};
 
+/// What the evaluations of this run found.
+pub(super) struct EvalState {
+    /// The last evaluation that had a loss: (loss, BLEU).
+    last: Option<(f64, Option<f64>)>,
+    best: Option<f64>,
+    /// The step evaluated last (the starting step before the first evaluation).
+    last_step: u64,
+    /// How long the last evaluation took (the ETA adds the ones to come).
+    last_seconds: f64,
+}
+
+impl EvalState {
+    /// No evaluation yet in this run: it counts from the starting `step`.
+    pub(super) fn new(step: u64) -> Self {
+        EvalState {
+            last: None,
+            best: None,
+            last_step: step,
+            last_seconds: 0.0,
+        }
+    }
+
+    /// Every `every` steps and after the last, once a step; not after a signal (a
+    /// signalled rank has seconds before SIGKILL: it checkpoints, it does not evaluate).
+    pub(super) fn due(&self, every: u64, s: &StepOutcome, interrupted: bool) -> bool {
+        let step = s.step;
+        let eval_due = ((every > 0 && step.is_multiple_of(every)) || s.final_step) && !interrupted;
+        eval_due && self.last_step != step
+    }
+
+    /// The evaluation of `step` took `seconds` and found `loss` and `bleu`.
+    pub(super) fn record(&mut self, step: u64, seconds: f64, loss: Option<f64>, bleu: Option<f64>) {
+        self.last_step = step;
+        self.last_seconds = seconds;
+        if let Some(l) = loss {
+            self.best = Some(self.best.map_or(l, |b: f64| b.min(l)));
+            self.last = Some((l, bleu));
+        }
+    }
+
+    /// `step` was evaluated.
+    pub(super) fn evaluated_at(&self, step: u64) -> bool {
+        self.last_step == step
+    }
+
+    /// The last evaluation that had a loss: (loss, BLEU).
+    pub(super) fn last(&self) -> Option<(f64, Option<f64>)> {
+        self.last
+    }
+
+    /// The lowest loss of the run's evaluations.
+    pub(super) fn best(&self) -> Option<f64> {
+        self.best
+    }
+
+    /// How long the last evaluation took.
+    pub(super) fn last_seconds(&self) -> f64 {
+        self.last_seconds
+    }
+}
+
 /// Validation loss (per target token, no smoothing) and BLEU statistics for this rank's
 /// share of the validation set; every rank must call it (it all-reduces).
-fn evaluate(
+pub(super) fn evaluate(
     model: &Transformer,
     corpus: &Corpus,
     config: &TrainerConfig,
@@ -97,52 +154,51 @@ fn evaluate(
     Ok((loss, bleu_score))
 }
 
-impl Trainer<'_> {
-    /// Every `eval.everySteps` steps and after the last (every rank: `evaluate` all-reduces).
-    pub(super) fn evaluate_if_due(&mut self, s: &StepOutcome) -> Result<()> {
-        let step = s.step;
-        let every = self.config.eval.every_steps;
-        // A signalled rank has seconds before SIGKILL: checkpoint, do not evaluate.
-        let eval_due = ((every > 0 && step.is_multiple_of(every)) || s.final_step)
-            && self.interrupted_by.is_none();
-        if !eval_due || self.eval.last_step == step {
-            return Ok(());
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(step: u64, final_step: bool) -> StepOutcome {
+        StepOutcome {
+            step,
+            loss: 1.0,
+            grad_norm: 1.0,
+            lr: 1e-3,
+            seconds: 0.1,
+            comm_seconds: 0.0,
+            tokens: 10,
+            samples: 2,
+            train_seconds: 1.0,
+            gang_resources: None,
+            final_step,
+            skipped: false,
+            loss_scale: None,
         }
-        set_phase(&self.progress, TrainerPhase::Evaluating);
-        let e0 = Instant::now();
-        let (eval_loss, eval_bleu) = evaluate(
-            &self.replica.model,
-            &self.corpus,
-            self.config,
-            self.comm.as_mut(),
-            self.device,
-        )?;
-        let eval = &mut self.eval;
-        eval.last_step = step;
-        eval.last_seconds = e0.elapsed().as_secs_f64();
-        if let Some(l) = eval_loss {
-            eval.best = Some(eval.best.map_or(l, |b: f64| b.min(l)));
-            eval.last = Some((l, eval_bleu));
-        }
-        if self.leader {
-            tracing::info!(
-                step,
-                eval_loss = eval_loss.unwrap_or(f64::NAN),
-                eval_bleu = eval_bleu.unwrap_or(f64::NAN),
-                seconds = e0.elapsed().as_secs_f64(),
-                "evaluation"
-            );
-            if let Some(log) = self.log.as_mut() {
-                let line = serde_json::json!({"step": step, "evalLoss": eval_loss, "evalBleu": eval_bleu, "evalSeconds": e0.elapsed().as_secs_f64()});
-                log_line(log, &line)?;
-            }
-        }
-        let mut p = self.progress.lock().expect("progress lock");
-        p.eval_loss = eval_loss;
-        p.eval_bleu = eval_bleu;
-        p.eval_step = Some(step);
-        p.best_eval_loss = self.eval.best;
-        p.phase = TrainerPhase::Training;
-        Ok(())
+    }
+
+    #[test]
+    fn evaluations_are_due_every_few_steps_and_at_the_end_once_and_keep_the_best() {
+        let mut eval = EvalState::new(10);
+        assert!(!eval.due(10, &step(10, false), false), "the starting step");
+        assert!(!eval.due(10, &step(15, false), false));
+        assert!(eval.due(10, &step(20, false), false));
+        assert!(!eval.due(10, &step(20, false), true), "not after a signal");
+        assert!(eval.due(0, &step(23, true), false), "the last step");
+        assert!(
+            !eval.due(0, &step(23, false), false),
+            "never without everySteps"
+        );
+        eval.record(20, 2.5, Some(3.0), Some(12.0));
+        assert!(eval.evaluated_at(20));
+        assert!(!eval.due(10, &step(20, true), false), "once a step");
+        eval.record(30, 1.5, Some(3.5), None);
+        eval.record(40, 1.0, None, None);
+        assert_eq!(eval.best(), Some(3.0));
+        assert_eq!(
+            eval.last(),
+            Some((3.5, None)),
+            "a loss-less evaluation is not the last"
+        );
+        assert_eq!(eval.last_seconds(), 1.0);
     }
 }

@@ -9,7 +9,6 @@ use tch::Tensor;
 
 use super::trainer::Trainer;
 use crate::error::{Result, TrainError};
-use crate::resources::ResourceSampler;
 use ferrotrain_launch::signals;
 
 /// What `Trainer::exchange` reads at the end of a step's backward, for its gang and
@@ -50,7 +49,10 @@ impl Trainer<'_> {
         let signal = signals::received();
         let train_seconds = self.clock.train_seconds();
         // The same on every rank: the step number decides.
-        let summarise = (self.step + 1).is_multiple_of(self.config.log_every_steps.max(1));
+        let summarise = self
+            .position
+            .next_step()
+            .is_multiple_of(self.config.log_every_steps.max(1));
         let end = StepEnd {
             loss_local,
             target_tokens,
@@ -78,7 +80,7 @@ impl Trainer<'_> {
         let flag = f32::from(u8::from(end.signal != 0));
         let mut host = vec![0.0, clock as f32, flag];
         if end.summarise {
-            host.extend(resource_slots(&mut self.sampler, self.rank, self.world));
+            host.extend(self.reporting.resource_slots(self.rank, self.world));
         }
         let mut scalars = self.comm.upload(&host)?;
         tch::no_grad(|| {
@@ -127,7 +129,9 @@ impl Trainer<'_> {
         parts.extend(self.replica.optimizer.grad_norm().map(|n| n.reshape([1])));
         let v = self.comm.download(Tensor::cat(&parts, 0))?;
         let gang_resources = if end.summarise {
-            let mine: Vec<f64> = resource_slots(&mut self.sampler, 0, 1)
+            let mine: Vec<f64> = self
+                .reporting
+                .resource_slots(0, 1)
                 .into_iter()
                 .map(f64::from)
                 .collect();
@@ -144,12 +148,4 @@ impl Trainer<'_> {
             interrupted_by: (end.signal != 0).then_some(end.signal),
         })
     }
-}
-
-/// This rank's resources in its slots of the step's all-reduce (the other ranks' slots 0).
-fn resource_slots(sampler: &mut ResourceSampler, rank: usize, world: usize) -> Vec<f32> {
-    let mut slots = vec![0.0f32; world * GangResources::SLOTS];
-    let mine = GangResources::slots(sampler.sample().as_ref());
-    slots[rank * GangResources::SLOTS..][..GangResources::SLOTS].copy_from_slice(&mine);
-    slots
 }

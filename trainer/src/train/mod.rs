@@ -6,24 +6,34 @@
 //! writes checkpoints and serves progress; it broadcasts the vocabulary, the weights and the
 //! optimizer state, so other ranks never need the checkpoint volume.
 //!
-//! `run` is the loop; each file holds one concern of it: `job` (what a run is given and
-//! returns, the job directory's files), `trainer` (the run's state), `start` (everything
-//! before the first step), `resume` (where the state comes from: a peer's, a checkpoint's),
-//! `step` (batch, forward and backward, optimizer step), `exchange` (the step's collectives
-//! and its one host read), `evaluate`, `save` (when rank 0 checkpoints), `hand_over` (the
-//! state left for the next round), `report` (the step log, the progress report) and `window`
-//! (rates).
+//! `run` is the loop; each file holds one concern of it. What a run is given and returns:
+//! `job` (and the job directory's files). Before the first step: `start`, `resume` (where
+//! the state comes from: a peer's, a checkpoint's), `replica` (the model and its optimizer).
+//! The loop: `step` (forward and backward, optimizer step, then the concerns), `exchange`
+//! (the step's collectives and its one host read), `outcome` (what a step did, and the
+//! judgement of its loss). The state, each part with the methods that change it (`trainer`
+//! holds them together): `batch` (the stream, the step's global batch), `position` (the
+//! job's step and samples), `stop` (the time budget, a signal), `clock` (training time),
+//! `scaling` (precision and fp16's loss scale), `evaluate`, `save` (when rank 0
+//! checkpoints), `report` (the step log, the progress report) with `window` (rates), and
+//! `hand_over` (the state left for the next round).
 
+mod batch;
+mod clock;
 mod evaluate;
 mod exchange;
 mod hand_over;
 mod job;
+mod outcome;
+mod position;
 mod replica;
 mod report;
 mod resume;
 mod save;
+mod scaling;
 mod start;
 mod step;
+mod stop;
 mod trainer;
 mod window;
 
@@ -42,7 +52,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         t.hand_over(&e);
         return Err(e);
     }
-    if t.interrupted_by.is_some() {
+    if t.stop.interrupted_by().is_some() {
         t.hand_over_at_stop();
     }
     t.finish()

@@ -1,34 +1,104 @@
-//! What a step tells the world: its line in rank 0's train log, the progress report
-//! (/progress, /metrics, TensorBoard, the launcher's progress file) with its rates and ETA,
-//! and a log line every `logEverySteps`.
+//! What the run tells the world: rank 0's train log (a line per step, per evaluation), the
+//! progress report (/progress, /metrics, TensorBoard, the launcher's progress file) with its
+//! rates and ETA, and a log line every `logEverySteps`. It only records: what a step's loss
+//! means for the run is the step's to judge (`outcome`).
 
-use ferrotrain_api::TrainerPhase;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+use ferrotrain_api::progress::GangResources;
 use ferrotrain_api::recovery::Timestamp;
+use ferrotrain_api::{CheckpointInfo, Progress, TrainerConfig, TrainerPhase};
 
-use super::start::log_line;
-use super::step::StepOutcome;
-use super::trainer::Trainer;
-use crate::error::{Result, TrainError};
-use crate::metrics::SharedProgress;
+use super::job::{RunOptions, TRAIN_LOG};
+use super::outcome::StepOutcome;
+use super::replica::ModelReplica;
+use super::resume::Start;
+use super::scaling::Scaling;
+use super::window::Window;
+use crate::checkpoint::CheckpointStore;
+use crate::error::Result;
+use crate::metrics::{MetricsServer, Reporter, SharedProgress};
+use crate::model;
+use crate::resources::ResourceSampler;
 
-impl Trainer<'_> {
-    /// Keeps the step for the rates and the reported loss, refuses a loss that is not
-    /// finite (unless fp16 skipped the step: the loss scale backs off), and (rank 0) appends
-    /// the step's line to the train log.
-    pub(super) fn record(&mut self, s: &StepOutcome) -> Result<()> {
+/// The reporting side of a run: what it keeps of recent steps and where it tells them.
+pub(super) struct Reporting {
+    /// Every rank's CPU, memory and GPU, summed into rank 0's view with the step's
+    /// all-reduce every logEverySteps.
+    sampler: ResourceSampler,
+    window: Window,
+    /// The last step's loss.
+    train_loss: Option<f64>,
+    leader: bool,
+    // Dropped in this order, the reverse of making them: the metrics server stops before
+    // the run's store and collective go.
+    log: Option<File>,
+    reporter: Reporter,
+    _server: Option<MetricsServer>,
+    progress: SharedProgress,
+}
+
+/// What the progress report shows besides the step: where the run stands, from the
+/// concerns that keep it.
+pub(super) struct Standing {
+    pub(super) samples: u64,
+    pub(super) epoch: u64,
+    pub(super) skipped_steps: u64,
+    /// The gradients are exchanged with other ranks (a comm fraction is reported).
+    pub(super) exchanged: bool,
+    /// Rank 0's newest complete checkpoint (none on the others).
+    pub(super) last_checkpoint: Option<CheckpointInfo>,
+    /// How long the last evaluation took (the ETA adds the ones to come).
+    pub(super) eval_seconds: f64,
+    /// `maxSeconds`.
+    pub(super) budget: Option<f64>,
+}
+
+impl Reporting {
+    /// `progress` as `serve_progress` made it, the reporter started on it, rank 0's step
+    /// log, and a sampler that has taken its first sample.
+    pub(super) fn new(
+        leader: bool,
+        progress: SharedProgress,
+        server: Option<MetricsServer>,
+        reporter: Reporter,
+        log: Option<File>,
+        sampler: ResourceSampler,
+    ) -> Self {
+        Reporting {
+            sampler,
+            window: Window::default(),
+            train_loss: None,
+            leader,
+            log,
+            reporter,
+            _server: server,
+            progress,
+        }
+    }
+
+    /// The last step's loss.
+    pub(super) fn train_loss(&self) -> Option<f64> {
+        self.train_loss
+    }
+
+    /// Keeps the step for the rates and the reported loss, and (rank 0) appends the step's
+    /// line to the train log, with the job's `samples` after it.
+    pub(super) fn record(&mut self, s: &StepOutcome, samples: u64) -> Result<()> {
         self.window
             .push(s.seconds, s.comm_seconds, s.tokens, s.samples);
         let (step, loss) = (s.step, s.loss);
+        // Not finite only on a step fp16 skipped: it keeps the last loss.
         if loss.is_finite() {
             self.window.push_loss(loss);
-        } else if !s.skipped {
-            return Err(TrainError::Other(format!(
-                "loss became {loss} at step {step}: lower optimizer.lr or raise schedule.warmupSteps"
-            ).into()));
+            self.train_loss = Some(loss);
         }
         if let Some(log) = self.log.as_mut() {
             let mut line = serde_json::json!({
-                "step": step, "loss": loss, "lr": s.lr, "gradNorm": s.grad_norm, "samples": self.samples,
+                "step": step, "loss": loss, "lr": s.lr, "gradNorm": s.grad_norm, "samples": samples,
                 "tokens": s.tokens, "seconds": s.seconds, "commSeconds": s.comm_seconds,
             });
             if let Some(scale) = s.loss_scale {
@@ -44,30 +114,26 @@ impl Trainer<'_> {
 
     /// The step in the progress report (/progress, /metrics, the launcher's progress file),
     /// in TensorBoard, and (rank 0, every logEverySteps) in a log line.
-    pub(super) fn report(&mut self, s: &StepOutcome) {
-        let config = self.config;
-        let (step, lr) = (s.step, s.lr);
+    pub(super) fn step(&mut self, config: &TrainerConfig, s: &StepOutcome, at: Standing) {
         let rates = self.window.rates();
         let mut p = self.progress.lock().expect("progress lock");
-        p.step = step;
-        p.samples = self.samples;
-        p.epoch = self.stream.position().epoch;
+        p.step = s.step;
+        p.samples = at.samples;
+        p.epoch = at.epoch;
         p.loss = Some(self.window.mean_loss());
-        p.learning_rate = Some(lr);
+        p.learning_rate = Some(s.lr);
         p.loss_scale = s.loss_scale;
-        p.skipped_steps = self.skipped_steps;
+        p.skipped_steps = at.skipped_steps;
         if let Some(r) = rates {
             p.steps_per_second = Some(r.steps_per_second);
             p.samples_per_second = Some(r.samples_per_second);
             p.tokens_per_second = Some(r.tokens_per_second);
             p.step_time_seconds = Some(r.step_time_seconds);
-            let exchanged = self.replica.grad_sync.is_some();
-            p.comm_fraction = exchanged.then_some(r.comm_fraction.clamp(0.0, 1.0));
-            p.eta_seconds = Some(self.eta(s, r.steps_per_second));
+            p.comm_fraction = at.exchanged.then_some(r.comm_fraction.clamp(0.0, 1.0));
+            let eta = eta(config, s, r.steps_per_second, at.eval_seconds, at.budget);
+            p.eta_seconds = Some(eta);
         }
-        if let Some(store) = self.store.as_ref() {
-            p.last_checkpoint = store.last_completed();
-        }
+        p.last_checkpoint = at.last_checkpoint;
         p.peak_memory_bytes = peak_memory_bytes();
         if p.attempt_first_step_time.is_none() {
             p.attempt_first_step_time = Some(Timestamp::now());
@@ -76,43 +142,119 @@ impl Trainer<'_> {
             p.gang_resources = Some(g.clone());
         }
         self.reporter.step(&p, s.loss, s.grad_norm);
-        let scale = s
-            .loss_scale
-            .map(|l| format!(" loss scale {l} ({} skipped)", p.skipped_steps))
-            .unwrap_or_default();
-        if self.leader && (step % config.log_every_steps == 0 || step == 1 || s.final_step) {
-            tracing::info!(
-                "step {step}/{} loss {:.4} lr {lr:.3e} {:.2} steps/s {:.0} tok/s comm {:.0}% eta {:.0}s{scale}",
-                config.max_steps,
-                p.loss.unwrap_or(f64::NAN),
-                p.steps_per_second.unwrap_or(0.0),
-                p.tokens_per_second.unwrap_or(0.0),
-                100.0 * p.comm_fraction.unwrap_or(0.0),
-                p.eta_seconds.unwrap_or(0.0),
-            );
+        let step = s.step;
+        if self.leader && (step.is_multiple_of(config.log_every_steps) || step == 1 || s.final_step)
+        {
+            log_step(config, s, &p);
         }
     }
 
-    /// Seconds to the end at `steps_per_second`, with the evaluations still to come, within
-    /// the time budget.
-    pub(super) fn eta(&self, s: &StepOutcome, steps_per_second: f64) -> f64 {
-        let config = self.config;
-        let remaining = config.max_steps - s.step;
-        let mut eta = remaining as f64 / steps_per_second;
-        // Evaluations still to come pause training: every `every` steps and at the end.
-        let every = config.eval.every_steps;
-        if let (Some(total), Some(done)) = (
-            config.max_steps.checked_div(every),
-            s.step.checked_div(every),
-        ) {
-            let evals = total - done + u64::from(!config.max_steps.is_multiple_of(every));
-            eta += evals as f64 * self.eval.last_seconds;
-        }
-        if let Some(budget) = self.clock.budget {
-            eta = eta.min((budget - s.train_seconds).max(0.0));
-        }
-        eta
+    /// This rank's resources in its slots of the step's all-reduce (the other ranks' slots 0).
+    pub(super) fn resource_slots(&mut self, rank: usize, world: usize) -> Vec<f32> {
+        let mut slots = vec![0.0f32; world * GangResources::SLOTS];
+        let mine = GangResources::slots(self.sampler.sample().as_ref());
+        slots[rank * GangResources::SLOTS..][..GangResources::SLOTS].copy_from_slice(&mine);
+        slots
     }
+
+    /// The run evaluates: the report says so until `evaluated`.
+    pub(super) fn evaluating(&self) {
+        self.progress.lock().expect("progress lock").phase = TrainerPhase::Evaluating;
+    }
+
+    /// The evaluation of `step`, begun at `started`, found `loss` and `bleu`; `best` is the
+    /// run's lowest loss so far.
+    pub(super) fn evaluated(
+        &mut self,
+        step: u64,
+        (loss, bleu): (Option<f64>, Option<f64>),
+        best: Option<f64>,
+        started: Instant,
+    ) -> Result<()> {
+        if self.leader {
+            tracing::info!(
+                step,
+                eval_loss = loss.unwrap_or(f64::NAN),
+                eval_bleu = bleu.unwrap_or(f64::NAN),
+                seconds = started.elapsed().as_secs_f64(),
+                "evaluation"
+            );
+            if let Some(log) = self.log.as_mut() {
+                let line = serde_json::json!({"step": step, "evalLoss": loss, "evalBleu": bleu, "evalSeconds": started.elapsed().as_secs_f64()});
+                log_line(log, &line)?;
+            }
+        }
+        let mut p = self.progress.lock().expect("progress lock");
+        p.eval_loss = loss;
+        p.eval_bleu = bleu;
+        p.eval_step = Some(step);
+        p.best_eval_loss = best;
+        p.phase = TrainerPhase::Training;
+        Ok(())
+    }
+
+    /// The end of the run (`finished`: not stopped by a signal), with the newest complete
+    /// checkpoint: the last report.
+    pub(super) fn finish(&mut self, finished: bool, last_checkpoint: Option<CheckpointInfo>) {
+        {
+            let mut p = self.progress.lock().expect("progress lock");
+            if finished {
+                p.phase = TrainerPhase::Finished;
+                p.eta_seconds = Some(0.0);
+            }
+            p.last_checkpoint = last_checkpoint;
+        }
+        self.reporter.finish(&self.progress);
+    }
+
+    /// The report as it stands (rank 0's: the run's summary).
+    pub(super) fn progress(&self) -> Progress {
+        self.progress.lock().expect("progress lock").clone()
+    }
+}
+
+/// Rank 0's log line for step `s`, from its report `p`.
+fn log_step(config: &TrainerConfig, s: &StepOutcome, p: &Progress) {
+    let (step, lr) = (s.step, s.lr);
+    let scale = s
+        .loss_scale
+        .map(|l| format!(" loss scale {l} ({} skipped)", p.skipped_steps))
+        .unwrap_or_default();
+    tracing::info!(
+        "step {step}/{} loss {:.4} lr {lr:.3e} {:.2} steps/s {:.0} tok/s comm {:.0}% eta {:.0}s{scale}",
+        config.max_steps,
+        p.loss.unwrap_or(f64::NAN),
+        p.steps_per_second.unwrap_or(0.0),
+        p.tokens_per_second.unwrap_or(0.0),
+        100.0 * p.comm_fraction.unwrap_or(0.0),
+        p.eta_seconds.unwrap_or(0.0),
+    );
+}
+
+/// Seconds to the end after step `s` at `steps_per_second`, with the evaluations still to
+/// come (each as long as the last, `eval_seconds`), within the time `budget`.
+fn eta(
+    config: &TrainerConfig,
+    s: &StepOutcome,
+    steps_per_second: f64,
+    eval_seconds: f64,
+    budget: Option<f64>,
+) -> f64 {
+    let remaining = config.max_steps - s.step;
+    let mut eta = remaining as f64 / steps_per_second;
+    // Evaluations still to come pause training: every `every` steps and at the end.
+    let every = config.eval.every_steps;
+    if let (Some(total), Some(done)) = (
+        config.max_steps.checked_div(every),
+        s.step.checked_div(every),
+    ) {
+        let evals = total - done + u64::from(!config.max_steps.is_multiple_of(every));
+        eta += evals as f64 * eval_seconds;
+    }
+    if let Some(budget) = budget {
+        eta = eta.min((budget - s.train_seconds).max(0.0));
+    }
+    eta
 }
 
 /// Peak resident memory of this process (VmHWM), bytes.
@@ -123,6 +265,136 @@ fn peak_memory_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
-pub(super) fn set_phase(progress: &SharedProgress, phase: TrainerPhase) {
-    progress.lock().expect("progress lock").phase = phase;
+/// Rank 0's progress (served on /metrics, /progress and /healthz when `metrics_port` is set),
+/// filled with where the run starts and the precision it trains in.
+pub(super) fn serve_progress(
+    opts: &RunOptions,
+    leader: bool,
+    world: usize,
+    start: &Start,
+    replica: &ModelReplica,
+    store: Option<&CheckpointStore>,
+    scaling: &Scaling,
+) -> Result<(SharedProgress, Option<MetricsServer>)> {
+    let progress: SharedProgress = Default::default();
+    let server = match (leader, opts.metrics_port) {
+        (true, Some(port)) => {
+            let server = MetricsServer::start(port, progress.clone())?;
+            tracing::info!(addr = %server.local_addr(), "serving /metrics, /progress, /healthz");
+            Some(server)
+        }
+        _ => None,
+    };
+    {
+        let mut p = progress.lock().expect("progress lock");
+        p.phase = TrainerPhase::Training;
+        p.step = start.step;
+        p.total_steps = opts.config.max_steps;
+        p.samples = start.samples;
+        p.world_size = world as u32;
+        p.resumed_from_step = start.resumed_from_step;
+        p.healed_from = start.source.healed_from();
+        p.parameters = model::parameter_count(&replica.vs);
+        p.last_checkpoint = store.and_then(|s| s.last_completed());
+        p.precision = Some(scaling.precision().clone());
+        p.loss_scale = scaling.loss_scale();
+    }
+    Ok((progress, server))
+}
+
+/// Rank 0's step log (`train-log.jsonl`), appended to across restarts. Never read back by
+/// the trainer: a damaged log costs its damaged lines, not the run. A last line left cut
+/// short (a rank 0 killed mid-write, a full disk) is ended first, so that this run's first
+/// line is not glued to it.
+pub(super) fn open_log(leader: bool, job_dir: &Path) -> Result<Option<File>> {
+    if !leader {
+        return Ok(None);
+    }
+    let mut log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .read(true)
+        .open(job_dir.join(TRAIN_LOG))?;
+    if ends_mid_line(&log)? {
+        log.write_all(b"\n")?;
+    }
+    Ok(Some(log))
+}
+
+fn ends_mid_line(file: &File) -> std::io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Ok(false);
+    }
+    let mut last = [0u8];
+    file.read_exact_at(&mut last, len - 1)?;
+    Ok(last != *b"\n")
+}
+
+/// Appends one line to the step log in one write (a line formatted straight into the file
+/// takes a write per token, and a kill between them leaves half a line).
+fn log_line(log: &mut File, line: &serde_json::Value) -> std::io::Result<()> {
+    log.write_all(format!("{line}\n").as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 44: whatever damage the log took (truncated, a bit flipped, zeroed at ten
+    /// offsets), the trainer opens it and its next line is a line of its own that parses.
+    #[test]
+    fn a_damaged_train_log_is_appended_to_with_whole_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(TRAIN_LOG);
+        let mut good = Vec::new();
+        for step in 1..=4 {
+            let line = serde_json::json!({"step": step, "loss": 3.5, "samples": step * 64});
+            good.extend(format!("{line}\n").bytes());
+        }
+        let next = serde_json::json!({"step": 5, "loss": 3.25});
+        for copy in ferrotrain_fuzz::damage::copies(&good) {
+            std::fs::write(&path, &copy.bytes).unwrap();
+            let mut log = open_log(true, dir.path()).unwrap().unwrap();
+            log_line(&mut log, &next).unwrap();
+            let text = std::fs::read(&path).unwrap();
+            let last = text[..text.len() - 1]
+                .split(|&b| b == b'\n')
+                .next_back()
+                .unwrap();
+            let parsed: serde_json::Value = serde_json::from_slice(last)
+                .unwrap_or_else(|e| panic!("{copy}: {e}: {}", String::from_utf8_lossy(last)));
+            assert_eq!(parsed, next, "{copy}");
+            assert!(
+                text.starts_with(&copy.bytes),
+                "{copy}: the old lines are kept"
+            );
+        }
+    }
+
+    #[test]
+    fn the_eta_adds_the_evaluations_to_come_within_the_budget() {
+        let yaml = "task: copy\nmaxSteps: 100\neval:\n  everySteps: 30\n";
+        let config = TrainerConfig::from_yaml(yaml, "test").unwrap();
+        let s = StepOutcome {
+            step: 40,
+            loss: 1.0,
+            grad_norm: 1.0,
+            lr: 1e-3,
+            seconds: 0.5,
+            comm_seconds: 0.0,
+            tokens: 10,
+            samples: 2,
+            train_seconds: 80.0,
+            gang_resources: None,
+            final_step: false,
+            skipped: false,
+            loss_scale: None,
+        };
+        // 60 steps at 2 steps/s, and the evaluations at 60, 90 and the end, 5 s each.
+        assert_eq!(eta(&config, &s, 2.0, 5.0, None), 45.0);
+        assert_eq!(eta(&config, &s, 2.0, 5.0, Some(100.0)), 20.0);
+        assert_eq!(eta(&config, &s, 2.0, 5.0, Some(50.0)), 0.0);
+    }
 }

@@ -1,54 +1,173 @@
-//! When rank 0 saves a checkpoint, and what its trainer.json says.
+//! When rank 0 saves a checkpoint, and what its trainer.json says. Rank 0 alone holds the
+//! store; a save runs in the background, and dropping the store waits for it.
 
 use std::time::{Instant, SystemTime};
 
-use super::step::StepOutcome;
-use super::trainer::Trainer;
-use crate::checkpoint::TrainerState;
+use ferrotrain_api::config::CheckpointPolicy;
+use ferrotrain_api::{CheckpointInfo, TrainerConfig};
+
+use super::evaluate::EvalState;
+use super::outcome::StepOutcome;
+use super::replica::ModelReplica;
+use super::scaling::Scaling;
+use crate::checkpoint::{CheckpointStore, TrainerState};
 use crate::error::Result;
 use crate::rfc3339::{self, Resolution};
 
-impl Trainer<'_> {
+/// Rank 0's checkpoint store, and when it last saved.
+pub(super) struct SaveState {
+    /// Rank 0's (none on the others).
+    store: Option<CheckpointStore>,
+    /// The starting step before the first save.
+    last_step: u64,
+    last_time: Instant,
+}
+
+/// What trainer.json says besides the step: where the run stands, from the concerns that
+/// keep it.
+pub(super) struct RunState<'s> {
+    pub(super) samples: u64,
+    pub(super) epoch: u64,
+    pub(super) world: usize,
+    pub(super) train_loss: Option<f64>,
+    pub(super) eval: &'s EvalState,
+    pub(super) scaling: &'s Scaling,
+}
+
+impl SaveState {
+    /// No save yet in this run: it counts from the starting `step`.
+    pub(super) fn new(store: Option<CheckpointStore>, step: u64) -> Self {
+        SaveState {
+            store,
+            last_step: step,
+            last_time: Instant::now(),
+        }
+    }
+
     /// Rank 0 starts a background save every `checkpoint.everySteps` steps or
     /// `everySeconds` seconds, after an evaluation when the best are kept, and at the end.
-    pub(super) fn checkpoint_if_due(&mut self, s: &StepOutcome) -> Result<()> {
-        let config = self.config;
+    pub(super) fn checkpoint_if_due(
+        &mut self,
+        config: &TrainerConfig,
+        s: &StepOutcome,
+        run: &RunState<'_>,
+        replica: &ModelReplica,
+    ) -> Result<()> {
         let step = s.step;
+        if !self.due(&config.checkpoint, s, run.eval.evaluated_at(step)) {
+            return Ok(());
+        }
         let Some(store) = self.store.as_mut() else {
             return Ok(());
         };
-        let every = config.checkpoint.every_steps;
+        let state = trainer_state(config, s, run);
+        let blocked = store.save(&replica.params, &replica.optimizer.state(), state)?;
+        tracing::debug!(step, blocked, "checkpoint started");
+        self.last_step = step;
+        self.last_time = Instant::now();
+        Ok(())
+    }
+
+    /// Whether `s` is saved by `policy`, `evaluated` when the step was evaluated.
+    fn due(&self, policy: &CheckpointPolicy, s: &StepOutcome, evaluated: bool) -> bool {
+        let step = s.step;
+        let every = policy.every_steps;
         let by_steps = every > 0 && step.is_multiple_of(every);
-        let by_time = config
-            .checkpoint
+        let by_time = policy
             .every_seconds
-            .is_some_and(|secs| self.save.last_time.elapsed().as_secs() >= secs);
+            .is_some_and(|secs| self.last_time.elapsed().as_secs() >= secs);
         // Every evaluated step is saved when the best checkpoints are kept, so "best by
         // eval loss" always has the evaluated weights to keep.
-        let evaluated = self.eval.last_step == step && config.checkpoint.keep_best > 0;
-        if !(by_steps || by_time || evaluated || s.final_step) || self.save.last_step == step {
-            return Ok(());
+        let evaluated = evaluated && policy.keep_best > 0;
+        (by_steps || by_time || evaluated || s.final_step) && self.last_step != step
+    }
+
+    /// The newest complete checkpoint (rank 0).
+    pub(super) fn last_completed(&self) -> Option<CheckpointInfo> {
+        self.store
+            .as_ref()
+            .and_then(CheckpointStore::last_completed)
+    }
+
+    /// Waits for the save in flight; the newest complete checkpoint then (rank 0).
+    pub(super) fn wait(&mut self) -> Result<Option<CheckpointInfo>> {
+        match self.store.as_mut() {
+            Some(store) => store.wait(),
+            None => Ok(None),
         }
-        let (last_eval, evaluated_now) = (self.eval.last, self.eval.last_step == step);
-        let state = TrainerState {
+    }
+}
+
+/// trainer.json of step `s`.
+fn trainer_state(config: &TrainerConfig, s: &StepOutcome, run: &RunState<'_>) -> TrainerState {
+    let (last_eval, evaluated_now) = (run.eval.last(), run.eval.evaluated_at(s.step));
+    TrainerState {
+        step: s.step,
+        samples: run.samples,
+        epoch: run.epoch,
+        seed: config.seed,
+        config_digest: config.digest(),
+        world_size: run.world as u32,
+        train_loss: run.train_loss,
+        eval_loss: evaluated_now.then(|| last_eval.map(|e| e.0)).flatten(),
+        eval_bleu: evaluated_now.then(|| last_eval.and_then(|e| e.1)).flatten(),
+        time: rfc3339::format(SystemTime::now(), Resolution::Exact),
+        train_seconds: s.train_seconds,
+        precision: Some(run.scaling.precision().clone()),
+        loss_scale: run.scaling.state(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(step: u64, final_step: bool) -> StepOutcome {
+        StepOutcome {
             step,
-            samples: self.samples,
-            epoch: self.stream.position().epoch,
-            seed: config.seed,
-            config_digest: config.digest(),
-            world_size: self.world as u32,
-            train_loss: self.train_loss,
-            eval_loss: evaluated_now.then(|| last_eval.map(|e| e.0)).flatten(),
-            eval_bleu: evaluated_now.then(|| last_eval.and_then(|e| e.1)).flatten(),
-            time: rfc3339::format(SystemTime::now(), Resolution::Exact),
-            train_seconds: s.train_seconds,
-            precision: Some(self.precision.clone()),
-            loss_scale: self.scaler.as_ref().map(|l| l.state),
+            loss: 1.0,
+            grad_norm: 1.0,
+            lr: 1e-3,
+            seconds: 0.1,
+            comm_seconds: 0.0,
+            tokens: 10,
+            samples: 2,
+            train_seconds: 1.0,
+            gang_resources: None,
+            final_step,
+            skipped: false,
+            loss_scale: None,
+        }
+    }
+
+    #[test]
+    fn saves_are_due_by_steps_after_a_kept_evaluation_and_at_the_end_once_a_step() {
+        let policy = CheckpointPolicy {
+            every_steps: 100,
+            every_seconds: None,
+            keep_latest: 1,
+            keep_best: 0,
         };
-        let blocked = store.save(&self.replica.params, &self.replica.optimizer.state(), state)?;
-        tracing::debug!(step, blocked, "checkpoint started");
-        self.save.last_step = step;
-        self.save.last_time = Instant::now();
-        Ok(())
+        let keep_best = CheckpointPolicy {
+            keep_best: 1,
+            ..policy.clone()
+        };
+        let mut save = SaveState::new(None, 100);
+        assert!(
+            !save.due(&policy, &step(100, true), true),
+            "the starting step"
+        );
+        assert!(!save.due(&policy, &step(150, false), false));
+        assert!(save.due(&policy, &step(200, false), false));
+        assert!(save.due(&policy, &step(150, true), false), "the last step");
+        assert!(!save.due(&policy, &step(150, false), true), "best not kept");
+        assert!(save.due(&keep_best, &step(150, false), true), "best kept");
+        let by_time = CheckpointPolicy {
+            every_seconds: Some(0),
+            ..policy.clone()
+        };
+        assert!(save.due(&by_time, &step(150, false), false));
+        save.last_step = 200;
+        assert!(!save.due(&policy, &step(200, true), true), "once a step");
     }
 }

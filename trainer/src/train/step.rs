@@ -1,76 +1,56 @@
-//! One optimizer step, like the paper: the global batch, forward and backward over this
-//! rank's shard of it, the exchange (`exchange.rs`), clip, AdamW at the schedule's rate.
+//! The loop and its step, like the paper: the global batch, forward and backward over this
+//! rank's shard of it, the exchange (`exchange.rs`), clip, AdamW at the schedule's rate; then
+//! maybe evaluate, maybe checkpoint, report. Each concern keeps its own state (`trainer.rs`):
+//! the loop hands each what the step did.
 
 use std::time::Instant;
 
 use tch::{Kind, Tensor};
 
-use ferrotrain_api::progress::GangResources;
-
+use super::batch::GlobalBatch;
+use super::evaluate::evaluate;
+use super::outcome::StepOutcome;
+use super::report::Standing;
+use super::save::RunState;
 use super::trainer::Trainer;
-use crate::data::{self, Example};
-use crate::error::{Result, TrainError};
-use crate::loss_scale::{self, LossScaler, MAX_CONSECUTIVE_SKIPS, Update};
+use crate::data;
+use crate::error::Result;
 use crate::optim;
 
-/// The step's global batch: the plan's `accumulate` micro-batches of the stream (every rank
-/// draws all of them and trains on its shard of each).
-pub(super) struct GlobalBatch {
-    pub(super) micro: Vec<Vec<usize>>,
-    /// Target tokens (with EOS): the loss is per target token of the global batch.
-    pub(super) target_tokens: i64,
-    pub(super) samples: u64,
-    /// Source and target tokens, each with its EOS (tokens/s).
-    pub(super) tokens: i64,
-}
-
-/// What one optimizer step did.
-pub(super) struct StepOutcome {
-    /// The step just taken (the first is 1).
-    pub(super) step: u64,
-    /// Per target token of the global batch.
-    pub(super) loss: f64,
-    pub(super) grad_norm: f64,
-    pub(super) lr: f64,
-    pub(super) seconds: f64,
-    pub(super) comm_seconds: f64,
-    /// Source and target tokens of the global batch, each with its EOS.
-    pub(super) tokens: i64,
-    /// Examples in the global batch.
-    pub(super) samples: u64,
-    /// Rank 0's training seconds at the step's all-reduce.
-    pub(super) train_seconds: f64,
-    /// Every rank's resources, on the steps that summarise them (every logEverySteps).
-    pub(super) gang_resources: Option<GangResources>,
-    /// The run's last step: maxSteps reached, the time budget spent or a signal received.
-    pub(super) final_step: bool,
-    /// `fp16`: the gradients overflowed, the update was skipped (on every rank).
-    pub(super) skipped: bool,
-    /// `fp16`: the loss scale after this step.
-    pub(super) loss_scale: Option<f64>,
-}
-
 impl Trainer<'_> {
+    /// Steps until `done`, or the first error.
+    pub(super) fn train(&mut self) -> Result<()> {
+        while !self.done() {
+            let s = self.step()?;
+            self.evaluate_if_due(&s)?;
+            self.checkpoint_if_due(&s)?;
+            self.report(&s);
+        }
+        Ok(())
+    }
+
     /// One optimizer step, like the paper: batch -> forward -> loss -> backward -> all-reduce
-    /// (with the step's one host read) -> clip -> AdamW at the schedule's rate.
+    /// (with the step's one host read) -> clip -> AdamW at the schedule's rate. A loss that
+    /// is not finite ends the run here; the step is recorded only once it passed.
     pub(super) fn step(&mut self) -> Result<StepOutcome> {
         let t0 = Instant::now();
         let config = self.config;
-        let batch = self.next_batch();
-        let loss_scale = self.scaler.as_ref().map_or(1.0, LossScaler::scale);
+        let batch = self.batches.next(&self.corpus.train);
+        let loss_scale = self.scaling.factor();
         let loss_local = self.forward_backward(&batch, loss_scale);
         let synced = self.exchange(&loss_local, batch.target_tokens)?;
-        if synced.interrupted_by.is_some() {
-            self.interrupted_by = synced.interrupted_by;
-        }
-        self.stop = self.clock.over_budget(synced.train_seconds) || self.interrupted_by.is_some();
+        let over_budget = self.clock.over_budget(synced.train_seconds);
+        self.stop.after_step(over_budget, synced.interrupted_by);
         let grad_norm = synced.grad_norm / loss_scale;
-        let skipped = self.overflowed(grad_norm.is_finite())?;
+        let step = self.position.next_step();
+        let skipped = self
+            .scaling
+            .overflowed(step, grad_norm.is_finite(), self.rank)?;
         let lr = optim::learning_rate(
             config.optimizer.lr,
             &config.schedule,
             config.max_steps,
-            self.step + 1,
+            step,
             self.clock.time_used(synced.train_seconds),
         );
         if !skipped {
@@ -79,14 +59,10 @@ impl Trainer<'_> {
             optimizer.unscale(loss_scale);
             optimizer.step(lr);
         }
-        self.step += 1;
-        self.samples += batch.samples;
-        self.clock.synced_seconds = synced.train_seconds;
-        if synced.loss.is_finite() || !skipped {
-            self.train_loss = Some(synced.loss);
-        }
+        self.position.advance(batch.samples);
+        self.clock.sync(synced.train_seconds);
         let outcome = StepOutcome {
-            step: self.step,
+            step,
             loss: synced.loss,
             grad_norm,
             lr,
@@ -96,71 +72,62 @@ impl Trainer<'_> {
             samples: batch.samples,
             train_seconds: synced.train_seconds,
             gang_resources: synced.gang_resources,
-            final_step: self.step >= config.max_steps || self.stop,
+            final_step: self.done(),
             skipped,
-            loss_scale: self.scaler.as_ref().map(LossScaler::scale),
+            loss_scale: self.scaling.loss_scale(),
         };
-        self.record(&outcome)?;
+        outcome.fail_if_diverged()?;
+        self.reporting.record(&outcome, self.position.samples())?;
         Ok(outcome)
     }
 
-    /// `fp16`: updates the loss scale from whether the step's all-reduced gradients were
-    /// `finite` (the same on every rank); true when the update must be skipped. Fails when
-    /// the gradients overflowed on `MAX_CONSECUTIVE_SKIPS` steps in a row.
-    fn overflowed(&mut self, finite: bool) -> Result<bool> {
-        let Some(scaler) = self.scaler.as_mut() else {
-            return Ok(false);
-        };
-        let step = self.step + 1;
-        match scaler.update(finite) {
-            Update::Kept => Ok(false),
-            Update::Grew { from } => {
-                tracing::debug!(step, from, to = scaler.scale(), "fp16: loss scale grew");
-                Ok(false)
-            }
-            Update::Skipped { from } => {
-                self.skipped_steps += 1;
-                tracing::warn!(
-                    rank = self.rank,
-                    "fp16: gradients overflowed at step {step}: step skipped, loss scale {from} -> {}",
-                    scaler.scale()
-                );
-                if scaler.consecutive_skips >= MAX_CONSECUTIVE_SKIPS {
-                    // Permanent (exit 2): a restart from the checkpoint would overflow again.
-                    return Err(TrainError::Config(format!(
-                        "precision fp16: the gradients overflowed on {MAX_CONSECUTIVE_SKIPS} steps in a \
-                         row (loss scale now {:e}): the model's activations overflow fp16 itself; use \
-                         precision bf16 or fp32, or lower optimizer.lr",
-                        scaler.scale()
-                    ).into()));
-                }
-                Ok(true)
-            }
+    /// Every `eval.everySteps` steps and after the last (every rank: `evaluate` all-reduces).
+    fn evaluate_if_due(&mut self, s: &StepOutcome) -> Result<()> {
+        let interrupted = self.stop.interrupted_by().is_some();
+        if !self.eval.due(self.config.eval.every_steps, s, interrupted) {
+            return Ok(());
         }
+        self.reporting.evaluating();
+        let e0 = Instant::now();
+        let found = evaluate(
+            &self.replica.model,
+            &self.corpus,
+            self.config,
+            self.comm.as_mut(),
+            self.device,
+        )?;
+        self.eval
+            .record(s.step, e0.elapsed().as_secs_f64(), found.0, found.1);
+        self.reporting
+            .evaluated(s.step, found, self.eval.best(), e0)
     }
 
-    /// The step's micro-batches, drawn from the stream.
-    pub(super) fn next_batch(&mut self) -> GlobalBatch {
-        let micro: Vec<Vec<usize>> = (0..self.accumulate)
-            .map(|_| self.stream.next_batch())
-            .collect();
-        let train = &self.corpus.train;
-        let targets: i64 = micro.iter().map(|b| target_tokens(train, b)).sum();
-        let samples: u64 = micro.iter().map(|b| b.len() as u64).sum();
-        let tokens: i64 = micro
-            .iter()
-            .map(|b| {
-                b.iter()
-                    .map(|&j| (train[j].src.len() + train[j].tgt.len() + 2) as i64)
-                    .sum::<i64>()
-            })
-            .sum();
-        GlobalBatch {
-            micro,
-            target_tokens: targets,
-            samples,
-            tokens,
-        }
+    /// Rank 0 saves when `save` says the step is due, with what trainer.json says of it.
+    fn checkpoint_if_due(&mut self, s: &StepOutcome) -> Result<()> {
+        let run = RunState {
+            samples: self.position.samples(),
+            epoch: self.batches.epoch(),
+            world: self.world,
+            train_loss: self.reporting.train_loss(),
+            eval: &self.eval,
+            scaling: &self.scaling,
+        };
+        self.save
+            .checkpoint_if_due(self.config, s, &run, &self.replica)
+    }
+
+    /// The step in the progress report, with where the run stands.
+    fn report(&mut self, s: &StepOutcome) {
+        let at = Standing {
+            samples: self.position.samples(),
+            epoch: self.batches.epoch(),
+            skipped_steps: self.scaling.skipped_steps(),
+            exchanged: self.replica.grad_sync.is_some(),
+            last_checkpoint: self.save.last_completed(),
+            eval_seconds: self.eval.last_seconds(),
+            budget: self.clock.budget(),
+        };
+        self.reporting.step(self.config, s, at);
     }
 
     /// Forward and backward over this rank's shards of each micro-batch (its own, and in an
@@ -186,7 +153,10 @@ impl Trainer<'_> {
             .collect();
         let last = shards.iter().rposition(|(_, _, s)| !s.is_empty());
         let mut grad_scale = loss_scale / batch.target_tokens as f64;
-        if self.scaler.is_some() && loss_scale::overflow_injected(self.step + 1, rank) {
+        if self
+            .scaling
+            .overflow_injected(self.position.next_step(), rank)
+        {
             grad_scale = f64::INFINITY;
         }
         // The loss stays on the device until the step's one host read.
@@ -201,7 +171,7 @@ impl Trainer<'_> {
             {
                 sync.arm(self.comm.as_mut());
             }
-            tch::manual_seed(step_seed(config.seed, self.step, *v, *i));
+            tch::manual_seed(step_seed(config.seed, self.position.step(), *v, *i));
             loss_local +=
                 self.replica
                     .model
@@ -220,13 +190,6 @@ fn step_seed(seed: u64, step: u64, rank: usize, micro: usize) -> i64 {
         h ^= h >> 31;
     }
     (h >> 1) as i64
-}
-
-fn target_tokens(examples: &[Example], batch: &[usize]) -> i64 {
-    batch
-        .iter()
-        .map(|&i| examples[i].tgt.len() as i64 + 1)
-        .sum()
 }
 
 #[cfg(test)]
