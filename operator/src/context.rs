@@ -38,15 +38,16 @@ pub struct GangApplied {
     pub generation: Option<i64>,
 }
 
-/// Reconciles that build and create a launch's objects at once; the others wait before they
-/// build theirs. A burst of new jobs otherwise built every gang's pods at once and held them,
-/// serialized, while their creates waited for the client's [`API_CONCURRENCY`] slots: the
-/// fleet bench's leader reached 70 MB of heap launching 40 jobs (26 MB before and after),
-/// and glibc kept most of it. A quarter of the client's slots per launch keeps the client
-/// busy (a launch is a pod per node, and its Service, ConfigMap, Secret and policy).
+/// Reconciles that build and create a launch's objects at once; the others wait (their status
+/// written) before they build theirs. A burst of new jobs otherwise built every gang's pods at
+/// once and held them, serialized, while their creates waited for the client's
+/// [`API_CONCURRENCY`] slots: the fleet bench's leader reached 70 MB of heap launching 40
+/// jobs (23 MB before and after), and glibc kept most of it. Half the client's slots: a
+/// launch sends its Service, ConfigMap, Secret, policy and group, then a pod per node, so 16
+/// launches keep every slot busy even with small gangs.
 ///
 /// [`API_CONCURRENCY`]: crate::client::API_CONCURRENCY
-pub const LAUNCHES_AT_ONCE: usize = crate::client::API_CONCURRENCY / 4;
+pub const LAUNCHES_AT_ONCE: usize = crate::client::API_CONCURRENCY / 2;
 
 /// Shared state of every reconcile, built once.
 pub struct Context {

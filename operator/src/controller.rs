@@ -81,8 +81,8 @@ pub fn error_policy(dt: Arc<DistributedTraining>, error: &Error, ctx: Arc<Contex
     Action::requeue(Duration::from_secs((5u64 << (*n - 1)).min(300)))
 }
 
-/// The pipeline, at a given time (tests pass a fixed one): observe -> decide (pure) -> build
-/// (pure) -> apply (the only writes).
+/// The pipeline, at a given time (tests pass a fixed one): observe -> decide (pure) -> carry
+/// out (the only writes; a launch's objects are built (pure) there, once a launch slot is free).
 pub async fn reconcile_at(
     dt: Arc<DistributedTraining>,
     ctx: &Context,
@@ -130,14 +130,7 @@ pub async fn reconcile_at(
         launch_stop: launch_stop.as_ref(),
     });
     debug!(job = %owner.name, phase = %decision.status.phase, actions = ?decision.actions, "decided");
-    // Held until the creates are done ([`crate::context::LAUNCHES_AT_ONCE`]).
-    let _launching = if decision.launches() {
-        ctx.launching.acquire().await.ok()
-    } else {
-        None
-    };
-    let launches = build_launches(ctx, &dt, &owner, &decision, &gang_mode);
-    carry_out(ctx, &dt, &owner, &status, decision, launches, now).await
+    carry_out(ctx, &dt, &owner, &status, decision, &gang_mode, now).await
 }
 
 /// What the caches and rank 0 say about the job's current state.
@@ -211,6 +204,7 @@ fn build_launches(
 
 /// Applies a decision: deletes, then the status, then creates (a crash in between never loses
 /// a restart: the status is written before the new attempt's pods exist), then events. The
+/// launches are built and created in one of [`crate::context::LAUNCHES_AT_ONCE`] slots. The
 /// status is written once; a launch that stops (the API refuses a pod, a name is taken) is
 /// remembered for the next decision, which says so in the status ([`gang::LaunchStop`]).
 async fn carry_out(
@@ -219,7 +213,7 @@ async fn carry_out(
     owner: &Owner,
     before: &DistributedTrainingStatus,
     decision: gang::Decision,
-    launches: Vec<build::GangObjects>,
+    gang_mode: &GangMode,
     now: Timestamp,
 ) -> Result<Action> {
     apply::delete_pods(ctx, owner, &decision.actions).await?;
@@ -233,7 +227,11 @@ async fn carry_out(
     }
     let mut events = decision.events.clone();
     let mut requeue = decision.requeue_after;
-    if !launches.is_empty() {
+    if decision.launches() {
+        // Built only once a slot is free, and held until the creates are done
+        // ([`crate::context::LAUNCHES_AT_ONCE`]).
+        let _launching = ctx.launching.acquire().await.ok();
+        let launches = build_launches(ctx, dt, owner, &decision, gang_mode);
         let attempt = decision.status.attempt;
         let launched = launch_all(ctx, dt, owner, &launches, attempt, now).await?;
         events.extend(launched.notes);
