@@ -74,6 +74,7 @@ pub async fn status(
     dt: &DistributedTraining,
     owner: &Owner,
     status: DistributedTrainingStatus,
+    now: Timestamp,
 ) -> Result<()> {
     let api: Api<DistributedTraining> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let (api_version, kind) = build::type_meta::<DistributedTraining>();
@@ -87,7 +88,7 @@ pub async fn status(
             "DistributedTraining",
             &owner.name,
         ))?;
-    ctx.remember_write(dt, written);
+    ctx.remember_write(dt, written, now);
     Ok(())
 }
 

@@ -91,7 +91,7 @@ pub async fn reconcile_at(
     if !ctx.caches_ready.load(Ordering::Relaxed) {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
-    let dt = ctx.freshest(dt);
+    let dt = ctx.freshest(dt, now);
     if dt.metadata.deletion_timestamp.is_some() {
         // Owner references let the garbage collector remove the pods.
         return Ok(Action::await_change());
@@ -221,7 +221,7 @@ async fn carry_out(
     if decision.status != *before
         && (!only_progress_changed(before, &decision.status) || ctx.progress_write_due(&uid, now))
     {
-        apply::status(ctx, dt, owner, decision.status.clone()).await?;
+        apply::status(ctx, dt, owner, decision.status.clone(), now).await?;
         ctx.wrote_status(&uid, now);
         record_status_metrics(ctx, dt, before, &decision.status, now);
     }
