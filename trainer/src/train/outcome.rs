@@ -49,25 +49,37 @@ impl StepOutcome {
     }
 }
 
+/// The tests' step: step `step` of a healthy run; each test sets what it is about.
+#[cfg(test)]
+impl StepOutcome {
+    pub(super) fn sample(step: u64) -> StepOutcome {
+        StepOutcome {
+            step,
+            loss: 1.0,
+            grad_norm: 1.0,
+            lr: 1e-3,
+            seconds: 0.1,
+            comm_seconds: 0.0,
+            tokens: 10,
+            samples: 2,
+            train_seconds: 1.0,
+            gang_resources: None,
+            final_step: false,
+            skipped: false,
+            loss_scale: None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn outcome(loss: f64, skipped: bool) -> StepOutcome {
         StepOutcome {
-            step: 7,
             loss,
-            grad_norm: 1.0,
-            lr: 1e-3,
-            seconds: 0.1,
-            comm_seconds: 0.0,
-            tokens: 100,
-            samples: 4,
-            train_seconds: 1.0,
-            gang_resources: None,
-            final_step: false,
             skipped,
-            loss_scale: None,
+            ..StepOutcome::sample(7)
         }
     }
 

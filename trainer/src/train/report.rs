@@ -378,19 +378,9 @@ mod tests {
         let yaml = "task: copy\nmaxSteps: 100\neval:\n  everySteps: 30\n";
         let config = TrainerConfig::from_yaml(yaml, "test").unwrap();
         let s = StepOutcome {
-            step: 40,
-            loss: 1.0,
-            grad_norm: 1.0,
-            lr: 1e-3,
             seconds: 0.5,
-            comm_seconds: 0.0,
-            tokens: 10,
-            samples: 2,
             train_seconds: 80.0,
-            gang_resources: None,
-            final_step: false,
-            skipped: false,
-            loss_scale: None,
+            ..StepOutcome::sample(40)
         };
         // 60 steps at 2 steps/s, and the evaluations at 60, 90 and the end, 5 s each.
         assert_eq!(eta(&config, &s, 2.0, 5.0, None), 45.0);

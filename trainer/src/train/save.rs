@@ -124,19 +124,8 @@ mod tests {
 
     fn step(step: u64, final_step: bool) -> StepOutcome {
         StepOutcome {
-            step,
-            loss: 1.0,
-            grad_norm: 1.0,
-            lr: 1e-3,
-            seconds: 0.1,
-            comm_seconds: 0.0,
-            tokens: 10,
-            samples: 2,
-            train_seconds: 1.0,
-            gang_resources: None,
             final_step,
-            skipped: false,
-            loss_scale: None,
+            ..StepOutcome::sample(step)
         }
     }
 
