@@ -141,7 +141,7 @@ impl Context {
 
     /// The newest version of the object we know: ours while the cache shows a version our
     /// writes replaced, else the cache's (it caught up, or someone else wrote after us).
-    /// What we wrote counts for [`WRITTEN_TTL`] after `now`.
+    /// What we wrote counts for [`WRITTEN_TTL`] after the write.
     pub fn freshest(
         &self,
         dt: Arc<DistributedTraining>,
