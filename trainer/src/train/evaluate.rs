@@ -158,28 +158,33 @@ pub(super) fn evaluate(
 mod tests {
     use super::*;
 
-    fn step(step: u64, final_step: bool) -> StepOutcome {
-        StepOutcome {
-            final_step,
-            ..StepOutcome::sample(step)
-        }
-    }
-
     #[test]
     fn evaluations_are_due_every_few_steps_and_at_the_end_once_and_keep_the_best() {
         let mut eval = EvalState::new(10);
-        assert!(!eval.due(10, &step(10, false), false), "the starting step");
-        assert!(!eval.due(10, &step(15, false), false));
-        assert!(eval.due(10, &step(20, false), false));
-        assert!(!eval.due(10, &step(20, false), true), "not after a signal");
-        assert!(eval.due(0, &step(23, true), false), "the last step");
         assert!(
-            !eval.due(0, &step(23, false), false),
+            !eval.due(10, &StepOutcome::sample(10, false), false),
+            "the starting step"
+        );
+        assert!(!eval.due(10, &StepOutcome::sample(15, false), false));
+        assert!(eval.due(10, &StepOutcome::sample(20, false), false));
+        assert!(
+            !eval.due(10, &StepOutcome::sample(20, false), true),
+            "not after a signal"
+        );
+        assert!(
+            eval.due(0, &StepOutcome::sample(23, true), false),
+            "the last step"
+        );
+        assert!(
+            !eval.due(0, &StepOutcome::sample(23, false), false),
             "never without everySteps"
         );
         eval.record(20, 2.5, Some(3.0), Some(12.0));
         assert!(eval.evaluated_at(20));
-        assert!(!eval.due(10, &step(20, true), false), "once a step");
+        assert!(
+            !eval.due(10, &StepOutcome::sample(20, true), false),
+            "once a step"
+        );
         eval.record(30, 1.5, Some(3.5), None);
         eval.record(40, 1.0, None, None);
         assert_eq!(eval.best(), Some(3.0));

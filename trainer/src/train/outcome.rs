@@ -49,10 +49,11 @@ impl StepOutcome {
     }
 }
 
-/// The tests' step: step `step` of a healthy run; each test sets what it is about.
+/// The tests' step: step `step` of a healthy run (its last when `final_step`); each test sets
+/// what else it is about.
 #[cfg(test)]
 impl StepOutcome {
-    pub(super) fn sample(step: u64) -> StepOutcome {
+    pub(super) fn sample(step: u64, final_step: bool) -> StepOutcome {
         StepOutcome {
             step,
             loss: 1.0,
@@ -64,7 +65,7 @@ impl StepOutcome {
             samples: 2,
             train_seconds: 1.0,
             gang_resources: None,
-            final_step: false,
+            final_step,
             skipped: false,
             loss_scale: None,
         }
@@ -79,7 +80,7 @@ mod tests {
         StepOutcome {
             loss,
             skipped,
-            ..StepOutcome::sample(7)
+            ..StepOutcome::sample(7, false)
         }
     }
 

@@ -380,7 +380,7 @@ mod tests {
         let s = StepOutcome {
             seconds: 0.5,
             train_seconds: 80.0,
-            ..StepOutcome::sample(40)
+            ..StepOutcome::sample(40, false)
         };
         // 60 steps at 2 steps/s, and the evaluations at 60, 90 and the end, 5 s each.
         assert_eq!(eta(&config, &s, 2.0, 5.0, None), 45.0);

@@ -122,13 +122,6 @@ fn trainer_state(config: &TrainerConfig, s: &StepOutcome, run: &RunState<'_>) ->
 mod tests {
     use super::*;
 
-    fn step(step: u64, final_step: bool) -> StepOutcome {
-        StepOutcome {
-            final_step,
-            ..StepOutcome::sample(step)
-        }
-    }
-
     #[test]
     fn saves_are_due_by_steps_after_a_kept_evaluation_and_at_the_end_once_a_step() {
         let policy = CheckpointPolicy {
@@ -143,20 +136,32 @@ mod tests {
         };
         let mut save = SaveState::new(None, 100);
         assert!(
-            !save.due(&policy, &step(100, true), true),
+            !save.due(&policy, &StepOutcome::sample(100, true), true),
             "the starting step"
         );
-        assert!(!save.due(&policy, &step(150, false), false));
-        assert!(save.due(&policy, &step(200, false), false));
-        assert!(save.due(&policy, &step(150, true), false), "the last step");
-        assert!(!save.due(&policy, &step(150, false), true), "best not kept");
-        assert!(save.due(&keep_best, &step(150, false), true), "best kept");
+        assert!(!save.due(&policy, &StepOutcome::sample(150, false), false));
+        assert!(save.due(&policy, &StepOutcome::sample(200, false), false));
+        assert!(
+            save.due(&policy, &StepOutcome::sample(150, true), false),
+            "the last step"
+        );
+        assert!(
+            !save.due(&policy, &StepOutcome::sample(150, false), true),
+            "best not kept"
+        );
+        assert!(
+            save.due(&keep_best, &StepOutcome::sample(150, false), true),
+            "best kept"
+        );
         let by_time = CheckpointPolicy {
             every_seconds: Some(0),
             ..policy.clone()
         };
-        assert!(save.due(&by_time, &step(150, false), false));
+        assert!(save.due(&by_time, &StepOutcome::sample(150, false), false));
         save.last_step = 200;
-        assert!(!save.due(&policy, &step(200, true), true), "once a step");
+        assert!(
+            !save.due(&policy, &StepOutcome::sample(200, true), true),
+            "once a step"
+        );
     }
 }
