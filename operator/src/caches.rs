@@ -10,7 +10,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use ferrotrain_api::crd::DistributedTraining;
 
 use crate::labels;
+use crate::pod_cache::{PodCache, pod_cache};
 use crate::readiness::Readiness;
 use crate::shapes;
 
@@ -66,7 +67,7 @@ impl<K: Send + 'static> Outlet<K> {
 /// The caches of jobs, their pods and the nodes, and the outlets of their watches.
 pub struct Caches {
     pub jobs: Store<DistributedTraining>,
-    pub pods: Store<Pod>,
+    pub pods: PodCache,
     pub nodes: Store<Node>,
     job_outlet: Outlet<DistributedTraining>,
     pod_outlet: Outlet<Pod>,
@@ -110,14 +111,14 @@ impl Caches {
             .predicate_filter(predicates::generation, Default::default());
         drive(stream, outlet);
 
-        let (pods, writer) = reflector::store();
+        let (pods, mut writer) = pod_cache();
         let pod_outlet = Outlet::closed();
         let selector = format!("{}={}", labels::MANAGED_BY, labels::MANAGER);
         let health = readiness.clone();
         let stream = watcher(pods_api, watcher::Config::default().labels(&selector))
             .default_backoff()
             .modify(shapes::trim_pod)
-            .reflect(writer)
+            .inspect_ok(move |event| writer.apply_watcher_event(event))
             .inspect(move |item| health.observe(pod_watch, item))
             .touched_objects();
         drive(stream, pod_outlet.clone());

@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use ferrotrain_api::crd::DistributedTraining;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
@@ -17,6 +17,7 @@ use crate::config::Settings;
 use crate::gang::{LaunchStop, Timing};
 use crate::labels;
 use crate::metrics::Metrics;
+use crate::pod_cache::PodCache;
 use crate::progress::ProgressClient;
 use crate::scheduling::NativeApi;
 use crate::unseen::UnseenPods;
@@ -62,7 +63,7 @@ pub struct Context {
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
     pub settings: Settings,
-    pub pods: Store<Pod>,
+    pub pods: PodCache,
     pub nodes: Store<Node>,
     pub progress: ProgressClient,
     /// False until the pod and node caches are synced: deciding from an empty pod cache would
@@ -95,7 +96,7 @@ impl Context {
         client: Client,
         settings: Settings,
         metrics: Arc<Metrics>,
-        pods: Store<Pod>,
+        pods: PodCache,
         nodes: Store<Node>,
         caches_ready: Arc<AtomicBool>,
     ) -> Self {
@@ -255,7 +256,7 @@ mod tests {
         >();
         let client = Client::new(service, "default");
         let settings = Settings::default();
-        let (pods, _) = reflector::store::<Pod>();
+        let (pods, _) = crate::pod_cache::pod_cache();
         let (nodes, _) = reflector::store::<Node>();
         let ready = Arc::new(AtomicBool::new(true));
         Context::new(

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::Controller;
 use kube::runtime::controller::{self, Action};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 use tracing::{debug, info, warn};
 
@@ -28,6 +28,7 @@ use crate::gang::{self, Observed, ProgressObservation};
 use crate::labels;
 use crate::metrics::{ErrorLabels, Metrics, ReasonLabels, ReconcileResult, ResultLabels};
 use crate::observe;
+use crate::pod_cache::PodCache;
 use crate::readiness::Readiness;
 use crate::scheduling::{self, GangMode};
 
@@ -354,15 +355,11 @@ async fn launch_all(
 
 /// The job's pods: labelled with its name and controlled by this very object (a re-created
 /// job of the same name does not adopt the old one's pods).
-fn owned_pods(store: &Store<Pod>, owner: &Owner) -> Vec<Arc<Pod>> {
-    store
-        .state()
+fn owned_pods(cache: &PodCache, owner: &Owner) -> Vec<Arc<Pod>> {
+    cache
+        .of_job(&owner.namespace, &owner.name)
         .into_iter()
-        .filter(|p| {
-            p.metadata.namespace.as_deref() == Some(owner.namespace.as_str())
-                && p.labels().get(labels::JOB) == Some(&owner.name)
-                && owner.controls(&p.metadata)
-        })
+        .filter(|p| owner.controls(&p.metadata))
         .collect()
 }
 
@@ -477,11 +474,12 @@ fn record_recovery_metrics(
 }
 
 /// The jobs with a pod on `node` (a node going NotReady concerns them).
-fn jobs_on_node(pods: &Store<Pod>, node: &Node) -> Vec<ObjectRef<DistributedTraining>> {
+fn jobs_on_node(pods: &PodCache, node: &Node) -> Vec<ObjectRef<DistributedTraining>> {
     let Some(name) = node.metadata.name.as_deref() else {
         return Vec::new();
     };
     let mut jobs: Vec<ObjectRef<DistributedTraining>> = pods
+        .store()
         .state()
         .iter()
         .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name))

@@ -24,6 +24,7 @@ pub mod labels;
 pub mod lease;
 pub mod metrics;
 pub mod observe;
+pub mod pod_cache;
 pub mod progress;
 pub mod readiness;
 pub mod render;

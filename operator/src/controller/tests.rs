@@ -6,6 +6,7 @@ use crate::fixtures::{
     JobExt, NAME, NS, PodExt, UID, api_pod, cond, job, report, running_status, t, trainer_exited,
     trainer_running,
 };
+use crate::pod_cache::{PodCacheWriter, pod_cache};
 use ferrotrain_api::Progress;
 use ferrotrain_api::crd::{TrainingProgress, condition};
 use http::{Method, Request, Response};
@@ -20,13 +21,10 @@ type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 impl Context {
     /// A context on a mocked API server, with the pod cache holding `pods`; the writer lets a
     /// test change the cache between reconciles.
-    fn test(
-        pods: Vec<Pod>,
-        settings: Settings,
-    ) -> (Arc<Context>, Handle, reflector::store::Writer<Pod>) {
+    fn test(pods: Vec<Pod>, settings: Settings) -> (Arc<Context>, Handle, PodCacheWriter) {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
-        let (pod_store, mut writer) = reflector::store();
+        let (pod_store, mut writer) = pod_cache();
         for p in pods {
             writer.apply_watcher_event(&watcher::Event::Apply(p));
         }
@@ -1090,7 +1088,7 @@ async fn an_api_error_is_reported_and_backs_off() {
 
 #[test]
 fn node_events_map_to_the_jobs_with_pods_there() {
-    let (pod_store, mut writer) = reflector::store::<Pod>();
+    let (pod_store, mut writer) = pod_cache();
     let running = |rank: i32, node: &str| {
         api_pod(0, rank)
             .with_trainer(trainer_running())
