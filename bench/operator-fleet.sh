@@ -5,13 +5,14 @@
 # standby, release build, each with a ServiceAccount of its own so that the API server counts
 # their requests). Measures the operator's RSS and CPU per running job, apply -> pods for a
 # burst of jobs, API writes per running job per minute and the API server's request rate, a
-# drain's replacement pods per second and time to step again, leader failover, isolation from
+# drain's replacement pods per second and time to step again, the same when nodes report
+# NotReady at once (the operator's own force-deletes and creates), leader failover, isolation from
 # a job whose /progress hangs and one whose pods admission refuses, and the simulator's own
 # cost. Prints a Markdown table (docs/performance.md keeps the results).
 #
 #   bench/operator-fleet.sh [--nodes 1000] [--running-jobs 500] [--pods-per-job 8]
 #                           [--suspended-jobs 1000] [--latency-jobs 100] [--drain-nodes 100]
-#                           [--window-seconds 60] [--renew-seconds 10] [--operator-flag=--x=y]
+#                           [--lost-nodes 100] [--window-seconds 60] [--renew-seconds 10] [--operator-flag=--x=y]
 #   FLEET_BINARIES=DIR bench/operator-fleet.sh ...   (DIR's binaries, no build)
 #
 # Needs the cluster with the CRD and the chart's RBAC (scripts/e2e.sh --setup-only). The

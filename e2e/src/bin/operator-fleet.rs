@@ -34,6 +34,9 @@ struct Args {
     window_seconds: u64,
     #[arg(long, default_value_t = 100)]
     drain_nodes: usize,
+    /// Nodes that report NotReady at once (0: none), after the drain.
+    #[arg(long, default_value_t = 100)]
+    lost_nodes: usize,
     /// How often each hollow node renews its Lease.
     #[arg(long, default_value_t = 10)]
     renew_seconds: u64,
@@ -69,6 +72,7 @@ async fn main() {
         latency_jobs: a.latency_jobs.min(a.running_jobs),
         window: Duration::from_secs(a.window_seconds),
         drain_nodes: a.drain_nodes,
+        lost_nodes: a.lost_nodes,
         renew_seconds: a.renew_seconds,
         create_concurrency: a.create_concurrency,
         operator_bin: a

@@ -28,6 +28,8 @@ pub struct Settings {
     pub latency_jobs: usize,
     pub window: Duration,
     pub drain_nodes: usize,
+    /// Nodes that report NotReady at once (0: that phase is skipped).
+    pub lost_nodes: usize,
     pub renew_seconds: u64,
     pub create_concurrency: usize,
     pub operator_bin: PathBuf,

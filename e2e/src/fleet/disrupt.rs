@@ -17,7 +17,7 @@ use super::phases::{Row, row, say, server_row, sim_snapshot, wait_holder};
 use super::window::Counters;
 
 /// The `n` nodes holding the most of the bench's running pods, and those pods.
-fn busiest_nodes(b: &Bench, n: usize) -> (Vec<String>, Vec<String>) {
+pub(super) fn busiest_nodes(b: &Bench, n: usize) -> (Vec<String>, Vec<String>) {
     b.tracker.with(|s| {
         let mut by_node: HashMap<String, Vec<String>> = HashMap::new();
         for (name, p) in &s.pods {
@@ -104,51 +104,8 @@ pub async fn drain(b: &mut Bench, rows: &mut Vec<Row>) -> Result<(), String> {
     .await?;
     let replacing = before.to(&Counters::read(b).await?);
     let reaction = replacement_latencies(b, wanted, t0);
-    let stepping = poll(
-        "every drained job stepping again",
-        Duration::from_secs(600),
-        Duration::from_millis(500),
-        || async move {
-            let snap = sim_snapshot(b).await.ok();
-            let times: Vec<f64> = jobs
-                .iter()
-                .filter_map(|j| {
-                    let v = snap.as_ref()?.jobs.get(&format!("{}/{j}", b.ns))?;
-                    v.stepping_since_ms
-                        .filter(|ms| *ms > t0_ms)
-                        .map(|ms| (ms - t0_ms) as f64 / 1000.0)
-                })
-                .collect();
-            (
-                (times.len() == jobs.len()).then(|| times.clone()),
-                format!("{} of {} jobs", times.len(), jobs.len()),
-            )
-        },
-    )
-    .await?;
-    let running_again = poll(
-        "every drained job Running again in its status",
-        Duration::from_secs(300),
-        Duration::from_millis(500),
-        || async move {
-            let times: Vec<f64> = b.tracker.with(|s| {
-                jobs.iter()
-                    .filter_map(|j| {
-                        s.jobs
-                            .get(j)?
-                            .running_since
-                            .filter(|at| *at > t0)
-                            .map(|at| (at - t0).as_secs_f64())
-                    })
-                    .collect()
-            });
-            (
-                (times.len() == jobs.len()).then(|| times.clone()),
-                format!("{} of {}", times.len(), jobs.len()),
-            )
-        },
-    )
-    .await?;
+    let stepping = stepping_again(b, jobs, t0_ms).await?;
+    let running_again = running_again(b, jobs, t0).await?;
     cordon(b, &nodes, false).await;
     let at = |t: &Instant| (*t - t0).as_secs_f64();
     let first = replaced.iter().min().map_or(0.0, at);
@@ -197,10 +154,73 @@ pub async fn drain(b: &mut Bench, rows: &mut Vec<Row>) -> Result<(), String> {
     Ok(())
 }
 
+/// Seconds from `t0_ms` until each of `jobs` stepped again (the simulator's view); waits, for
+/// 10 minutes at most, until every one has.
+pub(super) async fn stepping_again(
+    b: &Bench,
+    jobs: &BTreeSet<String>,
+    t0_ms: i64,
+) -> Result<Vec<f64>, String> {
+    poll(
+        "every affected job stepping again",
+        Duration::from_secs(600),
+        Duration::from_millis(500),
+        || async move {
+            let snap = sim_snapshot(b).await.ok();
+            let times: Vec<f64> = jobs
+                .iter()
+                .filter_map(|j| {
+                    let v = snap.as_ref()?.jobs.get(&format!("{}/{j}", b.ns))?;
+                    v.stepping_since_ms
+                        .filter(|ms| *ms > t0_ms)
+                        .map(|ms| (ms - t0_ms) as f64 / 1000.0)
+                })
+                .collect();
+            (
+                (times.len() == jobs.len()).then(|| times.clone()),
+                format!("{} of {} jobs", times.len(), jobs.len()),
+            )
+        },
+    )
+    .await
+}
+
+/// Seconds from `t0` until each of `jobs` was Running again in its status; waits, for 5
+/// minutes at most, until every one was.
+pub(super) async fn running_again(
+    b: &Bench,
+    jobs: &BTreeSet<String>,
+    t0: Instant,
+) -> Result<Vec<f64>, String> {
+    poll(
+        "every affected job Running again in its status",
+        Duration::from_secs(300),
+        Duration::from_millis(500),
+        || async move {
+            let times: Vec<f64> = b.tracker.with(|s| {
+                jobs.iter()
+                    .filter_map(|j| {
+                        s.jobs
+                            .get(j)?
+                            .running_since
+                            .filter(|at| *at > t0)
+                            .map(|at| (at - t0).as_secs_f64())
+                    })
+                    .collect()
+            });
+            (
+                (times.len() == jobs.len()).then(|| times.clone()),
+                format!("{} of {}", times.len(), jobs.len()),
+            )
+        },
+    )
+    .await
+}
+
 /// For each drained pod (by name), the seconds from its deletion's end (the tracker saw it
 /// gone) to the first pod of its name created after that: what the operator's watch, decision
 /// and create take, without the Eviction API's and the kubelet's time.
-fn replacement_latencies(b: &Bench, wanted: &BTreeSet<String>, t0: Instant) -> Vec<f64> {
+pub(super) fn replacement_latencies(b: &Bench, wanted: &BTreeSet<String>, t0: Instant) -> Vec<f64> {
     b.tracker.with(|s| {
         wanted
             .iter()
@@ -224,7 +244,7 @@ fn replacement_latencies(b: &Bench, wanted: &BTreeSet<String>, t0: Instant) -> V
 }
 
 /// The most events in any one second.
-fn peak_rate(times: &[Instant]) -> f64 {
+pub(super) fn peak_rate(times: &[Instant]) -> f64 {
     let mut sorted = times.to_vec();
     sorted.sort();
     let mut best = 0;

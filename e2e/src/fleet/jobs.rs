@@ -45,8 +45,9 @@ pub fn hollow_job(
         "tolerations": [{"key": HOLLOW_LABEL, "operator": "Equal", "value": sim, "effect": "NoSchedule"}],
         "annotations": all
     });
-    spec["restartPolicy"] =
-        json!({"maxRestarts": 1000, "backoffSeconds": 1, "maxBackoffSeconds": 5});
+    // The example's backoff, as users get it; restarts enough for every disruption a bench
+    // plays.
+    spec["restartPolicy"]["maxRestarts"] = json!(1000);
     spec["stallTimeoutSeconds"] = json!(3600);
     spec
 }

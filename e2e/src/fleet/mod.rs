@@ -6,6 +6,7 @@ pub mod access;
 pub mod bench;
 pub mod disrupt;
 pub mod jobs;
+pub mod lost;
 pub mod metrics;
 pub mod phases;
 pub mod procs;

@@ -13,6 +13,7 @@ use serde_json::json;
 use super::bench::Bench;
 use super::disrupt;
 use super::jobs::{create_many, hollow_job, p50_p99_max, poll, quantile};
+use super::lost;
 use super::metrics::http_get;
 use super::window::{Counters, Window};
 use crate::hollow::{ANNOTATION_PROGRESS, HOLLOW_LABEL, Snapshot};
@@ -60,6 +61,7 @@ async fn phases(b: &mut Bench, rows: &mut Vec<Row>, memo: &mut Memo) -> Result<(
     steady(b, rows, memo).await?;
     isolation(b, rows, memo).await?;
     disrupt::drain(b, rows).await?;
+    lost::nodes_lost(b, rows).await?;
     disrupt::failover(b, rows).await
 }
 

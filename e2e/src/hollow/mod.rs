@@ -275,27 +275,11 @@ impl Simulator {
         take_polls(&self.shared)
     }
 
-    /// Nodes that report Ready (true) or NotReady (false) from now on.
+    /// Nodes that report Ready (true) or NotReady (false) from now on; how many statuses it
+    /// wrote.
     pub async fn set_ready(&self, names: &[String], ready: bool) -> usize {
-        {
-            let mut state = self.shared.state.lock().expect("lock");
-            for n in names {
-                if ready {
-                    state.not_ready.remove(n);
-                } else {
-                    state.not_ready.insert(n.clone());
-                }
-            }
-        }
-        let mut written = 0;
-        for n in names {
-            if let Some(ip) = self.shared.nodes.get(n)
-                && nodes::set_status(&self.shared, n, *ip, ready).await
-            {
-                written += 1;
-            }
-        }
-        written
+        mark_ready(&self.shared, names, ready);
+        write_readiness(&self.shared, names, ready).await
     }
 
     /// Stops (false) or resumes (true) renewing these nodes' Leases: the node lifecycle
@@ -311,20 +295,14 @@ impl Simulator {
         }
     }
 
-    /// Serves [`Snapshot`] at `/snapshot` and the poll intervals at `/polls` (each call takes
-    /// them) on `listener`, until the simulator stops.
+    /// Serves [`Snapshot`] at `/snapshot`, the poll intervals at `/polls` (each call takes
+    /// them), and `/nodes/not-ready?names=a,b` / `/nodes/ready?names=a,b` (those nodes report
+    /// so from now on; answered with how many it knows, their statuses written after) on
+    /// `listener`, until the simulator stops.
     pub fn serve_control(&mut self, listener: tokio::net::TcpListener) -> SocketAddr {
         let addr = listener.local_addr().expect("a bound listener");
         let shared = self.shared.clone();
-        let handler = Arc::new(move |path: &str| match path {
-            "/snapshot" => serve::Reply::Json(
-                serde_json::to_string(&snapshot(&shared)).expect("a snapshot serializes"),
-            ),
-            "/polls" => serve::Reply::Json(
-                serde_json::to_string(&take_polls(&shared)).expect("polls serialize"),
-            ),
-            _ => serve::Reply::NotFound,
-        });
+        let handler = Arc::new(move |path: &str| control(&shared, path));
         self.tasks
             .push(tokio::spawn(serve::serve(listener, handler)));
         addr
@@ -351,6 +329,64 @@ impl Simulator {
         )
         .await
     }
+}
+
+/// What the control endpoint answers (see [`Simulator::serve_control`]).
+fn control(shared: &Arc<Shared>, path: &str) -> serve::Reply {
+    let (route, query) = path.split_once('?').unwrap_or((path, ""));
+    match route {
+        "/snapshot" => serve::Reply::Json(
+            serde_json::to_string(&snapshot(shared)).expect("a snapshot serializes"),
+        ),
+        "/polls" => {
+            serve::Reply::Json(serde_json::to_string(&take_polls(shared)).expect("polls serialize"))
+        }
+        "/nodes/ready" | "/nodes/not-ready" => {
+            let ready = route == "/nodes/ready";
+            let names: Vec<String> = query
+                .strip_prefix("names=")
+                .unwrap_or_default()
+                .split(',')
+                .filter(|n| shared.nodes.contains_key(*n))
+                .map(str::to_string)
+                .collect();
+            mark_ready(shared, &names, ready);
+            let known = names.len();
+            let shared = shared.clone();
+            tokio::spawn(async move { write_readiness(&shared, &names, ready).await });
+            serve::Reply::Json(format!("{{\"nodes\":{known}}}"))
+        }
+        _ => serve::Reply::NotFound,
+    }
+}
+
+/// From now on, `names` report Ready (true) or NotReady (false) at each status refresh.
+fn mark_ready(shared: &Shared, names: &[String], ready: bool) {
+    let mut state = shared.state.lock().expect("lock");
+    for n in names {
+        if ready {
+            state.not_ready.remove(n);
+        } else {
+            state.not_ready.insert(n.clone());
+        }
+    }
+}
+
+/// Writes the status of `names` now, 16 at a time; how many it wrote.
+async fn write_readiness(shared: &Arc<Shared>, names: &[String], ready: bool) -> usize {
+    let limit = Arc::new(Semaphore::new(16));
+    let mut writes = tokio::task::JoinSet::new();
+    for name in names {
+        let Some(ip) = shared.nodes.get(name).copied() else {
+            continue;
+        };
+        let (shared, name, limit) = (shared.clone(), name.clone(), limit.clone());
+        writes.spawn(async move {
+            let _permit = limit.acquire_owned().await;
+            nodes::set_status(&shared, &name, ip, ready).await
+        });
+    }
+    writes.join_all().await.into_iter().filter(|w| *w).count()
 }
 
 impl Drop for Simulator {
