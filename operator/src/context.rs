@@ -46,16 +46,24 @@ pub struct GangApplied {
     pub generation: Option<i64>,
 }
 
-/// Reconciles that build and create a launch's objects at once; the others wait (their status
-/// written) before they build theirs. A burst of new jobs otherwise built every gang's pods at
-/// once and held them, serialized, while their creates waited for the client's
+/// Pods that may be built and waiting for their creates at once, over every reconcile; a
+/// launch holds one permit per pod (at least one: a launch of no pod still applies its gang's
+/// objects; at most all: a larger gang waits for every permit). A burst of new jobs otherwise
+/// built every gang's pods at once and held them while their creates waited for the client's
 /// [`API_CONCURRENCY`] slots: the fleet bench's leader reached 70 MB of heap launching 40
-/// jobs (23 MB before and after), and glibc kept most of it. Half the client's slots: a
-/// launch sends its Service, ConfigMap, Secret, policy and group, then a pod per node, so 16
-/// launches keep every slot busy even with small gangs.
+/// jobs (23 MB before and after), and glibc kept most of it. Counted in pods, not launches:
+/// a bound of 16 launches let 128 pods of 8-pod gangs through, but only 16 single-pod
+/// replacements, so 400 pods of lost nodes were replaced at 12 a second with the API server
+/// answering in under a second. Four times the client's slots: they stay busy whatever the
+/// gangs' sizes, and the pods held are about a megabyte.
 ///
 /// [`API_CONCURRENCY`]: crate::client::API_CONCURRENCY
-pub const LAUNCHES_AT_ONCE: usize = crate::client::API_CONCURRENCY / 2;
+pub const PODS_BUILT_AT_ONCE: usize = crate::client::API_CONCURRENCY * 4;
+
+/// The [`PODS_BUILT_AT_ONCE`] permits a launch of `pods` pods holds.
+pub fn launch_permits(pods: usize) -> u32 {
+    pods.clamp(1, PODS_BUILT_AT_ONCE) as u32
+}
 
 /// Shared state of every reconcile, built once.
 pub struct Context {
@@ -86,8 +94,8 @@ pub struct Context {
     pub native_gang: Option<NativeApi>,
     /// Pods this process created that the pod cache has not shown yet (they count as present).
     pub unseen: UnseenPods,
-    /// [`LAUNCHES_AT_ONCE`] permits: a reconcile holds one from building a launch to the end
-    /// of its creates.
+    /// [`PODS_BUILT_AT_ONCE`] permits: a reconcile holds [`launch_permits`] from building a
+    /// launch to the end of its creates.
     pub launching: tokio::sync::Semaphore,
 }
 
@@ -120,7 +128,7 @@ impl Context {
             gangs_applied: Mutex::new(HashMap::new()),
             native_gang: None,
             unseen: UnseenPods::default(),
-            launching: tokio::sync::Semaphore::new(LAUNCHES_AT_ONCE),
+            launching: tokio::sync::Semaphore::new(PODS_BUILT_AT_ONCE),
         }
     }
 
@@ -267,6 +275,37 @@ mod tests {
             nodes,
             ready,
         )
+    }
+
+    #[test]
+    fn a_launch_holds_a_permit_per_pod_within_the_bound() {
+        use crate::gang::{Action, Decision};
+        let decision = |actions| Decision {
+            status: Default::default(),
+            actions,
+            events: Vec::new(),
+            requeue_after: None,
+        };
+        let launch = |ranks: Vec<i32>| Action::Launch {
+            attempt: 0,
+            node_ranks: ranks,
+        };
+        let none = decision(vec![Action::DeletePod("p".into())]);
+        assert_eq!(none.pods_to_launch(), None);
+        let gang = decision(vec![launch((0..8).collect())]);
+        assert_eq!(gang.pods_to_launch(), Some(8));
+        let objects_only = decision(vec![launch(vec![])]);
+        assert_eq!(objects_only.pods_to_launch(), Some(0));
+        // A single replacement takes one permit: 128 of them are built at once, not 16.
+        assert_eq!(launch_permits(1), 1);
+        assert_eq!(launch_permits(0), 1);
+        assert_eq!(launch_permits(8), 8);
+        assert_eq!(
+            launch_permits(1000),
+            PODS_BUILT_AT_ONCE as u32,
+            "a gang larger than the bound waits for all of it, not for ever"
+        );
+        assert_eq!(PODS_BUILT_AT_ONCE, 128);
     }
 
     fn at_version(v: &str) -> DistributedTraining {

@@ -205,7 +205,7 @@ fn build_launches(
 
 /// Applies a decision: deletes, then the status, then creates (a crash in between never loses
 /// a restart: the status is written before the new attempt's pods exist), then events. The
-/// launches are built and created in one of [`crate::context::LAUNCHES_AT_ONCE`] slots. The
+/// launches are built and created within [`crate::context::PODS_BUILT_AT_ONCE`] pods. The
 /// status is written once; a launch that stops (the API refuses a pod, a name is taken) is
 /// remembered for the next decision, which says so in the status ([`gang::LaunchStop`]).
 async fn carry_out(
@@ -228,10 +228,11 @@ async fn carry_out(
     }
     let mut events = decision.events.clone();
     let mut requeue = decision.requeue_after;
-    if decision.launches() {
-        // Built only once a slot is free, and held until the creates are done
-        // ([`crate::context::LAUNCHES_AT_ONCE`]).
-        let _launching = ctx.launching.acquire().await.ok();
+    if let Some(pods) = decision.pods_to_launch() {
+        // Built only once there are permits for its pods, held until the creates are done
+        // ([`crate::context::PODS_BUILT_AT_ONCE`]).
+        let permits = crate::context::launch_permits(pods);
+        let _launching = ctx.launching.acquire_many(permits).await.ok();
         let launches = build_launches(ctx, dt, owner, &decision, gang_mode);
         let attempt = decision.status.attempt;
         let launched = launch_all(ctx, dt, owner, &launches, attempt, now).await?;

@@ -38,11 +38,15 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// Whether it creates pods (a new attempt's gang, or replacements).
-    pub fn launches(&self) -> bool {
-        self.actions
-            .iter()
-            .any(|a| matches!(a, Action::Launch { .. }))
+    /// The pods it creates (a new attempt's gang, or replacements); `None` when it launches
+    /// nothing.
+    pub fn pods_to_launch(&self) -> Option<usize> {
+        let mut launches = self.actions.iter().filter_map(|a| match a {
+            Action::Launch { node_ranks, .. } => Some(node_ranks.len()),
+            _ => None,
+        });
+        let first = launches.next()?;
+        Some(first + launches.sum::<usize>())
     }
 }
 
