@@ -135,7 +135,8 @@ pub const FAILED: &str = "Failed";
 pub const ALL_RANKS_SUCCEEDED: &str = "AllRanksSucceeded";
 /// Normal event: training finished; also the reason of the ledger's last attempt end.
 pub const SUCCEEDED: &str = "Succeeded";
-/// Warning event: a pod stuck terminating on a lost node was force-deleted.
+/// Warning event: a pod on a lost node was force-deleted (at once when its launcher is fenced,
+/// else once stuck terminating).
 pub const FORCE_DELETED: &str = "ForceDeleted";
 
 // Suspend and resume: condition Suspended.

@@ -396,10 +396,17 @@ fn a_pod_on_a_lost_node_is_replaced_alone_without_elasticity_too_and_force_delet
         (0, 0),
         "no gang restart"
     );
+    assert_eq!(
+        lost.actions,
+        [Action::ForceDeletePod("mt-0-1".into())],
+        "force-deleted at once, not deleted and then force-deleted"
+    );
     assert!(
-        lost.actions.contains(&Action::DeletePod("mt-0-1".into())),
+        lost.events
+            .iter()
+            .any(|e| e.reason == ferrotrain_api::reason::FORCE_DELETED),
         "{:?}",
-        lost.actions
+        lost.events
     );
     let stuck = run(&Row {
         spec: in_place,
@@ -514,7 +521,7 @@ fn elastic_a_pod_on_a_lost_node_is_deleted_and_replaced_while_the_others_train()
         "no gang restart"
     );
     assert!(
-        d.actions.contains(&Action::DeletePod("mt-0-2".into())),
+        d.actions.contains(&Action::ForceDeletePod("mt-0-2".into())),
         "{:?}",
         d.actions
     );
