@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 
 use super::bench::Bench;
 use super::disrupt::{
@@ -16,7 +16,7 @@ use super::disrupt::{
 };
 use super::jobs::{p50_p99_max, poll, quantile};
 use super::metrics::http_get;
-use super::phases::{Row, row, say, server_row};
+use super::phases::{Row, hollow_nodes, ready, row, say, server_row};
 use super::window::Counters;
 use crate::hollow::HOLLOW_LABEL;
 
@@ -172,11 +172,7 @@ async fn all_not_ready(b: &Bench, nodes: &[String]) -> Result<f64, String> {
         Duration::from_secs(120),
         Duration::from_millis(200),
         || async move {
-            let list = api
-                .list(&ListParams::default().labels(selector))
-                .await
-                .map(|l| l.items)
-                .unwrap_or_default();
+            let list = hollow_nodes(api, selector).await;
             let down = list
                 .iter()
                 .filter(|n| n.metadata.name.as_ref().is_some_and(|m| wanted.contains(m)))
@@ -190,13 +186,6 @@ async fn all_not_ready(b: &Bench, nodes: &[String]) -> Result<f64, String> {
     )
     .await?;
     Ok(started.elapsed().as_secs_f64())
-}
-
-fn ready(n: &Node) -> bool {
-    n.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// Seconds from `t0` to the first deletion of one of `pods` (the operator's grace, then its

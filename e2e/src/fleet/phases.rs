@@ -82,11 +82,7 @@ async fn nodes(b: &mut Bench, rows: &mut Vec<Row>) -> Result<(), String> {
         Duration::from_secs(300),
         Duration::from_secs(2),
         || async move {
-            let list = api
-                .list(&ListParams::default().labels(selector))
-                .await
-                .map(|l| l.items)
-                .unwrap_or_default();
+            let list = hollow_nodes(api, selector).await;
             let ready = list.iter().filter(|n| schedulable(n)).count();
             ((ready == want).then_some(()), format!("{ready} of {want}"))
         },
@@ -103,13 +99,25 @@ async fn nodes(b: &mut Bench, rows: &mut Vec<Row>) -> Result<(), String> {
     Ok(())
 }
 
-/// Ready, and without the node lifecycle controller's not-ready/unreachable taints.
-fn schedulable(n: &Node) -> bool {
-    let ready = n
-        .status
+/// The bench's hollow nodes (`selector`) as the API has them now; none when the list fails.
+pub(super) async fn hollow_nodes(api: &Api<Node>, selector: &str) -> Vec<Node> {
+    api.list(&ListParams::default().labels(selector))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+/// Whether the node's Ready condition is True.
+pub(super) fn ready(n: &Node) -> bool {
+    n.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Ready, and without the node lifecycle controller's not-ready/unreachable taints.
+fn schedulable(n: &Node) -> bool {
+    let ready = ready(n);
     let tainted = n
         .spec
         .as_ref()
