@@ -52,10 +52,11 @@ pub struct GangApplied {
 /// built every gang's pods at once and held them while their creates waited for the client's
 /// [`API_CONCURRENCY`] slots: the fleet bench's leader reached 70 MB of heap launching 40
 /// jobs (23 MB before and after), and glibc kept most of it. Counted in pods, not launches:
-/// a bound of 16 launches let 128 pods of 8-pod gangs through, but only 16 single-pod
-/// replacements, so 400 pods of lost nodes were replaced at 12 a second with the API server
-/// answering in under a second. Four times the client's slots: they stay busy whatever the
-/// gangs' sizes, and the pods held are about a megabyte.
+/// a bound of 16 launches let 128 pods of 8-pod gangs through but only 16 single-pod
+/// replacements, half the client's slots (on the fleet bench's 2 cores the API server was the
+/// tighter bound: 400 pods of lost nodes were replaced at 12-14 a second either way). Four
+/// times the client's slots: they stay busy whatever the gangs' sizes, and the pods held are
+/// about a megabyte.
 ///
 /// [`API_CONCURRENCY`]: crate::client::API_CONCURRENCY
 pub const PODS_BUILT_AT_ONCE: usize = crate::client::API_CONCURRENCY * 4;
