@@ -46,11 +46,11 @@ pub async fn nodes_lost(b: &mut Bench, rows: &mut Vec<Row>) -> Result<(), String
             .filter_map(|p| s.pods.get(p))
             .map(|p| p.job.clone())
             .collect();
-        let restarts: BTreeMap<String, i32> = jobs
+        let attempts: BTreeMap<String, i32> = jobs
             .iter()
-            .map(|j| (j.clone(), s.jobs.get(j).map_or(0, |v| v.restarts)))
+            .map(|j| (j.clone(), s.jobs.get(j).map_or(0, |v| v.attempt)))
             .collect();
-        (pods.into_iter().collect::<BTreeSet<_>>(), jobs, restarts)
+        (pods.into_iter().collect::<BTreeSet<_>>(), jobs, attempts)
     });
     say(
         b,
