@@ -2,9 +2,9 @@
 # The quick start: builds the trainer and trains the copy task (examples/copy.yaml) on two
 # local ranks exchanging gradients over the TCP ring. Once a checkpoint of step 300 (or later)
 # exists it kills rank 1's trainer process with SIGKILL (never a waiting spare: spares are named
-# `ft-spare`) and lets the launcher restart the ranks. Rank 0 survives and leaves the state of
-# the last step it completed, so the restarted ranks start from that step, not from the
-# checkpoint (docs/distributed.md, "Losing nothing"). It prints the launcher's account of the
+# `ft-spare`) and lets the launcher restart the ranks in place, as a new round. Rank 0 survives
+# and leaves the state of the last step it completed, so the restarted ranks start from that
+# step, not from the checkpoint (docs/distributed.md, "Losing nothing"). It prints the launcher's account of the
 # restart from its recovery ledger (--recovery-file): the rank it blamed, the step the ranks
 # resumed from and where that state came from, the time from the kill to the next step and the
 # steps trained twice. It exits 1 when no restart happened, so what it prints is what it did.
@@ -55,7 +55,7 @@ tail -n +1 -f --pid="$launcher" "$log" &
 follower=$!
 
 # Rank 1's trainer: a child of the launcher named `ferrotrain` (a spare waiting for the next
-# attempt is named `ft-spare`) whose environment says RANK=1.
+# round is named `ft-spare`) whose environment says RANK=1.
 rank_1() {
   local pid
   for pid in $(pgrep -P "$launcher" -x ferrotrain || true); do
@@ -95,13 +95,13 @@ echo "==> the launcher exited with code $status; checkpoints in $job_dir: $(ls "
 [[ -n $killed ]] || { echo "FAILED: training ended before checkpoint step $kill_after; nothing was killed" >&2; exit 1; }
 
 echo "==> the launcher's log of the restart ($log):"
-grep -E 'launch: (restarting|attempt [0-9]+: started)' "$log" | sed 's/^.*launch: /    launch: /'
-# What the ranks said about their state: rank 0 leaving it, the next attempt resuming from it.
+grep -E 'agent: round [0-9]+( ended|: started)' "$log" | sed 's/^.*agent: /    agent: /'
+# What the ranks said about their state: rank 0 leaving it, the next round resuming from it.
 grep -E "heal: left the state|resuming from (a peer's state|checkpoint)" "$log" \
   | sed -E 's/^.*(heal: left|resuming from)/    rank: \1/' || true
-# The ledger as logged at the end (it is logged at every attempt's end; the last is whole).
-awk '/launch: attempt 0: resumed/ { first = NR } { line[NR] = $0 }
-  END { for (i = first; i <= NR; i++) if (line[i] ~ /launch: (attempt [0-9]+: resumed|recovery:)/) print line[i] }' \
+# The ledger as logged at the end (it is logged at every round's end; the last is whole).
+awk '/launch: attempt 0 round 0: resumed/ { first = NR } { line[NR] = $0 }
+  END { for (i = first; i <= NR; i++) if (line[i] ~ /launch: (attempt [0-9]+ round [0-9]+: resumed|recovery:)/) print line[i] }' \
   "$log" | sed 's/^.*launch: /    launch: /'
 
 echo "==> the restart, from the launcher's recovery ledger ($ledger):"
@@ -120,33 +120,33 @@ def at(text):
         text = f"{head}.{digits[:6].ljust(6, '0')}{tail[len(digits):]}"
     return datetime.fromisoformat(text)
 
-attempts = ledger.get("attempts", [])
-failed = attempts[0].get("end", {}) if attempts else {}
-if len(attempts) < 2 or failed.get("cause") != "Failure" or failed.get("rank") != 1:
+rounds = ledger.get("attempts", [])
+failed = rounds[0].get("end", {}) if rounds else {}
+if len(rounds) < 2 or failed.get("cause") != "Failure" or failed.get("rank") != 1:
     sys.exit(f"FAILED: no restart after rank 1's kill in the ledger: {json.dumps(ledger)}")
-first, second = attempts[0], attempts[1]
+first, second = rounds[0], rounds[1]
 code = failed.get("exitCode")
 how = f"killed by signal {code - 128}" if code and code > 128 else f"exit code {code}"
-print(f"    rank 1 ({how}) ended attempt 0 at step {first.get('lastStep', 0)}; "
+print(f"    rank 1 ({how}) ended round 0 at step {first.get('lastStep', 0)}; "
       f"the launcher blamed it: {failed.get('reason')}")
 resumed, healed = second.get("resumedFromStep", 0), second.get("healedFrom")
 if healed == "peers":
-    source = "the state a surviving rank left when attempt 0 ended (healedFrom peers)"
+    source = "the state a surviving rank left when round 0 ended (healedFrom peers)"
 elif healed == "checkpoint":
     source = "the latest checkpoint (healedFrom checkpoint: no rank left a state as new)"
 else:
     source = "nothing: a fresh start"
-print(f"    the same launcher restarted both ranks as attempt 1 (no new job, nothing else "
-      f"restarted), resuming from step {resumed}: {source}")
+print(f"    the same launcher restarted both ranks in place as round 1 (no new job, nothing "
+      f"else restarted), resuming from step {resumed}: {source}")
 if "firstStepAt" in second:
     gap = (at(second["firstStepAt"]) - at(failed["failedAt"])).total_seconds()
-    print(f"    from the failure to attempt 1's first step: {gap:.2f} s")
+    print(f"    from the failure to round 1's first step: {gap:.2f} s")
 else:
-    sys.exit("FAILED: attempt 1 never completed a step")
+    sys.exit("FAILED: round 1 never completed a step")
 print(f"    steps lost (trained again): {first.get('lostSteps', 0)}")
-end = attempts[-1].get("end", {})
+end = rounds[-1].get("end", {})
 goodput = ledger.get("goodputPercent")
-print(f"    the run: {len(attempts)} attempts, ended {end.get('cause', 'running')}, goodput "
+print(f"    the run: {len(rounds)} rounds, ended {end.get('cause', 'running')}, goodput "
       + (f"{goodput:.1f}%" if goodput is not None else "-"))
 if status != 0 or end.get("cause") != "Succeeded":
     sys.exit(f"FAILED: the run did not finish (launcher exit {status})")

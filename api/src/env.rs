@@ -46,7 +46,8 @@ pub const FERROTRAIN_EXPECT_GPUS: &str = "FERROTRAIN_EXPECT_GPUS";
 pub const FERROTRAIN_NCCL_LIBRARY: &str = "FERROTRAIN_NCCL_LIBRARY";
 
 /// `ferrotrain launch`'s settings (each also a flag; see docs/distributed.md).
-/// Single node: how many times the launcher restarts the group after a retryable failure.
+/// How many rounds the launcher restarts the ranks in after retryable failures (one node, or
+/// several in place); the operator hands its pods what is left of restartPolicy.maxRestarts.
 pub const FERROTRAIN_MAX_RESTARTS: &str = "FERROTRAIN_MAX_RESTARTS";
 /// Seconds before the launcher's first restart (doubling with each restart).
 pub const FERROTRAIN_RESTART_BACKOFF_SECONDS: &str = "FERROTRAIN_RESTART_BACKOFF_SECONDS";
@@ -55,7 +56,8 @@ pub const FERROTRAIN_RESTART_BACKOFF_MAX_SECONDS: &str = "FERROTRAIN_RESTART_BAC
 /// Seconds ranks get between the launcher's SIGTERM and SIGKILL.
 pub const FERROTRAIN_STOP_GRACE_SECONDS: &str = "FERROTRAIN_STOP_GRACE_SECONDS";
 /// `ferrotrain launch --restart-in-place`: on several nodes, restart the ranks in a new round
-/// after a retryable failure instead of exiting (the operator sets it for its pods).
+/// after a retryable failure instead of exiting (the operator sets it for its pods; one node
+/// always does).
 pub const FERROTRAIN_RESTART_IN_PLACE: &str = "FERROTRAIN_RESTART_IN_PLACE";
 /// Exit codes no restart can fix (comma-separated; default 2,3,4): the launcher never
 /// restarts a rank that exits with one (restartPolicy.permanentExitCodes).
@@ -103,6 +105,10 @@ pub const FERROTRAIN_RANK_PROGRAM: &str = "FERROTRAIN_RANK_PROGRAM";
 pub const TERMINATION_LOG: &str = "/dev/termination-log";
 /// Overrides TERMINATION_LOG (tests, local runs).
 pub const FERROTRAIN_TERMINATION_LOG: &str = "FERROTRAIN_TERMINATION_LOG";
+/// Set by `ferrotrain launch`, one per rank: where the trainer leaves why it ended (JSON
+/// [`crate::RankEnd`]: the kind, the peer that did not answer, the step), which its launcher
+/// reads to blame the right rank.
+pub const FERROTRAIN_END_FILE: &str = "FERROTRAIN_END_FILE";
 /// Set by `ferrotrain launch`: rank 0 keeps its progress report there (JSON, replaced
 /// atomically about once a second), for the launcher's recovery ledger.
 pub const FERROTRAIN_PROGRESS_FILE: &str = "FERROTRAIN_PROGRESS_FILE";

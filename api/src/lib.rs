@@ -4,16 +4,20 @@
 //! operator and the end-to-end tests enable it, the trainer does not, so it builds no
 //! Kubernetes types.
 
+pub mod budget;
 pub mod config;
 #[cfg(feature = "crd")]
 pub mod crd;
 pub mod env;
 pub mod exit;
 pub mod progress;
+pub mod rank_end;
 pub mod reason;
 pub mod recovery;
 pub mod sealed;
 
+pub use budget::{DEFAULT_MAX_RESTARTS, RestartBudget};
 pub use config::{ConfigError, FieldError, ParallelFiles, Task, TrainerConfig};
 pub use progress::{CheckpointInfo, DataStats, GpuUsage, Progress, ResourceUsage, TrainerPhase};
+pub use rank_end::{EndKind, RankEnd};
 pub use recovery::Recovery;

@@ -1,7 +1,9 @@
-//! The pod's agent: `ferrotrain launch --restart-in-place` on several nodes. It outlives its
-//! ranks: when any rank of the gang fails, every node's agent stops its own ranks and starts
-//! them again in a new numbered round, without the pod ending (torchrun's elastic agent does
-//! the same with its rendezvous rounds).
+//! The pod's agent: `ferrotrain launch` on one node, and `--restart-in-place` on several. It
+//! outlives its ranks: when any rank of the gang fails, every node's agent stops its own ranks
+//! and starts them again in a new numbered round, without the pod ending (torchrun's elastic
+//! agent does the same with its rendezvous rounds). One node is the same gang with node 0
+//! alone: its agent hosts the store, rules on its own report and decides through the same
+//! table (round.rs).
 //!
 //! This file carries out what round.rs decides. A failure's path reads one way: the local
 //! ranks' supervision sees it (group.rs: a rank's own end, or a peer's end through the
@@ -50,7 +52,7 @@ use crate::spare::{SpareStart, Spares};
 use crate::spawn::Spawn;
 use crate::store::StoreClient;
 use crate::termination::write_termination_message;
-use crate::watch::{Grower, Watcher};
+use crate::watch::{self, Grower, Watcher};
 
 /// How long the agents wait for one another at the end (success or a final failure), so that
 /// node 0's store outlives the others' last reads.
@@ -91,6 +93,9 @@ struct Agent<'a> {
     args: &'a LaunchArgs,
     launch: &'a Launch,
     policy: Policy,
+    /// The rendezvous store's port: node 0's own (bound when --master-port is 0, one node
+    /// only), else --master-port.
+    port: u16,
     link: Link,
     /// Node 0's duties; None on every other node.
     host: Option<Host>,
@@ -129,8 +134,9 @@ impl<'a> Agent<'a> {
         } else {
             &args.master_addr
         };
+        let port = host.as_ref().map_or(args.master_port, Host::port);
         let deadline = Instant::now() + rendezvous;
-        let mut link = Link::connect(address, args.master_port, &auth, deadline)?;
+        let mut link = Link::connect(address, port, &auth, deadline)?;
         let id = std::env::var("POD_UID")
             .ok()
             .filter(|u| !u.is_empty())
@@ -146,9 +152,8 @@ impl<'a> Agent<'a> {
             .unwrap_or_default();
         let hosted = if node == 0 { " (hosted here)" } else { "" };
         tracing::info!(
-            "agent: node {node} of {}, rendezvous {address}:{}{hosted}",
+            "agent: node {node} of {}, rendezvous {address}:{port}{hosted}",
             args.nnodes,
-            args.master_port,
         );
         Ok(Agent {
             args,
@@ -161,6 +166,7 @@ impl<'a> Agent<'a> {
                     Duration::from_secs_f64(args.restart_backoff_max_seconds.max(0.0)),
                 ),
             },
+            port,
             link,
             host,
             ledger: Ledger::new(&l.logs, args.recovery_file.iter().cloned().collect()),
@@ -353,7 +359,7 @@ impl<'a> Agent<'a> {
         }
         self.link.fresh_within(round::patience(&outcome))?;
         if round::owns_the_failure(&outcome) {
-            self.mark_failed(round)?;
+            self.mark_failed(round, watch::end_mark(self.node(), &outcome))?;
         }
         let json = serde_json::to_vec(&report).expect("a report serializes");
         let key = keys::report(round, self.node());
@@ -375,12 +381,12 @@ impl<'a> Agent<'a> {
         Ok(client)
     }
 
-    /// Round `round` must end: the first node to say so wakes every agent's watcher.
-    fn mark_failed(&mut self, round: u64) -> Result<(), AgentError> {
-        let node = self.node().to_string();
+    /// Round `round` must end, as `mark` says (watch::end_mark): the first node to say so
+    /// wakes every agent's watcher.
+    fn mark_failed(&mut self, round: u64, mark: Vec<u8>) -> Result<(), AgentError> {
         let client = &mut self.link.client;
         if client.add(&keys::failures(round), 1)? == 1 {
-            client.set(&keys::failed(round), node.as_bytes())?;
+            client.set(&keys::failed(round), &mark)?;
         }
         Ok(())
     }
@@ -477,7 +483,7 @@ impl<'a> Agent<'a> {
             args: self.args,
             program: &self.launch.program,
             attempt: self.launch.base_attempt,
-            port: self.args.master_port,
+            port: self.port,
             token: &self.launch.token,
             logs: &self.launch.logs,
             omp_threads: self.launch.omp_threads.clone(),
@@ -524,7 +530,7 @@ impl<'a> Agent<'a> {
             let json = serde_json::to_vec(&report).expect("a report serializes");
             let key = keys::report(round, self.node());
             self.link.client.set(&key, &json)?;
-            self.mark_failed(round)?;
+            self.mark_failed(round, self.node().to_string().into_bytes())?;
             if self.host.is_some() {
                 // Nobody else can rule: the others learn at once that node 0 leaves.
                 let permanent = &args.permanent_exit_codes;

@@ -28,13 +28,18 @@ pub struct LaunchArgs {
     /// Port of the rendezvous store; 0 picks a free port (single node only).
     #[arg(long, env = env::MASTER_PORT, default_value_t = DEFAULT_MASTER_PORT)]
     pub master_port: u16,
-    /// Single node: how many times the group is restarted after a retryable failure.
-    #[arg(long, env = env::FERROTRAIN_MAX_RESTARTS, default_value_t = 3)]
+    /// How many times the ranks are restarted in a new round after a retryable failure (on
+    /// several nodes with --restart-in-place; the operator hands its pods what is left of
+    /// restartPolicy.maxRestarts). A pod taken away spends none.
+    #[arg(
+        long,
+        env = env::FERROTRAIN_MAX_RESTARTS,
+        default_value_t = ferrotrain_api::DEFAULT_MAX_RESTARTS
+    )]
     pub max_restarts: u32,
-    /// Wait before a restart; doubles with each failure in a row, counted since the last
-    /// attempt (or round) that trained a step the next one kept (its ranks leave their state;
-    /// or a checkpoint of its own). In-place rounds restart at once after the first such
-    /// failure.
+    /// Wait before a restart after the second failure in a row (the first restarts at once),
+    /// doubling with each more; the count starts again after a round that trained a step the
+    /// next one kept.
     #[arg(
         long,
         env = env::FERROTRAIN_RESTART_BACKOFF_SECONDS,
@@ -59,14 +64,14 @@ pub struct LaunchArgs {
     /// Several nodes: restart the ranks in place (a new round, every node's ranks together)
     /// after a retryable failure instead of exiting; up to --max-restarts rounds. Node 0's
     /// launcher then hosts the rendezvous store (docs/distributed.md, "In-place restarts").
+    /// One node always does.
     #[arg(long, env = env::FERROTRAIN_RESTART_IN_PLACE, default_value_t = false)]
     pub restart_in_place: bool,
-    /// Restarts (in place, or a single node's group): start a spare trainer per local rank a
-    /// few seconds into each round or attempt, which loads libtorch and waits; the next
-    /// one's ranks are those spares, so a restart skips libtorch's start-up (about 0.4 s of
-    /// CPU a process). Costs about 120 MB of memory a spare. Only for this executable's own
-    /// ranks (not --rank-program); not on several nodes without --restart-in-place (the
-    /// operator restarts that gang).
+    /// Start a spare trainer per local rank a few seconds into each round, which loads
+    /// libtorch and waits; the next round's ranks are those spares, so a restart skips
+    /// libtorch's start-up (about 0.4 s of CPU a process). Costs about 120 MB of memory a
+    /// spare. Only for this executable's own ranks (not --rank-program); not on several nodes
+    /// without --restart-in-place (the operator restarts that gang).
     #[arg(
         long,
         env = env::FERROTRAIN_SPARE_RANKS,
@@ -119,19 +124,6 @@ pub struct LaunchArgs {
     pub rank_args: Vec<String>,
 }
 
-impl LaunchArgs {
-    /// The wait before a restart after `in_a_row` failures in a row: --restart-backoff-seconds
-    /// doubled for each after the first, at most --restart-backoff-max-seconds.
-    pub fn restart_wait(&self, in_a_row: u32) -> std::time::Duration {
-        let secs = |s: f64| std::time::Duration::from_secs_f64(s.max(0.0));
-        ferrotrain_api::recovery::restart_wait(
-            secs(self.restart_backoff_seconds),
-            secs(self.restart_backoff_max_seconds),
-            in_a_row,
-        )
-    }
-}
-
 /// What every attempt or round of this launcher starts its ranks with.
 pub struct Launch {
     /// The program each rank runs.
@@ -151,7 +143,8 @@ pub struct Launch {
 /// After a successful run, global rank 0's termination message is its final progress report
 /// (on node 0 only): it becomes the launcher's, which is the container's.
 pub fn forward_final_report(logs: &Path) {
-    let message = std::fs::read_to_string(logs.join("rank-0.termination-log")).unwrap_or_default();
+    let log = crate::files::RankFiles::of(logs, 0).termination_log;
+    let message = std::fs::read_to_string(log).unwrap_or_default();
     if ferrotrain_api::Progress::from_termination_message(&message).is_some() {
         crate::termination::write_termination_message(&message);
     }

@@ -13,11 +13,16 @@
 //! 5. a node whose agent sent no report: its launcher was killed (SIGKILL, the OOM killer) or
 //!    its pod lost without a signal, and its ranks with it; its peers' ranks only saw their
 //!    ring break;
-//! 6. a rank its peers name as the one that did not answer in a collective (a hang);
-//! 7. otherwise the earliest failure (ties: the lower rank).
+//! 6. a rank its peers name as the one that did not answer in a collective (a hang): each
+//!    rank's typed record of its end ([`ferrotrain_api::RankEnd`]) carries the silent peer's
+//!    number, and the rank most of them name is blamed;
+//! 7. otherwise the earliest failure of a rank that did not only follow a peer (its record
+//!    says its own error, not a broken collective), else the earliest failure (ties: the
+//!    lower rank).
 
 use ferrotrain_api::reason;
 use ferrotrain_api::recovery::Timestamp;
+use ferrotrain_api::{EndKind, RankEnd};
 use serde::{Deserialize, Serialize};
 
 use crate::group::{GroupOutcome, RankFailure};
@@ -124,6 +129,7 @@ impl NodeReport {
             failure: Some(RankFailure {
                 rank,
                 code: 128 + signal,
+                end: Some(RankEnd::new(EndKind::Stopped, reason.clone())),
                 reason,
                 seen_at: now,
             }),
@@ -283,7 +289,7 @@ pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32], now: Times
     }
     if let Some(rank) = named_unresponsive(&failures) {
         let node = reports.iter().find(|r| r.ranks.contains(&rank));
-        let said = earliest(&|f| unresponsive_rank(&f.reason) == Some(rank)).map(|(_, f)| f);
+        let said = earliest(&|f| f.silent_peer() == Some(rank)).map(|(_, f)| f);
         return Verdict {
             rank: Some(rank),
             node: node.map(|r| r.node),
@@ -296,7 +302,8 @@ pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32], now: Times
             ..base
         };
     }
-    match earliest(&|_| true) {
+    let own = earliest(&|f| !f.kind().is_some_and(EndKind::follows_a_peer));
+    match own.or_else(|| earliest(&|_| true)) {
         Some(hit) => blame(hit, reason::EXIT_CODE),
         None => Verdict {
             reason: reason::STOPPED.into(),
@@ -316,7 +323,7 @@ fn killed(code: i32) -> bool {
 fn named_unresponsive(failures: &[(&NodeReport, &RankFailure)]) -> Option<usize> {
     let mut named: Vec<usize> = failures
         .iter()
-        .filter_map(|(_, f)| unresponsive_rank(&f.reason))
+        .filter_map(|(_, f)| f.silent_peer())
         .filter(|rank| !failures.iter().any(|(_, f)| f.rank == *rank))
         .collect();
     named.sort_unstable();
@@ -327,14 +334,6 @@ fn named_unresponsive(failures: &[(&NodeReport, &RankFailure)]) -> Option<usize>
         }
     }
     best.map(|(rank, _)| rank)
-}
-
-/// "rank 3 did not answer within 30 s during ..." (the ring's timeout message) -> 3.
-fn unresponsive_rank(message: &str) -> Option<usize> {
-    let at = message.find(" did not answer")?;
-    let before = &message[..at];
-    let number = before.rsplit("rank ").next()?;
-    number.trim().parse().ok()
 }
 
 #[cfg(test)]
@@ -362,12 +361,36 @@ mod tests {
                 code,
                 reason: reason.into(),
                 seen_at: at(seen),
+                end: None,
             }),
             frozen: Vec::new(),
             silent: false,
             unreachable_seconds: None,
             gone: false,
         }
+    }
+
+    /// `failed`, with the rank's record of its end: `kind`, naming `peer`.
+    fn recorded(mut report: NodeReport, kind: EndKind, peer: Option<usize>) -> NodeReport {
+        let f = report.failure.as_mut().expect("a failure");
+        f.end = Some(RankEnd {
+            peer,
+            ..RankEnd::new(kind, f.reason.clone())
+        });
+        report
+    }
+
+    /// Rank `rank` of node `node` timed out on `peer` in a collective (the ring's record).
+    fn timed_out_on(node: usize, rank: usize, peer: usize, seen: i64) -> NodeReport {
+        let words = format!(
+            "rank {rank} exited with code 1: rank {peer} (10.0.0.{peer}:41000) did not answer \
+             within 30 s during all-reduce"
+        );
+        recorded(
+            failed(node, rank, 1, &words, seen),
+            EndKind::PeerSilent,
+            Some(peer),
+        )
     }
 
     fn quiet(node: usize, frozen: &[usize]) -> NodeReport {
@@ -515,19 +538,7 @@ mod tests {
 
     #[test]
     fn a_frozen_rank_is_blamed_not_the_peer_that_timed_out_waiting_for_it() {
-        let v = verdict(
-            0,
-            &[
-                failed(
-                    0,
-                    0,
-                    1,
-                    "rank 0 exited with code 1: rank 1 did not answer within 30 s during all-reduce",
-                    40,
-                ),
-                quiet(1, &[1]),
-            ],
-        );
+        let v = verdict(0, &[timed_out_on(0, 0, 1, 40), quiet(1, &[1])]);
         assert_eq!((v.rank, v.node, v.code), (Some(1), Some(1), None));
         assert_eq!(v.reason, reason::FROZEN);
         assert!(v.message.contains("stopped"), "{}", v.message);
@@ -535,24 +546,12 @@ mod tests {
     }
 
     #[test]
-    fn a_hung_rank_named_by_its_peers_is_blamed() {
+    fn a_hung_rank_named_by_its_peers_records_is_blamed() {
         let v = verdict(
             0,
             &[
-                failed(
-                    0,
-                    0,
-                    1,
-                    "rank 0 exited with code 1: rank 2 did not answer within 30 s during all-reduce",
-                    40,
-                ),
-                failed(
-                    1,
-                    1,
-                    1,
-                    "rank 1 exited with code 1: rank 2 did not answer within 30 s during all-reduce",
-                    41,
-                ),
+                timed_out_on(0, 0, 2, 40),
+                timed_out_on(1, 1, 2, 41),
                 quiet(2, &[]),
             ],
         );
@@ -561,6 +560,51 @@ mod tests {
             (Some(2), Some(2), "Unresponsive")
         );
         assert_eq!(v.secondary, 2);
+        assert!(v.message.contains("(10.0.0.2:41000)"), "{}", v.message);
+    }
+
+    #[test]
+    fn the_silent_peer_is_read_from_the_record_never_from_the_words() {
+        // Words that name a rank but no record: nobody is blamed as unresponsive.
+        let words = "rank 0 exited with code 1: rank 2 did not answer within 30 s";
+        let v = verdict(0, &[failed(0, 0, 1, words, 40), quiet(2, &[])]);
+        assert_eq!((v.rank, v.reason.as_str()), (Some(0), "ExitCode"));
+        // A record that names rank 2 with words that say nothing of it.
+        let said = recorded(
+            failed(0, 0, 1, "collective timed out", 40),
+            EndKind::PeerSilent,
+            Some(2),
+        );
+        let v = verdict(0, &[said, quiet(2, &[])]);
+        assert_eq!((v.rank, v.reason.as_str()), (Some(2), "Unresponsive"));
+        // In a ring of 3 where rank 1 hangs, rank 2 waits on rank 1 and rank 0 on rank 2:
+        // rank 2 failed itself, so it is not the one that did not answer.
+        let v = verdict(
+            0,
+            &[
+                timed_out_on(0, 0, 2, 40),
+                timed_out_on(2, 2, 1, 40),
+                quiet(1, &[]),
+            ],
+        );
+        assert_eq!((v.rank, v.reason.as_str()), (Some(1), "Unresponsive"));
+    }
+
+    #[test]
+    fn a_ranks_own_error_is_blamed_over_the_peers_that_only_followed_it() {
+        // Rank 3 hit an I/O error; rank 0's ring broke on it and its launcher saw that first.
+        let follower = recorded(
+            failed(0, 0, 1, "rank 3 closed the connection", 10),
+            EndKind::PeerFailed,
+            Some(3),
+        );
+        let cause = recorded(failed(1, 3, 1, "I/O: disk full", 11), EndKind::Error, None);
+        let v = verdict(0, &[follower, cause]);
+        assert_eq!(
+            (v.rank, v.node, v.reason.as_str()),
+            (Some(3), Some(1), "ExitCode")
+        );
+        assert_eq!(v.secondary, 1);
     }
 
     #[test]
@@ -574,16 +618,5 @@ mod tests {
         assert_eq!(tie.rank, Some(1));
         let none = verdict(0, &[quiet(0, &[]), quiet(1, &[])]);
         assert_eq!((none.rank, none.reason.as_str()), (None, "Stopped"));
-    }
-
-    #[test]
-    fn the_ring_timeout_message_names_the_rank() {
-        assert_eq!(
-            unresponsive_rank(
-                "rank 0 exited with code 1: training step 12: rank 7 did not answer within 30 s during all-reduce"
-            ),
-            Some(7)
-        );
-        assert_eq!(unresponsive_rank("connection reset by rank 7"), None);
     }
 }

@@ -2,14 +2,14 @@
 //! fails, the launcher is signalled or a peer elsewhere failed; stopped with a signal, then
 //! SIGKILL after a grace. Dropping a group kills what is left of it.
 
-use std::path::PathBuf;
 use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
-use ferrotrain_api::exit;
 use ferrotrain_api::recovery::Timestamp;
+use ferrotrain_api::{EndKind, RankEnd, exit};
 use serde::{Deserialize, Serialize};
 
+use crate::files::RankFiles;
 use crate::signals;
 use crate::spare::Spares;
 use crate::spawn::{Spawn, rank_command, rank_env};
@@ -41,9 +41,10 @@ pub enum PeerEnd {
     Lost,
 }
 
-/// How long ranks get to exit once a member node was lost: told to abandon their
-/// collectives, they leave their state and exit in well under a second; a longer grace only
-/// delays the next round.
+/// How long ranks get to exit once a member node was lost, or a rank did not answer its
+/// peers in a collective: every collective waits on it, so no rank can save; told to abandon
+/// their collectives, the others leave their state and exit in well under a second, and a
+/// longer grace would only wait for the hung one and delay the next round.
 const LOST_GRACE: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,6 +56,35 @@ pub struct RankFailure {
     pub reason: String,
     /// When the launcher saw it exit (before stopping the others).
     pub seen_at: Timestamp,
+    /// Why it ended, as the rank recorded it (FERROTRAIN_END_FILE), or as its exit status
+    /// says where it could not (killed by a signal, or a rank program that keeps no record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<RankEnd>,
+}
+
+impl RankFailure {
+    /// The kind of its end, when known.
+    pub fn kind(&self) -> Option<EndKind> {
+        self.end.as_ref().map(|e| e.kind)
+    }
+
+    /// The peer it names as not answering in a collective (a hang), if it does.
+    pub fn silent_peer(&self) -> Option<usize> {
+        self.end
+            .as_ref()
+            .filter(|e| e.kind == EndKind::PeerSilent)
+            .and_then(|e| e.peer)
+    }
+}
+
+/// The record of a rank that ended with `status` and left `recorded` (none: it could not, or
+/// its program keeps none). A signal's death is `Killed` whatever the rank last wrote.
+pub fn end_of(status: ExitStatus, recorded: Option<RankEnd>, reason: &str) -> Option<RankEnd> {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.signal(), recorded) {
+        (Some(_), _) => Some(RankEnd::new(EndKind::Killed, reason)),
+        (None, recorded) => recorded,
+    }
 }
 
 pub fn exit_code(status: ExitStatus) -> i32 {
@@ -77,7 +107,7 @@ pub fn describe_exit(status: ExitStatus) -> String {
 
 /// The running ranks of one attempt on this node. Dropping it kills what is left.
 pub struct Group {
-    children: Vec<(usize, Child, PathBuf)>,
+    children: Vec<(usize, Child, RankFiles)>,
     grace: Duration,
     /// How many of its ranks were spares (launch/spare.rs).
     pub from_spares: usize,
@@ -161,30 +191,35 @@ impl Group {
     /// noticed its death in the same instant exit with a code).
     fn reap(&mut self, done: &mut [bool]) -> Option<RankFailure> {
         let mut failures = Vec::new();
-        for (i, (rank, child, log)) in self.children.iter_mut().enumerate() {
+        for (i, (rank, child, files)) in self.children.iter_mut().enumerate() {
             if done[i] {
                 continue;
             }
             if let Some(status) = c_try_wait(child) {
                 done[i] = true;
                 if !status.success() {
-                    failures.push((*rank, status, log.clone()));
+                    failures.push((*rank, status, files.clone()));
                 }
             }
         }
         failures.sort_by_key(|(rank, status, _)| (status.code().is_some(), *rank));
-        let (rank, status, log) = failures.into_iter().next()?;
+        let (rank, status, files) = failures.into_iter().next()?;
         let seen_at = Timestamp::now();
-        let message = std::fs::read_to_string(&log).unwrap_or_default();
+        let message = std::fs::read_to_string(&files.termination_log).unwrap_or_default();
         let message = message.trim();
         let reason = if message.is_empty() {
             format!("rank {rank} {}", describe_exit(status))
         } else {
             format!("rank {rank} {}: {message}", describe_exit(status))
         };
+        let recorded = RankEnd::read(&files.end)
+            .inspect_err(|why| tracing::warn!("launch: rank {rank}'s end record: {why}"))
+            .ok()
+            .flatten();
         Some(RankFailure {
             rank,
             code: exit_code(status),
+            end: end_of(status, recorded, &reason),
             reason,
             seen_at,
         })
@@ -218,6 +253,12 @@ impl Group {
                     tracing::warn!("launch: received signal {signal}; stopping the ranks");
                     self.stop(signal);
                     return GroupOutcome::Signalled(signal);
+                }
+                Poll::Failed(failure) if failure.silent_peer().is_some() => {
+                    // A rank hangs: the others cannot save, and the hung one will not stop.
+                    self.signal_all(signals::ABANDON);
+                    self.stop_within(libc::SIGTERM, self.grace.min(LOST_GRACE));
+                    return GroupOutcome::Failed(failure);
                 }
                 Poll::Failed(failure) => {
                     self.stop(libc::SIGTERM);
@@ -330,8 +371,8 @@ pub fn start_group_with(a: &Spawn<'_>, mut spares: Option<Spares>) -> std::io::R
         from_spares: 0,
     };
     for local_rank in 0..a.args.nproc_per_node {
-        let (rank, log, vars) = rank_env(a, local_rank);
-        let _ = std::fs::remove_file(&log);
+        let (rank, files, vars) = rank_env(a, local_rank);
+        files.clear();
         let spare = spares.as_mut().and_then(|s| s.take(local_rank));
         let child = match spare.map(|s| s.go(&vars)) {
             Some(Ok(child)) => {
@@ -345,7 +386,7 @@ pub fn start_group_with(a: &Spawn<'_>, mut spares: Option<Spares>) -> std::io::R
             None => rank_command(a, &vars).spawn()?,
         };
         tracing::debug!("launch: started rank {rank} (pid {})", child.id());
-        group.children.push((rank, child, log));
+        group.children.push((rank, child, files));
     }
     Ok(group)
 }
@@ -353,6 +394,7 @@ pub fn start_group_with(a: &Spawn<'_>, mut spares: Option<Spares>) -> std::io::R
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     /// A group of one rank that killed itself (SIGKILL) and has ended by the first poll.
     fn group_of_one_killed() -> Group {
@@ -367,10 +409,32 @@ mod tests {
         }
         assert_eq!(process_state(child.id()), Some('Z'), "the rank ended");
         Group {
-            children: vec![(1, child, PathBuf::from("/nonexistent/termination-log"))],
+            children: vec![(1, child, RankFiles::of(Path::new("/nonexistent"), 1))],
             grace: Duration::from_secs(1),
             from_spares: 0,
         }
+    }
+
+    #[test]
+    fn a_killed_rank_is_killed_whatever_it_last_recorded_and_a_record_is_kept_otherwise() {
+        use std::os::unix::process::ExitStatusExt;
+        let silent = RankEnd {
+            peer: Some(2),
+            ..RankEnd::new(EndKind::PeerSilent, "rank 2 did not answer")
+        };
+        let killed = end_of(
+            ExitStatus::from_raw(9),
+            Some(silent.clone()),
+            "rank 1 was killed",
+        );
+        assert_eq!(killed.map(|e| e.kind), Some(EndKind::Killed));
+        let exited = ExitStatus::from_raw(1 << 8);
+        assert_eq!(end_of(exited, Some(silent.clone()), "x"), Some(silent));
+        assert_eq!(
+            end_of(exited, None, "x"),
+            None,
+            "no record: nothing made up"
+        );
     }
 
     #[test]

@@ -52,6 +52,11 @@ impl Host {
         })
     }
 
+    /// The port its store serves on (the one bound when asked for port 0: a single node).
+    pub fn port(&self) -> u16 {
+        self._server.port()
+    }
+
     /// The nodes the last round ended without, forgotten: the next round does not wait for
     /// them (their heartbeat timeout was their wait), though it takes them if they come.
     pub fn take_lost(&mut self) -> Vec<usize> {

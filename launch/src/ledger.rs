@@ -1,5 +1,5 @@
-//! The launcher's recovery ledger ([`ferrotrain_api::recovery`]): what each attempt (single
-//! node) or round (in-place restarts on several nodes) cost, logged and kept in files.
+//! The launcher's recovery ledger ([`ferrotrain_api::recovery`]): what each round of in-place
+//! restarts (or, on several nodes without them, the attempt) cost, logged and kept in files.
 
 use std::path::{Path, PathBuf};
 
@@ -179,7 +179,7 @@ pub fn recovery_lines(r: &Recovery) -> Vec<String> {
     }
     let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2} s"));
     lines.push(format!(
-        "recovery: {} attempt(s), {:.1} s in all, {:.1} s productive, goodput {}, {} steps lost, \
+        "recovery: {} start(s) of the ranks (attempts and rounds), {:.1} s in all, {:.1} s productive, goodput {}, {} steps lost, \
          detect {}, failure to next first step {}",
         r.attempts.len() + r.retired.attempts as usize,
         r.total_seconds,

@@ -1,13 +1,14 @@
 //! `ferrotrain launch`: torchrun's job for ferrotrain. Starts the local ranks, forwards
-//! signals, and when one fails stops the others and (single node) restarts the group.
+//! signals, and when one fails stops the others and restarts them in a new round.
 //!
 //! Each rank is the trainer's executable (`run --config <path>`) with the env contract set:
 //! RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
 //! FERROTRAIN_ATTEMPT, FERROTRAIN_RDZV_TOKEN, OMP_NUM_THREADS. Ranks resume on their own; the
-//! launcher only restarts them. A permanent exit code (2, 3, 4) is never restarted. On several
-//! nodes a failure ends the launcher with the failing rank's code (the operator restarts the
-//! gang), unless `--restart-in-place`: then the launcher is the pod's agent and restarts its
-//! ranks in a new round with every other node's agent ([`agent`]).
+//! launcher only restarts them. A permanent exit code (2, 3, 4) is never restarted. One node,
+//! and every node with `--restart-in-place`, is run by the pod's agent ([`agent`]): it
+//! restarts the ranks in a new round (with every other node's agent), ruled and decided the
+//! same way for any number of nodes. On several nodes without it a failure ends the launcher
+//! with the failing rank's code (the operator restarts the gang: [`local`]).
 //!
 //! This crate has no libtorch: the launcher, the rendezvous store and its handshake build and
 //! test in seconds, and the trainer (which links libtorch) depends on it for the store, the
@@ -16,7 +17,7 @@
 //! Rooms, from the top: `agent` (carries out the in-place rounds), `round` (what the agent
 //! does after each event: pure), `host` (node 0's duties: the store, ruling a round's end),
 //! `gather` (node 0 waiting for reports: pure), `blame` (which rank ended a round: pure),
-//! `local` (restarts without rounds), `group` (spawn, supervise and stop the local ranks),
+//! `local` (one run, no rounds), `group` (spawn, supervise and stop the local ranks),
 //! `members` (who trains in a round: elastic world size), `watch` (threads that end a round),
 //! `heartbeat` (a node cut off ends the round within the heartbeat timeout), `rejoin` and
 //! `link` (node 0's store, and its replacement's), `ledger` (what each attempt or round cost),
@@ -104,10 +105,10 @@ pub fn run(args: LaunchArgs) -> Result<i32, LaunchError> {
         logs,
         own_binary: args.rank_program.is_none(),
     };
-    let code = if multi_node && args.restart_in_place {
+    let code = if args.restart_in_place || !multi_node {
         agent::run(&args, &launch)
     } else {
-        local::supervise_attempts(&args, &launch)
+        local::run_once(&args, &launch)
     };
     let _ = std::fs::remove_dir_all(&launch.logs);
     code

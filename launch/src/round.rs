@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use ferrotrain_api::exit;
+use ferrotrain_api::{RestartBudget, exit};
 
 use crate::blame::{self, Verdict};
 use crate::error::AgentError;
@@ -30,6 +30,16 @@ pub struct Policy {
     pub max_restarts: u32,
     /// `--restart-backoff-seconds` and `--restart-backoff-max-seconds`.
     pub backoff: (Duration, Duration),
+}
+
+impl Policy {
+    /// The restart budget after `r.restarts` restarts (ferrotrain_api::budget).
+    fn budget(&self, r: &Rounds) -> RestartBudget {
+        RestartBudget {
+            max: self.max_restarts,
+            spent: r.restarts,
+        }
+    }
 }
 
 /// Where the agent stands between rounds.
@@ -205,7 +215,7 @@ pub fn decide(policy: &Policy, rounds: &Rounds, event: &Event) -> (Rounds, Next)
 fn broke(policy: &Policy, r: &mut Rounds, round: u64, stage: Stage, error: &AgentError) -> Next {
     let message = match stage {
         Stage::Joining => format!("agent: joining: {error}"),
-        Stage::Round if policy.node != 0 && r.restarts < policy.max_restarts => {
+        Stage::Round if policy.node != 0 && policy.budget(r).allows_another() => {
             r.restarts += 1;
             return Next::Rejoin {
                 after: round,
@@ -265,7 +275,7 @@ fn ruled(policy: &Policy, r: &mut Rounds, round: u64, verdict: &Verdict) -> Next
     // A pod taken away (deleted, evicted, drained) is a disruption: nothing the training did,
     // so it spends no restart and waits no backoff, as for the operator's gang restarts.
     let disruption = blame::is_disruption(verdict);
-    if !disruption && r.restarts >= policy.max_restarts {
+    if !disruption && !policy.budget(r).allows_another() {
         let message = format!(
             "round {round}: {}: {}; giving up after {} in-place restart(s) (--max-restarts)",
             who(verdict),

@@ -8,7 +8,7 @@ use std::process::Command;
 use ferrotrain_api::env;
 
 use crate::args::LaunchArgs;
-use crate::files::{PROGRESS_FILE, REFUSED_FILE, ROUNDS_FILE};
+use crate::files::{PROGRESS_FILE, REFUSED_FILE, ROUNDS_FILE, RankFiles};
 
 /// What every rank of a group is started with.
 pub struct Spawn<'a> {
@@ -27,14 +27,17 @@ pub struct Spawn<'a> {
     pub place: Option<(usize, usize)>,
 }
 
-/// Local rank `local_rank` of the group `a` starts: its global rank, its termination log, and
-/// its environment (the env contract).
-pub fn rank_env(a: &Spawn<'_>, local_rank: usize) -> (usize, PathBuf, Vec<(&'static str, String)>) {
+/// Local rank `local_rank` of the group `a` starts: its global rank, the files it leaves its
+/// launcher, and its environment (the env contract).
+pub fn rank_env(
+    a: &Spawn<'_>,
+    local_rank: usize,
+) -> (usize, RankFiles, Vec<(&'static str, String)>) {
     let args = a.args;
     let (position, nodes) = a.place.unwrap_or((args.node_rank, args.nnodes));
     let world = nodes * args.nproc_per_node;
     let rank = position * args.nproc_per_node + local_rank;
-    let log = a.logs.join(format!("rank-{rank}.termination-log"));
+    let files = RankFiles::of(a.logs, rank);
     let path = |p: &Path| p.to_string_lossy().into_owned();
     let mut vars = vec![
         (env::RANK, rank.to_string()),
@@ -49,7 +52,11 @@ pub fn rank_env(a: &Spawn<'_>, local_rank: usize) -> (usize, PathBuf, Vec<(&'sta
         (env::FERROTRAIN_ATTEMPT, a.attempt.to_string()),
         (env::TORCHELASTIC_RESTART_COUNT, a.attempt.to_string()),
         (env::FERROTRAIN_CONFIG, path(&args.config)),
-        (env::FERROTRAIN_TERMINATION_LOG, path(&log)),
+        (
+            env::FERROTRAIN_TERMINATION_LOG,
+            path(&files.termination_log),
+        ),
+        (env::FERROTRAIN_END_FILE, path(&files.end)),
         (
             env::FERROTRAIN_PROGRESS_FILE,
             path(&a.logs.join(PROGRESS_FILE)),
@@ -83,7 +90,7 @@ pub fn rank_env(a: &Spawn<'_>, local_rank: usize) -> (usize, PathBuf, Vec<(&'sta
     if let Some(t) = &a.omp_threads {
         vars.push(("OMP_NUM_THREADS", t.clone()));
     }
-    (rank, log, vars)
+    (rank, files, vars)
 }
 
 /// Where the ranks leave their state for the next round (trainer's `heal`):

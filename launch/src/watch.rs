@@ -7,6 +7,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::auth::Auth;
+use crate::group::GroupOutcome;
 use crate::store::{self, StoreClient, StoreError};
 use crate::{heartbeat, keys, members};
 
@@ -15,9 +16,24 @@ const WATCH_SLICE: Duration = Duration::from_secs(60);
 /// How often node 0 looks for late nodes while a round runs without them.
 const GROW_POLL: Duration = Duration::from_secs(1);
 
+/// The mark of a round that ended on a rank that did not answer its peers in a collective
+/// (`agent/<r>/failed`): every collective waits on it, so the other nodes stop their ranks
+/// within the short grace of a lost node instead of waiting for a save that cannot happen.
+pub const STUCK: &[u8] = b"stuck";
+
+/// What a node whose own rank ended the round (`outcome`) marks it with: [`STUCK`] when that
+/// rank timed out on a silent peer, else the node's number.
+pub fn end_mark(node: usize, outcome: &GroupOutcome) -> Vec<u8> {
+    match outcome {
+        GroupOutcome::Failed(f) if f.silent_peer().is_some() => STUCK.to_vec(),
+        _ => node.to_string().into_bytes(),
+    }
+}
+
 /// A thread blocked on `agent/<round>/failed` through a connection of its own: it raises
 /// `fired` when any node's rank failed, or when the store is gone (node 0 lost), and `lost`
-/// too when node 0 ended the round for a member that sent no heartbeat (heartbeat.rs).
+/// too when no rank can save before it stops: node 0 ended the round for a member that sent
+/// no heartbeat (heartbeat.rs), or a rank did not answer its peers ([`STUCK`]).
 pub struct Watcher {
     pub fired: Arc<AtomicBool>,
     pub lost: Arc<AtomicBool>,
@@ -42,7 +58,7 @@ impl Watcher {
                 while !s.load(Ordering::SeqCst) {
                     match client.try_get(&key, WATCH_SLICE) {
                         Ok(Some(why)) => {
-                            if why == heartbeat::LOST {
+                            if why == heartbeat::LOST || why == STUCK {
                                 l.store(true, Ordering::SeqCst);
                             }
                             break;

@@ -286,6 +286,7 @@ mod tests {
             actions,
             events: Vec::new(),
             requeue_after: None,
+            restarts_left: 0,
         };
         let launch = |ranks: Vec<i32>| Action::Launch {
             attempt: 0,

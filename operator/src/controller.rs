@@ -182,7 +182,7 @@ fn build_launches(
     // What is left of the budget: a new gang's launchers count from 0, and so does a pod that
     // replaces a lost one while the others have spent this attempt's in-place restarts
     // (status.restarts counts both; resizes and disruptions spend nothing).
-    settings.restarts_left = dt.spec.restart_policy.max_restarts - decision.status.restarts;
+    settings.restarts_left = decision.restarts_left;
     decision
         .actions
         .iter()

@@ -70,7 +70,8 @@ fn objects(
         master_port: settings.master_port,
         trainer_metrics_port: settings.trainer_metrics_port,
         termination_grace_seconds: 30,
-        restarts_left: dt.spec.restart_policy.max_restarts,
+        restarts_left: ferrotrain_api::RestartBudget::of(dt.spec.restart_policy.max_restarts, 0)
+            .left(),
         gang,
         operator_pods: settings.operator_pods.clone(),
     };

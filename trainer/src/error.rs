@@ -1,6 +1,6 @@
 //! The trainer's failure kinds and the exit code each maps to (see `ferrotrain_api::exit`).
 
-use ferrotrain_api::exit;
+use ferrotrain_api::{EndKind, RankEnd, exit};
 
 /// An error the caller could have caused.
 pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -79,9 +79,17 @@ pub enum TrainError {
     /// The checkpoint does not fit this configuration (permanent, exit 4).
     #[error(transparent)]
     IncompatibleCheckpoint(Reason),
-    /// A peer died or hung, the rendezvous failed, ... (retryable).
+    /// The rendezvous failed, the store went away, ... (retryable).
     #[error(transparent)]
     Distributed(Reason),
+    /// A collective broke: a peer did not answer, its link closed, the round was abandoned
+    /// (retryable). Which peer, and how, as data for the launcher's blame.
+    #[error(transparent)]
+    Collective(CollectiveFault),
+    /// The loss became NaN or infinite (retryable: the next round starts from the last step
+    /// that was fine).
+    #[error(transparent)]
+    Diverged(Reason),
     /// A libtorch call failed (retryable); the source is kept for the error chain.
     #[error("libtorch: {0}")]
     Torch(#[source] tch::TchError),
@@ -101,10 +109,106 @@ impl TrainError {
             TrainError::Data(_) => exit::INVALID_DATA,
             TrainError::IncompatibleCheckpoint(_) => exit::INCOMPATIBLE_CHECKPOINT,
             TrainError::Distributed(_)
+            | TrainError::Collective(_)
+            | TrainError::Diverged(_)
             | TrainError::Torch(_)
             | TrainError::Io(_)
             | TrainError::Other(_) => exit::RETRYABLE,
         }
+    }
+}
+
+impl TrainError {
+    /// The record this rank leaves its launcher when it ends with this error, having
+    /// completed `step` (none: it had not started training).
+    pub fn rank_end(&self, step: Option<u64>) -> RankEnd {
+        let (kind, peer) = match self {
+            TrainError::Config(_) => (EndKind::Config, None),
+            TrainError::Data(_) => (EndKind::Data, None),
+            TrainError::IncompatibleCheckpoint(_) => (EndKind::IncompatibleCheckpoint, None),
+            TrainError::Distributed(_) => (EndKind::PeerFailed, None),
+            TrainError::Collective(f) => (f.kind, f.peer),
+            TrainError::Diverged(_) => (EndKind::Diverged, None),
+            TrainError::Torch(_) | TrainError::Io(_) | TrainError::Other(_) => {
+                (EndKind::Error, None)
+            }
+        };
+        RankEnd {
+            kind,
+            peer,
+            step,
+            message: self.to_string(),
+        }
+    }
+}
+
+/// How a collective broke, as its caller and the launcher's blame need it: the kind
+/// (`PeerSilent`, `PeerFailed`, `Abandoned`, or `Error` for this rank's own fault), the peer
+/// (a global rank) when the collective knows it, and the words for people.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CollectiveFault {
+    pub kind: EndKind,
+    pub peer: Option<usize>,
+    pub message: String,
+}
+
+impl CollectiveFault {
+    /// `peer` did not answer within the collective's timeout.
+    pub fn silent(peer: Option<usize>, message: String) -> Self {
+        CollectiveFault {
+            kind: EndKind::PeerSilent,
+            peer,
+            message,
+        }
+    }
+
+    /// `peer`'s link closed or failed.
+    pub fn failed(peer: Option<usize>, message: String) -> Self {
+        CollectiveFault {
+            kind: EndKind::PeerFailed,
+            peer,
+            message,
+        }
+    }
+
+    /// The launcher ended the round elsewhere and told this rank to give up waiting.
+    pub fn abandoned(message: String) -> Self {
+        CollectiveFault {
+            kind: EndKind::Abandoned,
+            peer: None,
+            message,
+        }
+    }
+
+    /// This rank's own fault in a collective (a bad tensor, a disagreement, a poll error).
+    pub fn own(message: String) -> Self {
+        CollectiveFault {
+            kind: EndKind::Error,
+            peer: None,
+            message,
+        }
+    }
+
+    /// The same fault, told again by a later call on the broken collective.
+    pub fn again(&self, prefix: &str) -> Self {
+        CollectiveFault {
+            message: format!("{prefix}: {}", self.message),
+            ..self.clone()
+        }
+    }
+}
+
+impl std::fmt::Display for CollectiveFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for CollectiveFault {}
+
+impl From<CollectiveFault> for TrainError {
+    fn from(f: CollectiveFault) -> Self {
+        TrainError::Collective(f)
     }
 }
 
@@ -168,5 +272,42 @@ mod tests {
         assert!(e.to_string().starts_with("libtorch: "), "{e}");
         assert!(e.source().is_some());
         assert_eq!(e.exit_code(), exit::RETRYABLE);
+    }
+
+    #[test]
+    fn each_error_leaves_the_record_of_its_kind_with_the_peer_as_a_number() {
+        let silent = TrainError::from(CollectiveFault::silent(
+            Some(3),
+            "rank 3 (10.0.0.3:40000) did not answer within 2 s during all-reduce".into(),
+        ));
+        let end = silent.rank_end(Some(41));
+        assert_eq!(
+            (end.kind, end.peer, end.step),
+            (EndKind::PeerSilent, Some(3), Some(41))
+        );
+        assert!(end.message.contains("did not answer"), "{}", end.message);
+        let kinds = [
+            (TrainError::Config("x".into()), EndKind::Config),
+            (TrainError::Data("x".into()), EndKind::Data),
+            (
+                TrainError::IncompatibleCheckpoint("x".into()),
+                EndKind::IncompatibleCheckpoint,
+            ),
+            (TrainError::Diverged("x".into()), EndKind::Diverged),
+            (TrainError::Distributed("x".into()), EndKind::PeerFailed),
+            (
+                CollectiveFault::abandoned("x".into()).into(),
+                EndKind::Abandoned,
+            ),
+            (TrainError::Other("x".into()), EndKind::Error),
+        ];
+        for (error, kind) in kinds {
+            let end = error.rank_end(None);
+            assert_eq!(
+                (end.kind, end.peer, end.step),
+                (kind, None, None),
+                "{error}"
+            );
+        }
     }
 }

@@ -21,6 +21,40 @@ pub fn fire_once(name: &str) -> bool {
 /// The source of a heal dies after it sent the resume header, before its state.
 pub const HEAL_SOURCE_DIES: &str = "HEAL_SOURCE_DIES";
 
+/// A rank stops answering inside a step (a deadlock, a stuck kernel): before the step's
+/// exchange it sleeps for ever, deaf to signals, its process runnable rather than stopped (so
+/// its launcher cannot see it frozen; only its peers' collective timeout can). Armed by
+/// `FERROTRAIN_FAULT_RANK_HANGS=<marker>` for the rank `FERROTRAIN_FAULT_HANG_RANK` (rank 1
+/// by default) once it has completed `FERROTRAIN_FAULT_HANG_AFTER_STEP` steps (0 by default).
+/// The marker's modification time is when the hang began.
+pub const RANK_HANGS: &str = "RANK_HANGS";
+
+/// [`RANK_HANGS`]: hangs here for ever if it is armed for `rank` at `step` (steps completed).
+pub fn hang_if_armed(rank: usize, step: u64) {
+    if !cfg!(debug_assertions) {
+        return;
+    }
+    let number = |name: &str, default: u64| -> u64 {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(default)
+    };
+    let armed_rank = number("FERROTRAIN_FAULT_HANG_RANK", 1);
+    let after = number("FERROTRAIN_FAULT_HANG_AFTER_STEP", 0);
+    if rank as u64 != armed_rank || step < after || !fire_once(RANK_HANGS) {
+        return;
+    }
+    tracing::warn!(
+        rank,
+        step,
+        "fault {RANK_HANGS}: this rank hangs before its exchange"
+    );
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

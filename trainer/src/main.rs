@@ -227,7 +227,7 @@ fn load_config(path: &Path) -> Result<TrainerConfig> {
 }
 
 /// Trains; returns the signal that stopped the run early (after its checkpoint), if any.
-fn run(args: RunArgs) -> Result<Option<i32>> {
+fn run(args: RunArgs) -> std::result::Result<Option<i32>, train::Failure> {
     let rank = dist::RankEnv::from_env()?;
     init_logging(rank.rank);
     let config = load_config(&args.config)?;
@@ -241,7 +241,7 @@ fn run(args: RunArgs) -> Result<Option<i32>> {
     );
     // A spare (an in-place restart's next rank, launch/spare.rs) waits here, libtorch loaded,
     // for its round's environment; until then its rank is the launcher's guess.
-    let rank = if ferrotrain_launch::spare::become_rank_if_spare()? {
+    let rank = if ferrotrain_launch::spare::become_rank_if_spare().map_err(TrainError::from)? {
         dist::RankEnv::from_env()?
     } else {
         rank
@@ -310,8 +310,24 @@ fn run(args: RunArgs) -> Result<Option<i32>> {
         );
         tracing::warn!("{message}");
         write_termination_message(&message);
+        let end = ferrotrain_api::RankEnd {
+            step: Some(summary.step),
+            ..ferrotrain_api::RankEnd::new(ferrotrain_api::EndKind::Stopped, message)
+        };
+        leave_end_record(&end);
     }
     Ok(summary.interrupted_by)
+}
+
+/// Leaves `end` where the launcher reads why this rank ended (FERROTRAIN_END_FILE; none
+/// outside a launcher).
+fn leave_end_record(end: &ferrotrain_api::RankEnd) {
+    let Some(path) = std::env::var_os(env::FERROTRAIN_END_FILE).filter(|p| !p.is_empty()) else {
+        return;
+    };
+    if let Err(e) = end.write(Path::new(&path)) {
+        tracing::warn!("cannot leave the end record for the launcher: {e}");
+    }
 }
 
 fn validate(config: &Path) -> Result<()> {
@@ -464,7 +480,10 @@ fn main() -> ExitCode {
             // Like a process the signal killed, but with its work saved.
             Ok(Some(signal)) => return ExitCode::from((128 + signal).clamp(0, 255) as u8),
             Ok(None) => Ok(()),
-            Err(e) => Err(e),
+            Err(failure) => {
+                leave_end_record(&failure.error.rank_end(failure.step));
+                Err(failure.error)
+            }
         },
         Command::Launch(args) => {
             init_logging(0);

@@ -224,13 +224,35 @@ fn a_frozen_rank_is_blamed_not_the_peer_that_timed_out_waiting() {
     let g = Gang::new(
         r#"case "$RANK-$FERROTRAIN_ROUND" in
   1-0) kill -STOP $$;;
-  0-0) sleep 1; echo "rank 1 did not answer within 1 s during all-reduce" > "$FERROTRAIN_TERMINATION_LOG"; exit 1;;
+  0-0) sleep 1; echo '{"kind": "peerSilent", "peer": 1, "message": "timed out"}' > "$FERROTRAIN_END_FILE"; exit 1;;
   *) exit 0;;
 esac"#,
     );
     assert_eq!(g.run(3), (Some(0), Some(0)));
     let end = g.ledger().attempts[0].end.clone().unwrap();
     assert_eq!((end.reason.as_str(), end.rank), ("Frozen", Some(1)));
+}
+
+/// Rank 1 hangs (deaf to SIGTERM, not stopped): rank 0's typed record names it as the peer
+/// that did not answer, and node 0 blames it `Unresponsive`. Its node stops it within the
+/// short grace of a stuck round, not the stop grace a saving rank gets.
+#[test]
+fn a_rank_its_peer_records_as_silent_is_blamed_unresponsive_and_stopped_at_once() {
+    let mut g = Gang::new(
+        r#"case "$RANK-$FERROTRAIN_ROUND" in
+  1-0) trap '' TERM; exec sleep 60;;
+  0-0) sleep 1; echo '{"kind": "peerSilent", "peer": 1, "message": "the words say nothing"}' > "$FERROTRAIN_END_FILE"; exit 1;;
+  *) exit 0;;
+esac"#,
+    );
+    g.stop_grace = "10";
+    let start = std::time::Instant::now();
+    assert_eq!(g.run(3), (Some(0), Some(0)));
+    let took = start.elapsed();
+    let end = g.ledger().attempts[0].end.clone().unwrap();
+    assert_eq!((end.reason.as_str(), end.rank), ("Unresponsive", Some(1)));
+    // Rank 1 ignores SIGTERM: it was killed after the 2 s of a stuck round, not a grace of 10.
+    assert!(took < std::time::Duration::from_secs(8), "{took:?}");
 }
 
 #[test]

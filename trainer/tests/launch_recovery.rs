@@ -1,7 +1,8 @@
-//! `ferrotrain launch` with the real trainer on 127.0.0.1: a rank killed with SIGKILL or
-//! stopped with SIGSTOP mid-run makes the group restart from the state the surviving rank
-//! left, losing at most the step in flight (also when the rank serving that state dies while
-//! it sends it); a permanent failure is not restarted.
+//! `ferrotrain launch` with the real trainer on 127.0.0.1: a rank killed with SIGKILL, stopped
+//! with SIGSTOP or hung inside a step mid-run makes the launcher restart the ranks in place (a
+//! new round) from the state the surviving rank left, losing at most the step in flight (also
+//! when the rank serving that state dies while it sends it); a hung rank is blamed from its
+//! peers' typed records; a permanent failure is not restarted.
 //! On two "nodes" (two launchers) with `--restart-in-place`, a killed rank restarts every
 //! rank in a new round without either launcher exiting.
 
@@ -54,7 +55,7 @@ impl Job {
     }
 
     /// [`Job::launch`] with more environment for the launcher and its ranks.
-    fn launch_with(&self, nproc: usize, env: &[(&str, &std::path::Path)]) -> Launcher {
+    fn launch_with(&self, nproc: usize, env: &[(&str, &std::ffi::OsStr)]) -> Launcher {
         let stderr = self.dir.path().join("launch.log");
         let mut cmd = common::ferrotrain();
         cmd.arg("launch")
@@ -104,15 +105,12 @@ impl Job {
     }
 }
 
-/// The pid of the launcher's child with RANK=`rank` in attempt `attempt`, if running (or,
-/// for a later attempt, the spare waiting to become it: its environment names that attempt).
-fn rank_pid(launcher: i32, rank: usize, attempt: u64) -> Option<i32> {
+/// The pid of the launcher's child with RANK=`rank` in round `round`, if running (or, for a
+/// later round, the spare waiting to become it: its environment names that round).
+fn rank_pid(launcher: i32, rank: usize, round: u64) -> Option<i32> {
     child_with(
         launcher,
-        &[
-            format!("RANK={rank}"),
-            format!("FERROTRAIN_ATTEMPT={attempt}"),
-        ],
+        &[format!("RANK={rank}"), format!("FERROTRAIN_ROUND={round}")],
     )
 }
 
@@ -212,7 +210,7 @@ fn resumed_from_in_log(log: &str) -> u64 {
 }
 
 /// Once training is past the first checkpoints (step 50), well before the end, sends
-/// `signal` to rank 1 of attempt 0; returns when.
+/// `signal` to rank 1 of round 0; returns when.
 fn signal_rank_1_past_step_50(job: &Job, launcher: &Launcher, signal: i32) -> Instant {
     wait_for("training to pass step 50", Duration::from_secs(60), || {
         job.logged_steps()
@@ -220,7 +218,7 @@ fn signal_rank_1_past_step_50(job: &Job, launcher: &Launcher, signal: i32) -> In
             .is_some_and(|&s| s >= 50)
             .then_some(())
     });
-    let victim = rank_pid(launcher.pid(), 1, 0).expect("rank 1 of attempt 0 runs");
+    let victim = rank_pid(launcher.pid(), 1, 0).expect("rank 1 of round 0 runs");
     let hit = Instant::now();
     // SAFETY: signalling a rank process the launcher started for this test.
     unsafe {
@@ -233,12 +231,11 @@ fn interrupt_and_recover(signal: i32) {
     let job = Job::new(&config(MAX_STEPS));
     let mut launcher = job.launch(2);
     let hit = signal_rank_1_past_step_50(&job, &launcher, signal);
-    // The group comes back as attempt 1 (the launcher's log says so: its spares, started
-    // a few seconds into attempt 0, already carry attempt 1's environment).
+    // The ranks come back in place as round 1 of the same attempt.
     wait_for("the restart", Duration::from_secs(30), || {
         launcher
             .log()
-            .contains("starting 2 rank(s), attempt 1")
+            .contains("agent: round 1: started 2 rank(s)")
             .then_some(())
     });
     let restarted_after = hit.elapsed();
@@ -256,7 +253,7 @@ fn interrupt_and_recover(signal: i32) {
         lost <= 1,
         "lost {lost} steps (the step in flight at most)\n{log}"
     );
-    assert!(log.contains("restarting the group"), "{log}");
+    assert!(log.contains("restarting in place"), "{log}");
     assert!(log.contains("resuming from a peer's state"), "{log}");
     assert!(!log.contains("resuming from checkpoint"), "{log}");
     eprintln!(
@@ -285,21 +282,13 @@ fn interrupt_and_recover(signal: i32) {
     check_the_ledger(&job.recovery(), signal, before, lost);
     let reason = log;
     if signal == libc::SIGSTOP {
-        // Nobody died: rank 0 noticed rank 1's silence at the collective timeout.
+        // Nobody died: the launcher saw rank 1 stopped for 2 s, before any collective timeout.
         assert!(
-            restarted_after >= Duration::from_secs(COLLECTIVE_TIMEOUT)
-                && restarted_after < Duration::from_secs(COLLECTIVE_TIMEOUT + 15),
+            restarted_after >= Duration::from_secs(2)
+                && restarted_after < Duration::from_secs(COLLECTIVE_TIMEOUT),
             "{restarted_after:?}"
         );
-        assert!(
-            reason.contains("rank 1") && reason.contains("did not answer within"),
-            "{reason}"
-        );
-        // Detected past 3 s into the attempt: the next one's ranks were waiting as spares.
-        assert!(
-            reason.contains("attempt 1: started 2 rank(s), 2 of them spares"),
-            "{reason}"
-        );
+        assert!(reason.contains("rank 1 (Frozen)"), "{reason}");
     } else {
         assert!(restarted_after < Duration::from_secs(COLLECTIVE_TIMEOUT + 10));
         assert!(
@@ -309,7 +298,7 @@ fn interrupt_and_recover(signal: i32) {
     }
 }
 
-/// The launcher's ledger agrees with rank 0's own log: the attempt that failed, the step the
+/// The launcher's ledger agrees with rank 0's own log: the round that failed, the step the
 /// next resumed from, the steps lost (the ledger sees rank 0's progress file, up to a second
 /// old, so it may count fewer), and it adds the times and the goodput.
 fn check_the_ledger(r: &ferrotrain_api::Recovery, signal: i32, before: u64, lost: u64) {
@@ -319,7 +308,12 @@ fn check_the_ledger(r: &ferrotrain_api::Recovery, signal: i32, before: u64, lost
     use ferrotrain_api::recovery::EndCause;
     assert_eq!(r.attempts.len(), 2, "{r:#?}");
     let (a0, a1) = (&r.attempts[0], &r.attempts[1]);
-    let end = a0.end.as_ref().expect("attempt 0 ended");
+    assert_eq!(
+        (a0.attempt, a0.round, a1.attempt, a1.round),
+        (0, Some(0), 0, Some(1)),
+        "one attempt, two rounds: {r:#?}"
+    );
+    let end = a0.end.as_ref().expect("round 0 ended");
     assert_eq!(end.cause, EndCause::Failure, "{r:#?}");
     if signal == libc::SIGKILL {
         assert_eq!(
@@ -329,12 +323,12 @@ fn check_the_ledger(r: &ferrotrain_api::Recovery, signal: i32, before: u64, lost
         );
     }
     assert_eq!(a1.resumed_from_step, Some(before - lost), "{r:#?}");
-    let seen = a0.last_step.expect("attempt 0's steps were seen");
+    let seen = a0.last_step.expect("round 0's steps were seen");
     assert!(seen <= before && seen >= 50, "{r:#?}");
     assert_eq!(a0.lost_steps, Some(seen - (before - lost)), "{r:#?}");
     assert_eq!(a1.end.as_ref().map(|e| e.cause), Some(EndCause::Succeeded));
     assert_eq!(a1.last_step, Some(MAX_STEPS));
-    let first = a1.seconds_to_first_step().expect("attempt 1 stepped");
+    let first = a1.seconds_to_first_step().expect("round 1 stepped");
     assert!(first < 30.0, "{first}");
     assert!(r.mean_detect_seconds.unwrap() < 1.0, "{r:#?}");
     let recovery = r.mean_recovery_seconds.expect("a recovery time");
@@ -354,6 +348,67 @@ fn a_stopped_rank_is_detected_by_the_collective_timeout_and_the_group_recovers()
     interrupt_and_recover(libc::SIGSTOP);
 }
 
+/// Rank 1 hangs inside a step (a fault armed in the debug build: it sleeps before its
+/// exchange, deaf to signals and not stopped, so its launcher cannot see it frozen). Rank 0
+/// times out in the all-reduce and records the silent peer as a number; the launcher blames
+/// rank 1 `Unresponsive` from that record within the collective timeout and 2 s, stops the
+/// hung rank without waiting out the stop grace, and the next round heals from rank 0.
+#[test]
+fn a_hung_rank_is_blamed_unresponsive_from_its_peers_record_within_the_collective_timeout() {
+    let job = Job::new(&config(MAX_STEPS));
+    let marker = job.dir.path().join("hang-began");
+    let mut launcher = job.launch_with(
+        2,
+        &[
+            ("FERROTRAIN_FAULT_RANK_HANGS", marker.as_os_str()),
+            ("FERROTRAIN_FAULT_HANG_AFTER_STEP", "50".as_ref()),
+        ],
+    );
+    let status = launcher.wait(Duration::from_secs(120));
+    let log = launcher.log();
+    assert_eq!(status.code(), Some(0), "launch failed:\n{log}");
+    let hung_at = std::fs::metadata(&marker)
+        .and_then(|m| m.modified())
+        .expect("the fault fired");
+    let hung_at = ferrotrain_api::recovery::Timestamp::try_from(hung_at).unwrap();
+    assert!(
+        log.contains("round 0 ended: rank 1 (Unresponsive)"),
+        "{log}"
+    );
+    let r = job.recovery();
+    let end = r.attempts[0].end.clone().expect("round 0 ended");
+    assert_eq!(
+        (end.reason.as_str(), end.rank),
+        ("Unresponsive", Some(1)),
+        "{r:#?}"
+    );
+    let detected = end.detected_at.duration_since(hung_at).as_secs_f64();
+    let next_step = r.attempts[1].first_step_at.expect("round 1 stepped");
+    let to_step = next_step.duration_since(hung_at).as_secs_f64();
+    eprintln!(
+        "hang of rank 1: blamed Unresponsive {detected:.2} s after it began (collective \
+         timeout {COLLECTIVE_TIMEOUT} s), round 1's first step {to_step:.2} s after it"
+    );
+    let limit = COLLECTIVE_TIMEOUT as f64 + 2.0;
+    assert!(
+        detected >= COLLECTIVE_TIMEOUT as f64 - 0.5 && detected <= limit,
+        "blamed {detected:.2} s after the hang began (limit {limit} s): {r:#?}"
+    );
+    // The hung rank was stopped within the short grace, not the 3 s stop grace plus.
+    assert!(
+        to_step < limit + 3.0,
+        "round 1 stepped {to_step:.2} s after the hang: {r:#?}"
+    );
+    assert_eq!(
+        r.attempts[1].healed_from,
+        Some(ferrotrain_api::recovery::HealedFrom::Peers),
+        "{r:#?}"
+    );
+    let steps = job.logged_steps();
+    let (_, lost) = steps_lost(&steps, resumed_from_in_log(&log));
+    assert!(lost <= 1, "lost {lost} steps\n{log}");
+}
+
 /// The rank that serves the next round its state dies after the header, before the state
 /// (a fault armed in the debug build): the ranks that got half a transfer fail before they
 /// train (nothing of theirs is left or trained), and the round after heals from the same
@@ -362,7 +417,10 @@ fn a_stopped_rank_is_detected_by_the_collective_timeout_and_the_group_recovers()
 fn a_source_that_dies_mid_transfer_leaves_no_half_state_and_the_next_round_heals() {
     let job = Job::new(&config(MAX_STEPS));
     let marker = job.dir.path().join("fault-fired");
-    let mut launcher = job.launch_with(2, &[("FERROTRAIN_FAULT_HEAL_SOURCE_DIES", &marker)]);
+    let mut launcher = job.launch_with(
+        2,
+        &[("FERROTRAIN_FAULT_HEAL_SOURCE_DIES", marker.as_os_str())],
+    );
     signal_rank_1_past_step_50(&job, &launcher, libc::SIGKILL);
     let status = launcher.wait(Duration::from_secs(120));
     let log = launcher.log();
@@ -372,8 +430,8 @@ fn a_source_that_dies_mid_transfer_leaves_no_half_state_and_the_next_round_heals
         log.contains("fault injected: the heal source dies"),
         "{log}"
     );
-    // Attempt 1 died healing, before any rank of it took the state up (each logs it once it
-    // holds it, checked); attempt 2's two ranks healed from the snapshot attempt 1 was sent.
+    // Round 1 died healing, before any rank of it took the state up (each logs it once it
+    // holds it, checked); round 2's two ranks healed from the snapshot round 1 was sent.
     let lines: Vec<&str> = log.lines().collect();
     let fault = lines
         .iter()
@@ -382,7 +440,7 @@ fn a_source_that_dies_mid_transfer_leaves_no_half_state_and_the_next_round_heals
     let healed: Vec<usize> = (0..lines.len())
         .filter(|&i| lines[i].contains("resuming from a peer's state"))
         .collect();
-    assert_eq!(healed.len(), 2, "attempt 2's two ranks:\n{log}");
+    assert_eq!(healed.len(), 2, "round 2's two ranks:\n{log}");
     assert!(
         healed.iter().all(|&i| i > fault),
         "no heal before the fault:\n{log}"
@@ -399,7 +457,7 @@ fn a_source_that_dies_mid_transfer_leaves_no_half_state_and_the_next_round_heals
     assert_eq!(r.attempts.len(), 3, "{r:#?}");
     assert_eq!(
         r.attempts[1].first_step_at, None,
-        "attempt 1 never trained: {r:#?}"
+        "round 1 never trained: {r:#?}"
     );
 }
 
@@ -409,7 +467,7 @@ fn an_invalid_config_is_not_restarted() {
     let mut launcher = job.launch(2);
     let status = launcher.wait(Duration::from_secs(60));
     assert_eq!(status.code(), Some(2), "{}", launcher.log());
-    assert!(!launcher.log().contains("restarting the group"));
+    assert!(!launcher.log().contains("restarting in place"));
     assert!(!job.termination_log().is_empty());
 }
 

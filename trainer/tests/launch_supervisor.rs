@@ -1,6 +1,7 @@
 //! `ferrotrain launch` with a fake rank program (a shell script): the env contract each rank
-//! gets, restarts with backoff, permanent codes, multi-node behaviour, SIGTERM/SIGKILL of
-//! the survivors and signal forwarding. Fast: no libtorch in the ranks.
+//! gets, a single node's restarts in place (rounds), permanent codes, multi-node behaviour
+//! without in-place restarts, SIGTERM/SIGKILL of the survivors and signal forwarding. Fast:
+//! no libtorch in the ranks.
 
 mod common;
 
@@ -17,13 +18,20 @@ struct Fixture {
 }
 
 impl Fixture {
+    /// Ranks that record their start as `start-<rank>-<round>` (a single node's launcher runs
+    /// rounds).
     fn new(script_body: &str) -> Self {
+        Self::keyed("FERROTRAIN_ROUND", script_body)
+    }
+
+    /// Ranks that record their start as `start-<rank>-<$key>`.
+    fn keyed(key: &str, script_body: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         common::fake_ranks(
             dir.path(),
             "$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT \
              $FERROTRAIN_ATTEMPT $OMP_NUM_THREADS $FERROTRAIN_RDZV_TOKEN $*",
-            "FERROTRAIN_ATTEMPT",
+            key,
             script_body,
         );
         Fixture { dir }
@@ -68,7 +76,9 @@ impl Fixture {
             cmd.args(["--stop-grace-seconds", "5"]);
         }
         cmd.args(extra);
-        ProcessGroup::spawn(cmd, None)
+        let log = self.path("launcher.log");
+        cmd.stderr(std::fs::File::create(&log).unwrap());
+        ProcessGroup::spawn(cmd, Some(log))
     }
 
     fn exists(&self, name: &str) -> bool {
@@ -131,20 +141,19 @@ fn every_rank_gets_the_env_contract() {
 }
 
 #[test]
-fn a_failed_rank_stops_the_others_and_the_group_restarts() {
+fn a_failed_rank_stops_the_others_and_they_restart_in_place_as_the_next_round() {
     let f = Fixture::new(
-        r#"case "$RANK-$FERROTRAIN_ATTEMPT" in
+        r#"case "$RANK-$FERROTRAIN_ROUND" in
   1-0) sleep 0.3; echo "rank 1 lost its peer" > "$FERROTRAIN_TERMINATION_LOG"; exit 1;;
   *-0) exec sleep 30;;
   *) exit 0;;
 esac"#,
     );
     let start = Instant::now();
-    let status = f
-        .launch(&["--nproc-per-node", "3"])
-        .wait(Duration::from_secs(20));
+    let mut launcher = f.launch(&["--nproc-per-node", "3"]);
+    let status = launcher.wait(Duration::from_secs(20));
     assert_eq!(status.code(), Some(0));
-    // The sleepers of attempt 0 were stopped (SIGTERM), not waited for.
+    // The sleepers of round 0 were stopped (SIGTERM), not waited for.
     assert!(
         start.elapsed() < Duration::from_secs(10),
         "{:?}",
@@ -153,17 +162,23 @@ esac"#,
     for rank in 0..3 {
         assert!(
             f.exists(&format!("start-{rank}-1")),
-            "rank {rank} restarted as attempt 1"
+            "rank {rank} restarted as round 1"
         );
         assert!(!alive(&f.path(&format!("pid-{rank}-0"))));
     }
     assert!(!f.exists("start-0-2"), "one restart only");
-    let msg = f.read("launcher.termination-log");
+    // Why round 0 ended is in the launcher's log; the run then succeeded, so the pod's
+    // termination message holds no failure.
+    let log = launcher.log();
     assert!(
-        msg.contains("rank 1") && msg.contains("rank 1 lost its peer"),
-        "{msg}"
+        log.contains(
+            "round 0 ended: rank 1 (ExitCode): rank 1 exited with code 1: rank 1 lost its peer"
+        ),
+        "{log}"
     );
-    // A restarted group meets on a fresh port with the same token.
+    assert_eq!(f.read("launcher.termination-log"), "");
+    // The next round is the same attempt, and meets at the same store (the launcher's own)
+    // with the same token.
     let a0: Vec<String> = f
         .read("start-0-0")
         .split_whitespace()
@@ -174,7 +189,8 @@ esac"#,
         .split_whitespace()
         .map(String::from)
         .collect();
-    assert_eq!(a0[8], a1[8]);
+    assert_eq!((&a0[5], &a0[6], &a0[8]), (&a1[5], &a1[6], &a1[8]));
+    assert_eq!(a1[6], "0", "attempt 0 still");
 }
 
 #[test]
@@ -208,8 +224,9 @@ fn restarts_stop_at_max_restarts_with_the_failure_code() {
 }
 
 #[test]
-fn multi_node_exits_with_the_failure_and_leaves_restarts_to_the_operator() {
-    let f = Fixture::new(
+fn multi_node_without_in_place_exits_with_the_failure_and_leaves_restarts_to_the_operator() {
+    let f = Fixture::keyed(
+        "FERROTRAIN_ATTEMPT",
         r#"case "$RANK" in
   3) sleep 0.2; exit 1;;
   *) exec sleep 30;;

@@ -1,6 +1,7 @@
 //! The quick start shows what it says: scripts/quickstart.sh, with a shorter config and the
 //! binary under test, kills rank 1's trainer (not a waiting spare) after a checkpoint, and the
-//! launcher restarts the ranks from the state rank 0 left (not from that checkpoint): the
+//! launcher restarts the ranks in place, as round 1, from the state rank 0 left (not from that
+//! checkpoint): the
 //! script's account and the launcher's own ledger agree. And the script fails when nothing was
 //! killed, so its claim is checked each run.
 
@@ -49,12 +50,14 @@ fn the_quick_start_kills_a_trainer_and_prints_the_launchers_account_of_the_resta
     let stdout = String::from_utf8_lossy(&out.stdout);
     for said in [
         "kill -9 of rank 1's trainer (pid ",
-        "launch: attempt 0: resumed from step 0",
+        "agent: round 0 ended: rank 1 (Killed)",
+        "agent: round 1: started 2 rank(s)",
+        "launch: attempt 0 round 0: resumed from step 0",
         "Failure (Killed rank 1 exit 137)",
-        "launch: attempt 1: resumed from step ",
+        "launch: attempt 0 round 1: resumed from step ",
         "the launcher blamed it: Killed",
-        "the same launcher restarted both ranks as attempt 1",
-        "from the failure to attempt 1's first step: ",
+        "the same launcher restarted both ranks in place as round 1",
+        "from the failure to round 1's first step: ",
         "steps lost (trained again): ",
         "ended Succeeded",
     ] {
@@ -77,6 +80,11 @@ fn the_quick_start_kills_a_trainer_and_prints_the_launchers_account_of_the_resta
         (&end["cause"], &end["rank"], &end["exitCode"]),
         (&"Failure".into(), &1.into(), &137.into()),
         "{ledger}"
+    );
+    assert_eq!(
+        (&attempts[1]["attempt"], &attempts[1]["round"]),
+        (&0.into(), &1.into()),
+        "the same attempt, the next round: {ledger}"
     );
     let resumed = attempts[1]["resumedFromStep"].as_u64().unwrap();
     assert!(resumed >= 40, "{ledger}");

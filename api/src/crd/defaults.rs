@@ -16,7 +16,7 @@ pub fn yes() -> bool {
     true
 }
 pub fn max_restarts() -> i32 {
-    10
+    crate::DEFAULT_MAX_RESTARTS as i32
 }
 pub fn in_place() -> bool {
     true

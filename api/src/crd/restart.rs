@@ -45,8 +45,10 @@ pub struct RestartPolicy {
     /// notice a pod cut off from them (a network partition, a frozen node) by its missing
     /// heartbeats within heartbeatTimeoutSeconds, long before Kubernetes calls its node NotReady,
     /// and train on without it (`elastic`) or wait for its replacement; back from a partition, a
-    /// replaced pod leaves the gang. Needs ferrotrain's own launcher (no custom `command`) and more
-    /// than one replica; false restarts the whole gang on every failure. A few seconds into each
+    /// replaced pod leaves the gang. A job of one pod restarts its ranks in place too (any rank's
+    /// crash: the others hand over their state); only when its one pod goes away does it start
+    /// again from the latest checkpoint. Needs ferrotrain's own launcher (no custom `command`);
+    /// false restarts the whole gang on every failure. A few seconds into each
     /// round every pod starts a spare trainer per rank that waits, libtorch loaded, to be the next
     /// round's rank (about 120 MB of memory each, within the pod's limit; env
     /// FERROTRAIN_SPARE_RANKS=false in podTemplate.env turns them off).

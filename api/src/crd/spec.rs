@@ -25,9 +25,9 @@ pub const MAX_NAME_LENGTH: usize = 47;
 /// A data-parallel training job: `replicas` pods, each running `procsPerReplica` ranks of the
 /// ferrotrain trainer (or any image following the torchrun environment contract). When a rank
 /// fails, ferrotrain's launcher restarts every rank in place (restartPolicy.inPlace, the
-/// default on more than one pod) from the last step the gang completed, which the surviving
-/// ranks hand over, and a pod that goes away is replaced alone; other failures, and every
-/// failure of a custom `command`, restart the whole gang from the latest checkpoint. The
+/// default) from the last step the gang completed, which the surviving ranks hand over, and a
+/// pod that goes away is replaced alone; other failures, and every failure of a custom
+/// `command`, restart the whole gang from the latest checkpoint. The
 /// status reports training progress (step, rate, loss, ETA) and what every restart cost.
 #[derive(CustomResource, Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[kube(
@@ -41,7 +41,7 @@ pub const MAX_NAME_LENGTH: usize = 47;
     namespaced,
     status = "DistributedTrainingStatus",
     derive = "PartialEq",
-    doc = "A data-parallel training job run as a gang of pods: a failed trainer restarts in place in its pods from the last step the gang completed (restartPolicy.inPlace, the default on more than one pod) and a lost pod is replaced alone, else the whole gang restarts from the latest checkpoint; training progress and what each restart cost are in its status.",
+    doc = "A data-parallel training job run as a gang of pods: a failed trainer restarts in place in its pods from the last step the gang completed (restartPolicy.inPlace, the default) and a lost pod is replaced alone, else the whole gang restarts from the latest checkpoint; training progress and what each restart cost are in its status.",
     // The JSON form: clippy's duplicated-attribute lint misfires on repeated `type_ = ...`.
     printcolumn = r#"{"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Where the job is in its life cycle"}"#,
     printcolumn = r#"{"name": "Step", "type": "integer", "jsonPath": ".status.progress.step", "description": "Optimizer steps completed"}"#,
@@ -232,9 +232,10 @@ impl DistributedTrainingSpec {
     }
 
     /// Whether the pods' launchers restart their ranks in place (restartPolicy.inPlace with
-    /// ferrotrain's own launcher, on more than one pod; one pod's gang restarts as fast).
+    /// ferrotrain's own launcher), on one pod as on many: a rank's crash costs the step in
+    /// flight, not the steps since the last checkpoint.
     pub fn restarts_in_place(&self) -> bool {
-        self.restart_policy.in_place && self.command.is_none() && self.replicas > 1
+        self.restart_policy.in_place && self.command.is_none()
     }
 
     /// The fewest pods the job may train on: elastic.minReplicas with in-place restarts,

@@ -425,6 +425,7 @@ fn failure(rank: usize, code: i32, reason: &str, seen: i64) -> RankFailure {
         code,
         reason: reason.into(),
         seen_at: at(seen),
+        end: None,
     }
 }
 

@@ -52,6 +52,11 @@ pub struct StoreServer {
 }
 
 impl StoreServer {
+    /// The port it serves on (the one bound when asked for port 0).
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
     /// Serves on `listener`; `handshake_timeout` bounds how long an unauthenticated
     /// connection may take to prove itself.
     pub fn start(listener: TcpListener, auth: Auth, handshake_timeout: Duration) -> Result<Self> {

@@ -20,7 +20,7 @@ fn restart_env(spec: &DistributedTrainingSpec, s: &BuildSettings) -> Vec<EnvVar>
     let codes: Vec<String> = p.permanent_exit_codes.iter().map(i32::to_string).collect();
     let mut vars = vec![
         env_value(env::FERROTRAIN_RESTART_IN_PLACE, "true"),
-        env_value(env::FERROTRAIN_MAX_RESTARTS, s.restarts_left.max(0)),
+        env_value(env::FERROTRAIN_MAX_RESTARTS, s.restarts_left),
         env_value(env::FERROTRAIN_RESTART_BACKOFF_SECONDS, p.backoff_seconds),
         env_value(
             env::FERROTRAIN_RESTART_BACKOFF_MAX_SECONDS,

@@ -16,7 +16,7 @@ pub struct BuildSettings {
     pub termination_grace_seconds: i64,
     /// Restarts of restartPolicy.maxRestarts the job has not spent yet: the pods' launchers
     /// may restart their ranks in place this many times.
-    pub restarts_left: i32,
+    pub restarts_left: u32,
     /// How the job's pods are scheduled all-or-nothing (scheduling::mode).
     pub gang: GangMode,
     /// The operator's own pods, which poll rank 0's progress (the job's NetworkPolicy lets

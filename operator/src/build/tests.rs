@@ -726,8 +726,8 @@ fn the_termination_grace_is_the_one_sized_from_the_save_unless_the_template_sets
 }
 
 #[test]
-fn the_launchers_restart_in_place_only_with_their_own_launcher_and_several_pods() {
-    let restart_env = |spec: serde_json::Value, left: i32| {
+fn the_launchers_restart_in_place_with_their_own_launcher_on_one_pod_as_on_several() {
+    let restart_env = |spec: serde_json::Value, left: u32| {
         let dt = job().with_spec(spec);
         let owner = Owner::of(&dt).unwrap();
         let settings = BuildSettings {
@@ -748,7 +748,7 @@ fn the_launchers_restart_in_place_only_with_their_own_launcher_and_several_pods(
         (Some("true".into()), Some("7".into()))
     );
     assert_eq!(
-        restart_env(two, -1),
+        restart_env(two, 0),
         (Some("true".into()), Some("0".into())),
         "budget spent"
     );
@@ -762,8 +762,8 @@ fn the_launchers_restart_in_place_only_with_their_own_launcher_and_several_pods(
     let one = serde_json::json!({"replicas": 1, "trainer": trainer});
     assert_eq!(
         restart_env(one, 7),
-        (None, Some("0".into())),
-        "one pod: a gang restart is as fast"
+        (Some("true".into()), Some("7".into())),
+        "one pod of several ranks: a rank's crash restarts them in place too"
     );
     let byo = serde_json::json!({"replicas": 2, "command": ["torchrun", "train.py"]});
     assert_eq!(

@@ -132,13 +132,12 @@ impl<'a, 'o> Decider<'a, 'o> {
     /// launcher that exits by itself (a permanent code, restarts spent) fails the attempt.
     fn launcher_killed(&self, pod: &PodView, t: &Termination) -> bool {
         let killed = t.exit_code.is_some_and(|c| c >= 128) || t.reason == "OOMKilled";
-        let max = self.o.spec.restart_policy.max_restarts.max(0);
         killed
             && self.replaceable()
             && pod.deleting_since.is_none()
             && pod.node_lost_since.is_none()
             && pod.disruption.is_none()
-            && self.status.restarts < max
+            && self.budget().allows_another()
     }
 
     /// A pod that runs or waits: deleted, on a lost node, or not starting in time?

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use ferrotrain_api::RestartBudget;
 use ferrotrain_api::crd::{DistributedTrainingStatus, Phase};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
@@ -48,6 +49,7 @@ impl<'a, 'o> Decider<'a, 'o> {
                 actions: Vec::new(),
                 events: Vec::new(),
                 requeue_after: Some(Duration::from_secs(1)),
+                restarts_left: self.budget().left(),
             };
         }
 
@@ -76,12 +78,23 @@ impl<'a, 'o> Decider<'a, 'o> {
         self.clean_up_old_attempts();
         self.force_delete_stuck();
         self.count_replicas();
+        let restarts_left = self.budget().left();
         Decision {
             status: self.status,
             actions: order(self.actions),
             events: self.events,
             requeue_after: self.requeue,
+            restarts_left,
         }
+    }
+
+    /// restartPolicy.maxRestarts and the restarts the status has spent (gang restarts and
+    /// in-place rounds alike; disruptions spend none).
+    pub(super) fn budget(&self) -> RestartBudget {
+        RestartBudget::of(
+            self.o.spec.restart_policy.max_restarts,
+            self.status.restarts,
+        )
     }
 
     /// Pending, Starting, Running or Restarting: the deadline, then the backoff, then the

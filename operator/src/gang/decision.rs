@@ -35,6 +35,9 @@ pub struct Decision {
     pub events: Vec<EventNote>,
     /// Reconcile again after this long even if nothing changes.
     pub requeue_after: Option<Duration>,
+    /// What is left of restartPolicy.maxRestarts after this decision: the launchers of the
+    /// pods it creates may spend this many in place.
+    pub restarts_left: u32,
 }
 
 impl Decision {

@@ -67,7 +67,7 @@ impl<'a, 'o> Decider<'a, 'o> {
             (Some(pod), Some(rank)) => format!("rank {rank} (pod {pod})"),
             _ => "a rank".to_string(),
         };
-        let max = self.o.spec.restart_policy.max_restarts.max(0);
+        let max = self.budget().max;
         let kept = if info.reason == reason::POD_LEAVING {
             "its pod is replaced alone, the others are kept"
         } else {

@@ -253,7 +253,7 @@ impl<'a, 'o> Decider<'a, 'o> {
 
     /// A gang restart, counted against maxRestarts unless a disruption caused it.
     pub(super) fn restart_or_fail(&mut self, failure: Failure) {
-        let max = self.o.spec.restart_policy.max_restarts.max(0);
+        let max = self.budget().max;
         let describe = failure.describe();
         self.event(
             true,
@@ -264,7 +264,7 @@ impl<'a, 'o> Decider<'a, 'o> {
             },
             describe.clone(),
         );
-        if !failure.disruption && self.status.restarts >= max {
+        if !failure.disruption && !self.budget().allows_another() {
             let mut failure = failure;
             failure.info.message = format!("maxRestarts {max} reached; last failure: {describe}");
             self.fail(failure, reason::MAX_RESTARTS_REACHED, reason::FAILED);

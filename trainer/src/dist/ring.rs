@@ -22,7 +22,7 @@ use ferrotrain_launch::auth::{Auth, Channel};
 use ferrotrain_launch::signals;
 
 use super::ring_accept::accept_prev;
-use crate::error::{Result, TrainError};
+use crate::error::{CollectiveFault, Result, TrainError};
 
 /// Default pipeline segment; big enough to amortize syscalls, small enough to pipeline.
 pub const DEFAULT_SEGMENT_BYTES: usize = 512 << 10;
@@ -45,7 +45,7 @@ pub struct Ring {
     scratch: Vec<f32>,
     seq: u64,
     /// Set by the first failure: a ring that lost a peer stays failed.
-    broken: Option<String>,
+    broken: Option<CollectiveFault>,
 }
 
 /// A contiguous piece of the caller's buffer, in bytes.
@@ -340,37 +340,43 @@ impl Ring {
         let bytes = unsafe { std::slice::from_raw_parts_mut(one.as_mut_ptr().cast::<u8>(), 4) };
         self.run(OP_BARRIER, bytes, &plan)?;
         if one[0] != self.world as f32 {
-            return self.fail(format!(
+            return self.fail(CollectiveFault::own(format!(
                 "barrier counted {} ranks instead of {}",
                 one[0], self.world
-            ));
+            )));
         }
         Ok(())
     }
 
-    fn fail<T>(&mut self, message: String) -> Result<T> {
+    fn fail<T>(&mut self, fault: CollectiveFault) -> Result<T> {
         // Closing both links tells the neighbours at once instead of after their timeout.
         let _ = self.next.shutdown(Shutdown::Both);
         let _ = self.prev.shutdown(Shutdown::Both);
-        self.broken = Some(message.clone());
-        Err(TrainError::Distributed(message.into()))
+        self.broken = Some(fault.clone());
+        Err(fault.into())
     }
 
-    fn peer(&self, next: bool) -> String {
+    /// The global rank at the other end of the link to the next rank, or from the previous.
+    fn peer_rank(&self, next: bool) -> usize {
         if next {
-            format!("rank {} ({})", (self.rank + 1) % self.world, self.next_addr)
+            (self.rank + 1) % self.world
         } else {
-            format!(
-                "rank {} ({})",
-                (self.rank + self.world - 1) % self.world,
-                self.prev_addr
-            )
+            (self.rank + self.world - 1) % self.world
         }
     }
 
-    fn io_failure(&mut self, next: bool, what: &str, e: &std::io::Error) -> String {
+    fn peer(&self, next: bool) -> String {
+        let addr = if next {
+            &self.next_addr
+        } else {
+            &self.prev_addr
+        };
+        format!("rank {} ({addr})", self.peer_rank(next))
+    }
+
+    fn io_failure(&mut self, next: bool, what: &str, e: &std::io::Error) -> CollectiveFault {
         let peer = self.peer(next);
-        match e.kind() {
+        let message = match e.kind() {
             ErrorKind::UnexpectedEof
             | ErrorKind::ConnectionReset
             | ErrorKind::BrokenPipe
@@ -378,14 +384,13 @@ impl Ring {
                 format!("{peer} closed the connection during {what} (it exited or was killed): {e}")
             }
             _ => format!("{what} with {peer} failed: {e}"),
-        }
+        };
+        CollectiveFault::failed(Some(self.peer_rank(next)), message)
     }
 
     fn run(&mut self, op: u32, data: &mut [u8], plan: &Plan) -> Result<()> {
         if let Some(b) = &self.broken {
-            return Err(TrainError::Distributed(
-                format!("the ring is broken by an earlier failure: {b}").into(),
-            ));
+            return Err(b.again("the ring is broken by an earlier failure").into());
         }
         let what = op_name(op);
         self.seq += 1;
@@ -409,11 +414,11 @@ impl Ring {
         self.scratch = scratch;
         match result {
             Ok(()) => Ok(()),
-            Err(message) => self.fail(message),
+            Err(fault) => self.fail(fault),
         }
     }
 
-    /// The poll loop. Returns the failure message.
+    /// The poll loop. Returns how it broke.
     fn drive(
         &mut self,
         what: &str,
@@ -422,7 +427,7 @@ impl Ring {
         data: &mut [u8],
         scratch: &mut [f32],
         plan: &Plan,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), CollectiveFault> {
         let mut bufs = Buffers {
             ours,
             theirs,
@@ -460,7 +465,7 @@ impl Ring {
         bufs: &Buffers,
         plan: &Plan,
         at: &mut Cursor,
-    ) -> std::result::Result<bool, String> {
+    ) -> std::result::Result<bool, CollectiveFault> {
         let mut progressed = false;
         while at.si < plan.sends.len() && at.ri >= plan.sends[at.si].after {
             let unit = plan.sends[at.si];
@@ -502,7 +507,7 @@ impl Ring {
         bufs: &mut Buffers,
         plan: &Plan,
         at: &mut Cursor,
-    ) -> std::result::Result<bool, String> {
+    ) -> std::result::Result<bool, CollectiveFault> {
         let mut progressed = false;
         while at.ri < plan.recvs.len() {
             let unit = plan.recvs[at.ri];
@@ -536,17 +541,21 @@ impl Ring {
     }
 
     /// A receive unit is complete: checks a header against ours, adds a reduced piece in.
-    fn received(&self, unit: RecvUnit, bufs: &mut Buffers) -> std::result::Result<(), String> {
+    fn received(
+        &self,
+        unit: RecvUnit,
+        bufs: &mut Buffers,
+    ) -> std::result::Result<(), CollectiveFault> {
         match unit.what {
             Target::Header => {
                 if bufs.theirs != bufs.ours {
-                    return Err(format!(
+                    return Err(CollectiveFault::own(format!(
                         "{} called {} while this rank called {}: ranks disagree on the \
                          sequence of collectives",
                         self.peer(false),
                         describe(bufs.theirs),
                         describe(bufs.ours)
-                    ));
+                    )));
                 }
             }
             Target::Data(p) if unit.reduce => {
@@ -569,7 +578,7 @@ impl Ring {
         at: &Cursor,
         sending: bool,
         receiving: bool,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), CollectiveFault> {
         let can_send = sending && at.ri >= plan.sends[at.si].after;
         let quiet_since = if can_send && receiving {
             at.last_send.max(at.last_recv)
@@ -579,16 +588,21 @@ impl Ring {
             at.last_recv
         };
         if signals::abandoned() {
-            return Err(format!("the round ended elsewhere: {what} abandoned"));
+            return Err(CollectiveFault::abandoned(format!(
+                "the round ended elsewhere: {what} abandoned"
+            )));
         }
         let idle = quiet_since.elapsed();
         if idle >= self.timeout {
             // Blame the link that has been silent longest.
             let blame_next = can_send && (!receiving || at.last_send <= at.last_recv);
-            return Err(format!(
-                "{} did not answer within {} s during {what}",
-                self.peer(blame_next),
-                self.timeout.as_secs_f64()
+            return Err(CollectiveFault::silent(
+                Some(self.peer_rank(blame_next)),
+                format!(
+                    "{} did not answer within {} s during {what}",
+                    self.peer(blame_next),
+                    self.timeout.as_secs_f64()
+                ),
             ));
         }
         let send_events = if can_send { libc::POLLOUT } else { 0 };
@@ -599,7 +613,7 @@ impl Ring {
             (self.prev.as_raw_fd(), recv_events),
             (self.timeout - idle).min(ABANDON_CHECK),
         )
-        .map_err(|e| format!("poll failed during {what}: {e}"))?;
+        .map_err(|e| CollectiveFault::own(format!("poll failed during {what}: {e}")))?;
         Ok(())
     }
 }

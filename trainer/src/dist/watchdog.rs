@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::error::{Result, TrainError};
+use crate::error::{CollectiveFault, Result};
 
 /// How long a communicator's abort may take before the rank stops waiting for it and
 /// reports its failure. NCCL's abort takes milliseconds when it can stop its kernels, but it
@@ -58,6 +58,18 @@ pub enum Hang {
 }
 
 impl Hang {
+    /// How the collective broke, as the launcher's blame reads it: a timeout is a peer that
+    /// did not answer (NCCL cannot say which), an error the communicator reported a failed
+    /// peer, an abandoned wait the round's end elsewhere.
+    pub fn fault(&self, what: &str) -> CollectiveFault {
+        let message = self.message(what);
+        match self {
+            Hang::Failed(_) => CollectiveFault::failed(None, message),
+            Hang::TimedOut { .. } => CollectiveFault::silent(None, message),
+            Hang::Abandoned { .. } => CollectiveFault::abandoned(message),
+        }
+    }
+
     /// The message a rank fails with, naming the wait.
     pub fn message(&self, what: &str) -> String {
         match self {
@@ -153,7 +165,7 @@ pub fn wait_collectives(
 /// still be queued (as PyTorch aborts its communicators when a process group is destroyed).
 pub struct Abortable<C: Copy> {
     handle: Option<C>,
-    broken: Option<String>,
+    broken: Option<CollectiveFault>,
     /// Aborts the handle; false when it gave up waiting for the abort (`bounded_abort`).
     abort: fn(C) -> bool,
 }
@@ -169,20 +181,23 @@ impl<C: Copy> Abortable<C> {
 
     /// The live handle, or the error of the failure that aborted it.
     pub fn live(&self) -> Result<C> {
+        const ABORTED: &str = "the communicator was aborted by an earlier failure";
         match (&self.broken, self.handle) {
             (None, Some(h)) => Ok(h),
-            (broken, _) => Err(TrainError::Distributed(
-                format!(
-                    "the communicator was aborted by an earlier failure: {}",
-                    broken.as_deref().unwrap_or("closed")
-                )
-                .into(),
-            )),
+            (Some(fault), _) => Err(fault.again(ABORTED).into()),
+            (None, None) => Err(CollectiveFault::own(format!("{ABORTED}: closed")).into()),
         }
     }
 
-    /// Aborts the handle (once) and fails with `message`; later calls fail with it too.
+    /// Aborts the handle (once) and fails with `message`, this rank's own failure (a CUDA
+    /// call, a refused tensor); later calls fail with it too.
     pub fn fail<T>(&mut self, message: String) -> Result<T> {
+        self.fail_with(CollectiveFault::own(message))
+    }
+
+    /// Aborts the handle (once) and fails with `fault`; later calls fail with it too.
+    pub fn fail_with<T>(&mut self, fault: CollectiveFault) -> Result<T> {
+        let message = &fault.message;
         if let Some(h) = self.handle.take() {
             // Logged before the abort, which may itself take a while (NCCL waits for its
             // own threads): the log shows when the failure was seen, then how long the
@@ -196,8 +211,7 @@ impl<C: Copy> Abortable<C> {
                 );
             }
         }
-        self.broken.get_or_insert(message.clone());
-        Err(TrainError::Distributed(message.into()))
+        Err(self.broken.get_or_insert(fault).clone().into())
     }
 
     /// Aborts a live handle now (a clean end: nothing may be left waiting on it).
@@ -205,7 +219,8 @@ impl<C: Copy> Abortable<C> {
         if let Some(h) = self.handle.take() {
             (self.abort)(h);
         }
-        self.broken.get_or_insert_with(|| "closed".into());
+        self.broken
+            .get_or_insert_with(|| CollectiveFault::own("closed".into()));
     }
 
     /// `wait`, aborting on a hang or an error.
@@ -217,7 +232,7 @@ impl<C: Copy> Abortable<C> {
         poll: impl FnMut() -> Poll,
     ) -> Result<()> {
         self.live()?;
-        wait(phase, limit, poll).or_else(|hang| self.fail(hang.message(what)))
+        wait(phase, limit, poll).or_else(|hang| self.fail_with(hang.fault(what)))
     }
 
     /// `wait_collectives`, aborting on a hang or an error.
@@ -229,7 +244,8 @@ impl<C: Copy> Abortable<C> {
         poll: impl FnMut(Mark) -> Poll,
     ) -> Result<()> {
         self.live()?;
-        wait_collectives(timeout, collectives, poll).or_else(|hang| self.fail(hang.message(what)))
+        wait_collectives(timeout, collectives, poll)
+            .or_else(|hang| self.fail_with(hang.fault(what)))
     }
 }
 

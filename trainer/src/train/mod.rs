@@ -40,20 +40,39 @@ mod window;
 pub use job::{CONFIG_FILE, RunOptions, Summary, TRAIN_LOG, VOCAB_FILE};
 pub use resume::restore_model;
 
-use crate::error::Result;
+use crate::error::TrainError;
 use trainer::Trainer;
+
+/// Why a run ended early: the error, and the last step this rank completed once it had
+/// started (the record its launcher reads names it: `ferrotrain_api::RankEnd`).
+#[derive(Debug)]
+pub struct Failure {
+    pub error: TrainError,
+    pub step: Option<u64>,
+}
+
+impl From<TrainError> for Failure {
+    fn from(error: TrainError) -> Self {
+        Failure { error, step: None }
+    }
+}
 
 /// Trains until `maxSteps` (or `maxSeconds`), from the freshest state of the gang's last
 /// round or the job's latest checkpoint. When the round ends early (a peer failed, a signal)
 /// the state it reached is left for the next round.
-pub fn run(opts: &RunOptions) -> Result<Summary> {
+pub fn run(opts: &RunOptions) -> std::result::Result<Summary, Failure> {
     let mut t = Trainer::start(opts)?;
-    if let Err(e) = t.train() {
-        t.hand_over(&e);
-        return Err(e);
+    if let Err(error) = t.train() {
+        t.hand_over(&error);
+        let step = Some(t.position.step());
+        return Err(Failure { error, step });
     }
     if t.stop.interrupted_by().is_some() {
         t.hand_over_at_stop();
     }
-    t.finish()
+    let step = t.position.step();
+    t.finish().map_err(|error| Failure {
+        error,
+        step: Some(step),
+    })
 }

@@ -40,7 +40,7 @@ impl StepOutcome {
         if loss.is_finite() || self.skipped {
             return Ok(());
         }
-        Err(TrainError::Other(
+        Err(TrainError::Diverged(
             format!(
                 "loss became {loss} at step {step}: lower optimizer.lr or raise schedule.warmupSteps"
             )
