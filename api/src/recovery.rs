@@ -75,9 +75,13 @@ pub struct AttemptEnd {
     /// Machine-readable reason (the operator's lastFailure.reason: ExitCode, NodeLost,
     /// Disrupted, Stalled, ...; Succeeded).
     pub reason: String,
-    /// The rank (operator: the pod's node rank; launcher: the global rank) that failed first.
+    /// The global rank that failed first, when known: the launchers' verdict of an in-place
+    /// round; for a gang restart, the pod's rank when it runs one rank.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank: Option<i64>,
+    /// The pod (node rank) that failed first, when the operator knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_rank: Option<i64>,
     /// The failed rank's exit code (0 for a success).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,

@@ -570,14 +570,30 @@ pub async fn wait_spare(pods: &Api<Pod>, pod: &str) -> u32 {
 /// Sends `signal` (KILL, STOP, ...) to the trainer process (`ferrotrain run`) of the pod, not
 /// to its launcher; returns the pid it signalled.
 pub async fn signal_trainer(pods: &Api<Pod>, pod: &str, signal: &str) -> u32 {
+    signal_local_rank(pods, pod, None, signal).await
+}
+
+/// Sends `signal` to the trainer of local rank `local_rank` of the pod (its LOCAL_RANK; any
+/// trainer when none), not to its launcher nor a spare; returns the pid it signalled.
+pub async fn signal_local_rank(
+    pods: &Api<Pod>,
+    pod: &str,
+    local_rank: Option<usize>,
+    signal: &str,
+) -> u32 {
     // argv[0] a ferrotrain binary and argv[1] `run`: the launcher (`launch`) and this very
     // shell (whose script names the pattern) are left alone, and so are spares waiting for
-    // the next round (process name ft-spare, launch/spare.rs).
+    // the next round (process name ft-spare, launch/spare.rs). A round's trainer that was a
+    // spare keeps the environment it started with, its LOCAL_RANK among it.
+    let rank_test = match local_rank {
+        Some(r) => format!("&& tr '\\0' '\\n' < $d/environ | grep -qx LOCAL_RANK={r} "),
+        None => String::new(),
+    };
     let script = format!(
         "for d in /proc/[0-9]*; do \
            set -- $(tr '\\0' ' ' < $d/cmdline 2>/dev/null); \
            if [ \"${{1##*/}}\" = ferrotrain ] && [ \"$2\" = run ] \
-              && [ \"$(cat $d/comm 2>/dev/null)\" != ft-spare ]; then \
+              && [ \"$(cat $d/comm 2>/dev/null)\" != ft-spare ] {rank_test}; then \
              kill -{signal} ${{d#/proc/}} && echo ${{d#/proc/}}; \
            fi; \
          done"

@@ -125,6 +125,7 @@ impl Host {
             cause,
             reason: verdict.reason.clone(),
             rank: verdict.rank.map(|r| r as i64),
+            node_rank: None,
             exit_code: verdict.code,
             node: verdict.host.clone(),
             failed_at: verdict.detected_at,

@@ -110,6 +110,7 @@ impl Ledger {
             cause,
             reason: reason.into(),
             rank,
+            node_rank: None,
             exit_code: code,
             node: self.node.clone(),
             failed_at: at,

@@ -24,13 +24,20 @@ pub const HEAL_SOURCE_DIES: &str = "HEAL_SOURCE_DIES";
 /// A rank stops answering inside a step (a deadlock, a stuck kernel): before the step's
 /// exchange it sleeps for ever, deaf to signals, its process runnable rather than stopped (so
 /// its launcher cannot see it frozen; only its peers' collective timeout can). Armed by
-/// `FERROTRAIN_FAULT_RANK_HANGS=<marker>` for the rank `FERROTRAIN_FAULT_HANG_RANK` (rank 1
-/// by default) once it has completed `FERROTRAIN_FAULT_HANG_AFTER_STEP` steps (0 by default).
-/// The marker's modification time is when the hang began.
+/// `FERROTRAIN_FAULT_RANK_HANGS=<marker>`, for the rank and step of [`rank_fault`]. The
+/// marker's modification time is when the hang began.
 pub const RANK_HANGS: &str = "RANK_HANGS";
 
-/// [`RANK_HANGS`]: hangs here for ever if it is armed for `rank` at `step` (steps completed).
-pub fn hang_if_armed(rank: usize, step: u64) {
+/// A rank dies (SIGKILL, as the OOM killer does) before the step's exchange: at a step a test
+/// chooses, where a kill from outside would land at any step. Armed by
+/// `FERROTRAIN_FAULT_RANK_DIES=<marker>`, for the rank and step of [`rank_fault`].
+pub const RANK_DIES: &str = "RANK_DIES";
+
+/// The faults of one rank at one step ([`RANK_HANGS`], [`RANK_DIES`]): armed for the rank
+/// `FERROTRAIN_FAULT_RANK` (rank 1 by default) once it has completed
+/// `FERROTRAIN_FAULT_AFTER_STEP` steps (0 by default). Called before each step's exchange
+/// with this rank and the steps it completed.
+pub fn rank_fault(rank: usize, step: u64) {
     if !cfg!(debug_assertions) {
         return;
     }
@@ -40,18 +47,31 @@ pub fn hang_if_armed(rank: usize, step: u64) {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(default)
     };
-    let armed_rank = number("FERROTRAIN_FAULT_HANG_RANK", 1);
-    let after = number("FERROTRAIN_FAULT_HANG_AFTER_STEP", 0);
-    if rank as u64 != armed_rank || step < after || !fire_once(RANK_HANGS) {
+    if rank as u64 != number("FERROTRAIN_FAULT_RANK", 1)
+        || step < number("FERROTRAIN_FAULT_AFTER_STEP", 0)
+    {
         return;
     }
-    tracing::warn!(
-        rank,
-        step,
-        "fault {RANK_HANGS}: this rank hangs before its exchange"
-    );
-    loop {
-        std::thread::sleep(std::time::Duration::from_secs(3600));
+    if fire_once(RANK_DIES) {
+        tracing::warn!(
+            rank,
+            step,
+            "fault {RANK_DIES}: this rank dies before its exchange"
+        );
+        // SAFETY: signalling this very process.
+        unsafe {
+            libc::kill(std::process::id() as i32, libc::SIGKILL);
+        }
+    }
+    if fire_once(RANK_HANGS) {
+        tracing::warn!(
+            rank,
+            step,
+            "fault {RANK_HANGS}: this rank hangs before its exchange"
+        );
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
     }
 }
 

@@ -361,7 +361,7 @@ fn a_hung_rank_is_blamed_unresponsive_from_its_peers_record_within_the_collectiv
         2,
         &[
             ("FERROTRAIN_FAULT_RANK_HANGS", marker.as_os_str()),
-            ("FERROTRAIN_FAULT_HANG_AFTER_STEP", "50".as_ref()),
+            ("FERROTRAIN_FAULT_AFTER_STEP", "50".as_ref()),
         ],
     );
     let status = launcher.wait(Duration::from_secs(120));

@@ -80,6 +80,10 @@ pub struct FailureInfo {
     /// Node rank (pod index) that failed first, when a pod is to blame.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_rank: Option<i32>,
+    /// The global rank the launchers blamed for an in-place restart (one of the pod's
+    /// procsPerReplica ranks), when one is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<i32>,
     /// The pod that failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
@@ -89,10 +93,12 @@ pub struct FailureInfo {
     /// The node the failed pod ran on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
-    /// Machine-readable cause: ExitCode, PermanentExitCode, PodDeleted, PodFailed, NodeLost,
-    /// Disrupted (eviction, preemption, drain, node shutdown), Stalled, DeadlineExceeded,
-    /// InvalidSpec, or why a pod did not start: Unschedulable, ImagePullBackOff,
-    /// InvalidImageName, CreateContainerConfigError, ContainerCreating, StartupTimeout.
+    /// Machine-readable cause: of an in-place restart Killed, Frozen, Unresponsive,
+    /// AgentLost, PodLeaving or ExitCode; of a gang restart ExitCode, PermanentExitCode,
+    /// PodDeleted, PodFailed, NodeLost, Disrupted (eviction, preemption, drain, node
+    /// shutdown), Stalled, DeadlineExceeded, InvalidSpec, or why a pod did not start:
+    /// Unschedulable, ImagePullBackOff, InvalidImageName, CreateContainerConfigError,
+    /// ContainerCreating, StartupTimeout (docs/reasons.md).
     pub reason: String,
     /// Human-readable detail: the rank's termination message when it wrote one.
     #[serde(default)]

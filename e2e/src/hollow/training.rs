@@ -119,6 +119,7 @@ impl Run {
                 cause: EndCause::Failure,
                 reason: "PodLeaving".into(),
                 rank: Some(i64::from(node_rank) * i64::from(procs_per_pod.max(1))),
+                node_rank: None,
                 exit_code: None,
                 node: None,
                 failed_at: now,

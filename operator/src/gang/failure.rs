@@ -113,6 +113,8 @@ impl<'a, 'o> Decider<'a, 'o> {
             info: FailureInfo {
                 attempt: self.status.attempt,
                 node_rank: Some(rank),
+                // A pod of one rank: its rank is the pod's.
+                rank: (self.o.spec.procs_per_replica() == 1).then_some(rank),
                 pod: Some(pod.map(str::to_string).unwrap_or_else(|| {
                     crate::labels::pod_name(self.o.job, self.status.attempt, rank)
                 })),

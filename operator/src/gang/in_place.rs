@@ -42,6 +42,7 @@ impl<'a, 'o> Decider<'a, 'o> {
         let info = FailureInfo {
             attempt,
             node_rank,
+            rank: e.end.rank.map(|r| r as i32),
             pod: node_rank.map(|r| crate::labels::pod_name(self.o.job, attempt, r)),
             exit_code: e.end.exit_code,
             node: node.clone(),
@@ -90,15 +91,16 @@ impl<'a, 'o> Decider<'a, 'o> {
         self.status.last_failure = Some(info);
     }
 
-    /// Closes the current record with round `e.round`'s end (its rank and node as the
-    /// operator knows them, when given) and opens the next round's; status.round follows.
+    /// Closes the current record with round `e.round`'s end (the blamed rank's pod and node
+    /// as the operator knows them, when given; the rank stays the launchers') and opens the
+    /// next round's; status.round follows.
     fn next_round_record(&mut self, e: &RoundEnd, who: Option<(Option<i32>, Option<String>)>) {
         let attempt = self.status.attempt;
         let next = e.round + 1;
         if let Some(r) = self.status.recovery.as_mut() {
             let mut end = e.end.clone();
-            if let Some((rank, node)) = who {
-                (end.rank, end.node) = (rank.map(i64::from), node);
+            if let Some((node_rank, node)) = who {
+                (end.node_rank, end.node) = (node_rank.map(i64::from), node);
             }
             if let Some(step) = e.last_step {
                 r.reached(step);
@@ -189,6 +191,7 @@ impl<'a, 'o> Decider<'a, 'o> {
                 cause,
                 reason: why.to_string(),
                 rank: Some(0),
+                node_rank: Some(0),
                 exit_code: None,
                 node: None,
                 failed_at: now,

@@ -222,6 +222,7 @@ impl<'a, 'o> Decider<'a, 'o> {
                 cause: EndCause::Succeeded,
                 reason: reason::SUCCEEDED.into(),
                 rank: None,
+                node_rank: None,
                 exit_code: Some(0),
                 node: None,
                 failed_at: now,
@@ -338,7 +339,8 @@ impl<'a, 'o> Decider<'a, 'o> {
         r.end(AttemptEnd {
             cause,
             reason: i.reason.clone(),
-            rank: i.node_rank.map(i64::from),
+            rank: i.rank.map(i64::from),
+            node_rank: i.node_rank.map(i64::from),
             exit_code: i.exit_code,
             node: i.node.clone(),
             // A pod that vanished went at the latest when it was missed.

@@ -38,7 +38,7 @@ impl Trainer<'_> {
         let batch = self.batches.next(&self.corpus.train);
         let loss_scale = self.scaling.factor();
         let loss_local = self.forward_backward(&batch, loss_scale);
-        crate::fault::hang_if_armed(self.rank, self.position.step());
+        crate::fault::rank_fault(self.rank, self.position.step());
         let synced = self.exchange(&loss_local, batch.target_tokens)?;
         let over_budget = self.clock.over_budget(synced.train_seconds);
         self.stop.after_step(over_budget, synced.interrupted_by);

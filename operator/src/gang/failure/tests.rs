@@ -281,6 +281,7 @@ fn ledger(saved: [bool; 3]) -> ferrotrain_api::Recovery {
                 cause: EndCause::Failure,
                 reason: "ExitCode".into(),
                 rank: Some(1),
+                node_rank: None,
                 exit_code: Some(1),
                 node: None,
                 failed_at: t(attempt as i64 * 10 + 8),

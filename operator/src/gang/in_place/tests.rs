@@ -18,6 +18,7 @@ fn after_kill(step: u64, round: u64, at: i64) -> Progress {
             cause: EndCause::Failure,
             reason: "Killed".into(),
             rank: Some(1),
+            node_rank: None,
             exit_code: Some(137),
             node: Some("mt-0-1".into()),
             failed_at: t(at),
@@ -97,6 +98,57 @@ fn a_round_that_ended_is_one_restart_with_its_cause_node_and_ledger_record() {
         r.mean_recovery_seconds,
         Some(1.0),
         "kill at 50, next step at 51"
+    );
+}
+
+/// One pod of two ranks (the shape of one GPU node): rank 1 is the pod's second rank. The
+/// round's end blames rank 1 (from the launchers' verdict) on pod 0, and the pod is kept.
+#[test]
+fn one_pod_of_two_ranks_restarts_in_place_and_blames_the_rank_not_the_pod_index() {
+    let one_pod = |s: &mut ferrotrain_api::crd::DistributedTrainingSpec| {
+        s.replicas = 1;
+        s.procs_per_replica = Some(2);
+    };
+    let step = |status, pods, progress, now| {
+        run(&Row {
+            spec: one_pod,
+            status,
+            pods,
+            progress,
+            now,
+            ..Row::default()
+        })
+    };
+    let s = step(
+        Default::default(),
+        vec![],
+        ProgressObservation::NotPolled,
+        0,
+    )
+    .status;
+    let s = step(s, vec![running(0, 0)], ProgressObservation::NotPolled, 10).status;
+    let p = ProgressObservation::Report(Box::new(after_kill(60, 0, 50)));
+    let d = step(s, vec![running(0, 0)], p, 52);
+    let s = &d.status;
+    assert_eq!(
+        (s.phase, s.attempt, s.round, s.restarts),
+        (Phase::Running, 0, 1, 1)
+    );
+    assert!(d.actions.is_empty(), "the pod is kept: {:?}", d.actions);
+    let f = s.last_failure.as_ref().unwrap();
+    assert_eq!(
+        (f.reason.as_str(), f.rank, f.node_rank, f.pod.as_deref()),
+        ("Killed", Some(1), Some(0), Some("mt-0-0"))
+    );
+    let end = s.recovery.as_ref().unwrap().attempts[0]
+        .end
+        .clone()
+        .unwrap();
+    assert_eq!((end.rank, end.node_rank), (Some(1), Some(0)));
+    assert!(
+        d.events[0].note.starts_with("rank 1 (pod mt-0-0)"),
+        "{}",
+        d.events[0].note
     );
 }
 
