@@ -77,6 +77,10 @@ pub const FERROTRAIN_ELASTIC_WAIT_SECONDS: &str = "FERROTRAIN_ELASTIC_WAIT_SECON
 /// (elastic) has each rank also cover the shards of the missing ones, so the global batch,
 /// and the loss curve, stay those of the full gang.
 pub const FERROTRAIN_VIRTUAL_WORLD: &str = "FERROTRAIN_VIRTUAL_WORLD";
+/// Set by the operator on each pod: the gang's round when the pod was created. A pod that
+/// replaces node 0's (which hosts the store, and with one pod the only one) starts its gang's
+/// rounds there, not at 0: the round numbers go on, as the status counts them.
+pub const FERROTRAIN_FIRST_ROUND: &str = "FERROTRAIN_FIRST_ROUND";
 /// Set by the launcher in in-place mode: the round (0, 1, ...) the rank belongs to; its
 /// rendezvous keys live under `round/<r>/` and its ring connections prove the round.
 pub const FERROTRAIN_ROUND: &str = "FERROTRAIN_ROUND";

@@ -234,7 +234,8 @@ impl<'a> Agent<'a> {
     }
 
     /// The round to join. Node 0 starts where the others left off (0 for a new gang; see
-    /// rejoin.rs). Any other node says where it would go on (`next`), then joins the round
+    /// rejoin.rs), at least at --first-round (the round the operator knows: a replacement of
+    /// the only pod has nobody to tell it). Any other node says where it would go on (`next`), then joins the round
     /// node 0 runs: for a pod that replaces a lost one (or a survivor of node 0's loss), the
     /// one after the last round that failed (waiting for its verdict), else the current one,
     /// whose barrier waits for this node.
@@ -247,11 +248,8 @@ impl<'a> Agent<'a> {
             } else {
                 self.rendezvous_timeout()
             };
-            return Ok(rejoin::first_round(
-                &mut self.link.client,
-                self.args.nnodes,
-                wait,
-            )?);
+            let posted = rejoin::first_round(&mut self.link.client, self.args.nnodes, wait)?;
+            return Ok(posted.max(self.args.first_round));
         }
         let timeout = self.rendezvous_timeout();
         let client = &mut self.link.client;

@@ -116,6 +116,10 @@ pub struct LaunchArgs {
         default_value_t = 600.0
     )]
     pub rendezvous_timeout_seconds: f64,
+    /// Node 0: the round to start at, at least (the operator sets the gang's round on a pod
+    /// that replaces node 0's; the other nodes say where they left off too).
+    #[arg(long, env = env::FERROTRAIN_FIRST_ROUND, default_value_t = 0)]
+    pub first_round: u64,
     /// The program each rank runs (default: this executable). For tests and wrappers.
     #[arg(long, env = env::FERROTRAIN_RANK_PROGRAM, hide = true)]
     pub rank_program: Option<PathBuf>,

@@ -140,6 +140,7 @@ impl Context {
             trainer_metrics_port: self.settings.trainer_metrics_port,
             termination_grace_seconds: 30,
             restarts_left: 0,
+            round: 0,
             gang: crate::scheduling::GangMode::Off,
             operator_pods: self.settings.operator_pods.clone(),
         }

@@ -183,6 +183,7 @@ fn build_launches(
     // replaces a lost one while the others have spent this attempt's in-place restarts
     // (status.restarts counts both; resizes and disruptions spend nothing).
     settings.restarts_left = decision.restarts_left;
+    settings.round = decision.status.round.max(0) as u32;
     decision
         .actions
         .iter()

@@ -272,6 +272,7 @@ pub fn build_settings() -> BuildSettings {
         trainer_metrics_port: 9090,
         termination_grace_seconds: 70,
         restarts_left: 10,
+        round: 0,
         gang: crate::scheduling::GangMode::Off,
         operator_pods: None,
     }

@@ -72,6 +72,7 @@ fn objects(
         termination_grace_seconds: 30,
         restarts_left: ferrotrain_api::RestartBudget::of(dt.spec.restart_policy.max_restarts, 0)
             .left(),
+        round: 0,
         gang,
         operator_pods: settings.operator_pods.clone(),
     };

@@ -329,3 +329,17 @@ fn sigterm_to_the_launcher_stops_every_rank() {
         "a stopped launcher does not restart"
     );
 }
+
+#[test]
+fn a_replacement_of_the_only_pod_goes_on_with_the_gangs_round_numbers() {
+    // The operator creates node 0's replacement with the round its status counts: with no
+    // other node to say where the gang left off, the launcher starts there, not at 0.
+    let f = Fixture::new("exit 0");
+    let mut cmd = f.command();
+    cmd.args(["--master-port", "0", "--nproc-per-node", "2"])
+        .env("FERROTRAIN_FIRST_ROUND", "4");
+    let status = ProcessGroup::spawn(cmd, None).wait(Duration::from_secs(20));
+    assert_eq!(status.code(), Some(0));
+    assert!(f.exists("start-0-4") && f.exists("start-1-4"));
+    assert!(!f.exists("start-0-0"));
+}

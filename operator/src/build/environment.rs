@@ -21,6 +21,7 @@ fn restart_env(spec: &DistributedTrainingSpec, s: &BuildSettings) -> Vec<EnvVar>
     let mut vars = vec![
         env_value(env::FERROTRAIN_RESTART_IN_PLACE, "true"),
         env_value(env::FERROTRAIN_MAX_RESTARTS, s.restarts_left),
+        env_value(env::FERROTRAIN_FIRST_ROUND, s.round),
         env_value(env::FERROTRAIN_RESTART_BACKOFF_SECONDS, p.backoff_seconds),
         env_value(
             env::FERROTRAIN_RESTART_BACKOFF_MAX_SECONDS,

@@ -17,6 +17,9 @@ pub struct BuildSettings {
     /// Restarts of restartPolicy.maxRestarts the job has not spent yet: the pods' launchers
     /// may restart their ranks in place this many times.
     pub restarts_left: u32,
+    /// The gang's round (status.round): a pod created now starts its rounds there when it is
+    /// node 0's replacement.
+    pub round: u32,
     /// How the job's pods are scheduled all-or-nothing (scheduling::mode).
     pub gang: GangMode,
     /// The operator's own pods, which poll rank 0's progress (the job's NetworkPolicy lets

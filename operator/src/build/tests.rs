@@ -76,6 +76,8 @@ fn env_contract_of_a_gpu_pod() {
         // In place: the launchers restart their ranks up to the restarts the job has left.
         ("FERROTRAIN_RESTART_IN_PLACE", "true"),
         ("FERROTRAIN_MAX_RESTARTS", "10"),
+        // A replacement of node 0's pod starts the gang's rounds where the status counts them.
+        ("FERROTRAIN_FIRST_ROUND", "0"),
         ("FERROTRAIN_RESTART_BACKOFF_SECONDS", "10"),
         ("FERROTRAIN_RESTART_BACKOFF_MAX_SECONDS", "300"),
         ("FERROTRAIN_RENDEZVOUS_TIMEOUT_SECONDS", "300"),
