@@ -212,10 +212,12 @@ seconds_between() {
     'BEGIN { if (a != "" && b != "") printf "%.1f", b - a }'
 }
 
-# (g) kill -9 of a rank mid-run: the launcher restarts it (one rank, so no survivor holds a
-# newer state: from the latest checkpoint) and the run finishes. The kill waits until the attempt is 5 s old, so that the next attempt's spare
-# trainer (started 3 s into an attempt: launch/spare.rs) is waiting and the restart runs on it;
-# the row gives the launcher's time from the failure to the resumed rank's first step.
+# (g) kill -9 of a rank mid-run: the launcher restarts it in place as round 1 (one rank, so no
+# survivor holds a newer state: from the latest checkpoint) and the run finishes. The kill
+# waits until the round is 5 s old, so that the next round's spare trainer (started 3 s into a
+# round: launch/spare.rs) is waiting and the restart runs on it; the row gives the launcher's
+# time from the failure to the resumed rank's first step (the first failure in a row restarts
+# at once: no back-off).
 if section g; then
 c="$out/copy-kill.yaml" log="$out/copy-kill.log"
 # Long enough that the kill lands mid-run on a GPU (the copy model steps in milliseconds there).
@@ -237,8 +239,8 @@ for pid in $(pgrep -f "run --config $c"); do
 done
 if wait "$launcher" && grep -q 'resuming from checkpoint' "$log"; then
   back=$(grep -o 'failure to next first step [0-9.]* s' "$log" | tail -1)
-  spares=$(grep -o 'attempt 1: started [0-9]* rank(s), [0-9]* of them spares' "$log" || echo 'attempt 1 from a fresh process')
-  row "g. kill -9 of a rank, resume" PASS "$(grep -o 'resuming from checkpoint step=[0-9]*' "$log" | tail -1); ${back:-no recovery line} (1 s of it the launcher's back-off); $spares"
+  spares=$(grep -o 'round 1: started [0-9]* rank(s), [0-9]* of them spares' "$log" || echo 'round 1 from a fresh process')
+  row "g. kill -9 of a rank, resume" PASS "$(grep -o 'resuming from checkpoint step=[0-9]*' "$log" | tail -1); ${back:-no recovery line}; $spares"
 else
   row "g. kill -9 of a rank, resume" FAIL "$(tail -1 "$log")"
 fi
@@ -247,7 +249,7 @@ fi
 # (h) a collective hung for HOLD seconds (FERROTRAIN_INJECT_HANG holds NCCL's stream) in a
 # run of the copy task under the launcher, collective timeout 10 s: the rank must see it at
 # the timeout, naming the collectives, and report its failure once the abort returned or
-# was given up (15 s); the next attempt resumes and finishes. When the process exits is
+# was given up (15 s); the next round resumes and finishes. When the process exits is
 # printed, not judged: NCCL's abort, and the process's end, wait for the held queue.
 hang_row() {
   local hold="$1" what="$2" c="$out/copy-hang-$1.yaml" log="$out/copy-hang-$1.log" code=0

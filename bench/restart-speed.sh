@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# How fast the gang trains again after a failure, and how many steps it trains twice:
-#   - locally (`ferrotrain launch`): kill -9 of rank 1's process, in place on two launchers vs
-#     the single-node group restart (KILLS times each);
+# How fast the gang trains again after a failure, and how many steps it trains twice, in the
+# shapes users run (one pod of several ranks, several pods of one or several ranks):
+#   - locally (`ferrotrain launch`): kill -9 of a rank's process KILLS times, one launcher of
+#     two ranks, two launchers of one and of two ranks, in place, with spare trainers and
+#     without (bench/restart_speed_local.py);
 #   - on a cluster (when $KUBECONFIG or ../shared/cluster is up with the operator installed, as
-#     scripts/e2e.sh leaves it): every kind of failure that leaves a rank alive (kill -9 of
-#     rank 0's and rank 1's trainer, rank 1's launcher killed, rank 1's pod deleted and
-#     evicted, node 0's pod deleted), KILLS of each, in a 2-pod job of examples/copy-dt.yaml as
-#     shipped, at its model size and at the Multi30k recipe's (e2e/src/bin/restart-speed.rs).
-#   bench/restart-speed.sh [KILLS] [example|multi30k ...]
+#     scripts/e2e.sh leaves it): every kind of failure (kill -9 of a trainer of each local
+#     rank, SIGSTOP of one, a launcher killed, a pod deleted or evicted, node 0's pod deleted),
+#     KILLS of each, in jobs of examples/copy-dt.yaml as shipped but for their shape: 2x1, 1x2,
+#     2x2, 3x1 (e2e/src/bin/restart-speed.rs; 2x1-multi30k: the Multi30k recipe's model size).
+#   bench/restart-speed.sh [KILLS] [2x1|1x2|2x2|3x1|2x1-multi30k ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KILLS="${1:-10}"

@@ -1,15 +1,13 @@
 #!/usr/bin/env python3
-"""bench/restart-speed.sh's local half: kill -9 of rank 1's process, N times, and the time
-from each kill to the next completed step, with `ferrotrain launch` on this machine:
-
-- in place: two launchers (nodes 0 and 1, one rank each, --restart-in-place) on 127.0.0.1,
-  every rank restarted in a new round, the launchers never exiting; with the spare trainers
-  that wait for the next round (launch/spare.rs) and without them (--spare-ranks false);
-- group restart: one launcher of two ranks (a single node restarts its whole group), with
-  spare trainers for the next attempt and without them.
+"""bench/restart-speed.sh's local half: kill -9 of a rank's process, N times, and the time
+from each kill to the next completed step, with `ferrotrain launch` on this machine, in the
+shapes a cluster runs: one launcher of two ranks (a machine of two GPUs), two launchers of one
+rank (two pods) and two launchers of two ranks, on 127.0.0.1; every rank restarted in place in
+a new round, the launchers never exiting; with the spare trainers that wait for the next round
+(launch/spare.rs) and without them (--spare-ranks false).
 
 The next step's time is the launcher's own ledger (--recovery-file: the first step of the
-next round or attempt). Prints a Markdown table: median, max, each.
+next round). Prints a Markdown table: median, max, each.
 
     restart_speed_local.py FERROTRAIN_BINARY [KILLS]
 """
@@ -88,40 +86,37 @@ def ts(s):
     return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
 
 
-def run(binary, kills, in_place, spares=True):
+def run(binary, kills, nodes, nproc, victim, spares=True):
+    """`nodes` launchers of `nproc` ranks each (one launcher: a machine of several GPUs; more:
+    in place, as pods); kill -9 of global rank `victim` KILLS times, each once its round has
+    trained a few seconds. Returns the seconds from each kill to the next round's first step."""
     work = tempfile.mkdtemp(prefix="restart-speed-")
     with open(os.path.join(work, "job.yaml"), "w") as f:
         f.write(CONFIG)
     ledger = os.path.join(work, "recovery.json")
     common = ["--max-restarts", str(kills + 2), "--stop-grace-seconds", "3",
-              "--restart-backoff-seconds", "0"]
+              "--restart-backoff-seconds", "0", "--nproc-per-node", str(nproc),
+              "--spare-ranks", "true" if spares else "false"]
     env = {"FERROTRAIN_CHECKPOINT_DIR": os.path.join(work, "runs"), "FERROTRAIN_RDZV_TOKEN": "bench"}
-    if in_place:
-        port = free_port()
-        procs = [launch(binary, work, ["--nnodes", "2", "--node-rank", str(n), "--master-addr",
-                                       "127.0.0.1", "--master-port", str(port), "--restart-in-place",
-                                       "--recovery-file", ledger if n == 0 else ledger + ".node-1",
-                                       "--spare-ranks", "true" if spares else "false",
-                                       *common], f"node-{n}", env) for n in (0, 1)]
-        victim_parent, key = procs[1].pid, "FERROTRAIN_ROUND"
-    else:
-        procs = [launch(binary, work, ["--nproc-per-node", "2", "--master-port", "0",
-                                       "--recovery-file", ledger,
-                                       "--spare-ranks", "true" if spares else "false",
-                                       *common], "group", env)]
-        victim_parent, key = procs[0].pid, "FERROTRAIN_ATTEMPT"
+    port = free_port()
+    procs = [launch(binary, work, ["--nnodes", str(nodes), "--node-rank", str(n), "--master-addr",
+                                   "127.0.0.1", "--master-port", str(port), "--restart-in-place",
+                                   "--recovery-file", ledger if n == 0 else f"{ledger}.node-{n}",
+                                   *common], f"node-{n}", env) for n in range(nodes)]
+    victim_parent = procs[victim // nproc].pid
     killed = []
     try:
         for i in range(kills):
-            want = ["RANK=1", f"{key}={i}"]
-            pid = wait(f"rank 1 of {key} {i}", 60, lambda: children_with(victim_parent, want))[0]
-            # Let it train a little: past its first step, a checkpoint and (in place) the
-            # start of the next round's spare trainers, 3 s into a round (launch/spare.rs).
+            want = [f"RANK={victim}", f"FERROTRAIN_ROUND={i}"]
+            pid = wait(f"rank {victim} of round {i}", 60,
+                       lambda: children_with(victim_parent, want))[0]
+            # Let it train a little: past its first step, a checkpoint and the start of the
+            # next round's spare trainers, 3 s into a round (launch/spare.rs).
             time.sleep(5)
             killed.append(time.time())
             os.kill(pid, signal.SIGKILL)
         wait("the last restart", 60,
-             lambda: children_with(victim_parent, ["RANK=1", f"{key}={kills}"]))
+             lambda: children_with(victim_parent, [f"RANK={victim}", f"FERROTRAIN_ROUND={kills}"]))
         time.sleep(3)
     finally:
         for p in procs:
@@ -143,11 +138,13 @@ def run(binary, kills, in_place, spares=True):
 def main():
     binary = sys.argv[1]
     kills = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-    rows = [("in place, 2 launchers (rounds), spare trainers", run(binary, kills, True)),
-            ("in place, 2 launchers, no spares", run(binary, kills, True, spares=False)),
-            ("whole group, 1 launcher (attempts), spare trainers", run(binary, kills, False)),
-            ("whole group, 1 launcher, no spares", run(binary, kills, False, spares=False))]
-    print("\n| local launcher restart | kills | next step after the kill: median | max | each |")
+    rows = [("1 launcher x 2 ranks, rank 1 killed, spare trainers", run(binary, kills, 1, 2, 1)),
+            ("1 launcher x 2 ranks, rank 0 killed, spare trainers", run(binary, kills, 1, 2, 0)),
+            ("1 launcher x 2 ranks, rank 1 killed, no spares", run(binary, kills, 1, 2, 1, False)),
+            ("2 launchers x 1 rank, rank 1 killed, spare trainers", run(binary, kills, 2, 1, 1)),
+            ("2 launchers x 1 rank, rank 1 killed, no spares", run(binary, kills, 2, 1, 1, False)),
+            ("2 launchers x 2 ranks, rank 2 killed, spare trainers", run(binary, kills, 2, 2, 2))]
+    print("\n| local launchers (in place, rounds) | kills | next step after the kill: median | max | each |")
     print("|---|---|---|---|---|")
     for name, took in rows:
         ok = sorted(t for t in took if t == t)

@@ -138,7 +138,9 @@ pub struct Args {
     )]
     pub progress_write_interval_seconds: u64,
 
-    /// Seconds a node may be NotReady before its pods count as lost and the gang restarts.
+    /// Seconds a node may be NotReady before its pods count as lost: in place a pod other than
+    /// node 0's is then replaced alone (force-deleted at once: its launcher is fenced); node
+    /// 0's pod, or any pod without in-place restarts, restarts the gang.
     #[arg(
         long,
         env = "FERROTRAIN_OPERATOR_NODE_LOST_GRACE_SECONDS",
