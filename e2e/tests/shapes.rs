@@ -174,17 +174,20 @@ async fn two_pods_of_two_ranks_restart_in_place_whichever_rank_fails() {
     let ns = TestNamespace::create("twobytwo").await;
     let job = "twobytwo";
     training(&ns, job, 2, 2).await;
-    // Pod 1's second rank, pod 1's first rank (local rank 0 on node 1), pod 0's second rank.
+    // Pod 1's second rank, pod 1's first rank (local rank 0 on node 1), pod 0's second rank
+    // killed.
     fail_in_place(&ns, job, (1, 1, 2), "KILL", 0, reason::KILLED, 0.0).await;
     fail_in_place(&ns, job, (1, 0, 2), "KILL", 1, reason::KILLED, 0.0).await;
     fail_in_place(&ns, job, (0, 1, 2), "KILL", 2, reason::KILLED, 0.0).await;
+    // Pod 1's second rank stopped: its launcher sees it frozen within 2 s.
+    fail_in_place(&ns, job, (1, 1, 2), "STOP", 3, reason::FROZEN, 2.0).await;
 
     // Pod 1's launcher killed (the OOM killer): the pod fails and is replaced alone; the
     // example is elastic, so pod 0's two ranks train on at once, then the gang grows back.
     let gang = uids(&ns, job).await;
     let at = Timestamp::now();
     kill_launcher_from_host(&gang[&format!("{job}-0-1")]);
-    let alone = cost(&ns, job, 3, at, "pod 1's launcher killed").await;
+    let alone = cost(&ns, job, 4, at, "pod 1's launcher killed").await;
     assert_eq!(alone.next.world_size, 2, "pod 0's two ranks train on");
     assert!(alone.lost <= 1 && alone.seconds < STEPS_AGAIN_WITHIN);
     let whole = round_started(&ns, &format!("{job}-0-0"), alone.next.round + 1).await;

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Cuts a release: checks that the version is SemVer and that the workspace (Cargo.toml), the
+# chart (Chart.yaml version and appVersion) and a dated CHANGELOG section all name it; builds
+# the images with that tag (scripts/images.sh, release profile) and packages the chart; with
+# --registry, pushes both: the images as REGISTRY/ferrotrain/{operator,trainer}:VERSION and the
+# chart as an OCI artifact, oci://REGISTRY/charts/ferrotrain, installable with a pinned
+# version (docs/install.md).
+#
+#   scripts/release.sh VERSION [--check] [--registry REGISTRY] [--cuda]
+#
+#   --check            only the version checks (no build, no push): what CI runs
+#   --registry REG     push the images and the chart to REG (e.g. ghcr.io/acme)
+#   --cuda             also build (and push) ferrotrain/trainer-cuda
+#
+# The packaged chart is left in dist/ferrotrain-VERSION.tgz; the last line printed is the
+# install command.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VERSION="" CHECK=0 REGISTRY="" CUDA=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --check) CHECK=1; shift ;;
+    --registry) REGISTRY="$2"; shift 2 ;;
+    --cuda) CUDA=(--cuda); shift ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "release: unknown flag $1 (see --help)" >&2; exit 2 ;;
+    *) VERSION="$1"; shift ;;
+  esac
+done
+die() { echo "release: $*" >&2; exit 1; }
+[[ -n $VERSION ]] || { echo "release: give the VERSION (see --help)" >&2; exit 2; }
+
+# SemVer 2.0: MAJOR.MINOR.PATCH with an optional -prerelease.
+semver='^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$'
+[[ $VERSION =~ $semver ]] || die "$VERSION is not a SemVer version (MAJOR.MINOR.PATCH[-pre])"
+
+field() { sed -n "s/^$1: *\"\{0,1\}\([^\"]*\)\"\{0,1\} *$/\1/p" charts/ferrotrain/Chart.yaml; }
+cargo_version=$(sed -n '/^\[workspace.package\]/,/^\[/ s/^version = "\(.*\)"/\1/p' Cargo.toml)
+problems=()
+[[ $cargo_version == "$VERSION" ]] || problems+=("Cargo.toml's workspace version is $cargo_version")
+[[ $(field version) == "$VERSION" ]] || problems+=("charts/ferrotrain/Chart.yaml's version is $(field version)")
+[[ $(field appVersion) == "$VERSION" ]] || problems+=("charts/ferrotrain/Chart.yaml's appVersion is $(field appVersion)")
+grep -Eq "^## \[$VERSION\] - [0-9]{4}-[0-9]{2}-[0-9]{2}$" CHANGELOG.md \
+  || problems+=("CHANGELOG.md has no section '## [$VERSION] - YYYY-MM-DD'")
+if ((${#problems[@]})); then
+  printf 'release: %s is not ready:\n' "$VERSION" >&2
+  printf '  - %s\n' "${problems[@]}" >&2
+  exit 1
+fi
+echo "release: $VERSION is SemVer and named by Cargo.toml, Chart.yaml and a dated CHANGELOG section"
+[[ $CHECK == 1 ]] && exit 0
+
+HELM="${HELM_BIN:-$(scripts/setup-helm.sh | tail -n1)}"
+scripts/images.sh --tag "$VERSION" --profile release "${CUDA[@]}"
+mkdir -p dist
+"$HELM" package charts/ferrotrain --version "$VERSION" --app-version "$VERSION" -d dist >/dev/null
+echo "release: packaged dist/ferrotrain-$VERSION.tgz"
+if [[ -z $REGISTRY ]]; then
+  echo "release: no --registry: nothing pushed"
+  echo "helm install ferrotrain dist/ferrotrain-$VERSION.tgz --namespace ferrotrain-system --create-namespace"
+  exit 0
+fi
+images=(operator trainer)
+((${#CUDA[@]})) && images+=(trainer-cuda)
+for image in "${images[@]}"; do
+  docker tag "ferrotrain/$image:$VERSION" "$REGISTRY/ferrotrain/$image:$VERSION"
+  docker push "$REGISTRY/ferrotrain/$image:$VERSION"
+done
+"$HELM" push "dist/ferrotrain-$VERSION.tgz" "oci://$REGISTRY/charts"
+echo "helm install ferrotrain oci://$REGISTRY/charts/ferrotrain --version $VERSION --namespace ferrotrain-system --create-namespace --set image.repository=$REGISTRY/ferrotrain/operator --set trainerImage.repository=$REGISTRY/ferrotrain/trainer"
