@@ -223,7 +223,7 @@ async fn a_frozen_trainer_is_blamed_and_the_gang_restarts_in_place_within_the_ti
         "the frozen rank is blamed, not the peer that timed out: {f:?}"
     );
     assert_eq!(uids(&ns, "frozen").await, gang, "the same pods");
-    // Its own launcher notices the stop (2 s), well before the peers' collective timeout.
+    // Its own launcher notices the stop (1 s), well before the peers' collective timeout.
     assert!(
         took < (TIMEOUT + 3) as f64,
         "stepping again {took:.2} s after the freeze (collective timeout {TIMEOUT} s + 3 s)"

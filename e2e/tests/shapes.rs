@@ -125,10 +125,10 @@ async fn one_pod_of_two_ranks_restarts_in_place_from_its_peer_and_from_the_check
     let job = "onepod";
     training(&ns, job, 1, 2).await;
     // Local rank 1 killed, then local rank 0 (rank 0 itself: rank 1 holds the state), then
-    // local rank 1 stopped (its launcher sees it frozen within 2 s).
+    // local rank 1 stopped (its launcher sees it frozen within 1 s).
     fail_in_place(&ns, job, (0, 1, 2), "KILL", 0, reason::KILLED, 0.0).await;
     fail_in_place(&ns, job, (0, 0, 2), "KILL", 1, reason::KILLED, 0.0).await;
-    let s = fail_in_place(&ns, job, (0, 1, 2), "STOP", 2, reason::FROZEN, 2.0).await;
+    let s = fail_in_place(&ns, job, (0, 1, 2), "STOP", 2, reason::FROZEN, 1.0).await;
     assert_eq!(s.restarts, 3, "three restarts in place: {s:?}");
 
     // The pod goes away: nobody survives to hand over a state. Its rank 0 saves a checkpoint
@@ -179,8 +179,8 @@ async fn two_pods_of_two_ranks_restart_in_place_whichever_rank_fails() {
     fail_in_place(&ns, job, (1, 1, 2), "KILL", 0, reason::KILLED, 0.0).await;
     fail_in_place(&ns, job, (1, 0, 2), "KILL", 1, reason::KILLED, 0.0).await;
     fail_in_place(&ns, job, (0, 1, 2), "KILL", 2, reason::KILLED, 0.0).await;
-    // Pod 1's second rank stopped: its launcher sees it frozen within 2 s.
-    fail_in_place(&ns, job, (1, 1, 2), "STOP", 3, reason::FROZEN, 2.0).await;
+    // Pod 1's second rank stopped: its launcher sees it frozen within 1 s.
+    fail_in_place(&ns, job, (1, 1, 2), "STOP", 3, reason::FROZEN, 1.0).await;
 
     // Pod 1's launcher killed (the OOM killer): the pod fails and is replaced alone; the
     // example is elastic, so pod 0's two ranks train on at once, then the gang grows back.

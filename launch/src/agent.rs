@@ -57,9 +57,11 @@ use crate::watch::{self, Grower, Watcher};
 /// How long the agents wait for one another at the end (success or a final failure), so that
 /// node 0's store outlives the others' last reads.
 const FAREWELL: Duration = Duration::from_secs(30);
-/// A local rank stopped (SIGSTOP, a debugger) this long ends the round: its peers would only
-/// notice at their collective timeout, and would be blamed for waiting.
-const FROZEN_AFTER: Duration = Duration::from_secs(2);
+/// A local rank stopped (SIGSTOP) this long ends the round: its peers would only notice at
+/// their collective timeout, and would be blamed for waiting. Only a stop signal puts a
+/// process in state T (a tracer's stop is `t`, a frozen cgroup's `D`), and nothing trains
+/// while it lasts, so a second is enough to be sure.
+const FROZEN_AFTER: Duration = Duration::from_secs(1);
 /// How long an agent whose gang another node failed for good waits before its pod ends.
 const COLLATERAL_PAUSE: Duration = Duration::from_secs(2);
 

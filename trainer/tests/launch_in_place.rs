@@ -443,7 +443,7 @@ esac"#,
 }
 
 #[test]
-fn a_rank_stopped_for_two_seconds_ends_the_round_before_any_collective_timeout() {
+fn a_rank_stopped_for_a_second_ends_the_round_before_any_collective_timeout() {
     // Rank 0 would wait for ever; rank 1 stops itself. Its own launcher notices.
     let g = Gang::new(
         r#"case "$RANK-$FERROTRAIN_ROUND" in

@@ -282,9 +282,9 @@ fn interrupt_and_recover(signal: i32) {
     check_the_ledger(&job.recovery(), signal, before, lost);
     let reason = log;
     if signal == libc::SIGSTOP {
-        // Nobody died: the launcher saw rank 1 stopped for 2 s, before any collective timeout.
+        // Nobody died: the launcher saw rank 1 stopped for 1 s, before any collective timeout.
         assert!(
-            restarted_after >= Duration::from_secs(2)
+            restarted_after >= Duration::from_secs(1)
                 && restarted_after < Duration::from_secs(COLLECTIVE_TIMEOUT),
             "{restarted_after:?}"
         );
