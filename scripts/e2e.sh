@@ -157,11 +157,12 @@ keep_images "$TAG"
 
 # --- the CRD and the chart, as the README installs them --------------------------------------
 install_started=$SECONDS
+# Helm installs crds/ only on the first install: the CRD is applied first, as docs/install.md's
+# upgrade says (the new operator may write fields only the new CRD has).
+kubectl apply --server-side --force-conflicts -f crds/distributedtrainings.yaml >/dev/null
 helm upgrade --install ferrotrain charts/ferrotrain -n ferrotrain-system --create-namespace \
   --set image.tag="$TAG" --set image.pullPolicy=Never --set trainerImage.tag="$TAG" \
   --wait --timeout 5m >/dev/null
-# Helm installs crds/ only on the first install: a changed CRD is applied as the upgrade notes say.
-kubectl apply --server-side --force-conflicts -f crds/distributedtrainings.yaml >/dev/null
 kubectl -n ferrotrain-system rollout status deployment/ferrotrain --timeout=5m >/dev/null
 say "chart installed in $((SECONDS - install_started)) s"
 if [[ $SETUP_ONLY == 1 ]]; then
@@ -179,6 +180,13 @@ if ! command -v prometheus >/dev/null; then
   { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 600 \
       apt-get install -y -qq --no-install-recommends prometheus; } >/tmp/ferrotrain-apt-prometheus.log 2>&1 \
     || { tail -n 20 /tmp/ferrotrain-apt-prometheus.log >&2; die "apt-get install prometheus failed"; }
+fi
+# e2e/tests/cli.rs runs `kubectl ferrotrain watch` in a real terminal: tmux's.
+if ! command -v tmux >/dev/null; then
+  say "installing tmux (Debian's package) for e2e/tests/cli.rs"
+  { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 600 \
+      apt-get install -y -qq --no-install-recommends tmux; } >/tmp/ferrotrain-apt-tmux.log 2>&1 \
+    || { tail -n 20 /tmp/ferrotrain-apt-tmux.log >&2; die "apt-get install tmux failed"; }
 fi
 . scripts/env.sh >/dev/null
 export FERROTRAIN_E2E_IMAGE="ferrotrain/trainer:$TAG"

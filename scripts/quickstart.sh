@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The quick start: builds the trainer and trains the copy task (examples/copy.yaml) on two
-# local ranks exchanging gradients over the TCP ring. Once a checkpoint of step 300 (or later)
-# exists it kills rank 1's trainer process with SIGKILL (never a waiting spare: spares are named
-# `ft-spare`) and lets the launcher restart the ranks in place, as a new round. Rank 0 survives
-# and leaves the state of the last step it completed, so the restarted ranks start from that
-# step, not from the checkpoint (docs/distributed.md, "Losing nothing"). It prints the launcher's account of the
-# restart from its recovery ledger (--recovery-file): the rank it blamed, the step the ranks
-# resumed from and where that state came from, the time from the kill to the next step and the
-# steps trained twice. It exits 1 when no restart happened, so what it prints is what it did.
+# The quick start: builds the trainer and the kubectl plugin, and trains the copy task
+# (examples/copy.yaml) on two local ranks exchanging gradients over the TCP ring. Once a
+# checkpoint of step 300 (or later) exists it kills rank 1's trainer process with SIGKILL
+# (never a waiting spare: spares are named `ft-spare`) and lets the launcher restart the ranks
+# in place, as a new round. Rank 0 survives and leaves the state of the last step it
+# completed, so the restarted ranks start from that step, not from the checkpoint
+# (docs/distributed.md, "Losing nothing"). It prints the launcher's account of the restart
+# from its recovery ledger (--recovery-file): the rank it blamed, the step the ranks resumed
+# from and where that state came from, the time from the kill to the next step and the steps
+# trained twice. It exits 1 when no restart happened, so what it prints is what it did.
 #
 #   scripts/quickstart.sh [--config FILE] [--kill-after-checkpoint STEP] [--no-build]
 #
@@ -25,7 +26,7 @@ while [[ $# -gt 0 ]]; do
     --config) config="$2"; shift 2 ;;
     --kill-after-checkpoint) kill_after="$2"; shift 2 ;;
     --no-build) build=no; shift ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "quickstart: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -34,6 +35,11 @@ done
 if [[ $build == yes ]]; then
   echo "==> building ferrotrain (cargo build -p ferrotrain-trainer)"
   cargo build -p ferrotrain-trainer
+  # The kubectl plugin (docs/cli.md), beside ferrotrain in target/debug, which scripts/env.sh
+  # puts on PATH: `kubectl ferrotrain` works from then on. A build of its own: built together,
+  # the trainer's dependencies would take the plugin's features and be built twice.
+  echo "==> building kubectl ferrotrain (cargo build -p kubectl-ferrotrain)"
+  cargo build -p kubectl-ferrotrain
 fi
 ferrotrain="${FERROTRAIN:-ferrotrain}"
 

@@ -12,8 +12,9 @@
 #   --registry REG     push the images and the chart to REG (e.g. ghcr.io/acme)
 #   --cuda             also build (and push) ferrotrain/trainer-cuda
 #
-# The packaged chart is left in dist/ferrotrain-VERSION.tgz; the last line printed is the
-# install command.
+# The packaged chart is left in dist/ferrotrain-VERSION.tgz, the kubectl plugin in
+# dist/kubectl-ferrotrain-VERSION-linux-ARCH.tar.gz with its krew manifest
+# dist/krew-ferrotrain.yaml; the last line printed is the install command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,7 +24,7 @@ while [[ $# -gt 0 ]]; do
     --check) CHECK=1; shift ;;
     --registry) REGISTRY="$2"; shift 2 ;;
     --cuda) CUDA=(--cuda); shift ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "release: unknown flag $1 (see --help)" >&2; exit 2 ;;
     *) VERSION="$1"; shift ;;
   esac
@@ -56,6 +57,54 @@ scripts/images.sh --tag "$VERSION" --profile release "${CUDA[@]}"
 mkdir -p dist
 "$HELM" package charts/ferrotrain --version "$VERSION" --app-version "$VERSION" -d dist >/dev/null
 echo "release: packaged dist/ferrotrain-$VERSION.tgz"
+
+# The kubectl plugin (docs/cli.md), laid out as krew installs a plugin: the binary and the
+# licence at the archive's top (and its man pages). A krew manifest (plugins/ferrotrain.yaml in
+# krew-index) names, per platform, the archive's URL and sha256, `bin: kubectl-ferrotrain` and
+# the files to copy; dist/krew-ferrotrain.yaml is that manifest for this build, its URL under
+# the repository's releases, where the archive is to be uploaded.
+case "$(uname -m)" in
+  x86_64) arch=amd64 ;;
+  aarch64|arm64) arch=arm64 ;;
+  *) die "no plugin archive for $(uname -m)" ;;
+esac
+cargo build --release -q -p kubectl-ferrotrain
+plugin="kubectl-ferrotrain-$VERSION-linux-$arch"
+stage=$(mktemp -d)
+cp target/release/kubectl-ferrotrain LICENSE "$stage/"
+target/release/kubectl-ferrotrain man --dir "$stage/man"
+tar -C "$stage" -czf "dist/$plugin.tar.gz" kubectl-ferrotrain LICENSE man
+rm -rf "$stage"
+sha=$(sha256sum "dist/$plugin.tar.gz" | cut -d' ' -f1)
+repository=$(sed -n '/^\[workspace.package\]/,/^\[/ s/^repository = "\(.*\)"/\1/p' Cargo.toml)
+cat > dist/krew-ferrotrain.yaml <<KREW
+apiVersion: krew.googlecontainertools.github.com/v1alpha2
+kind: Plugin
+metadata:
+  name: ferrotrain
+spec:
+  version: v$VERSION
+  homepage: $repository
+  shortDescription: Submit, watch and account for ferrotrain's DistributedTraining jobs
+  description: |
+    Submits trainer configs and DistributedTraining jobs checked against the CRD's schema,
+    watches a job with a live progress view, merges every rank's logs (replaced rounds' too)
+    and prints the recovery ledger of each restart.
+  platforms:
+  - selector:
+      matchLabels:
+        os: linux
+        arch: $arch
+    uri: $repository/releases/download/v$VERSION/$plugin.tar.gz
+    sha256: $sha
+    files:
+    - from: kubectl-ferrotrain
+      to: .
+    - from: LICENSE
+      to: .
+    bin: kubectl-ferrotrain
+KREW
+echo "release: packaged dist/$plugin.tar.gz (sha256 $sha) and its krew manifest dist/krew-ferrotrain.yaml"
 if [[ -z $REGISTRY ]]; then
   echo "release: no --registry: nothing pushed"
   echo "helm install ferrotrain dist/ferrotrain-$VERSION.tgz --namespace ferrotrain-system --create-namespace"

@@ -8,12 +8,16 @@ pub mod budget;
 pub mod config;
 #[cfg(feature = "crd")]
 pub mod crd;
+pub mod documented;
 pub mod env;
 pub mod exit;
+pub mod output;
 pub mod progress;
 pub mod rank_end;
 pub mod reason;
 pub mod recovery;
+#[cfg(feature = "reference")]
+pub mod reference;
 pub mod sealed;
 
 pub use budget::{DEFAULT_MAX_RESTARTS, RestartBudget};

@@ -91,7 +91,10 @@ pub struct Progress {
     /// Current learning rate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub learning_rate: Option<f64>,
-    /// Seconds until `totalSteps` at the current rate.
+    /// Seconds until training ends, as rank 0 estimates them: the steps left to `totalSteps`
+    /// at the recent step rate, plus the evaluations still to come (each as long as the last
+    /// one), but no more than the training time `maxSeconds` leaves. 0 once the run finished
+    /// or `step` reached `totalSteps`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eta_seconds: Option<f64>,
     /// The newest complete checkpoint.

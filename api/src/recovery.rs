@@ -115,6 +115,10 @@ pub struct RoundEnd {
     /// here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_step: Option<u64>,
+    /// The blamed rank's last lines of output in the round (at most 10), when its pod's
+    /// launcher reported them: why it ended, readable after the round was replaced.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub last_lines: Vec<String>,
 }
 
 impl AttemptEnd {
@@ -465,13 +469,20 @@ impl Recovery {
         let (Some(resumed), true) = (resumed, n >= 2) else {
             return;
         };
-        let prev = &mut self.attempts[n - 2];
-        let failed = prev
-            .end
-            .as_ref()
-            .is_some_and(|e| e.cause != EndCause::Succeeded);
-        if failed && let Some(last) = prev.last_step {
-            prev.lost_steps = Some(last.saturating_sub(resumed));
+        // Back to the last record that trained a step: those after it (rounds that ended
+        // before their first step) kept nothing of their own, so it is the one this record's
+        // resume point settles.
+        for prev in self.attempts[..n - 1].iter_mut().rev() {
+            let failed = prev
+                .end
+                .as_ref()
+                .is_some_and(|e| e.cause != EndCause::Succeeded);
+            if failed && let Some(last) = prev.last_step {
+                prev.lost_steps = Some(last.saturating_sub(resumed));
+            }
+            if prev.first_step_at.is_some() {
+                break;
+            }
         }
     }
 

@@ -20,7 +20,9 @@ use serde_json::{Value, json};
 
 pub mod fleet;
 pub mod hollow;
+pub mod pages;
 pub mod partition;
+pub mod plugin;
 pub mod rounds;
 
 /// Bound of a wait for the operator (pods created, phases, restarts).

@@ -38,7 +38,7 @@ use crate::auth::Auth;
 use crate::blame::{self, NodeReport, Verdict};
 use crate::error::{AgentError, LaunchError};
 use crate::gather::Gathering;
-use crate::group::{GroupOutcome, PeerEnd, start_group_with};
+use crate::group::{GroupOutcome, PeerEnd, Tails, start_group_with};
 use crate::heartbeat::{self, Heartbeat};
 use crate::host::{self, Host};
 use crate::keys;
@@ -341,8 +341,9 @@ impl<'a> Agent<'a> {
         if self.host.is_none() {
             self.will = Some(self.leave_will(round, ranks.clone())?);
         }
-        let outcome = self.train(round, place)?;
-        let report = NodeReport::after(self.node(), &self.hostname, ranks, &outcome);
+        let (outcome, tails) = self.train(round, place)?;
+        let report =
+            NodeReport::after(self.node(), &self.hostname, ranks, &outcome).with_tails(tails);
         match outcome {
             GroupOutcome::Finished => {
                 self.ledger.ended(&outcome);
@@ -392,8 +393,12 @@ impl<'a> Agent<'a> {
     }
 
     /// Trains in round `round` at `place` (position, member nodes) until the local ranks end
-    /// or the round ends elsewhere.
-    fn train(&mut self, round: u64, place: (usize, usize)) -> Result<GroupOutcome, AgentError> {
+    /// or the round ends elsewhere; returns how, and each local rank's last lines of output.
+    fn train(
+        &mut self,
+        round: u64,
+        place: (usize, usize),
+    ) -> Result<(GroupOutcome, Tails), AgentError> {
         let (host, port, auth) = (&self.link.host, self.link.port, &self.link.auth);
         let watcher = Watcher::start(host, port, auth, round)?;
         let heartbeat = self.heartbeat(round, &watcher)?;
@@ -420,6 +425,7 @@ impl<'a> Agent<'a> {
             Some(FROZEN_AFTER),
             &mut || spares.when_due(&next),
         );
+        let tails = group.tails();
         drop(group);
         if !matches!(outcome, GroupOutcome::Finished | GroupOutcome::Signalled(_)) {
             self.spares = spares.started;
@@ -429,7 +435,7 @@ impl<'a> Agent<'a> {
         if let Some(g) = grower {
             g.stop();
         }
-        Ok(outcome)
+        Ok((outcome, tails))
     }
 
     /// The round's heartbeat (heartbeat.rs): node 0 watches the other members' beats, every

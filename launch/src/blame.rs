@@ -25,7 +25,7 @@ use ferrotrain_api::recovery::Timestamp;
 use ferrotrain_api::{EndKind, RankEnd};
 use serde::{Deserialize, Serialize};
 
-use crate::group::{GroupOutcome, RankFailure};
+use crate::group::{GroupOutcome, RankFailure, Tails};
 use crate::signals;
 
 /// What one node's agent saw when the round ended.
@@ -55,6 +55,10 @@ pub struct NodeReport {
     /// reported (the store applied the agent's will, this report).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub gone: bool,
+    /// The last lines of output of each of its ranks when the round ended
+    /// (launch/output.rs): the blamed rank's go into the verdict.
+    #[serde(default, skip_serializing_if = "Tails::is_empty")]
+    pub tails: Tails,
 }
 
 impl NodeReport {
@@ -70,6 +74,7 @@ impl NodeReport {
             silent: true,
             unreachable_seconds: None,
             gone: false,
+            tails: Tails::new(),
         }
     }
 
@@ -112,7 +117,13 @@ impl NodeReport {
             silent: false,
             unreachable_seconds: None,
             gone: false,
+            tails: Tails::new(),
         }
+    }
+
+    /// This report with its ranks' last lines of output.
+    pub fn with_tails(self, tails: Tails) -> Self {
+        NodeReport { tails, ..self }
     }
 
     /// This report, of a node whose launcher got `signal` at `now`: its pod is going away
@@ -164,6 +175,9 @@ pub struct Verdict {
     /// every agent backs off before the next round (0: not counted, no wait).
     #[serde(default)]
     pub in_a_row: u32,
+    /// The blamed rank's last lines of output in the round, when its node reported them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub last_lines: Vec<String>,
 }
 
 /// Whether the round ended because a pod was taken away (deleted, evicted, drained): a
@@ -186,13 +200,24 @@ pub fn resized(round: u64, now: Timestamp) -> Verdict {
         detected_at: now,
         secondary: 0,
         in_a_row: 0,
+        last_lines: Vec::new(),
     }
 }
 
 /// Applies the rule of the module documentation to the reports of every node; `permanent`
 /// lists the exit codes no restart can fix. `now` is when it rules: the round's detection
-/// time when no failure says when.
+/// time when no failure says when. The verdict carries the blamed rank's last lines.
 pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32], now: Timestamp) -> Verdict {
+    let v = rule(round, reports, permanent, now);
+    let last_lines = v
+        .rank
+        .and_then(|rank| reports.iter().find_map(|r| r.tails.get(&rank)))
+        .cloned()
+        .unwrap_or_default();
+    Verdict { last_lines, ..v }
+}
+
+fn rule(round: u64, reports: &[NodeReport], permanent: &[i32], now: Timestamp) -> Verdict {
     let failures: Vec<(&NodeReport, &RankFailure)> = reports
         .iter()
         .filter_map(|r| r.failure.as_ref().map(|f| (r, f)))
@@ -217,6 +242,7 @@ pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32], now: Times
         detected_at,
         secondary: failures.len(),
         in_a_row: 0,
+        last_lines: Vec::new(),
     };
     let blame = |(r, f): (&NodeReport, &RankFailure), reason: &str| Verdict {
         rank: Some(f.rank),
@@ -261,31 +287,7 @@ pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32], now: Times
         };
     }
     if let Some(r) = reports.iter().find(|r| r.silent) {
-        let message = match r.unreachable_seconds {
-            None if r.gone => format!(
-                "node {}'s launcher is gone: its connection to node 0's store closed before it \
-                 reported (it was killed: SIGKILL, the OOM killer; or its container exited), \
-                 and its ranks {:?} with it",
-                r.node, r.ranks
-            ),
-            Some(s) => format!(
-                "node {} was cut off: its launcher sent no heartbeat for {s:.1} s (a network \
-                 partition, or its node stopped or froze); the round ended without its ranks {:?}",
-                r.node, r.ranks
-            ),
-            None => format!(
-                "node {}'s launcher sent no report: it was killed (SIGKILL, the OOM killer) or \
-                 its pod was lost, and its ranks {:?} with it",
-                r.node, r.ranks
-            ),
-        };
-        return Verdict {
-            rank: r.ranks.first().copied(),
-            node: Some(r.node),
-            reason: reason::AGENT_LOST.into(),
-            message,
-            ..base
-        };
+        return agent_lost(r, base);
     }
     if let Some(rank) = named_unresponsive(&failures) {
         let node = reports.iter().find(|r| r.ranks.contains(&rank));
@@ -310,6 +312,36 @@ pub fn verdict(round: u64, reports: &[NodeReport], permanent: &[i32], now: Times
             message: "every node's ranks were stopped from outside".into(),
             ..base
         },
+    }
+}
+
+/// The verdict of a round that node `r` ended by going silent (its agent gone, cut off, or
+/// lost without a report).
+fn agent_lost(r: &NodeReport, base: Verdict) -> Verdict {
+    let message = match r.unreachable_seconds {
+        None if r.gone => format!(
+            "node {}'s launcher is gone: its connection to node 0's store closed before it \
+                 reported (it was killed: SIGKILL, the OOM killer; or its container exited), \
+                 and its ranks {:?} with it",
+            r.node, r.ranks
+        ),
+        Some(s) => format!(
+            "node {} was cut off: its launcher sent no heartbeat for {s:.1} s (a network \
+                 partition, or its node stopped or froze); the round ended without its ranks {:?}",
+            r.node, r.ranks
+        ),
+        None => format!(
+            "node {}'s launcher sent no report: it was killed (SIGKILL, the OOM killer) or \
+                 its pod was lost, and its ranks {:?} with it",
+            r.node, r.ranks
+        ),
+    };
+    Verdict {
+        rank: r.ranks.first().copied(),
+        node: Some(r.node),
+        reason: reason::AGENT_LOST.into(),
+        message,
+        ..base
     }
 }
 
@@ -367,6 +399,7 @@ mod tests {
             silent: false,
             unreachable_seconds: None,
             gone: false,
+            tails: Tails::new(),
         }
     }
 
@@ -404,6 +437,7 @@ mod tests {
             silent: false,
             unreachable_seconds: None,
             gone: false,
+            tails: Tails::new(),
         }
     }
 
@@ -588,6 +622,20 @@ mod tests {
             ],
         );
         assert_eq!((v.rank, v.reason.as_str()), (Some(1), "Unresponsive"));
+    }
+
+    #[test]
+    fn the_verdict_carries_the_blamed_ranks_last_lines_from_its_nodes_report() {
+        let tails: Tails = [(1, vec!["step 40".to_string(), "loading shard 9".into()])].into();
+        let frozen = quiet(1, &[1]).with_tails(tails);
+        let v = verdict(0, &[timed_out_on(0, 0, 1, 40), frozen]);
+        assert_eq!((v.rank, v.reason.as_str()), (Some(1), "Frozen"));
+        assert_eq!(v.last_lines, ["step 40", "loading shard 9"]);
+        let none = verdict(0, &[timed_out_on(0, 0, 1, 40), quiet(1, &[1])]);
+        assert!(
+            none.last_lines.is_empty(),
+            "no report of its lines: none made up"
+        );
     }
 
     #[test]

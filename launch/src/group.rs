@@ -2,6 +2,7 @@
 //! fails, the launcher is signalled or a peer elsewhere failed; stopped with a signal, then
 //! SIGKILL after a grace. Dropping a group kills what is left of it.
 
+use std::path::Path;
 use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
@@ -10,6 +11,7 @@ use ferrotrain_api::{EndKind, RankEnd, exit};
 use serde::{Deserialize, Serialize};
 
 use crate::files::RankFiles;
+use crate::output::{self, Output};
 use crate::signals;
 use crate::spare::Spares;
 use crate::spawn::{Spawn, rank_command, rank_env};
@@ -62,6 +64,17 @@ pub struct RankFailure {
     pub end: Option<RankEnd>,
 }
 
+/// The last lines of output of each local rank (by global rank) when a round ended.
+pub type Tails = std::collections::BTreeMap<usize, Vec<String>>;
+
+/// A running rank of the group: its process, the files it leaves and its output.
+struct Member {
+    rank: usize,
+    child: Child,
+    files: RankFiles,
+    output: Output,
+}
+
 impl RankFailure {
     /// The kind of its end, when known.
     pub fn kind(&self) -> Option<EndKind> {
@@ -107,7 +120,7 @@ pub fn describe_exit(status: ExitStatus) -> String {
 
 /// The running ranks of one attempt on this node. Dropping it kills what is left.
 pub struct Group {
-    children: Vec<(usize, Child, RankFiles)>,
+    children: Vec<Member>,
     grace: Duration,
     /// How many of its ranks were spares (launch/spare.rs).
     pub from_spares: usize,
@@ -115,10 +128,10 @@ pub struct Group {
 
 impl Group {
     fn signal_all(&self, signal: i32) {
-        for (_, child, _) in &self.children {
+        for m in &self.children {
             // SAFETY: signalling our own child by pid; it is not reaped before we drop it.
             unsafe {
-                libc::kill(child.id() as i32, signal);
+                libc::kill(m.child.id() as i32, signal);
             }
         }
     }
@@ -136,8 +149,8 @@ impl Group {
         let deadline = Instant::now() + grace;
         loop {
             let mut running = 0;
-            for (_, child, _) in &mut self.children {
-                if c_try_wait(child).is_none() {
+            for m in &mut self.children {
+                if c_try_wait(&mut m.child).is_none() {
                     running += 1;
                 }
             }
@@ -150,9 +163,18 @@ impl Group {
             std::thread::sleep(Duration::from_millis(20));
         }
         self.signal_all(libc::SIGKILL);
-        for (_, child, _) in &mut self.children {
-            let _ = child.wait();
+        for m in &mut self.children {
+            let _ = m.child.wait();
         }
+    }
+
+    /// Each local rank's last lines of output (by global rank), once what its process wrote
+    /// came through.
+    pub fn tails(&self) -> Tails {
+        self.children
+            .iter()
+            .map(|m| (m.rank, m.output.last_lines()))
+            .collect()
     }
 
     /// The local ranks that are stopped (SIGSTOP, a debugger) rather than running or waiting:
@@ -160,9 +182,9 @@ impl Group {
     /// [`Self::stop`], which resumes them.
     pub fn frozen_ranks(&mut self) -> Vec<usize> {
         let mut frozen = Vec::new();
-        for (rank, child, _) in &mut self.children {
-            if c_try_wait(child).is_none() && process_state(child.id()) == Some('T') {
-                frozen.push(*rank);
+        for m in &mut self.children {
+            if c_try_wait(&mut m.child).is_none() && process_state(m.child.id()) == Some('T') {
+                frozen.push(m.rank);
             }
         }
         frozen
@@ -176,11 +198,11 @@ impl Group {
         done: &[bool],
         stopped_since: &mut [Option<Instant>],
     ) -> Option<usize> {
-        for (i, (rank, child, _)) in self.children.iter().enumerate() {
-            let stopped = !done[i] && process_state(child.id()) == Some('T');
+        for (i, m) in self.children.iter().enumerate() {
+            let stopped = !done[i] && process_state(m.child.id()) == Some('T');
             stopped_since[i] = stopped.then(|| stopped_since[i].unwrap_or_else(Instant::now));
             if stopped_since[i].is_some_and(|since| since.elapsed() >= limit) {
-                return Some(*rank);
+                return Some(m.rank);
             }
         }
         None
@@ -191,14 +213,14 @@ impl Group {
     /// noticed its death in the same instant exit with a code).
     fn reap(&mut self, done: &mut [bool]) -> Option<RankFailure> {
         let mut failures = Vec::new();
-        for (i, (rank, child, files)) in self.children.iter_mut().enumerate() {
+        for (i, m) in self.children.iter_mut().enumerate() {
             if done[i] {
                 continue;
             }
-            if let Some(status) = c_try_wait(child) {
+            if let Some(status) = c_try_wait(&mut m.child) {
                 done[i] = true;
                 if !status.success() {
-                    failures.push((*rank, status, files.clone()));
+                    failures.push((m.rank, status, m.files.clone()));
                 }
             }
         }
@@ -279,6 +301,9 @@ impl Group {
                 Poll::Finished => return GroupOutcome::Finished,
                 Poll::Frozen(rank) => {
                     let seen_at = Timestamp::now();
+                    // Its peers wait in a collective on it: they give up waiting and leave
+                    // their state at once, rather than finish the step to stop together.
+                    self.signal_all(signals::ABANDON);
                     self.stop(libc::SIGTERM);
                     return GroupOutcome::Frozen { rank, seen_at };
                 }
@@ -346,10 +371,10 @@ fn c_try_wait(child: &mut Child) -> Option<ExitStatus> {
 
 impl Drop for Group {
     fn drop(&mut self) {
-        for (_, child, _) in &mut self.children {
-            if c_try_wait(child).is_none() {
-                let _ = child.kill();
-                let _ = child.wait();
+        for m in &mut self.children {
+            if c_try_wait(&mut m.child).is_none() {
+                let _ = m.child.kill();
+                let _ = m.child.wait();
             }
         }
     }
@@ -362,9 +387,22 @@ fn process_state(pid: u32) -> Option<char> {
     stat.rsplit_once(')')?.1.trim_start().chars().next()
 }
 
+/// A new process for rank `rank` with environment `vars`, its output forwarded into `dir`.
+fn fresh(
+    a: &Spawn<'_>,
+    vars: &[(&'static str, String)],
+    dir: &Path,
+    rank: usize,
+) -> std::io::Result<(Child, Output)> {
+    let mut child = rank_command(a, vars).spawn()?;
+    let output = Output::of_rank(&mut child, dir, a.round, rank);
+    Ok((child, output))
+}
+
 /// Starts the group's ranks; a local rank with a live spare in `spares` is that spare, handed
 /// the round's environment (launch/spare.rs), instead of a new process.
 pub fn start_group_with(a: &Spawn<'_>, mut spares: Option<Spares>) -> std::io::Result<Group> {
+    let output_dir = output::dir();
     let mut group = Group {
         children: Vec::new(),
         grace: Duration::from_secs_f64(a.args.stop_grace_seconds.max(0.0)),
@@ -374,19 +412,25 @@ pub fn start_group_with(a: &Spawn<'_>, mut spares: Option<Spares>) -> std::io::R
         let (rank, files, vars) = rank_env(a, local_rank);
         files.clear();
         let spare = spares.as_mut().and_then(|s| s.take(local_rank));
-        let child = match spare.map(|s| s.go(&vars)) {
-            Some(Ok(child)) => {
+        let (child, output) = match spare.map(|s| s.go(&vars)) {
+            Some(Ok((child, output))) => {
                 group.from_spares += 1;
-                child
+                output.assign(&output_dir, a.round, rank);
+                (child, output)
             }
             Some(Err(e)) => {
                 tracing::warn!("launch: the spare of rank {rank} is gone ({e}); starting it anew");
-                rank_command(a, &vars).spawn()?
+                fresh(a, &vars, &output_dir, rank)?
             }
-            None => rank_command(a, &vars).spawn()?,
+            None => fresh(a, &vars, &output_dir, rank)?,
         };
         tracing::debug!("launch: started rank {rank} (pid {})", child.id());
-        group.children.push((rank, child, files));
+        group.children.push(Member {
+            rank,
+            child,
+            files,
+            output,
+        });
     }
     Ok(group)
 }
@@ -394,7 +438,6 @@ pub fn start_group_with(a: &Spawn<'_>, mut spares: Option<Spares>) -> std::io::R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
 
     /// A group of one rank that killed itself (SIGKILL) and has ended by the first poll.
     fn group_of_one_killed() -> Group {
@@ -408,8 +451,15 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(process_state(child.id()), Some('Z'), "the rank ended");
+        let mut child = child;
+        let output = Output::of_rank(&mut child, &std::env::temp_dir(), Some(0), 1);
         Group {
-            children: vec![(1, child, RankFiles::of(Path::new("/nonexistent"), 1))],
+            children: vec![Member {
+                rank: 1,
+                child,
+                files: RankFiles::of(Path::new("/nonexistent"), 1),
+                output,
+            }],
             grace: Duration::from_secs(1),
             from_spares: 0,
         }

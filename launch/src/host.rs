@@ -139,6 +139,7 @@ impl Host {
             end,
             message: verdict.message.clone(),
             last_step,
+            last_lines: verdict.last_lines.clone(),
         });
         self.write_round_ends();
     }

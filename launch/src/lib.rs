@@ -21,8 +21,8 @@
 //! `members` (who trains in a round: elastic world size), `watch` (threads that end a round),
 //! `heartbeat` (a node cut off ends the round within the heartbeat timeout), `rejoin` and
 //! `link` (node 0's store, and its replacement's), `ledger` (what each attempt or round cost),
-//! `spawn` (a rank's environment and command), `spare` (trainers started ahead of the next
-//! round), `keys` (every store key), `store`, `auth`, `listen` and `refused` (the rendezvous
+//! `spawn` (a rank's environment and command), `output` (every rank's output, labelled and
+//! kept per round), `spare` (trainers started ahead of the next round), `keys` (every store key), `store`, `auth`, `listen` and `refused` (the rendezvous
 //! store, its handshake, its port and what it refused), `signals`, `termination`, `error`.
 
 mod agent;
@@ -41,6 +41,7 @@ mod link;
 pub mod listen;
 mod local;
 mod members;
+pub mod output;
 pub mod refused;
 mod rejoin;
 pub mod round;

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use ferrotrain_api::env;
 
+use crate::output::Output;
 use crate::spawn::{Spawn, rank_command, rank_env};
 
 /// A spare's process name while it waits (`ps`, `pgrep`; at most 15 bytes).
@@ -60,6 +61,8 @@ impl SpareStart {
 pub struct Spare {
     child: Option<Child>,
     stdin: Option<ChildStdin>,
+    /// Its output, labelled as the spare's until the round hands it a rank.
+    output: Option<Output>,
 }
 
 /// One spare per local rank (by local rank), or none where starting one failed.
@@ -82,6 +85,7 @@ impl Spares {
                 .stdin(Stdio::piped());
             let mut child = cmd.spawn()?;
             let stdin = child.stdin.take();
+            let output = Output::of_spare(&mut child, local_rank);
             tracing::debug!(
                 "launch: spare for local rank {local_rank} (pid {})",
                 child.id()
@@ -89,6 +93,7 @@ impl Spares {
             spares.push(Some(Spare {
                 child: Some(child),
                 stdin,
+                output: Some(output),
             }));
         }
         Ok(Spares(spares))
@@ -101,11 +106,13 @@ impl Spares {
 }
 
 impl Spare {
-    /// Hands the spare the round's environment (`vars`): it becomes the rank. An error when
-    /// it is gone (it exited, or its stdin is closed); it is killed then.
-    pub fn go(mut self, vars: &[(&'static str, String)]) -> std::io::Result<Child> {
+    /// Hands the spare the round's environment (`vars`): it becomes the rank, whose output
+    /// the caller assigns to its round. An error when it is gone (it exited, or its stdin is
+    /// closed); it is killed then.
+    pub fn go(mut self, vars: &[(&'static str, String)]) -> std::io::Result<(Child, Output)> {
         let mut child = self.child.take().expect("a spare has its process");
         let mut stdin = self.stdin.take().expect("a spare has its stdin");
+        let output = self.output.take().expect("a spare has its output");
         let handed = match child.try_wait()? {
             Some(status) => Err(std::io::Error::other(format!("the spare ended: {status}"))),
             None => {
@@ -118,7 +125,7 @@ impl Spare {
         };
         drop(stdin);
         match handed {
-            Ok(()) => Ok(child),
+            Ok(()) => Ok((child, output)),
             Err(e) => {
                 let _ = child.kill();
                 let _ = child.wait();

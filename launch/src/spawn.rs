@@ -63,7 +63,7 @@ pub fn rank_env(
         ),
         (env::FERROTRAIN_HEAL_DIR, path(&heal_dir(a.logs))),
     ];
-    if a.place.is_some() {
+    if a.place.is_some_and(|(_, members)| members < args.nnodes) {
         // The trainers cover the shards of the ranks a smaller round lacks.
         let full = args.nnodes * args.nproc_per_node;
         vars.push((env::FERROTRAIN_VIRTUAL_WORLD, full.to_string()));
@@ -103,14 +103,17 @@ pub fn heal_dir(logs: &Path) -> PathBuf {
 }
 
 /// The command of a rank with environment `vars`: `<program> run --config <path> [rank
-/// args]`, dying with its launcher.
+/// args]`, dying with its launcher, its output piped to the launcher.
 pub fn rank_command(a: &Spawn<'_>, vars: &[(&'static str, String)]) -> Command {
     let mut cmd = Command::new(a.program);
     cmd.arg("run")
         .arg("--config")
         .arg(&a.args.config)
         .args(&a.args.rank_args)
-        .envs(vars.iter().map(|(k, v)| (k, v)));
+        .envs(vars.iter().map(|(k, v)| (k, v)))
+        // Forwarded line by line, labelled and kept per round (launch/output.rs).
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::process::CommandExt;

@@ -9,15 +9,10 @@ pub const APP_NAME: &str = "app.kubernetes.io/name";
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Value of [`MANAGED_BY`].
 pub const MANAGER: &str = "ferrotrain-operator";
-/// The DistributedTraining a child belongs to.
-pub const JOB: &str = "ferrotrain.dev/job";
-/// The attempt a pod belongs to.
-pub const ATTEMPT: &str = "ferrotrain.dev/attempt";
-/// The pod's node rank within its attempt.
-pub const NODE_RANK: &str = "ferrotrain.dev/node-rank";
+// The pods' own labels, name and container: in the api crate, which `kubectl ferrotrain`
+// reads them from too.
+pub use ferrotrain_api::crd::labels::{ATTEMPT, JOB, NODE_RANK, TRAINER_CONTAINER, pod_name};
 
-/// Name of the container running the trainer.
-pub const TRAINER_CONTAINER: &str = "trainer";
 /// Key of the trainer config in the ConfigMap.
 pub const CONFIG_KEY: &str = "trainer.yaml";
 /// Where the ConfigMap is mounted.
@@ -26,11 +21,6 @@ pub const CONFIG_DIR: &str = "/etc/ferrotrain";
 pub const TOKEN_KEY: &str = "token";
 /// Where the rendezvous token's Secret is mounted (FERROTRAIN_RDZV_TOKEN_FILE).
 pub const TOKEN_DIR: &str = "/var/run/ferrotrain/rdzv";
-
-/// `<job>-<attempt>-<nodeRank>`.
-pub fn pod_name(job: &str, attempt: i32, node_rank: i32) -> String {
-    format!("{job}-{attempt}-{node_rank}")
-}
 
 /// The headless Service: the pods' DNS subdomain.
 pub fn service_name(job: &str) -> String {

@@ -87,6 +87,9 @@ fn an_undated_row_is_refused() {
     assert!(problems[0].starts_with("docs/planted.md:8: a current number without a date"));
     assert!(problems[1].contains("without a commit"), "{}", problems[1]);
     assert!(problems[2].contains("the command"), "{}", problems[2]);
-    assert!(!has_commit("2026 12 0.131 deadbeef"), "no digit in deadbeef");
+    assert!(
+        !has_commit("2026 12 0.131 deadbeef"),
+        "no digit in deadbeef"
+    );
     assert!(has_commit("at 54cc7ed"));
 }

@@ -150,6 +150,9 @@ fn a_flag_of_another_subcommand_or_of_nothing_fails_the_check() {
         "polled every `--progress-interval`, 5 s\n",
         "`ferrotrain-operator run --progress-interval 5`\n",
         "```sh\nscripts/e2e.sh --filtre 'test(x)'\n```\n",
+        // `logs` takes --round, `watch` no --rank: the plugin's commands are told apart.
+        "```sh\nkubectl ferrotrain logs copy --rounds 0\n```\n",
+        "`kubectl ferrotrain watch copy --rank 1`\n",
     ];
     for text in wrong {
         let problems = flags.check(&planted(text));
@@ -157,7 +160,9 @@ fn a_flag_of_another_subcommand_or_of_nothing_fails_the_check() {
     }
     let right = "```sh\nferrotrain launch --nproc-per-node 2 --config c.yaml -- --ignored\n\
                  helm install x charts/ferrotrain --set a=b --wait\n```\n\
-                 `--progress-interval-seconds`, `ferrotrain run --checkpoint-dir runs`\n";
+                 `--progress-interval-seconds`, `ferrotrain run --checkpoint-dir runs`\n\
+                 `kubectl ferrotrain logs copy --round 0 --rank 1 -n ml --context kind`\n\
+                 `kubectl-ferrotrain man --dir man --stats`, `--previous`\n";
     assert_eq!(flags.check(&planted(right)), Vec::<String>::new());
 }
 
@@ -262,7 +267,7 @@ fn a_path_or_link_to_nowhere_fails_the_check() {
         assert_eq!(problems.len(), 1, "{text}: {problems:?}");
     }
     let right = "`launch/src/spare.rs`, `operator/src/gang/*/tests.rs`, `census.rs`, \
-                 [x](distributed.md#in-place-restarts---restart-in-place-several-nodes), \
+                 [x](distributed.md#in-place-restarts-one-node-or---restart-in-place-on-several), \
                  docs/operator.md:74, `../shared/cluster`, [r](../README.md)\n";
     assert_eq!(tree.check(&planted(right), &docs()), Vec::<String>::new());
 }

@@ -43,15 +43,11 @@ fn literals(line: &str) -> Vec<&str> {
     line.split('"').skip(1).step_by(2).collect()
 }
 
-/// The reasons' values, by constant name, read from api/src/reason.rs.
+/// The reasons' constant names, by value (`ferrotrain_api::reason::ALL`).
 fn reasons() -> BTreeMap<String, String> {
-    let text = std::fs::read_to_string(source::root().join("api/src/reason.rs")).unwrap();
-    text.lines()
-        .filter_map(|l| l.strip_prefix("pub const "))
-        .filter_map(|l| {
-            let (name, rest) = l.split_once(':')?;
-            Some((literals(rest).first()?.to_string(), name.to_string()))
-        })
+    ferrotrain_api::reason::ALL
+        .iter()
+        .map(|r| (r.value.to_string(), r.name.to_string()))
         .collect()
 }
 

@@ -14,7 +14,9 @@ fn semver(v: &str) -> bool {
     let parts: Vec<&str> = core.split('.').collect();
     parts.len() == 3
         && parts.iter().all(|p| {
-            !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()) && (p == &"0" || !p.starts_with('0'))
+            !p.is_empty()
+                && p.chars().all(|c| c.is_ascii_digit())
+                && (p == &"0" || !p.starts_with('0'))
         })
 }
 
@@ -75,7 +77,10 @@ fn a_version_the_chart_or_the_changelog_does_not_name_is_refused() {
     let chart = "apiVersion: v2\nversion: 0.2.0\nappVersion: \"0.2.0\"\n";
     let log = "## [Unreleased] (0.2.0: ...)\n\n## [0.1.0] - 2026-11-28\n";
     assert!(problems("0.2.0", chart, log).is_empty());
-    assert!(problems("0.1.0", chart, log).len() == 2, "the chart says 0.2.0");
+    assert!(
+        problems("0.1.0", chart, log).len() == 2,
+        "the chart says 0.2.0"
+    );
     assert_eq!(problems("0.3.0", chart, log).len(), 3);
     assert!(!problems("0.2", chart, log).is_empty());
     assert!(!semver("01.2.3") && semver("1.2.3-rc.1") && semver("0.0.0"));

@@ -5,7 +5,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use ferrotrain_api::config::Precision;
 use ferrotrain_api::{TrainerConfig, env, exit};
 use ferrotrain_launch::signals;
@@ -56,7 +56,26 @@ enum Command {
     /// given, NCCL, NVML, PCI topology, /dev/shm, network interfaces, RDMA, port range) as a
     /// table: exit 0 when nothing found can fail a job here, 1 otherwise.
     Doctor,
+    /// Print a page of the reference generated from the code (scripts/gen-reference.sh).
+    #[command(hide = true)]
+    Reference {
+        #[arg(value_enum)]
+        page: ReferencePage,
+    },
 }
+
+/// The pages of docs/reference/ that only this binary can write.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ReferencePage {
+    /// docs/reference/cli-ferrotrain.md: every subcommand and flag of `ferrotrain`.
+    Cli,
+}
+
+/// What heads docs/reference/cli-ferrotrain.md.
+const CLI_REFERENCE_SOURCE: &str = "Generated from the clap definition of the `ferrotrain` \
+    binary (trainer/src/main.rs, launch/src/args.rs) by `ferrotrain reference cli`, which \
+    scripts/gen-reference.sh runs: do not edit. The environment variables are described in \
+    [environment.md](environment.md).";
 
 #[derive(clap::Args, Debug)]
 struct BenchArgs {
@@ -501,6 +520,13 @@ fn main() -> ExitCode {
         Command::Select(args) => select_checkpoint(args),
         Command::Bleu { reference } => score_bleu(&reference),
         Command::BenchCollective(args) => bench_collective(&args),
+        Command::Reference {
+            page: ReferencePage::Cli,
+        } => {
+            let page = ferrotrain_api::reference::cli::page(&Cli::command(), CLI_REFERENCE_SOURCE);
+            print!("{page}");
+            Ok(())
+        }
         Command::Doctor => {
             let findings =
                 ferrotrain_trainer::doctor::findings(&ferrotrain_trainer::doctor::Machine::here());

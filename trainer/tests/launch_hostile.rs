@@ -196,7 +196,9 @@ fn ring_addresses(master: u16) -> Vec<SocketAddr> {
         .expect("the store, with the token");
     (0..2)
         .map(|r| {
-            let v = client.get(&keys::ring(r), Duration::from_secs(10)).unwrap();
+            // The launcher hosts the store; its ranks' keys live under their round's prefix.
+            let key = format!("{}{}", keys::round_prefix(0), keys::ring(r));
+            let v = client.get(&key, Duration::from_secs(10)).unwrap();
             String::from_utf8(v).unwrap().parse().unwrap()
         })
         .collect()

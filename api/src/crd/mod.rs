@@ -8,6 +8,7 @@
 
 pub mod condition;
 mod defaults;
+pub mod labels;
 mod network;
 mod pod_template;
 mod restart;

@@ -103,6 +103,12 @@ pub struct FailureInfo {
     /// Human-readable detail: the rank's termination message when it wrote one.
     #[serde(default)]
     pub message: String,
+    /// The blamed rank's last lines of output (at most 10) for an in-place restart: why its
+    /// round ended, kept after the round was replaced (`kubectl ferrotrain logs` has the rest
+    /// while the pod lives).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10))]
+    pub last_lines: Vec<String>,
     /// When the operator saw it.
     pub time: Time,
     /// Other pods of the attempt that failed after this one (usually because this one's
@@ -139,10 +145,10 @@ pub struct TrainingProgress {
     /// The trainer's report, rates rounded to 3 significant digits.
     #[serde(flatten)]
     pub report: Progress,
-    /// Time left to totalSteps at the current rate, for humans (for example 2h05m).
+    /// etaSeconds for humans (for example 2h05m): the time left until training ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eta: Option<String>,
-    /// When training should reach totalSteps at the current rate.
+    /// When training should end: etaSeconds after the operator stored the report (updatedAt).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimated_completion_time: Option<Time>,
     /// When the operator last saw the report change (the stall clock).
@@ -154,7 +160,10 @@ pub struct TrainingProgress {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct DistributedTrainingStatus {
-    /// Pending, Starting, Running, Restarting, Suspended, Succeeded or Failed.
+    /// Where the job is in its life cycle: Pending (the attempt's pods are being created),
+    /// Starting (they exist, some do not run yet), Queued (a queue has not admitted them),
+    /// Running, Restarting (a gang restart waits out its backoff), Suspended, Succeeded or
+    /// Failed.
     #[serde(default)]
     pub phase: Phase,
     /// Created, Running, Restarting, Stalled, Succeeded, Failed, Suspended, ProgressAvailable,
@@ -165,8 +174,9 @@ pub struct DistributedTrainingStatus {
     /// The generation of the spec this status reflects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// The current attempt: pods are named `<job>-<attempt>-<nodeRank>`; increases with every
-    /// restart and resume.
+    /// The current attempt: pods are named `<job>-<attempt>-<nodeRank>`. A gang restart
+    /// (every pod created again) and a resume start a new attempt; an in-place restart does
+    /// not: its ranks restart in the same pods, in the next `round` of the attempt.
     #[serde(default)]
     pub attempt: i32,
     /// Restarts after failures so far, gang restarts and in-place restarts alike (bounded by
@@ -233,5 +243,26 @@ impl DistributedTrainingStatus {
     /// True when the condition of `type_` has status "True".
     pub fn is_true(&self, type_: &str) -> bool {
         self.condition(type_).is_some_and(|c| c.status == "True")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// status.phase's description names every phase (it once left Queued out).
+    #[test]
+    fn the_phase_description_names_every_phase() {
+        let schema =
+            serde_json::to_value(schemars::schema_for!(DistributedTrainingStatus)).unwrap();
+        let description = schema["properties"]["phase"]["description"]
+            .as_str()
+            .unwrap();
+        for phase in Phase::ALL {
+            assert!(
+                description.contains(phase.as_str()),
+                "{phase} is not in {description:?}"
+            );
+        }
     }
 }

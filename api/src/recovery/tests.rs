@@ -264,3 +264,28 @@ fn a_restart_of_a_known_attempt_is_not_a_new_one() {
     r.update(t(245));
     assert_eq!(r, before);
 }
+
+#[test]
+fn a_round_that_ended_before_its_first_step_leaves_the_loss_to_the_next_that_resumed() {
+    // Round 0 trains to step 84 (checkpoint 61) and fails; round 1 ends before its first
+    // step; round 2 resumes from 84, the state round 0's ranks left: nothing was lost.
+    let mut r = Recovery::default();
+    r.start_round(0, 0, t(0));
+    r.report(report(84, 61, 5, Some(61)), t(20));
+    r.end(failure(21, 21));
+    assert_eq!(
+        r.attempts[0].lost_steps,
+        Some(23),
+        "estimated from the checkpoint"
+    );
+    r.start_round(0, 1, t(21));
+    r.end(failure(22, 22));
+    r.start_round(0, 2, t(23));
+    r.report(report(85, 84, 24, Some(61)), t(24));
+    assert_eq!(
+        r.attempts[0].lost_steps,
+        Some(0),
+        "settled by round 2's resume"
+    );
+    assert_eq!(r.lost_steps, 0);
+}

@@ -9,8 +9,9 @@
 //! ended, counted from the ranks' own record), and where the next round's state came from.
 //! Prints a Markdown table: p50, p95 and max of each kind, and the steps.
 //!
-//!   restart-speed [FAILURES] [SHAPE...]   (SHAPE: 2x1, 1x2, 2x2, 3x1, 2x1-multi30k;
-//!                                          default every shape at the example's size)
+//!   restart-speed [FAILURES] [--only KIND] [SHAPE...]
+//!     SHAPE: 2x1, 1x2, 2x2, 3x1, 2x1-multi30k (default every shape at the example's size)
+//!     KIND: kill, stop, launcher, delete, evict (default every kind of the shape)
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -56,6 +57,17 @@ impl Kind {
             Kind::KillLauncher { node } => format!("kill -9 of pod {node}'s launcher"),
             Kind::DeletePod { node } => format!("pod {node} deleted"),
             Kind::EvictPod { node } => format!("pod {node} evicted"),
+        }
+    }
+
+    /// The name `--only` takes.
+    fn key(self) -> &'static str {
+        match self {
+            Kind::Kill { .. } => "kill",
+            Kind::Stop { .. } => "stop",
+            Kind::KillLauncher { .. } => "launcher",
+            Kind::DeletePod { .. } => "delete",
+            Kind::EvictPod { .. } => "evict",
         }
     }
 
@@ -173,7 +185,15 @@ async fn main() {
         .next()
         .map(|n| n.parse().expect("the number of failures of each kind"))
         .unwrap_or(10);
-    let names: Vec<String> = args.collect();
+    let mut only = None;
+    let mut names = Vec::new();
+    while let Some(arg) = args.next() {
+        if arg == "--only" {
+            only = Some(args.next().expect("--only KIND"));
+        } else {
+            names.push(arg);
+        }
+    }
     let names = if names.is_empty() {
         ["2x1", "1x2", "2x2", "3x1"].map(String::from).to_vec()
     } else {
@@ -181,7 +201,10 @@ async fn main() {
     };
     let mut rows = Vec::new();
     for name in &names {
-        let shape = shape(name);
+        let mut shape = shape(name);
+        if let Some(kind) = &only {
+            shape.kinds.retain(|k| k.key() == kind);
+        }
         let outcomes = run_shape(&shape, failures).await;
         rows.extend(
             outcomes
@@ -321,6 +344,12 @@ async fn lost_in(ns: &TestNamespace, from: u64, next: &RoundStart) -> u64 {
     for round in from..next.round {
         let (record, _) = ended_round(ns, "speed", round).await;
         let lost = record.lost_steps.unwrap_or(0);
+        if record.first_step_at.is_none() {
+            eprintln!(
+                "  round {round} ended before its first step: {:?}",
+                record.end
+            );
+        }
         if lost > 1 || next.healed_from != Some(HealedFrom::Peers) {
             eprintln!(
                 "  round {round} lost {lost} steps: round {} resumed from {:?} ({:?}); {record:?}",

@@ -128,6 +128,8 @@ impl Run {
             message: format!("node {node_rank}'s pod went away (hollow kubelet)"),
             // Steps are never trained twice here: the next round starts where this one ended.
             last_step: Some(self.steps as u64),
+            // A hollow kubelet runs no ranks: no output to keep.
+            last_lines: Vec::new(),
         });
         self.round += 1;
     }

@@ -50,6 +50,7 @@ fn verdict(round: u64, node: usize, reason: &str, code: Option<i32>) -> Verdict 
         detected_at: at(10),
         secondary: 1,
         in_a_row: 1,
+        last_lines: Vec::new(),
     }
 }
 

@@ -122,6 +122,7 @@ impl<'a, 'o> Decider<'a, 'o> {
                 node: self.node_of(rank),
                 reason: reason.into(),
                 message,
+                last_lines: Vec::new(),
                 time: Time(self.now()),
                 secondary_failures: 0,
             },

@@ -48,6 +48,7 @@ impl<'a, 'o> Decider<'a, 'o> {
             node: node.clone(),
             reason: e.end.reason.clone(),
             message: first_line(&e.message),
+            last_lines: e.last_lines.clone(),
             time: Time(self.now()),
             secondary_failures: 0,
         };
@@ -86,7 +87,7 @@ impl<'a, 'o> Decider<'a, 'o> {
                 } else {
                     format!("restart {}/{max}", self.status.restarts)
                 }
-            ),
+            ) + &last_words(&info.last_lines),
         );
         self.status.last_failure = Some(info);
     }
@@ -141,6 +142,15 @@ impl<'a, 'o> Decider<'a, 'o> {
             self.set_condition(condition::RESIZED, shrunk, why, message);
         }
     }
+}
+
+/// "; its last line: <the rank's last line of output>" for an event (the status keeps the
+/// last lines).
+fn last_words(lines: &[String]) -> String {
+    lines
+        .last()
+        .map(|l| format!("; its last line: {l}"))
+        .unwrap_or_default()
 }
 
 impl<'a, 'o> Decider<'a, 'o> {
@@ -199,6 +209,7 @@ impl<'a, 'o> Decider<'a, 'o> {
             },
             message: message.into(),
             last_step: None,
+            last_lines: Vec::new(),
         };
         self.restarted_in_place(&end);
     }

@@ -5,7 +5,8 @@ use std::path::Path;
 
 use crate::support::repo_root;
 
-/// One page: README.md, docs/*.md, examples/*.{md,yaml}, the chart's README.
+/// One page: README.md, docs/*.md, docs/reference/*.md (generated from the code),
+/// examples/*.{md,yaml}, the chart's README.
 pub struct Doc {
     /// Repository-relative path.
     pub path: String,
@@ -46,7 +47,7 @@ pub fn docs() -> Vec<Doc> {
         "README.md".to_string(),
         "charts/ferrotrain/README.md".into(),
     ];
-    for dir in ["docs", "examples"] {
+    for dir in ["docs", "docs/reference", "examples"] {
         let mut names: Vec<String> = std::fs::read_dir(root.join(dir))
             .unwrap_or_else(|e| panic!("{dir}: {e}"))
             .flatten()

@@ -40,15 +40,11 @@ const INDIRECT: &[(&str, &str, &[&str])] = &[
     ("gang/decider.rs", "reason", &[]),
 ];
 
-/// reason.rs: constant name -> string.
+/// reason.rs: constant name -> string (`ferrotrain_api::reason::ALL`).
 pub fn constants() -> BTreeMap<String, String> {
-    let text = std::fs::read_to_string(repo_root().join("api/src/reason.rs")).unwrap();
-    text.lines()
-        .filter_map(|l| l.strip_prefix("pub const "))
-        .filter_map(|l| {
-            let (name, rest) = l.split_once(':')?;
-            Some((name.trim().to_string(), rest.split('"').nth(1)?.to_string()))
-        })
+    ferrotrain_api::reason::ALL
+        .iter()
+        .map(|r| (r.name.to_string(), r.value.to_string()))
         .collect()
 }
 

@@ -1,4 +1,4 @@
-//! The flags that exist: `ferrotrain-operator`'s from clap itself, `ferrotrain`'s read from its
+//! The flags that exist: `ferrotrain-operator`'s and the kubectl plugin's from clap itself, `ferrotrain`'s read from its
 //! clap derive structs (trainer/src/main.rs, which links libtorch, so its `Command` is out of
 //! this test's reach, and launch/src/args.rs, `launch`'s), the repository scripts' from their
 //! text. And the check: a flag after `ferrotrain <sub>` must be that subcommand's, after a
@@ -85,6 +85,7 @@ impl Flags {
             commands.insert(format!("ferrotrain {sub}"), flags);
         }
         commands.insert("ferrotrain".into(), BTreeSet::new());
+        commands.extend(plugin_flags());
         for flags in commands.values_mut() {
             flags.extend(["--help".to_string(), "--version".to_string()]);
         }
@@ -122,7 +123,7 @@ impl Flags {
                             Owner::Command(c) => format!("`{c}` has no flag {flag}"),
                             Owner::Script(s) => format!("{s} takes no flag {flag}"),
                             _ => format!(
-                                "{flag} is no flag of ferrotrain, ferrotrain-operator or a script of this repository"
+                                "{flag} is no flag of ferrotrain, ferrotrain-operator, kubectl ferrotrain or a script of this repository"
                             ),
                         };
                         problems.push(format!("{}:{}: {whose}", span.file, span.line));
@@ -157,7 +158,17 @@ impl Flags {
         }
         let program = words.get(i).map_or("", |p| p.trim_start_matches("./"));
         let base = program.rsplit('/').next().unwrap_or(program);
-        let mut owner = if base == "ferrotrain" || base == "ferrotrain-operator" {
+        // `kubectl ferrotrain SUB` runs the plugin `kubectl-ferrotrain SUB`.
+        let plugin = base == "kubectl" && words.get(i + 1) == Some(&"ferrotrain");
+        let (i, base) = if plugin { (i + 1, PLUGIN) } else { (i, base) };
+        let mut owner = if base == PLUGIN {
+            let sub = words[i + 1..].iter().find(|w| !w.starts_with('-'));
+            let name = sub.map(|s| format!("{PLUGIN} {s}"));
+            match name.filter(|n| self.commands.contains_key(n)) {
+                Some(n) => Owner::Command(n),
+                None => Owner::Command(PLUGIN.to_string()),
+            }
+        } else if base == "ferrotrain" || base == "ferrotrain-operator" {
             // The subcommand is the first word after the program that is no flag (or the
             // program alone: `ferrotrain --version`).
             let sub = words[i + 1..].iter().find(|w| !w.starts_with('-'));
@@ -197,6 +208,26 @@ enum Owner {
     Script(String),
     External,
     Alone,
+}
+
+/// The kubectl plugin's binary: `kubectl ferrotrain` runs it.
+const PLUGIN: &str = "kubectl-ferrotrain";
+
+/// `kubectl-ferrotrain` and each of its commands (`kubectl-ferrotrain watch`) with their long
+/// flags, from its clap definition (the connection flags are every command's).
+fn plugin_flags() -> BTreeMap<String, BTreeSet<String>> {
+    let mut plugin = kubectl_ferrotrain::cli::Cli::command();
+    plugin.build();
+    let longs = |c: &clap::Command| -> BTreeSet<String> {
+        c.get_arguments()
+            .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+            .collect()
+    };
+    let mut out = BTreeMap::from([(PLUGIN.to_string(), longs(&plugin))]);
+    for sub in plugin.get_subcommands() {
+        out.insert(format!("{PLUGIN} {}", sub.get_name()), longs(sub));
+    }
+    out
 }
 
 /// `--foo-bar` of a word such as `--foo-bar=1`, `(--foo-bar,` or `--foo-bar)`.

@@ -34,9 +34,16 @@ pub fn series_names(text: &str) -> BTreeSet<String> {
     names
 }
 
-/// Every metric the operator and rank 0 export. A family shows in the text only once it has a
-/// series, so each labelled family of the operator gets one.
+/// Every metric the operator and rank 0 export.
 pub fn exported() -> BTreeSet<String> {
+    let mut names = series_names(&operator_exposition());
+    names.extend(series_names(&crate::metrics::full_exposition()));
+    names
+}
+
+/// The operator's exposition with every family in it: a family shows in the text only once it
+/// has a series, so each labelled family gets one.
+pub fn operator_exposition() -> String {
     use ferrotrain_operator::metrics::{ErrorLabels, JobNumbers, Metrics, ReasonLabels};
     let operator = Metrics::new();
     let recovery = ferrotrain_api::Recovery {
@@ -58,9 +65,7 @@ pub fn exported() -> BTreeSet<String> {
         error: "event".into(),
     };
     operator.reconcile_errors.get_or_create(&error).inc();
-    let mut names = series_names(&operator.encode());
-    names.extend(series_names(&crate::metrics::full_exposition()));
-    names
+    operator.encode()
 }
 
 /// Crate names that look like metrics.

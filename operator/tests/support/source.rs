@@ -7,7 +7,13 @@
 use std::path::{Path, PathBuf};
 
 /// The source folders of the workspace's product crates, from the repository's root.
-pub const CRATES: [&str; 4] = ["api/src", "launch/src", "operator/src", "trainer/src"];
+pub const CRATES: [&str; 5] = [
+    "api/src",
+    "launch/src",
+    "operator/src",
+    "trainer/src",
+    "kubectl/src",
+];
 
 /// The repository's root: the operator crate's parent.
 pub fn root() -> PathBuf {

@@ -26,6 +26,7 @@ fn after_kill(step: u64, round: u64, at: i64) -> Progress {
         },
         message: "rank 1 was killed by signal 9 (SIGKILL)".into(),
         last_step: Some(step - 5),
+        last_lines: vec!["step 54/100 loss 1.2".into()],
     };
     Progress {
         round: round + 1,
@@ -69,6 +70,11 @@ fn a_round_that_ended_is_one_restart_with_its_cause_node_and_ledger_record() {
     );
     assert_eq!(f.node.as_deref(), Some("node-1"), "from status.placement");
     assert_eq!(f.message, "rank 1 was killed by signal 9 (SIGKILL)");
+    assert_eq!(
+        f.last_lines,
+        ["step 54/100 loss 1.2"],
+        "the killed rank's last words"
+    );
     // The pods are kept: no action touches them.
     assert!(d.actions.is_empty(), "{:?}", d.actions);
     let events: Vec<&str> = d.events.iter().map(|e| e.reason).collect();
@@ -77,6 +83,13 @@ fn a_round_that_ended_is_one_restart_with_its_cause_node_and_ledger_record() {
         d.events[0]
             .note
             .contains("round 1 of attempt 0 (restart 1/10"),
+        "{}",
+        d.events[0].note
+    );
+    assert!(
+        d.events[0]
+            .note
+            .ends_with("; its last line: step 54/100 loss 1.2"),
         "{}",
         d.events[0].note
     );

@@ -1,0 +1,257 @@
+//! The recovery ledger (`status.recovery`, api/src/recovery.rs) for people: a row per attempt
+//! and round (what ended it, the rank blamed, the time to detect it and to the next step, the
+//! steps trained twice, where the next one's state came from), the job's totals, and what the
+//! last failure cost, which `watch` shows too.
+
+use ferrotrain_api::Recovery;
+use ferrotrain_api::crd::labels::pod_name;
+use ferrotrain_api::recovery::{AttemptRecord, EndCause, HealedFrom};
+
+use crate::format::{clock, seconds, short_seconds};
+use crate::table::table;
+
+/// What a failure cost: the record it ended and the one that followed it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FailureCost {
+    /// The attempt and round it ended.
+    pub attempt: i64,
+    pub round: u64,
+    /// Seconds from the failure to its detection.
+    pub detect_seconds: f64,
+    /// The next record's round, once it started.
+    pub next_round: Option<(i64, u64)>,
+    /// Seconds from the failure to the next record's first step, once it took one.
+    pub to_next_step: Option<f64>,
+    /// The step the next record resumed from, and from where.
+    pub resumed_from: Option<(u64, Option<HealedFrom>)>,
+    /// Steps trained twice (the ended record's lostSteps).
+    pub lost_steps: Option<u64>,
+}
+
+/// Whether a record's end is a failure a recovery followed (not a success or a stop).
+fn is_failure(cause: EndCause) -> bool {
+    matches!(
+        cause,
+        EndCause::Failure | EndCause::Disruption | EndCause::Stall
+    )
+}
+
+/// The round of a record (absent: the attempt's first).
+fn round_of(r: &AttemptRecord) -> u64 {
+    r.round.unwrap_or(0)
+}
+
+/// What the latest failure in the ledger cost (None without one).
+pub fn last_failure_cost(recovery: &Recovery) -> Option<FailureCost> {
+    let at = recovery
+        .attempts
+        .iter()
+        .rposition(|r| r.end.as_ref().is_some_and(|e| is_failure(e.cause)))?;
+    let failed = &recovery.attempts[at];
+    let end = failed.end.as_ref()?;
+    let next = recovery.attempts.get(at + 1);
+    Some(FailureCost {
+        attempt: failed.attempt,
+        round: round_of(failed),
+        detect_seconds: end.detect_seconds(),
+        next_round: next.map(|n| (n.attempt, round_of(n))),
+        to_next_step: next
+            .and_then(|n| n.first_step_at)
+            .map(|t| seconds(end.failed_at, t)),
+        resumed_from: next
+            .filter(|n| n.first_step_at.is_some())
+            .and_then(|n| n.resumed_from_step.map(|s| (s, n.healed_from))),
+        lost_steps: failed.lost_steps,
+    })
+}
+
+/// `peers`, `checkpoint`, or `-` for a fresh start.
+pub fn healed(from: Option<HealedFrom>) -> &'static str {
+    match from {
+        Some(HealedFrom::Peers) => "peers",
+        Some(HealedFrom::Checkpoint) => "checkpoint",
+        None => "-",
+    }
+}
+
+const HEADER: [&str; 13] = [
+    "ATTEMPT",
+    "ROUND",
+    "STARTED",
+    "FIRST STEP",
+    "RESUMED",
+    "STATE FROM",
+    "LAST STEP",
+    "ENDED BY",
+    "RANK",
+    "POD",
+    "DETECT",
+    "NEXT STEP",
+    "LOST",
+];
+
+/// The ledger of job `job` as a table and its totals.
+pub fn ledger_table(job: &str, recovery: &Recovery) -> String {
+    let rows: Vec<Vec<String>> = recovery
+        .attempts
+        .iter()
+        .enumerate()
+        .map(|(i, r)| row(job, r, recovery.attempts.get(i + 1)))
+        .collect();
+    let mut out = table(&HEADER, &rows);
+    out.push('\n');
+    out.push_str(&totals(recovery));
+    out
+}
+
+fn or_dash<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| v.to_string())
+}
+
+fn row(job: &str, r: &AttemptRecord, next: Option<&AttemptRecord>) -> Vec<String> {
+    let end = r.end.as_ref();
+    let ended_by = end.map_or_else(
+        || "(running)".to_string(),
+        |e| {
+            if e.cause == EndCause::Succeeded || e.reason == e.cause.as_str() {
+                e.cause.as_str().to_string()
+            } else {
+                format!("{} {}", e.cause.as_str(), e.reason)
+            }
+        },
+    );
+    let pod = end
+        .and_then(|e| e.node_rank)
+        .map(|n| pod_name(job, r.attempt as i32, n as i32));
+    let next_step = end.filter(|e| is_failure(e.cause)).and_then(|e| {
+        next.and_then(|n| n.first_step_at)
+            .map(|t| short_seconds(seconds(e.failed_at, t)))
+    });
+    vec![
+        r.attempt.to_string(),
+        round_of(r).to_string(),
+        clock(r.started_at),
+        or_dash(r.seconds_to_first_step().map(short_seconds)),
+        r.resumed_from_step.unwrap_or(0).to_string(),
+        healed(r.healed_from).to_string(),
+        or_dash(r.last_step),
+        ended_by,
+        or_dash(end.and_then(|e| e.rank)),
+        or_dash(pod),
+        or_dash(
+            end.filter(|e| is_failure(e.cause))
+                .map(|e| short_seconds(e.detect_seconds())),
+        ),
+        or_dash(next_step),
+        or_dash(r.lost_steps),
+    ]
+}
+
+/// The job's totals under the table.
+fn totals(recovery: &Recovery) -> String {
+    let mut parts = Vec::new();
+    if let Some(g) = recovery.goodput_percent {
+        parts.push(format!(
+            "goodput {g:.1}%: {} productive of {}",
+            short_seconds(recovery.productive_seconds),
+            short_seconds(recovery.total_seconds)
+        ));
+    }
+    parts.push(format!("{} steps trained twice", recovery.lost_steps));
+    if !recovery.ends_by_cause.is_empty() {
+        let ends: Vec<String> = recovery
+            .ends_by_cause
+            .iter()
+            .map(|(cause, n)| format!("{cause} {n}"))
+            .collect();
+        parts.push(format!("ends: {}", ends.join(", ")));
+    }
+    if let Some(d) = recovery.mean_detect_seconds {
+        parts.push(format!("mean detect {}", short_seconds(d)));
+    }
+    if let Some(r) = recovery.mean_recovery_seconds {
+        parts.push(format!("mean failure to next step {}", short_seconds(r)));
+    }
+    let mut out = parts.join("; ") + "\n";
+    if recovery.retired.attempts > 0 {
+        out += &format!(
+            "{} older attempts are counted in the totals but no longer listed\n",
+            recovery.retired.attempts
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures;
+
+    #[test]
+    fn the_last_failure_costs_what_the_next_round_says() {
+        let cost = last_failure_cost(&fixtures::recovered_ledger()).unwrap();
+        assert_eq!(
+            cost,
+            FailureCost {
+                attempt: 0,
+                round: 0,
+                detect_seconds: 0.05,
+                next_round: Some((0, 1)),
+                to_next_step: Some(0.5),
+                resumed_from: Some((303, Some(HealedFrom::Peers))),
+                lost_steps: Some(0),
+            }
+        );
+    }
+
+    #[test]
+    fn a_failure_whose_next_round_has_not_stepped_has_no_cost_yet() {
+        let mut ledger = fixtures::recovered_ledger();
+        ledger.attempts[1].first_step_at = None;
+        let cost = last_failure_cost(&ledger).unwrap();
+        assert_eq!(cost.next_round, Some((0, 1)));
+        assert_eq!((cost.to_next_step, cost.resumed_from), (None, None));
+        assert_eq!(last_failure_cost(&Recovery::default()), None);
+    }
+
+    #[test]
+    fn the_table_has_a_row_per_round_and_the_totals() {
+        let text = ledger_table("copy", &fixtures::recovered_ledger());
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("ATTEMPT   ROUND   STARTED"), "{text}");
+        assert!(lines[0].ends_with("NEXT STEP   LOST"), "{text}");
+        let words = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+        assert_eq!(
+            words(lines[1]),
+            [
+                "0", "0", "12:00:00", "2.00", "s", "0", "-", "303", "Failure", "Killed", "1",
+                "copy-0-1", "0.05", "s", "0.50", "s", "0"
+            ],
+            "{text}"
+        );
+        assert_eq!(
+            words(lines[2]),
+            [
+                "0",
+                "1",
+                "12:00:30",
+                "0.45",
+                "s",
+                "303",
+                "peers",
+                "600",
+                "Succeeded",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-"
+            ],
+            "{text}"
+        );
+        assert!(
+            text.contains("goodput 97.1%: 40.0 s productive of 41.2 s; 0 steps trained twice; ends: Failure 1, Succeeded 1"),
+            "{text}"
+        );
+    }
+}
