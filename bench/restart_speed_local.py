@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench/restart-speed.sh's local half: kill -9 of a rank's process, N times, and the time
+"""bench/restart-speed.sh's local half: kill -9 of a rank's process (and SIGSTOP of one), N times, and the time
 from each kill to the next completed step, with `ferrotrain launch` on this machine, in the
 shapes a cluster runs: one launcher of two ranks (a machine of two GPUs), two launchers of one
 rank (two pods) and two launchers of two ranks, on 127.0.0.1; every rank restarted in place in
@@ -86,11 +86,13 @@ def ts(s):
     return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
 
 
-def run(binary, kills, nodes, nproc, victim, spares=True):
+def run(binary, kills, nodes, nproc, victim, spares=True, sig=signal.SIGKILL):
     """`nodes` launchers of `nproc` ranks each (one launcher: a machine of several GPUs; more:
-    in place, as pods); kill -9 of global rank `victim` KILLS times, each once its round has
+    in place, as pods); `sig` (kill -9, or SIGSTOP: a frozen rank) to global rank `victim` KILLS times, each once its round has
     trained a few seconds. Returns the seconds from each kill to the next round's first step."""
     work = tempfile.mkdtemp(prefix="restart-speed-")
+    if os.environ.get("RESTART_SPEED_KEEP"):
+        print(f"work dir {work}", file=sys.stderr)
     with open(os.path.join(work, "job.yaml"), "w") as f:
         f.write(CONFIG)
     ledger = os.path.join(work, "recovery.json")
@@ -114,7 +116,7 @@ def run(binary, kills, nodes, nproc, victim, spares=True):
             # next round's spare trainers, 3 s into a round (launch/spare.rs).
             time.sleep(5)
             killed.append(time.time())
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
         wait("the last restart", 60,
              lambda: children_with(victim_parent, [f"RANK={victim}", f"FERROTRAIN_ROUND={kills}"]))
         time.sleep(3)
@@ -128,9 +130,11 @@ def run(binary, kills, nodes, nproc, victim, spares=True):
                 p.kill()
     with open(ledger) as f:
         records = json.load(f)["attempts"]
+    # By round: the ledger keeps only the last records, and round i is the one killed i-th.
+    first_step = {r.get("round", 0): r.get("firstStepAt") for r in records}
     took = []
     for i, at in enumerate(killed):
-        nxt = records[i + 1].get("firstStepAt") if i + 1 < len(records) else None
+        nxt = first_step.get(i + 1)
         took.append(ts(nxt) - at if nxt else float("nan"))
     return took
 
@@ -143,8 +147,10 @@ def main():
             ("1 launcher x 2 ranks, rank 1 killed, no spares", run(binary, kills, 1, 2, 1, False)),
             ("2 launchers x 1 rank, rank 1 killed, spare trainers", run(binary, kills, 2, 1, 1)),
             ("2 launchers x 1 rank, rank 1 killed, no spares", run(binary, kills, 2, 1, 1, False)),
-            ("2 launchers x 2 ranks, rank 2 killed, spare trainers", run(binary, kills, 2, 2, 2))]
-    print("\n| local launchers (in place, rounds) | kills | next step after the kill: median | max | each |")
+            ("2 launchers x 2 ranks, rank 2 killed, spare trainers", run(binary, kills, 2, 2, 2)),
+            ("2 launchers x 2 ranks, rank 3 stopped (SIGSTOP), spare trainers",
+             run(binary, kills, 2, 2, 3, True, signal.SIGSTOP))]
+    print("\n| local launchers (in place, rounds) | failures | next step after the failure: median | max | each |")
     print("|---|---|---|---|---|")
     for name, took in rows:
         ok = sorted(t for t in took if t == t)

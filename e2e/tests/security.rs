@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use ferrotrain_api::crd::Phase;
 use ferrotrain_e2e::{
-    TRAIN_WAIT, TestNamespace, WAIT, copy_job, exec, rank0_get, wait_for, wait_phase, wait_rank0,
+    TestNamespace, WAIT, copy_job, exec, rank0_get, wait_for, wait_phase, wait_rank0, wait_status,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -171,7 +171,8 @@ async fn intruder(ns: &TestNamespace, job: &str, script: &str) -> Pod {
 #[ignore = "needs a cluster with the operator and the trainer image (scripts/e2e.sh)"]
 async fn a_pod_with_the_gangs_label_gets_through_the_policy_and_the_token_refuses_it() {
     let ns = TestNamespace::create("refused").await;
-    ns.create_job("refused", copy_job(2, 2500, None)).await;
+    // Never finishes on its own: the test ends it once the gang trained on past the attack.
+    ns.create_job("refused", copy_job(2, 1_000_000, None)).await;
     wait_rank0(&ns, "refused-0-0", "rank 0 stepping", |p| {
         (p.step > 0).then_some(())
     })
@@ -194,9 +195,10 @@ async fn a_pod_with_the_gangs_label_gets_through_the_policy_and_the_token_refuse
     .await;
     let refused = wait_rank0(&ns, "refused-0-0", "20 refusals in rank 0's report", |p| {
         let total: u64 = p.rejected_connections.values().sum();
-        (total >= 20).then(|| p.rejected_connections.clone())
+        (total >= 20).then(|| (p.step, p.rejected_connections.clone()))
     })
     .await;
+    let (step_at_refusals, refused) = refused;
     let metrics = rank0_get(&ns.client, &ns.name, "refused-0-0", "metrics")
         .await
         .unwrap();
@@ -221,13 +223,25 @@ async fn a_pod_with_the_gangs_label_gets_through_the_policy_and_the_token_refuse
         (seen.then_some(()), format!("{events:?}"))
     })
     .await;
-    // Undisturbed: it runs to its end without a restart.
-    let done = wait_phase(&ns.jobs(), "refused", Phase::Succeeded, TRAIN_WAIT).await;
-    assert_eq!((done.restarts, done.attempt), (0, 0), "{done:?}");
-    assert!(
-        done.progress
-            .is_some_and(|p| p.report.rejected_connections.values().sum::<u64>() >= 20),
-        "the status keeps the count"
+    // Undisturbed: the gang trains on, 100 steps past the attack, in its first attempt and
+    // round, and the status keeps the count.
+    let after = step_at_refusals + 100;
+    let status = wait_status(
+        &ns.jobs(),
+        "refused",
+        "100 steps past the attack",
+        WAIT,
+        |s| {
+            s.progress.as_ref().is_some_and(|p| {
+                p.report.step >= after && p.report.rejected_connections.values().sum::<u64>() >= 20
+            })
+        },
+    )
+    .await;
+    assert_eq!(
+        (status.phase, status.restarts, status.attempt, status.round),
+        (Phase::Running, 0, 0, 0),
+        "{status:?}"
     );
     // The policy goes with the job (garbage collection of its owner reference).
     ns.jobs()

@@ -11,7 +11,7 @@ use kube::api::{Api, ListParams};
 use serde_json::json;
 
 /// Start-up timeout of these jobs: short, so a test ends in minutes.
-const STARTUP_TIMEOUT_SECONDS: u64 = 60;
+const STARTUP_TIMEOUT_SECONDS: u64 = 30;
 
 /// The job's Warning events as "Reason: message".
 async fn warnings(ns: &TestNamespace, job: &str) -> Vec<String> {

@@ -16,8 +16,8 @@ async fn the_copy_job_runs_with_progress_in_the_printer_columns_then_succeeds() 
     let ns = TestNamespace::create("copy").await;
     let jobs = ns.jobs();
     ns.create_checkpoint_claim("copy-checkpoints").await;
-    // A minute or so: long enough for several progress polls while it runs.
-    let max_steps = 2000;
+    // A minute or two on the kit: several progress writes (every 15 s) while it runs.
+    let max_steps = 1000;
     ns.create_job("copy", copy_job(2, max_steps, Some("copy-checkpoints")))
         .await;
 

@@ -231,7 +231,7 @@ fn float_gauges(p: &Progress) -> [Entry<f64>; 12] {
         ("learning_rate", "Current learning rate", p.learning_rate),
         (
             "eta_seconds",
-            "Seconds until totalSteps at the current rate",
+            "Seconds until training ends, as rank 0 estimates them: the steps left at the recent rate, plus the evaluations to come, capped by maxSeconds",
             p.eta_seconds,
         ),
         (
