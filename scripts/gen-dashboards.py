@@ -110,7 +110,7 @@ P.append(panel(L, "timeseries", "Loss", "Training loss (label-smoothed, recent a
     [target(f"ferrotrain_loss{{{sel}}}", "train"), target(f"ferrotrain_eval_loss{{{sel}}}", "eval"), target(f"ferrotrain_best_eval_loss{{{sel}}}", "best eval")], w=12))
 P.append(panel(L, "timeseries", "Eval BLEU", "Corpus BLEU on the validation set at the last evaluation (sacreBLEU 13a, cased).",
     [target(f"ferrotrain_eval_bleu{{{sel}}}", "BLEU")], w=12))
-P.append(panel(L, "timeseries", "ETA", "Seconds until totalSteps.",
+P.append(panel(L, "timeseries", "ETA", "Seconds until training ends, as rank 0 estimates them (steps left at the recent rate, evaluations to come, capped by maxSeconds).",
     [target(f"ferrotrain_eta_seconds{{{sel}}}", "ETA")], w=12, unit="s"))
 P.append(L.row("Restarts and goodput"))
 P.append(panel(L, "stat", "Goodput", "Share of the job's wall time spent on training steps it kept (status.recovery.goodputPercent).",

@@ -18,9 +18,11 @@ cargo fmt --all -- --check
 step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets -- -D warnings
 
+# clippy checks every target with the feature (the binary included); the library's tests link
+# it. A separate `cargo build --features cuda` of the binary was one more build that checked nothing
+# more (cudarc loads the CUDA libraries at run time: nothing to link).
 step "cargo clippy and unit tests --features cuda (the NCCL path compiles and its GPU-free tests run)"
 cargo clippy -p ferrotrain-trainer --features cuda --all-targets -- -D warnings
-cargo build -p ferrotrain-trainer --features cuda
 cargo nextest run -p ferrotrain-trainer --features cuda --lib --profile ci -E 'test(/nccl|watchdog|dist::/)'
 
 if [[ -x scripts/setup-helm.sh ]]; then

@@ -21,6 +21,7 @@ pub mod decode;
 pub mod device;
 pub mod dist;
 pub mod doctor;
+pub mod ending;
 pub mod error;
 pub mod fault;
 pub mod heal;

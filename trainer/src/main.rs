@@ -10,6 +10,7 @@ use ferrotrain_api::config::Precision;
 use ferrotrain_api::{TrainerConfig, env, exit};
 use ferrotrain_launch::signals;
 use ferrotrain_launch::termination::write_termination_message;
+use ferrotrain_trainer::ending::{self, exit_now, leave_end_record, report_error};
 use ferrotrain_trainer::error::{Result, TrainError};
 use ferrotrain_trainer::{bleu, data, decode, dist, precision, select, train, translate};
 
@@ -338,17 +339,6 @@ fn run(args: RunArgs) -> std::result::Result<Option<i32>, train::Failure> {
     Ok(summary.interrupted_by)
 }
 
-/// Leaves `end` where the launcher reads why this rank ended (FERROTRAIN_END_FILE; none
-/// outside a launcher).
-fn leave_end_record(end: &ferrotrain_api::RankEnd) {
-    let Some(path) = std::env::var_os(env::FERROTRAIN_END_FILE).filter(|p| !p.is_empty()) else {
-        return;
-    };
-    if let Err(e) = end.write(Path::new(&path)) {
-        tracing::warn!("cannot leave the end record for the launcher: {e}");
-    }
-}
-
 fn validate(config: &Path) -> Result<()> {
     let config = load_config(config)?;
     data::preflight_data(&config)?;
@@ -495,15 +485,12 @@ fn bench_collective(args: &BenchArgs) -> Result<()> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(args) => exit_now(match run(args) {
+        Command::Run(args) => match run(args) {
             // Like a process the signal killed, but with its work saved.
-            Ok(Some(signal)) => (128 + signal).clamp(0, 255) as u8,
-            Ok(None) => exit::SUCCESS as u8,
-            Err(failure) => {
-                leave_end_record(&failure.error.rank_end(failure.step));
-                report_error(&failure.error)
-            }
-        }),
+            Ok(Some(signal)) => exit_now((128 + signal).clamp(0, 255) as u8),
+            Ok(None) => exit_now(exit::SUCCESS as u8),
+            Err(failure) => ending::fail(&failure.error, failure.step),
+        },
         Command::Launch(args) => {
             init_logging(0);
             match ferrotrain_launch::run(args) {
@@ -537,27 +524,5 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::from(exit::SUCCESS as u8),
         Err(e) => ExitCode::from(report_error(&e)),
-    }
-}
-
-/// Says why the command failed (stderr and the termination log); returns its exit code.
-fn report_error(e: &TrainError) -> u8 {
-    eprintln!("ferrotrain: error: {e}");
-    write_termination_message(&e.to_string());
-    e.exit_code() as u8
-}
-
-/// Ends a rank's process with `code` at once. Its records are written and closed by now; what
-/// libc's `exit` would add (libtorch's static destructors, the allocator giving back its
-/// arenas: 0.3 s of munmap here, measured with strace) only delays the next round, which
-/// starts once every rank of this one has exited.
-fn exit_now(code: u8) -> ! {
-    let _ = std::io::stdout().flush();
-    let _ = std::io::stderr().flush();
-    // SAFETY: fflush(NULL) flushes every C stdio stream (libtorch's prints); _exit ends the
-    // process without the atexit handlers, which nothing of a finished rank needs.
-    unsafe {
-        libc::fflush(std::ptr::null_mut());
-        libc::_exit(i32::from(code))
     }
 }

@@ -81,6 +81,8 @@ pub(crate) fn init_with(
     if env.world_size == 1 && !(nccl_alone && use_nccl) {
         return Ok(Box::new(Single { device }));
     }
+    // A round abandoned while this rank meets its gang ends the process (crate::ending).
+    let _meeting = crate::ending::Meeting::start();
     let mut meeting = Rendezvous::meet(env, config)?;
     if use_nccl {
         #[cfg(feature = "cuda")]
