@@ -68,6 +68,15 @@ pub fn percent(share: f64) -> String {
     }
 }
 
+/// A run's progress: `230/600 38%`, or the step alone when the total is unknown (0).
+pub fn steps(step: u64, total: u64) -> String {
+    if total > 0 {
+        format!("{step}/{total} {}", percent(step as f64 / total as f64))
+    } else {
+        step.to_string()
+    }
+}
+
 /// `12:00:41` (UTC).
 pub fn clock(t: Timestamp) -> String {
     t.strftime("%H:%M:%S").to_string()
@@ -105,6 +114,8 @@ mod tests {
         assert_eq!(percent(0.004), "0.4%");
         assert_eq!(short_seconds(0.2634), "0.26 s");
         assert_eq!(short_seconds(75.0), "1m15s");
+        assert_eq!(steps(230, 600), "230/600 38%");
+        assert_eq!(steps(230, 0), "230");
     }
 
     #[test]

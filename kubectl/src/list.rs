@@ -9,7 +9,7 @@ use kube::api::ListParams;
 use crate::cli::ListArgs;
 use crate::connect::Cluster;
 use crate::error::{Error, Result};
-use crate::format::{age, percent, rate, seconds};
+use crate::format::{age, rate, seconds, steps};
 use crate::table::table;
 
 /// Prints the table.
@@ -68,24 +68,11 @@ pub fn list_table(jobs: &[DistributedTraining], namespaces: bool, now: Timestamp
 fn row(dt: &DistributedTraining, now: Timestamp) -> Vec<String> {
     let status = dt.status.clone().unwrap_or_default();
     let progress = status.progress.as_ref();
-    let steps = progress.map_or_else(String::new, |p| {
-        let r = &p.report;
-        if r.total_steps > 0 {
-            format!(
-                "{}/{} {}",
-                r.step,
-                r.total_steps,
-                percent(r.step as f64 / r.total_steps as f64)
-            )
-        } else {
-            r.step.to_string()
-        }
-    });
     let created = dt.metadata.creation_timestamp.as_ref();
     vec![
         dt.metadata.name.clone().unwrap_or_default(),
         status.phase.to_string(),
-        steps,
+        progress.map_or_else(String::new, |p| steps(p.report.step, p.report.total_steps)),
         progress
             .and_then(|p| p.report.steps_per_second)
             .map(rate)

@@ -5,7 +5,7 @@
 use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingStatus, Phase, condition};
 use jiff::Timestamp;
 
-use crate::format::{age, loss, percent, rate, seconds, short_seconds};
+use crate::format::{age, loss, percent, rate, seconds, short_seconds, steps};
 use crate::ledger::{FailureCost, healed, last_failure_cost};
 
 /// Width of the progress bar between its brackets.
@@ -157,16 +157,7 @@ fn progress_line(status: &DistributedTrainingStatus) -> String {
         };
     };
     let r = &p.report;
-    let mut parts = vec![if r.total_steps > 0 {
-        format!(
-            "step {}/{} {}",
-            r.step,
-            r.total_steps,
-            percent(r.step as f64 / r.total_steps as f64)
-        )
-    } else {
-        format!("step {}", r.step)
-    }];
+    let mut parts = vec![format!("step {}", steps(r.step, r.total_steps))];
     if let Some(eta) = p.eta.clone().or_else(|| r.eta_seconds.map(age)) {
         parts.push(format!("ETA {eta}"));
     }
