@@ -14,7 +14,9 @@
 //!   (last) line. Numbers, durations and ages (`42`, `0.0118`, `1m`, `2m5s`, `1h05m`) match
 //!   any other, whitespace runs match any other, blank lines are ignored. The runner's own
 //!   names in the output (its namespace, its image tag) are first replaced by the page's
-//!   ([`Page::shown_as`]).
+//!   ([`Page::shown_as`]). kubectl's own diagnostic log lines (client-go's klog format,
+//!   `W1202 03:42:45.722885   123 reflector.go:561] ...`: a watch that `kubectl wait` closes
+//!   may log one) are not the command's output and are left out ([`is_klog`]).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -237,6 +239,27 @@ impl Expected {
     }
 }
 
+/// Whether a line is client-go's klog header (`Lmmdd hh:mm:ss.uuuuuu threadid file:line] `):
+/// kubectl's diagnostics on stderr, not what the command prints.
+pub fn is_klog(line: &str) -> bool {
+    let b = line.as_bytes();
+    let digits =
+        |r: std::ops::Range<usize>| b.get(r).is_some_and(|d| d.iter().all(u8::is_ascii_digit));
+    let Some(close) = line.find("] ") else {
+        return false;
+    };
+    matches!(b.first(), Some(b'I' | b'W' | b'E' | b'F'))
+        && digits(1..5)
+        && b.get(5) == Some(&b' ')
+        && digits(6..8)
+        && b.get(8) == Some(&b':')
+        && line[..close].rsplit_once(' ').is_some_and(|(_, at)| {
+            at.rsplit_once(':').is_some_and(|(file, n)| {
+                file.ends_with(".go") && !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit())
+            })
+        })
+}
+
 /// Compares a command's output with the console block the page shows for it (see the
 /// module's documentation); the error says which line of the block was not found where.
 pub fn compare(expected: &str, output: &str) -> Result<(), String> {
@@ -247,6 +270,7 @@ pub fn compare(expected: &str, output: &str) -> Result<(), String> {
         .collect();
     let got: Vec<String> = output
         .lines()
+        .filter(|l| !is_klog(l))
         .map(normalize)
         .filter(|l| !l.is_empty())
         .collect();
@@ -627,6 +651,26 @@ copy   Running   120    38.2      1.02     1m    0          14s
         let output = "NAME   PHASE     STEP   STEPS/S   LOSS      ETA   RESTARTS   AGE\n\
                       copy   Running   1450   35.9      0.0118    43s   0          2m5s\n";
         assert_eq!(compare(GET, output), Ok(()));
+    }
+
+    #[test]
+    fn kubectls_own_log_lines_are_not_output() {
+        let warning = r#"W1202 03:42:48.123456   28225 reflector.go:561] "Warning: watch ended with error" err="context canceled""#;
+        assert!(is_klog(warning));
+        assert!(is_klog("I1202 03:42:48.1   1 informerwatcher.go:12] x"));
+        assert!(!is_klog(
+            "distributedtraining.ferrotrain.dev/copy condition met"
+        ));
+        assert!(!is_klog("I1202 is not a klog line] x"));
+        assert!(!is_klog("W1202 03:42:48.123456   1 reflector] no file"));
+        let page = "created\ncondition met\ncondition met\n";
+        let output = format!("created\ncondition met\n{warning}\ncondition met\n");
+        assert_eq!(compare(page, &output), Ok(()));
+        let shown = format!("created\n{warning}\n");
+        assert!(
+            compare(page, &shown).is_err(),
+            "a klog line stands for nothing"
+        );
     }
 
     #[test]
