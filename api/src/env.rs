@@ -42,6 +42,9 @@ documented! {
     /// A file holding the rendezvous token, read when FERROTRAIN_RDZV_TOKEN is unset (the
     /// operator mounts the job's Secret there: a token in a file is not in the environment).
     pub const FERROTRAIN_RDZV_TOKEN_FILE: &str = "FERROTRAIN_RDZV_TOKEN_FILE";
+    /// The Secret the checkpoint store's credentials come from (spec.checkpoint.
+    /// storeSecretName): an error of the bucket names it.
+    pub const FERROTRAIN_STORE_SECRET: &str = "FERROTRAIN_STORE_SECRET";
     /// Port of rank 0's HTTP server (/metrics, /progress, /healthz).
     pub const FERROTRAIN_METRICS_PORT: &str = "FERROTRAIN_METRICS_PORT";
     /// GPUs the pod was given (the operator sets it to gpusPerReplica when above 0): a rank that
@@ -144,7 +147,19 @@ documented! {
     pub const PET_PREFIX: &str = "PET_";
     /// Where a container writes its one-line failure reason (Kubernetes' default path).
     pub const TERMINATION_LOG: &str = "/dev/termination-log";
+    /// The checkpoint store's credentials (S3's standard variables), from the keys of the same
+    /// names in spec.checkpoint.storeSecretName's Secret: the access key id.
+    pub const AWS_ACCESS_KEY_ID: &str = "AWS_ACCESS_KEY_ID";
+    /// The checkpoint store's secret access key.
+    pub const AWS_SECRET_ACCESS_KEY: &str = "AWS_SECRET_ACCESS_KEY";
+    /// The checkpoint store's session token (temporary credentials; optional in the Secret).
+    pub const AWS_SESSION_TOKEN: &str = "AWS_SESSION_TOKEN";
 }
+
+/// The keys the store's Secret must have, as the pod's variables of the same names.
+pub const STORE_SECRET_KEYS: [&str; 2] = [AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY];
+/// The store Secret's optional key (temporary credentials).
+pub const STORE_SECRET_SESSION_KEY: &str = AWS_SESSION_TOKEN;
 
 #[cfg(test)]
 mod tests {

@@ -40,6 +40,29 @@ pub struct CheckpointInfo {
     pub save_seconds: Option<f64>,
 }
 
+/// A checkpoint complete in the object store (its manifest written).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DurableCheckpoint {
+    /// Optimizer step the checkpoint holds.
+    pub step: u64,
+    /// Where it is: `s3://BUCKET/PREFIX/<job>/step-<step>/`.
+    pub url: String,
+    /// When its manifest was written (RFC 3339, UTC).
+    pub time: String,
+    /// Seconds from the save's start to its manifest in the bucket (local write + upload);
+    /// absent for a checkpoint found in the bucket at start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durable_seconds: Option<f64>,
+    /// The upload's rate, bytes per second (absent as above).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload_bytes_per_second: Option<f64>,
+    /// Why the newest local checkpoint is not in the bucket yet, when its upload failed (it is
+    /// retried with the next save's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload_error: Option<String>,
+}
+
 /// A training run's progress. All rates are averaged over a recent window of steps.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -100,6 +123,10 @@ pub struct Progress {
     /// The newest complete checkpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_checkpoint: Option<CheckpointInfo>,
+    /// The newest checkpoint complete in the bucket (`trainer.checkpoint.store`): what a
+    /// restart on another node resumes from. Behind `lastCheckpoint` while an upload runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durable_checkpoint: Option<DurableCheckpoint>,
     /// Step this run resumed from (absent for a fresh start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed_from_step: Option<u64>,

@@ -22,7 +22,7 @@ mod trainer;
 mod validate;
 
 pub use batch::{BatchConfig, StepPlan};
-pub use checkpoint::CheckpointPolicy;
+pub use checkpoint::{BucketUrl, CheckpointPolicy, Endpoint, ObjectStore, check_endpoint};
 pub use data::{CopyTaskConfig, DataConfig, ParallelFiles, TokenizerConfig};
 pub use device::{DeviceKind, LossScaleConfig, Precision};
 pub use distributed::{Backend, DistributedConfig};

@@ -311,6 +311,24 @@ impl TrainerConfig {
                 "must be at least 1 when set".into(),
             );
         }
+        if let Some(store) = &self.checkpoint.store {
+            if let Err(e) = super::checkpoint::BucketUrl::parse(&store.url) {
+                bad("checkpoint.store.url", e);
+            }
+            if let Some(Err(e)) = store
+                .endpoint
+                .as_deref()
+                .map(super::checkpoint::check_endpoint)
+            {
+                bad("checkpoint.store.endpoint", e);
+            }
+            if store.region.as_deref().is_some_and(|r| r.trim().is_empty()) {
+                bad(
+                    "checkpoint.store.region",
+                    "must not be empty when set".into(),
+                );
+            }
+        }
         if self
             .tensorboard
             .dir

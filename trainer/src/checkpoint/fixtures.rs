@@ -23,6 +23,7 @@ pub(super) fn policy(keep_latest: u32, keep_best: u32) -> CheckpointPolicy {
         every_seconds: None,
         keep_latest,
         keep_best,
+        store: None,
     }
 }
 

@@ -50,6 +50,22 @@ pub(super) fn step_dirs(root: &Path) -> Result<Vec<(u64, PathBuf)>> {
     Ok(out)
 }
 
+/// The newest complete checkpoint in `root`, every byte checked (what a resume trusts);
+/// incomplete or damaged ones are skipped with a warning.
+pub(super) fn newest_complete(root: &Path) -> Result<Option<(PathBuf, TrainerState)>> {
+    let mut steps = step_dirs(root)?;
+    steps.sort_by_key(|s| std::cmp::Reverse(s.0));
+    for (step, dir) in steps {
+        match inspect(&dir, step, true) {
+            Ok(state) => return Ok(Some((dir, state))),
+            Err(why) => {
+                tracing::warn!(dir = %dir.display(), reason = %why, "skipping an incomplete or corrupt checkpoint")
+            }
+        }
+    }
+    Ok(None)
+}
+
 pub(super) fn complete_checkpoints(root: &Path) -> Result<Vec<(PathBuf, TrainerState)>> {
     let mut steps = step_dirs(root)?;
     steps.sort_by_key(|s| s.0);

@@ -24,6 +24,7 @@
 //! writer's rename fails instead of committing a half-deleted directory.
 
 mod average;
+mod bucket;
 mod fence;
 mod io;
 mod layout;
@@ -37,6 +38,7 @@ mod store;
 mod fixtures;
 
 pub use average::average_weights;
+pub use bucket::{Bucket, MANIFEST_FILE, Manifest};
 pub use fence::{FENCE_FILE, WriterId};
 pub use layout::{
     MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, TEMP_PREFIX, parse_step_dir_name, step_dir_name,

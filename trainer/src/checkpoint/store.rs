@@ -7,14 +7,15 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use ferrotrain_api::CheckpointInfo;
 use ferrotrain_api::config::CheckpointPolicy;
+use ferrotrain_api::{CheckpointInfo, DurableCheckpoint};
 
+use super::bucket::{self, Bucket, Uploader};
 use super::fence::{WriterId, claim_fence, sweep_temporaries};
 use super::io::io_err;
 use super::layout::{
-    MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, complete_checkpoints, dir_size, inspect,
-    parse_step_dir_name, read_state, step_dirs,
+    MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, complete_checkpoints, dir_size, newest_complete,
+    parse_step_dir_name, read_state, step_dir_name,
 };
 use super::safetensors::{Named, read_safetensors, snapshot};
 use super::save::{SaveHook, SaveJob};
@@ -40,6 +41,8 @@ pub struct CheckpointStore {
     hook: Option<SaveHook>,
     /// Set by `open_writer`: every commit is checked against the fence.
     pub(super) writer: Option<WriterId>,
+    /// With `checkpoint.store`: uploads each committed checkpoint (the writer's only).
+    uploader: Option<Arc<Uploader>>,
 }
 
 impl CheckpointStore {
@@ -55,6 +58,7 @@ impl CheckpointStore {
             last: Arc::new(Mutex::new(None)),
             hook: None,
             writer: None,
+            uploader: None,
         };
         if let Some((dir, state)) = store.latest()? {
             let info = CheckpointInfo {
@@ -76,13 +80,60 @@ impl CheckpointStore {
     /// attempt of the same job holds it: this rank 0 is stale and must not write), then
     /// removes what earlier writers left half done. Their in-flight temporary directories
     /// are first renamed aside, so a stale writer still running cannot commit them.
+    ///
+    /// With `checkpoint.store` it also claims the bucket, downloads the bucket's newest
+    /// checkpoint when the directory has nothing as new (a fresh node, a lost claim), and
+    /// uploads the directory's newest when the bucket lacks it.
     pub fn open_writer(root: &Path, policy: CheckpointPolicy, writer: WriterId) -> Result<Self> {
+        let job = root
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        let bucket = match &policy.store {
+            Some(config) => Some(Bucket::connect(config, job)?),
+            None => None,
+        };
+        Self::open_writer_with(root, policy, writer, bucket)
+    }
+
+    /// [`Self::open_writer`] with the bucket given (tests give an in-memory one).
+    #[doc(hidden)]
+    pub fn open_writer_with(
+        root: &Path,
+        policy: CheckpointPolicy,
+        writer: WriterId,
+        bucket: Option<Bucket>,
+    ) -> Result<Self> {
         fs::create_dir_all(root).map_err(|e| io_err("creating", root, e))?;
         claim_fence(root, &writer)?;
         sweep_temporaries(root, &writer);
+        let uploader = match bucket {
+            Some(b) => Some(Arc::new(bucket::attach(root, b, &policy, &writer)?)),
+            None => None,
+        };
         let mut store = Self::new(root, policy)?;
         store.writer = Some(writer);
+        if let Some(up) = &uploader
+            && let Some((dir, state)) = store.latest()?
+            && up.durable().is_none_or(|d| d.step < state.step)
+        {
+            tracing::info!(step = state.step, bucket = %up.bucket().url(), "the bucket lacks the newest local checkpoint: uploading it");
+            up.enqueue(&dir, state.step, state.eval_loss, Instant::now());
+        }
+        store.uploader = uploader;
         Ok(store)
+    }
+
+    /// The newest checkpoint complete in the bucket (none without `checkpoint.store`).
+    pub fn durable(&self) -> Option<DurableCheckpoint> {
+        self.uploader.as_ref().and_then(|u| u.durable())
+    }
+
+    /// Waits for the save in flight, then for its upload, at most `limit` for the upload;
+    /// true when every committed checkpoint is in the bucket (or there is no bucket).
+    pub fn flush_uploads(&mut self, limit: std::time::Duration) -> Result<bool> {
+        self.wait()?;
+        Ok(self.uploader.as_ref().is_none_or(|u| u.flush(limit)))
     }
 
     /// The directory this store writes into.
@@ -93,17 +144,7 @@ impl CheckpointStore {
     /// The newest complete checkpoint's directory and state (ignores temporary and
     /// unreadable directories, with a warning).
     pub fn latest(&self) -> Result<Option<(PathBuf, TrainerState)>> {
-        let mut steps = step_dirs(&self.root)?;
-        steps.sort_by_key(|s| std::cmp::Reverse(s.0));
-        for (step, dir) in steps {
-            match inspect(&dir, step, true) {
-                Ok(state) => return Ok(Some((dir, state))),
-                Err(why) => {
-                    tracing::warn!(dir = %dir.display(), reason = %why, "skipping an incomplete or corrupt checkpoint")
-                }
-            }
-        }
-        Ok(None)
+        newest_complete(&self.root)
     }
 
     /// Every complete checkpoint, oldest first.
@@ -166,11 +207,21 @@ impl CheckpointStore {
             writer: self.writer.clone(),
         };
         let last = self.last.clone();
+        let uploader = self.uploader.clone();
+        let (root, eval_loss) = (self.root.clone(), job.state.eval_loss);
         let handle = std::thread::Builder::new()
             .name("checkpoint-writer".into())
             .spawn(move || -> Result<CheckpointInfo> {
                 let info = job.run()?;
                 *lock(&last) = Some(info.clone());
+                if let Some(up) = uploader {
+                    up.enqueue(
+                        &root.join(step_dir_name(info.step)),
+                        info.step,
+                        eval_loss,
+                        started,
+                    );
+                }
                 Ok(info)
             })
             .map_err(|e| {

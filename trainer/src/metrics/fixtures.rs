@@ -32,6 +32,14 @@ pub(super) fn full_progress() -> Progress {
             blocking_seconds: Some(0.0625),
             ..Default::default()
         }),
+        durable_checkpoint: Some(ferrotrain_api::DurableCheckpoint {
+            step: 500,
+            url: "s3://ckpt/runs/job/step-00000500/".into(),
+            time: "2026-01-02T02:04:05Z".into(),
+            durable_seconds: Some(2.5),
+            upload_bytes_per_second: Some(48e6),
+            upload_error: None,
+        }),
         resumed_from_step: Some(500),
         healed_from: Some(ferrotrain_api::recovery::HealedFrom::Peers),
         attempt_first_step_time: Some("2026-01-02T03:00:00Z".parse().unwrap()),

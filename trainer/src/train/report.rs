@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use ferrotrain_api::progress::GangResources;
 use ferrotrain_api::recovery::Timestamp;
-use ferrotrain_api::{CheckpointInfo, Progress, TrainerConfig, TrainerPhase};
+use ferrotrain_api::{CheckpointInfo, DurableCheckpoint, Progress, TrainerConfig, TrainerPhase};
 
 use super::job::{RunOptions, TRAIN_LOG};
 use super::outcome::StepOutcome;
@@ -51,6 +51,8 @@ pub(super) struct Standing {
     pub(super) exchanged: bool,
     /// Rank 0's newest complete checkpoint (none on the others).
     pub(super) last_checkpoint: Option<CheckpointInfo>,
+    /// Rank 0's newest checkpoint in the bucket (`checkpoint.store`).
+    pub(super) durable_checkpoint: Option<DurableCheckpoint>,
     /// How long the last evaluation took (the ETA adds the ones to come).
     pub(super) eval_seconds: f64,
     /// `maxSeconds`.
@@ -134,6 +136,7 @@ impl Reporting {
             p.eta_seconds = Some(eta);
         }
         p.last_checkpoint = at.last_checkpoint;
+        p.durable_checkpoint = at.durable_checkpoint;
         p.peak_memory_bytes = peak_memory_bytes();
         if p.attempt_first_step_time.is_none() {
             p.attempt_first_step_time = Some(Timestamp::now());
@@ -195,7 +198,12 @@ impl Reporting {
 
     /// The end of the run (`finished`: not stopped by a signal), with the newest complete
     /// checkpoint: the last report.
-    pub(super) fn finish(&mut self, finished: bool, last_checkpoint: Option<CheckpointInfo>) {
+    pub(super) fn finish(
+        &mut self,
+        finished: bool,
+        last_checkpoint: Option<CheckpointInfo>,
+        durable_checkpoint: Option<DurableCheckpoint>,
+    ) {
         {
             let mut p = self.progress.lock().expect("progress lock");
             if finished {
@@ -203,6 +211,7 @@ impl Reporting {
                 p.eta_seconds = Some(0.0);
             }
             p.last_checkpoint = last_checkpoint;
+            p.durable_checkpoint = durable_checkpoint;
         }
         self.reporter.finish(&self.progress);
     }
@@ -296,6 +305,7 @@ pub(super) fn serve_progress(
         p.healed_from = start.source.healed_from();
         p.parameters = model::parameter_count(&replica.vs);
         p.last_checkpoint = store.and_then(|s| s.last_completed());
+        p.durable_checkpoint = store.and_then(|s| s.durable());
         p.precision = Some(scaling.precision().clone());
         p.loss_scale = scaling.loss_scale();
     }

@@ -1,10 +1,10 @@
 //! When rank 0 saves a checkpoint, and what its trainer.json says. Rank 0 alone holds the
 //! store; a save runs in the background, and dropping the store waits for it.
 
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use ferrotrain_api::config::CheckpointPolicy;
-use ferrotrain_api::{CheckpointInfo, TrainerConfig};
+use ferrotrain_api::{CheckpointInfo, DurableCheckpoint, TrainerConfig};
 
 use super::evaluate::EvalState;
 use super::outcome::StepOutcome;
@@ -89,6 +89,29 @@ impl SaveState {
             .and_then(CheckpointStore::last_completed)
     }
 
+    /// The newest checkpoint in the bucket (rank 0, with `checkpoint.store`).
+    pub(super) fn durable(&self) -> Option<DurableCheckpoint> {
+        self.store.as_ref().and_then(CheckpointStore::durable)
+    }
+
+    /// Waits for the save in flight and, with a bucket, at most `limit` for its upload: the
+    /// run's last checkpoint should outlive the pod. Says so when it will not.
+    pub(super) fn wait_durable(&mut self, limit: Duration) -> Result<()> {
+        let Some(store) = self.store.as_mut() else {
+            return Ok(());
+        };
+        if !store.flush_uploads(limit)? {
+            let step = store.last_completed().map(|c| c.step);
+            tracing::warn!(
+                ?step,
+                durable = ?store.durable().map(|d| d.step),
+                "the last checkpoint is not in the bucket after {:.0} s: it is on this pod's disk only (not durable)",
+                limit.as_secs_f64()
+            );
+        }
+        Ok(())
+    }
+
     /// Waits for the save in flight; the newest complete checkpoint then (rank 0).
     pub(super) fn wait(&mut self) -> Result<Option<CheckpointInfo>> {
         match self.store.as_mut() {
@@ -129,6 +152,7 @@ mod tests {
             every_seconds: None,
             keep_latest: 1,
             keep_best: 0,
+            store: None,
         };
         let keep_best = CheckpointPolicy {
             keep_best: 1,

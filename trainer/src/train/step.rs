@@ -125,6 +125,7 @@ impl Trainer<'_> {
             skipped_steps: self.scaling.skipped_steps(),
             exchanged: self.replica.grad_sync.is_some(),
             last_checkpoint: self.save.last_completed(),
+            durable_checkpoint: self.save.durable(),
             eval_seconds: self.eval.last_seconds(),
             budget: self.clock.budget(),
         };

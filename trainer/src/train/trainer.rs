@@ -5,7 +5,7 @@
 //! with (the replica, the corpus, the collective); and its end. `start` makes it; `step`
 //! drives the concerns one step at a time.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ferrotrain_api::TrainerConfig;
 use tch::Device;
@@ -86,8 +86,12 @@ impl Trainer<'_> {
     pub(super) fn finish(mut self) -> Result<Summary> {
         let last_checkpoint = self.save.wait()?;
         let interrupted_by = self.stop.interrupted_by();
-        self.reporting
-            .finish(interrupted_by.is_none(), last_checkpoint.clone());
+        self.save.wait_durable(upload_limit(interrupted_by))?;
+        self.reporting.finish(
+            interrupted_by.is_none(),
+            last_checkpoint.clone(),
+            self.save.durable(),
+        );
         self.comm.barrier()?;
         let last_eval = self.eval.last();
         Ok(Summary {
@@ -102,4 +106,20 @@ impl Trainer<'_> {
             final_progress: self.reporting.progress(),
         })
     }
+}
+
+/// How long the end of a run waits for its last checkpoint's upload: a run stopped by a
+/// signal has its pod's termination grace (the launcher's stop grace, less a margin for the
+/// rest of the exit); a run that finished waits long enough for any upload that progresses.
+fn upload_limit(interrupted_by: Option<i32>) -> Duration {
+    const FINISHED: Duration = Duration::from_secs(1800);
+    if interrupted_by.is_none() {
+        return FINISHED;
+    }
+    let grace = std::env::var(ferrotrain_api::env::FERROTRAIN_STOP_GRACE_SECONDS)
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|g| g.is_finite() && *g > 0.0)
+        .unwrap_or(25.0);
+    Duration::from_secs_f64((grace - 3.0).max(1.0))
 }

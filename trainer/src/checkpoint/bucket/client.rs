@@ -1,0 +1,242 @@
+//! The bucket of one job: its S3 client, the object names under `<prefix>/<job>/`, which
+//! checkpoints there are complete, and its errors (credentials refused is a configuration
+//! error naming the Secret they came from, not a failure to retry).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ferrotrain_api::config::{BucketUrl, ObjectStore as StoreConfig};
+use ferrotrain_api::env;
+use futures::TryStreamExt;
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, RetryConfig};
+
+use super::fence::{self, BucketFence};
+use super::manifest::{MANIFEST_FILE, Manifest};
+use crate::checkpoint::layout::{parse_step_dir_name, step_dir_name};
+use crate::error::{Reason, Result, TrainError};
+
+/// One job's checkpoints in a bucket.
+pub struct Bucket {
+    pub(super) store: Arc<dyn ObjectStore>,
+    /// `<prefix>/<job>`.
+    root: Path,
+    /// `s3://<bucket>/<prefix>/<job>`.
+    url: String,
+    /// The Secret the credentials came from (FERROTRAIN_STORE_SECRET), for errors.
+    secret: Option<String>,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl std::fmt::Debug for Bucket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bucket").field("url", &self.url).finish()
+    }
+}
+
+impl Bucket {
+    /// The bucket of `config` for job `job`, with credentials from the environment
+    /// (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, ...).
+    /// Sends nothing yet.
+    pub fn connect(config: &StoreConfig, job: &str) -> Result<Bucket> {
+        // The TLS provider of every rustls client in the process (ring, as kube's).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let url = BucketUrl::parse(&config.url).map_err(|e| config_error(&config.url, e))?;
+        let mut builder = AmazonS3Builder::from_env()
+            .with_bucket_name(&url.bucket)
+            .with_retry(RetryConfig {
+                max_retries: 3,
+                retry_timeout: std::time::Duration::from_secs(30),
+                ..RetryConfig::default()
+            });
+        if let Some(endpoint) = &config.endpoint {
+            builder = builder
+                .with_endpoint(endpoint.trim_end_matches('/'))
+                .with_allow_http(endpoint.starts_with("http://"))
+                .with_virtual_hosted_style_request(false);
+        }
+        if let Some(region) = &config.region {
+            builder = builder.with_region(region);
+        } else if std::env::var_os("AWS_REGION").is_none()
+            && std::env::var_os("AWS_DEFAULT_REGION").is_none()
+        {
+            builder = builder.with_region("us-east-1");
+        }
+        let store = builder
+            .build()
+            .map_err(|e| config_error(&config.url, e.to_string()))?;
+        let secret = std::env::var(env::FERROTRAIN_STORE_SECRET)
+            .ok()
+            .filter(|s| !s.is_empty());
+        Bucket::with_store(Arc::new(store), &url, job, secret)
+    }
+
+    /// A bucket over any object store (tests use an in-memory one).
+    pub fn with_store(
+        store: Arc<dyn ObjectStore>,
+        url: &BucketUrl,
+        job: &str,
+        secret: Option<String>,
+    ) -> Result<Bucket> {
+        let root = if url.prefix.is_empty() {
+            Path::from(job)
+        } else {
+            Path::from(format!("{}/{job}", url.prefix))
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("checkpoint-bucket")
+            .enable_all()
+            .build()
+            .map_err(|e| TrainError::Other(Reason::caused("checkpoint bucket: a runtime", e)))?;
+        Ok(Bucket {
+            store,
+            url: format!("s3://{}/{root}", url.bucket),
+            root,
+            secret,
+            runtime,
+        })
+    }
+
+    /// `s3://<bucket>/<prefix>/<job>`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Where step `step` is: `s3://.../step-XXXXXXXX/`.
+    pub fn step_url(&self, step: u64) -> String {
+        format!("{}/{}/", self.url, step_dir_name(step))
+    }
+
+    pub(super) fn block_on<F: Future>(&self, f: F) -> F::Output {
+        self.runtime.block_on(f)
+    }
+
+    /// `<prefix>/<job>/<name>`.
+    pub(super) fn object(&self, name: &str) -> Path {
+        self.root.clone().join(name)
+    }
+
+    /// `<prefix>/<job>/step-XXXXXXXX/<file>`.
+    pub(super) fn step_object(&self, step: u64, file: &str) -> Path {
+        self.root.clone().join(step_dir_name(step)).join(file)
+    }
+
+    /// An error of the bucket: refused credentials are a configuration error naming the
+    /// Secret (the job fails at once instead of restarting into the same refusal); anything
+    /// else is retried by the next attempt.
+    pub(super) fn error(&self, what: &str, e: object_store::Error) -> TrainError {
+        let message = format!("checkpoint bucket {}: {what}", self.url);
+        match e {
+            object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. } => {
+                let from = match &self.secret {
+                    Some(secret) => format!(
+                        "the credentials of Secret {secret} (keys {} and {})",
+                        env::STORE_SECRET_KEYS[0],
+                        env::STORE_SECRET_KEYS[1]
+                    ),
+                    None => "the credentials in the environment".into(),
+                };
+                TrainError::Config(Reason::caused(
+                    format!("{message}: the store refused {from}"),
+                    e,
+                ))
+            }
+            _ => TrainError::Other(Reason::caused(message, e)),
+        }
+    }
+
+    /// The object's bytes, `None` when there is none.
+    pub(super) fn get(&self, path: &Path) -> Result<Option<(Bytes, Option<String>)>> {
+        self.block_on(async {
+            match self.store.get(path).await {
+                Ok(got) => {
+                    let e_tag = got.meta.e_tag.clone();
+                    let bytes = got.bytes().await;
+                    bytes.map(|b| Some((b, e_tag)))
+                }
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+        .map_err(|e| self.error(&format!("reading {path}"), e))
+    }
+
+    /// Every object under `step-*/`, by step: (file name, size).
+    pub(super) fn list_steps(&self) -> Result<BTreeMap<u64, Vec<(String, u64)>>> {
+        let listed: Vec<_> = self
+            .block_on(self.store.list(Some(&self.root)).try_collect::<Vec<_>>())
+            .map_err(|e| self.error("listing", e))?;
+        let mut steps: BTreeMap<u64, Vec<(String, u64)>> = BTreeMap::new();
+        for meta in listed {
+            let parts: Vec<_> = meta.location.parts().collect();
+            let n = parts.len();
+            if n < 2 {
+                continue;
+            }
+            let Some(step) = parse_step_dir_name(parts[n - 2].as_ref()) else {
+                continue;
+            };
+            let file = parts[n - 1].as_ref().to_string();
+            steps.entry(step).or_default().push((file, meta.size));
+        }
+        Ok(steps)
+    }
+
+    /// Every checkpoint complete in the bucket, oldest first: a manifest that is sealed,
+    /// names its own step, lists files of the sizes the bucket holds, and was not written by
+    /// a writer superseded before it (see [`fence`]). Anything else is skipped with a warning
+    /// naming the object.
+    pub fn complete(&self) -> Result<Vec<Manifest>> {
+        let fence = fence::read(self)?.map(|(f, _)| f);
+        let mut out = Vec::new();
+        for (step, files) in self.list_steps()? {
+            if !files.iter().any(|(name, _)| name == MANIFEST_FILE) {
+                continue;
+            }
+            let path = self.step_object(step, MANIFEST_FILE);
+            match self.manifest(step, &files, fence.as_ref()) {
+                Ok(m) => out.push(m),
+                Err(why) => {
+                    tracing::warn!(object = %path, reason = %why, "skipping a checkpoint in the bucket")
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn manifest(
+        &self,
+        step: u64,
+        listed: &[(String, u64)],
+        fence: Option<&BucketFence>,
+    ) -> Result<Manifest, String> {
+        let path = self.step_object(step, MANIFEST_FILE);
+        let (bytes, _) = self
+            .get(&path)
+            .map_err(|e| e.to_string())?
+            .ok_or("the manifest vanished")?;
+        let m = Manifest::decode(&bytes)?;
+        if m.step != step {
+            return Err(format!("the manifest says step {}", m.step));
+        }
+        m.check_sizes(listed)?;
+        if let Some(fence) = fence {
+            fence.trusts(&m)?;
+        }
+        Ok(m)
+    }
+
+    /// The newest complete checkpoint in the bucket.
+    pub fn newest(&self) -> Result<Option<Manifest>> {
+        Ok(self.complete()?.pop())
+    }
+}
+
+fn config_error(url: &str, why: String) -> TrainError {
+    TrainError::Config(format!("checkpoint.store: {url}: {why}").into())
+}

@@ -1,0 +1,215 @@
+//! Moving one checkpoint between the local directory and the bucket: an upload (every file,
+//! multipart when large, then the manifest once the fence still names us), a download
+//! (checked against the manifest, then as any local checkpoint, then renamed into place), and
+//! retention in the bucket (manifests first).
+
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use ferrotrain_api::config::CheckpointPolicy;
+use object_store::{ObjectStoreExt, PutPayload, WriteMultipart};
+
+use super::client::Bucket;
+use super::fence;
+use super::manifest::{MANIFEST_FILE, Manifest, ManifestFile, crc_hex};
+use crate::checkpoint::fence::WriterId;
+use crate::checkpoint::io::{io_err, sync_dir, write_synced};
+use crate::checkpoint::layout::{
+    MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, TEMP_PREFIX, inspect, step_dir_name,
+};
+use crate::checkpoint::retention::retained_steps;
+use crate::error::{Reason, Result, TrainError};
+use crate::rfc3339::{self, Resolution};
+
+/// The files of a checkpoint, in the order they are uploaded (the manifest comes after).
+pub(super) const FILES: [&str; 3] = [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE];
+/// Files above this go up in parts of this size (S3 allows 10,000 parts of at most 5 GiB).
+const PART_BYTES: usize = 16 << 20;
+/// Parts in flight at once per file.
+const PARTS_IN_FLIGHT: usize = 4;
+
+impl Bucket {
+    /// Uploads the committed checkpoint in `dir` (step `step`) and commits it with its
+    /// manifest, unless a later writer holds the fence. The files are read as they go up:
+    /// the CRC-32C in the manifest is of the bytes sent. Returns the bytes sent.
+    pub(super) fn upload(
+        &self,
+        dir: &Path,
+        step: u64,
+        eval_loss: Option<f64>,
+        writer: &WriterId,
+    ) -> Result<u64> {
+        let mut files = Vec::new();
+        let mut bytes = 0;
+        for name in FILES {
+            let file = self.upload_file(&dir.join(name), step, name)?;
+            bytes += file.size;
+            files.push(file);
+        }
+        fence::still_owner(self, writer)?;
+        let manifest = Manifest {
+            step,
+            files,
+            writer: writer.clone(),
+            time: rfc3339::format(SystemTime::now(), Resolution::Second),
+            eval_loss,
+        };
+        let body = manifest.encode().map_err(|e| {
+            TrainError::Other(Reason::caused("checkpoint bucket: encoding a manifest", e))
+        })?;
+        let path = self.step_object(step, MANIFEST_FILE);
+        self.block_on(self.store.put(&path, PutPayload::from(body)))
+            .map_err(|e| self.error(&format!("writing {path}"), e))?;
+        Ok(bytes)
+    }
+
+    fn upload_file(&self, local: &Path, step: u64, name: &str) -> Result<ManifestFile> {
+        let path = self.step_object(step, name);
+        let mut file = File::open(local).map_err(|e| io_err("opening", local, e))?;
+        let (mut crc, mut size) = (0u32, 0u64);
+        let mut chunk = vec![0; PART_BYTES];
+        let first = read_full(&mut file, &mut chunk).map_err(|e| io_err("reading", local, e))?;
+        crc = crc32c::crc32c_append(crc, &chunk[..first]);
+        size += first as u64;
+        let sent = if first < PART_BYTES {
+            let body = PutPayload::from(chunk[..first].to_vec());
+            self.block_on(self.store.put(&path, body)).map(|_| ())
+        } else {
+            self.block_on(async {
+                let upload = self.store.put_multipart(&path).await?;
+                let mut parts = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
+                parts.write(&chunk[..first]);
+                loop {
+                    let n = match read_full(&mut file, &mut chunk) {
+                        Ok(n) => n,
+                        Err(e) => {
+                            let _ = parts.abort().await;
+                            return Ok(Err(io_err("reading", local, e)));
+                        }
+                    };
+                    if n == 0 {
+                        break;
+                    }
+                    crc = crc32c::crc32c_append(crc, &chunk[..n]);
+                    size += n as u64;
+                    parts.wait_for_capacity(PARTS_IN_FLIGHT).await?;
+                    parts.write(&chunk[..n]);
+                }
+                parts.finish().await.map(|_| Ok(()))
+            })
+            .and_then(|local_error| {
+                local_error.map_err(|e| object_store::Error::Generic {
+                    store: "local file",
+                    source: Box::new(e),
+                })
+            })
+        };
+        sent.map_err(|e| self.error(&format!("uploading {path}"), e))?;
+        Ok(ManifestFile {
+            name: name.to_string(),
+            size,
+            crc32c: crc_hex(crc),
+        })
+    }
+
+    /// Downloads checkpoint `m` into `root` as `step-XXXXXXXX/`: into a temporary directory,
+    /// each file checked against the manifest's size and CRC-32C, then the checkpoint as a
+    /// whole (trainer.json, the safetensors' data), then renamed into place.
+    pub fn download(&self, m: &Manifest, root: &Path) -> Result<PathBuf> {
+        let temp = root.join(format!(
+            "{TEMP_PREFIX}{:08}-download-{}",
+            m.step,
+            std::process::id()
+        ));
+        if temp.exists() {
+            fs::remove_dir_all(&temp).map_err(|e| io_err("removing", &temp, e))?;
+        }
+        fs::create_dir_all(&temp).map_err(|e| io_err("creating", &temp, e))?;
+        let done = self.download_into(m, &temp);
+        let dir = root.join(step_dir_name(m.step));
+        let done = done.and_then(|()| {
+            inspect(&temp, m.step, true).map_err(|why| {
+                TrainError::Other(
+                    format!(
+                        "checkpoint bucket: {} is damaged: {why}",
+                        self.step_url(m.step)
+                    )
+                    .into(),
+                )
+            })?;
+            if dir.exists() {
+                fs::remove_dir_all(&dir).map_err(|e| io_err("replacing", &dir, e))?;
+            }
+            fs::rename(&temp, &dir).map_err(|e| io_err("renaming", &temp, e))?;
+            sync_dir(root)
+        });
+        if done.is_err() {
+            let _ = fs::remove_dir_all(&temp);
+        }
+        done.map(|()| dir)
+    }
+
+    fn download_into(&self, m: &Manifest, temp: &Path) -> Result<()> {
+        for want in &m.files {
+            let path = self.step_object(m.step, &want.name);
+            let (body, _) = self.get(&path)?.ok_or_else(|| {
+                TrainError::Other(format!("checkpoint bucket: {path} vanished").into())
+            })?;
+            let crc = crc_hex(crc32c::crc32c(&body));
+            if body.len() as u64 != want.size || crc != want.crc32c {
+                return Err(TrainError::Other(
+                    format!(
+                        "checkpoint bucket: {path} holds {} bytes with CRC-32C {crc}; the manifest says {} bytes, {}",
+                        body.len(),
+                        want.size,
+                        want.crc32c
+                    )
+                    .into(),
+                ));
+            }
+            write_synced(&temp.join(&want.name), |w| w.write_all(&body))?;
+        }
+        sync_dir(temp)
+    }
+
+    /// Retention in the bucket: the steps `policy` keeps among the complete ones; each other
+    /// checkpoint loses its manifest first (it stops counting), then its files. Files of an
+    /// upload cut short (no manifest) older than the newest complete checkpoint go too.
+    pub(super) fn retain(&self, policy: &CheckpointPolicy) -> Result<()> {
+        let complete = self.complete()?;
+        let scored: Vec<_> = complete.iter().map(|m| (m.step, m.eval_loss)).collect();
+        let keep = retained_steps(&scored, policy.keep_latest, policy.keep_best);
+        let Some(newest) = complete.last().map(|m| m.step) else {
+            return Ok(());
+        };
+        for (step, files) in self.list_steps()? {
+            let counted = complete.iter().any(|m| m.step == step);
+            if keep.contains(&step) || (!counted && step >= newest) {
+                continue;
+            }
+            let mut names: Vec<_> = files.into_iter().map(|(name, _)| name).collect();
+            names.sort_by_key(|n| n != MANIFEST_FILE);
+            for name in names {
+                let path = self.step_object(step, &name);
+                self.block_on(self.store.delete(&path))
+                    .map_err(|e| self.error(&format!("deleting {path}"), e))?;
+            }
+            tracing::info!(step, bucket = %self.url(), "removed checkpoint from the bucket (retention)");
+        }
+        Ok(())
+    }
+}
+
+/// Reads until `buf` is full or the file ends; the bytes read.
+fn read_full(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
