@@ -41,6 +41,12 @@ trap cleanup EXIT
 echo "==> building images (tag $TAG; docs/images.md)"
 scripts/images.sh --tag "$TAG" --only trainer,operator
 kind load docker-image --name "$CLUSTER" "ferrotrain/operator:$TAG" "ferrotrain/trainer:$TAG"
+# The S3 server of tests/store.rs: a test fixture tagged with its version, built once.
+S3_VERSION=$(. docker/versions.env && echo "$S3S_FS_VERSION")
+S3_IMAGE="ferrotrain/s3-e2e:$S3_VERSION"
+docker image inspect "$S3_IMAGE" >/dev/null 2>&1 \
+  || scripts/images.sh --tag "$S3_VERSION" --only s3-e2e
+kind load docker-image --name "$CLUSTER" "$S3_IMAGE"
 
 echo "==> installing the chart"
 "$HELM" upgrade --install ferrotrain charts/ferrotrain \
@@ -54,7 +60,7 @@ echo "==> installing the chart"
 
 echo "==> end-to-end tests"
 status=0
-FERROTRAIN_E2E_IMAGE="ferrotrain/trainer:$TAG" \
+FERROTRAIN_E2E_IMAGE="ferrotrain/trainer:$TAG" FERROTRAIN_E2E_S3_IMAGE="$S3_IMAGE" \
   cargo test -p ferrotrain-e2e -- --ignored --test-threads 2 || status=$?
 if [[ $status != 0 ]]; then
   echo "==> operator logs (tests failed)"

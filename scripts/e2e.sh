@@ -2,8 +2,9 @@
 # The end-to-end suite on a real Kubernetes cluster on this machine (../shared/cluster: a
 # v1.36 control plane and real kubelets), in one command: builds the cluster's binaries once
 # (or finds them cached), starts it if it does not run, builds the images and loads them into
-# the nodes, installs the CRD and the chart as the README tells users, runs e2e/ and prints a
-# table of tests and seconds. The cluster stays up afterwards unless --down is given.
+# the nodes (and the S3 server of e2e/tests/store.rs, once per version: ferrotrain/s3-e2e),
+# installs the CRD and the chart as the README tells users, runs e2e/ and prints a table of
+# tests and seconds. The cluster stays up afterwards unless --down is given.
 #
 #   scripts/e2e.sh [--microshift GIT_DIR] [--repeat N] [--filter EXPR] [--down]
 #                  [--no-images] [--gates] [--setup-only]
@@ -152,8 +153,45 @@ else
   TAG=$(cat "$TAG_FILE" 2>/dev/null) || die "--no-images: no earlier run's images (run without it once)"
   say "images of the last run: $TAG"
 fi
+
+# --- the S3 server of e2e/tests/store.rs ------------------------------------------------------
+# A test fixture tagged with its version (docker/versions.env), not with the tree: built once
+# (s3s-fs from crates.io into the tool cache, 3-5 minutes on two cores, then its image), also
+# with --no-images when missing; loaded into the nodes that lack it. A later run finds both
+# and costs about a second.
+S3_VERSION=$(. docker/versions.env && echo "$S3S_FS_VERSION")
+S3_IMAGE="ferrotrain/s3-e2e:$S3_VERSION"
+s3_started=$SECONDS
+s3_did=""
+. scripts/lib/docker-engine.sh
+ensure_docker_engine || die "$DOCKER_ENGINE_ERROR"
+if ! docker image inspect "$S3_IMAGE" >/dev/null 2>&1; then
+  s3_log="$FTC_DIR/logs/ferrotrain-e2e-s3-image.log"
+  if ! scripts/images.sh --mode local --only s3-e2e --tag "$S3_VERSION" >"$s3_log" 2>&1; then
+    tail -n 40 "$s3_log" >&2
+    die "building $S3_IMAGE failed (log: $s3_log)"
+  fi
+  s3_did="built"
+fi
+# The nodes whose containerd lacks the image (all of them after a build: a node may hold an
+# image of that tag from before it).
+s3_missing=0
+for node_dir in "$FTC_DIR"/nodes/*/; do
+  running "containerd-$(basename "$node_dir")" || continue
+  if [[ -n $s3_did ]] || ! ctr --address "$node_dir/containerd.sock" -n k8s.io images ls -q \
+      "name==docker.io/$S3_IMAGE" | grep -q .; then
+    s3_missing=1
+  fi
+done
+if [[ $s3_missing == 1 ]]; then
+  "$KIT/load-image.sh" "$S3_IMAGE" 2>/dev/null
+  s3_did="${s3_did:+$s3_did and }loaded"
+fi
+export FERROTRAIN_E2E_S3_IMAGE="$S3_IMAGE"
+say "S3 server image $S3_IMAGE ${s3_did:-already built and loaded} in $((SECONDS - s3_started)) s"
+
 . scripts/lib/keep-images.sh
-keep_images "$TAG"
+keep_images "$TAG" "$S3_IMAGE"
 
 # --- the CRD and the chart, as the README installs them --------------------------------------
 install_started=$SECONDS

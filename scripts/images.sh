@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the container images: ferrotrain/trainer, ferrotrain/operator and (with --cuda)
-# ferrotrain/trainer-cuda, all with one tag. See docs/images.md.
+# ferrotrain/trainer-cuda, all with one tag. See docs/images.md. Only when named in --only:
+# ferrotrain/s3-e2e, the end-to-end tests' S3 server (s3s-fs; never a product image).
 #
 #   scripts/images.sh [--tag TAG] [--mode local|source] [--cuda] [--only LIST]
 #                     [--profile dev|release] [--no-cargo]
@@ -16,7 +17,7 @@
 #                   source)
 #   --cuda          also build ferrotrain/trainer-cuda (the CUDA libtorch from torch's
 #                   nvidia-* wheels: about 3.5 GB to download, a 4 GB image)
-#   --only LIST     comma-separated subset of trainer,operator,trainer-cuda
+#   --only LIST     comma-separated subset of trainer,operator,trainer-cuda,s3-e2e
 #   --profile P     cargo profile of the binaries (env FERROTRAIN_IMAGE_PROFILE; default dev in
 #                   local mode, the tests' build; release in source mode)
 #   --no-cargo      local mode: take the binaries already in target/ as they are
@@ -61,8 +62,8 @@ done
 [[ $CUDA == 1 && ",$ONLY," != *,trainer-cuda,* ]] && ONLY="$ONLY,trainer-cuda"
 IFS=, read -r -a IMAGES <<<"$ONLY"
 for image in "${IMAGES[@]}"; do
-  case "$image" in trainer|operator|trainer-cuda) ;; *)
-    echo "images.sh: unknown image $image (trainer, operator, trainer-cuda)" >&2; exit 2 ;;
+  case "$image" in trainer|operator|trainer-cuda|s3-e2e) ;; *)
+    echo "images.sh: unknown image $image (trainer, operator, trainer-cuda, s3-e2e)" >&2; exit 2 ;;
   esac
 done
 if [[ ! "$TAG" =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$ ]]; then
@@ -272,6 +273,13 @@ build_local() {
       build_image operator -f docker/operator.Dockerfile --build-arg BINARIES=prebuilt \
         --build-arg "BASE_IMAGE=$LOCAL_BASE" "${LOCAL_ARGS[@]}" "$ctx"
       ;;
+    s3-e2e)
+      # A tool of the tests, built once into the cache (not from this workspace).
+      bin=$(scripts/setup-s3s-fs.sh | tail -n1)
+      stage_binary "$bin" "$ctx/prebuilt/bin/s3s-fs"
+      build_image s3-e2e -f docker/s3-e2e.Dockerfile --build-arg BINARIES=prebuilt \
+        --build-arg "BASE_IMAGE=$LOCAL_BASE" "${LOCAL_ARGS[@]}" "$ctx"
+      ;;
   esac
 }
 
@@ -285,6 +293,8 @@ build_source() {
     trainer-cuda) build_image trainer-cuda -f docker/trainer.Dockerfile "${args[@]}" \
                --build-arg LIBTORCH_VARIANT=cuda --build-arg CARGO_FEATURES=cuda . ;;
     operator) build_image operator -f docker/operator.Dockerfile "${args[@]}" . ;;
+    s3-e2e) build_image s3-e2e -f docker/s3-e2e.Dockerfile "${args[@]}" \
+               --build-arg "S3S_FS_VERSION=$S3S_FS_VERSION" . ;;
   esac
 }
 

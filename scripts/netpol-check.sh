@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # What the jobs' NetworkPolicies mean, checked by a third-party analyzer: the operator binary
 # renders the jobs of scripts/netpol/jobs.yaml (alpha, beta with metricsFrom, gamma with
-# restrictEgress) into the policies and pods it would create, network-config-analyzer computes
-# who reaches whom on which ports over the fixture of scripts/netpol/cluster.yaml (the
-# operator, strangers, another namespace, a Prometheus), and scripts/netpol/check.py compares
-# every pair, port by port, with the table in docs/security.md.
+# restrictEgress, delta with restrictEgress and a checkpoint store behind a Service) into the
+# policies and pods it would create, network-config-analyzer computes who reaches whom on
+# which ports over the fixture of scripts/netpol/cluster.yaml (the operator, strangers,
+# another namespace, a Prometheus, the store's namespace), and scripts/netpol/check.py
+# compares every pair, port by port, with the table in docs/security.md.
 #
 #   scripts/netpol-check.sh               the check: prints the table
-#   scripts/netpol-check.sh --self-test   alpha's policy broken three ways on purpose; each must
-#                                         be caught (the check exits 1)
+#   scripts/netpol-check.sh --self-test   alpha's policy broken three ways and delta's one on
+#                                         purpose; each must be caught (the check exits 1)
 #
 # Exit status: 0 the policies mean what they should; 1 a pair does not (in --self-test: the
 # expected outcome); 2 the check itself failed (no operator binary, install, render, nca, or in

@@ -58,11 +58,13 @@ check_static() {
   # shellcheck source=/dev/null
   . docker/versions.env
   local f name
-  for f in docker/trainer.Dockerfile docker/operator.Dockerfile; do
+  for f in docker/trainer.Dockerfile docker/operator.Dockerfile docker/s3-e2e.Dockerfile; do
     for name in RUST_IMAGE BASE_IMAGE; do
       grep -qx "ARG $name=${!name}" "$f" || fail "$f: ARG $name default differs from docker/versions.env (${!name})"
     done
   done
+  grep -qx "ARG S3S_FS_VERSION=$S3S_FS_VERSION" docker/s3-e2e.Dockerfile \
+    || fail "docker/s3-e2e.Dockerfile: ARG S3S_FS_VERSION differs from docker/versions.env ($S3S_FS_VERSION)"
   # The CUDA image's recipe: setup-libtorch.sh --cuda keeps libtorch_cuda and fetches NCCL
   # (libnccl.so.2); the Dockerfile builds with the cuda feature from that layout; the build
   # script links libtorch_cuda with --no-as-needed.

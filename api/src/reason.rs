@@ -30,6 +30,9 @@ documented! {
     /// Created=False and Warning event: an object of one of the job's names (Service, ConfigMap,
     /// Secret, pod) exists and this job does not control it.
     pub const NAME_CONFLICT: &str = "NameConflict";
+    /// Created=False and Warning event: the Secret `spec.checkpoint.storeSecretName` does not
+    /// exist or lacks a key the pods need; no pod is created until it has them.
+    pub const STORE_SECRET_MISSING: &str = "StoreSecretMissing";
     /// Failed=True, Warning event and `lastFailure.reason`: the spec is invalid in a way the
     /// schema cannot see; no pod is created.
     pub const INVALID_SPEC: &str = "InvalidSpec";

@@ -6,6 +6,9 @@
 //! - `KUBECONFIG`: the cluster, with the operator installed (e2e/kind.sh sets both up).
 //! - `FERROTRAIN_E2E_IMAGE`: the trainer image; unset, jobs use the operator's default
 //!   (`--trainer-image`, the chart's `trainerImage`).
+//! - `FERROTRAIN_E2E_S3_IMAGE`: the S3 server of the checkpoint-bucket tests ([`s3`]); unset,
+//!   `ferrotrain/s3-e2e:<S3S_FS_VERSION of docker/versions.env>` (scripts/e2e.sh builds and
+//!   loads it).
 //! - `FERROTRAIN_E2E_KEEP=1`: keep each test's namespace for a post-mortem.
 
 use std::future::Future;
@@ -24,6 +27,7 @@ pub mod pages;
 pub mod partition;
 pub mod plugin;
 pub mod rounds;
+pub mod s3;
 
 /// Bound of a wait for the operator (pods created, phases, restarts).
 pub const WAIT: Duration = Duration::from_secs(300);
@@ -468,17 +472,28 @@ pub fn at_json_path<'a>(object: &'a Value, path: &str) -> Option<&'a Value> {
 
 /// Runs `sh -c script` in the pod's trainer container; returns its stdout.
 pub async fn exec(pods: &Api<Pod>, pod: &str, script: &str) -> String {
+    exec_in(pods, pod, "trainer", script).await
+}
+
+/// Runs `sh -c script` in container `container` of the pod; returns its stdout as text.
+pub async fn exec_in(pods: &Api<Pod>, pod: &str, container: &str, script: &str) -> String {
+    String::from_utf8_lossy(&exec_bytes(pods, pod, container, script).await).into_owned()
+}
+
+/// Runs `sh -c script` in container `container` of the pod; returns its stdout's bytes (a
+/// file's, for example: the exec stream carries them as they are).
+pub async fn exec_bytes(pods: &Api<Pod>, pod: &str, container: &str, script: &str) -> Vec<u8> {
     use tokio::io::AsyncReadExt;
     let params = kube::api::AttachParams::default()
-        .container("trainer")
+        .container(container)
         .stderr(false);
     let mut process = pods
         .exec(pod, ["sh", "-c", script], &params)
         .await
-        .unwrap_or_else(|e| panic!("exec in {pod}: {e}"));
-    let mut out = String::new();
+        .unwrap_or_else(|e| panic!("exec in {pod}/{container}: {e}"));
+    let mut out = Vec::new();
     if let Some(mut stdout) = process.stdout() {
-        let _ = stdout.read_to_string(&mut out).await;
+        let _ = stdout.read_to_end(&mut out).await;
     }
     let _ = process.join().await;
     out

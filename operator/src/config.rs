@@ -34,7 +34,9 @@ pub enum Command {
 /// Flags of `ferrotrain-operator render`.
 #[derive(Debug, clap::Args)]
 pub struct RenderArgs {
-    /// A YAML file with one or more DistributedTrainings ("-": standard input).
+    /// A YAML file with one or more DistributedTrainings ("-": standard input), and the
+    /// Services their checkpoint stores' endpoints name, if any (for the NetworkPolicy's
+    /// egress rule to the store, which the operator builds from the Service it reads).
     #[arg(long, short = 'f')]
     pub file: std::path::PathBuf,
     #[command(flatten)]

@@ -143,6 +143,7 @@ impl Context {
             round: 0,
             gang: crate::scheduling::GangMode::Off,
             operator_pods: self.settings.operator_pods.clone(),
+            store_service: None,
         }
     }
 

@@ -29,6 +29,7 @@ use crate::labels;
 use crate::metrics::{ErrorLabels, Metrics, ReasonLabels, ReconcileResult, ResultLabels};
 use crate::observe;
 use crate::pod_cache::PodCache;
+use crate::prerequisites::{self, Ready};
 use crate::readiness::Readiness;
 use crate::scheduling::{self, GangMode};
 
@@ -175,9 +176,11 @@ fn build_launches(
     owner: &Owner,
     decision: &gang::Decision,
     gang_mode: &GangMode,
+    store_service: Option<build::StoreService>,
 ) -> Vec<build::GangObjects> {
     let mut settings = ctx.build_settings();
     settings.gang = gang_mode.clone();
+    settings.store_service = store_service;
     settings.termination_grace_seconds = gang::save_grace_seconds(&decision.status);
     // What is left of the budget: a new gang's launchers count from 0, and so does a pod that
     // replaces a lost one while the others have spent this attempt's in-place restarts
@@ -207,8 +210,9 @@ fn build_launches(
 /// Applies a decision: deletes, then the status, then creates (a crash in between never loses
 /// a restart: the status is written before the new attempt's pods exist), then events. The
 /// launches are built and created within [`crate::context::PODS_BUILT_AT_ONCE`] pods. The
-/// status is written once; a launch that stops (the API refuses a pod, a name is taken) is
-/// remembered for the next decision, which says so in the status ([`gang::LaunchStop`]).
+/// status is written once; a launch that stops (the store's Secret is missing, the API
+/// refuses a pod, a name is taken) is remembered for the next decision, which says so in the
+/// status ([`gang::LaunchStop`]).
 async fn carry_out(
     ctx: &Context,
     dt: &DistributedTraining,
@@ -230,16 +234,13 @@ async fn carry_out(
     let mut events = decision.events.clone();
     let mut requeue = decision.requeue_after;
     if let Some(pods) = decision.pods_to_launch() {
-        // Built only once there are permits for its pods, held until the creates are done
-        // ([`crate::context::PODS_BUILT_AT_ONCE`]).
-        let permits = crate::context::launch_permits(pods);
-        let _launching = ctx.launching.acquire_many(permits).await.ok();
-        let launches = build_launches(ctx, dt, owner, &decision, gang_mode);
-        let attempt = decision.status.attempt;
-        let launched = launch_all(ctx, dt, owner, &launches, attempt, now).await?;
+        let launched = launch(ctx, dt, owner, &decision, gang_mode, pods, now).await?;
         events.extend(launched.notes);
         if let Some(stop) = &launched.stop {
-            if stop.reason == reason::NAME_CONFLICT {
+            if matches!(
+                stop.reason,
+                reason::NAME_CONFLICT | reason::STORE_SECRET_MISSING
+            ) {
                 // Nothing was created: "creating N pods" would not be true.
                 events.retain(|e| e.reason != reason::CREATED);
             }
@@ -285,6 +286,49 @@ const DEBOUNCE: Duration = Duration::from_millis(100);
 struct Launched {
     notes: Vec<gang::EventNote>,
     stop: Option<gang::LaunchStop>,
+}
+
+/// The decision's launches: first what they need from the cluster
+/// ([`prerequisites::check`]: a launch waiting for the store's Secret stops there, creating
+/// nothing), then built and created once there are permits for their `pods`, held until the
+/// creates are done ([`crate::context::PODS_BUILT_AT_ONCE`]).
+async fn launch(
+    ctx: &Context,
+    dt: &DistributedTraining,
+    owner: &Owner,
+    decision: &gang::Decision,
+    gang_mode: &GangMode,
+    pods: usize,
+    now: Timestamp,
+) -> Result<Launched> {
+    let attempt = decision.status.attempt;
+    let ranks = decision.node_ranks_to_launch();
+    let objects_due = !ctx.gang_applied(&GangApplied {
+        uid: dt.uid().unwrap_or_default(),
+        attempt,
+        generation: dt.metadata.generation,
+    });
+    let store_service =
+        match prerequisites::check(ctx, owner, &dt.spec, &ranks, objects_due).await? {
+            Ready::Go(service) => service,
+            Ready::Wait(message) => {
+                warn!(job = %owner.name, namespace = %owner.namespace, %message, "launch waits");
+                let stop = gang::LaunchStop {
+                    attempt,
+                    reason: reason::STORE_SECRET_MISSING,
+                    message,
+                    at: now,
+                };
+                return Ok(Launched {
+                    notes: Vec::new(),
+                    stop: Some(stop),
+                });
+            }
+        };
+    let permits = crate::context::launch_permits(pods);
+    let _launching = ctx.launching.acquire_many(permits).await.ok();
+    let launches = build_launches(ctx, dt, owner, decision, gang_mode, store_service);
+    launch_all(ctx, dt, owner, &launches, attempt, now).await
 }
 
 /// Applies the launches of `attempt`. When the API refuses a pod (quota, LimitRange, admission

@@ -275,6 +275,7 @@ pub fn build_settings() -> BuildSettings {
         round: 0,
         gang: crate::scheduling::GangMode::Off,
         operator_pods: None,
+        store_service: None,
     }
 }
 

@@ -25,6 +25,7 @@ pub mod lease;
 pub mod metrics;
 pub mod observe;
 pub mod pod_cache;
+pub mod prerequisites;
 pub mod progress;
 pub mod readiness;
 pub mod render;

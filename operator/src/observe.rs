@@ -259,6 +259,19 @@ pub fn spec_problems(spec: &DistributedTrainingSpec) -> Vec<String> {
             ));
         }
     }
+    let secret = spec
+        .checkpoint
+        .as_ref()
+        .and_then(|c| c.store_secret_name.as_ref());
+    let store = spec
+        .trainer
+        .as_ref()
+        .and_then(|t| t.checkpoint.store.as_ref());
+    if secret.is_some() && store.is_none() {
+        problems.push(
+            "spec.checkpoint.storeSecretName: needs spec.trainer.checkpoint.store, the bucket its credentials are for".into(),
+        );
+    }
     let reserved = crate::build::RESERVED_VOLUMES;
     for v in &volumes {
         if reserved.contains(v) {
@@ -570,6 +583,27 @@ mod tests {
         }]);
         let d = pod_view(&p, None).unwrap().disruption.unwrap();
         assert_eq!(d.reason, "WorkloadEvictedDueToPreempted");
+    }
+
+    #[test]
+    fn a_store_secret_without_a_store_is_a_spec_problem_and_a_store_without_one_is_not() {
+        let spec = |store: serde_json::Value, secret: Option<&str>| -> DistributedTrainingSpec {
+            serde_json::from_value(serde_json::json!({"replicas": 1,
+                "trainer": {"task": "copy", "maxSteps": 10, "checkpoint": store},
+                "checkpoint": {"storeSecretName": secret}}))
+            .unwrap()
+        };
+        let store = serde_json::json!({"store": {"url": "s3://ckpt"}});
+        let without = spec(serde_json::json!({}), Some("creds"));
+        assert_eq!(
+            spec_problems(&without),
+            [
+                "spec.checkpoint.storeSecretName: needs spec.trainer.checkpoint.store, the bucket its credentials are for"
+            ]
+        );
+        assert!(spec_problems(&spec(store.clone(), Some("creds"))).is_empty());
+        // Node or IRSA credentials: no Secret.
+        assert!(spec_problems(&spec(store, None)).is_empty());
     }
 
     #[test]

@@ -3,8 +3,14 @@
 //! the same builders and settings as `run`. For reviewing a job before applying it, and for
 //! scanning what the operator creates (scripts/scan.sh). The Secret's token is a placeholder
 //! (the operator draws a random one at launch) and the objects carry a placeholder owner UID.
+//! A Service in the file stands for the cluster's when a job's checkpoint store names it (the
+//! NetworkPolicy's egress rule to the store, which the operator builds from the Service it
+//! reads); without it the rule is the one for a Service the operator cannot read.
+
+use std::collections::BTreeMap;
 
 use ferrotrain_api::crd::DistributedTraining;
+use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use serde::Serialize;
 
@@ -18,10 +24,12 @@ pub const TOKEN_PLACEHOLDER: &str = "rendered-by-ferrotrain-operator-render";
 const UID_PLACEHOLDER: &str = "00000000-0000-0000-0000-000000000000";
 
 /// Every DistributedTraining of the (multi-document) YAML `text`, rendered as multi-document
-/// YAML; documents of other kinds are skipped. An error names the document that failed.
+/// YAML; Services are read for the jobs' checkpoint stores, documents of other kinds are
+/// skipped. An error names the document that failed.
 pub fn render(text: &str, settings: &Settings) -> Result<String, String> {
     let documents: Vec<serde_json::Value> =
         serde_saphyr::from_multiple(text).map_err(|e| format!("not YAML: {e}"))?;
+    let services = services(&documents)?;
     let mut out = String::new();
     let mut found = 0;
     for (i, doc) in documents.into_iter().enumerate() {
@@ -31,7 +39,7 @@ pub fn render(text: &str, settings: &Settings) -> Result<String, String> {
         found += 1;
         let dt: DistributedTraining = serde_json::from_value(doc)
             .map_err(|e| format!("document {}: not a DistributedTraining: {e}", i + 1))?;
-        for object in objects(dt, settings)? {
+        for object in objects(dt, settings, &services)? {
             out += "---\n";
             out += &serde_saphyr::to_string(&object).map_err(|e| e.to_string())?;
         }
@@ -42,10 +50,28 @@ pub fn render(text: &str, settings: &Settings) -> Result<String, String> {
     Ok(out)
 }
 
+/// The Services of `documents`, by (name, namespace; "default" when it names none).
+fn services(
+    documents: &[serde_json::Value],
+) -> Result<BTreeMap<(String, String), Service>, String> {
+    let mut services = BTreeMap::new();
+    for (i, doc) in documents.iter().enumerate() {
+        if doc["kind"] != "Service" {
+            continue;
+        }
+        let service: Service = serde_json::from_value(doc.clone())
+            .map_err(|e| format!("document {}: not a Service: {e}", i + 1))?;
+        let namespace = service.namespace().unwrap_or_else(|| "default".into());
+        services.insert((service.name_any(), namespace), service);
+    }
+    Ok(services)
+}
+
 /// The objects of `dt`'s first attempt, in the order the operator applies them.
 fn objects(
     mut dt: DistributedTraining,
     settings: &Settings,
+    services: &BTreeMap<(String, String), Service>,
 ) -> Result<Vec<serde_json::Value>, String> {
     let name = dt.name_any();
     if dt.metadata.namespace.is_none() {
@@ -75,6 +101,9 @@ fn objects(
         round: 0,
         gang,
         operator_pods: settings.operator_pods.clone(),
+        store_service: build::service_to_read(&dt.spec, &owner.namespace)
+            .and_then(|key| services.get(&key))
+            .map(build::StoreService::of),
     };
     let ranks: Vec<i32> = (0..dt.spec.replicas.max(1)).collect();
     let g = build::gang(
@@ -137,6 +166,25 @@ mod tests {
         assert_eq!(docs[4]["metadata"]["name"], "copy-0-0");
         assert_eq!(docs[4]["metadata"]["namespace"], "default");
         assert_eq!(docs[1]["stringData"]["token"], TOKEN_PLACEHOLDER);
+    }
+
+    #[test]
+    fn a_service_in_the_file_stands_for_the_clusters_in_the_egress_rule_to_the_store() {
+        let job = "apiVersion: ferrotrain.dev/v1alpha1\nkind: DistributedTraining\nmetadata: {name: d, namespace: ml}\nspec: {replicas: 1, networkPolicy: {restrictEgress: true}, trainer: {task: copy, maxSteps: 1, checkpoint: {store: {url: 's3://ckpt', endpoint: 'http://minio.store.svc'}}}}\n";
+        let service = "---\napiVersion: v1\nkind: Service\nmetadata: {name: minio, namespace: store}\nspec: {selector: {app: minio}, ports: [{port: 80, targetPort: 9000}]}\n";
+        let store_rule = |text: &str| {
+            let yaml = render(text, &Settings::default()).unwrap();
+            let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&yaml).unwrap();
+            let policy = docs.iter().find(|d| d["kind"] == "NetworkPolicy").unwrap();
+            policy["spec"]["egress"][2].clone()
+        };
+        let rule = store_rule(&format!("{job}{service}"));
+        assert_eq!(rule["to"][0]["podSelector"]["matchLabels"]["app"], "minio");
+        assert_eq!(rule["ports"][0]["port"], 9000);
+        // Without it: the Service's namespace, on the endpoint's port.
+        let rule = store_rule(job);
+        assert!(rule["to"][0]["podSelector"].is_null(), "{rule}");
+        assert_eq!(rule["ports"][0]["port"], 80);
     }
 
     #[test]

@@ -448,6 +448,15 @@ fn rejections() -> Vec<(&'static str, Value, &'static str)> {
             "spec.checkpoint.claimName and spec.checkpoint.volumeName",
         ),
         (
+            "a store Secret without a store",
+            object(with(
+                v(),
+                "/checkpoint",
+                json!({"storeSecretName": "creds"}),
+            )),
+            "spec.checkpoint.storeSecretName needs spec.trainer.checkpoint.store",
+        ),
+        (
             "data without a volume",
             object(with(v(), "/data", json!({"mountPath": "/data"}))),
             "spec.data.claimName and spec.data.volumeName",
@@ -503,6 +512,16 @@ fn the_schema_accepts_good_objects() {
     assert_eq!(validate(object(valid_spec())), Vec::<String>::new());
     let byo = json!({"replicas": 2, "image": "pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime", "command": ["torchrun", "train.py"], "gpusPerReplica": 8});
     assert_eq!(validate(object(byo)), Vec::<String>::new());
+    // A store with its Secret, and one without (the node's or the pod's own credentials).
+    let store = json!({"url": "s3://ckpt/runs", "endpoint": "http://minio.store.svc:9000"});
+    let with_store = with(valid_spec(), "/trainer/checkpoint/store", store);
+    let with_secret = with(
+        with_store.clone(),
+        "/checkpoint",
+        json!({"storeSecretName": "creds"}),
+    );
+    assert_eq!(validate(object(with_secret)), Vec::<String>::new());
+    assert_eq!(validate(object(with_store)), Vec::<String>::new());
 }
 
 /// Every DistributedTraining in the example manifests of examples/ passes the schema and

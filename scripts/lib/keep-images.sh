@@ -1,5 +1,6 @@
-# keep_images TAG: one pod on each of the cluster kit's nodes whose containers use the pause
-# image and this run's ferrotrain images, so that the kubelets' image garbage collection never
+# keep_images TAG [IMAGE...]: one pod on each of the cluster kit's nodes whose containers use
+# the pause image, this run's ferrotrain images and the other IMAGEs (the tests' own, e.g.
+# ferrotrain/s3-e2e: each needs `sleep`), so that the kubelets' image garbage collection never
 # removes them during the suite. Sourced by scripts/e2e.sh (after the kit's common.sh:
 # FTC_DIR, PAUSE_IMAGE; KUBECONFIG set).
 #
@@ -13,10 +14,17 @@
 KEEP_NAMESPACE=ferrotrain-e2e-images
 
 keep_images() {
-  local tag="$1" node
+  local tag="$1" node extra="" image i=0 key
+  shift
+  for image in "$@"; do
+    i=$((i + 1))
+    extra+="  - {name: extra-$i, image: \"$image\", imagePullPolicy: Never, command: [sleep, infinity]}"$'\n'
+  done
+  # A pod's containers cannot change: another set of images is another pod (same tag suffix).
+  key=$(printf '%s\n' "$@" | sha256sum | cut -c1-6)
   kubectl create namespace "$KEEP_NAMESPACE" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-  # Another run's pods held its images: gone, those can be collected (this tag's stay).
-  kubectl -n "$KEEP_NAMESPACE" get pods -o name | { grep -v -- "-$tag\$" || true; } \
+  # Another run's pods held its images: gone, those can be collected (this run's stay).
+  kubectl -n "$KEEP_NAMESPACE" get pods -o name | { grep -v -- "-$key-$tag\$" || true; } \
     | xargs -r kubectl -n "$KEEP_NAMESPACE" delete --wait=false >/dev/null
   for node in "$FTC_DIR"/nodes/*/; do
     node=$(basename "$node")
@@ -24,7 +32,7 @@ keep_images() {
 apiVersion: v1
 kind: Pod
 metadata:
-  name: images-$node-$tag
+  name: images-$node-$key-$tag
   labels: {app.kubernetes.io/name: ferrotrain-e2e-images}
 spec:
   nodeName: $node
@@ -41,6 +49,7 @@ spec:
   # container of a live pod, which the kubelet counts as using the image.
   - {name: operator, image: "ferrotrain/operator:$tag", imagePullPolicy: Never,
      command: [ferrotrain-operator, --help]}
+$extra
 EOF
   done
 }

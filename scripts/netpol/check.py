@@ -21,10 +21,13 @@ import time
 
 import yaml
 
-JOBS = ("alpha", "beta", "gamma")
+JOBS = ("alpha", "beta", "gamma", "delta")
+# The jobs with restrictEgress: gamma (egressTo), delta (its checkpoint store).
+RESTRICTED = ("gamma", "delta")
 JOB_LABEL = "ferrotrain.dev/job"
 OPERATOR = ("ferrotrain-system", "operator")
 PROMETHEUS = ("monitoring", "prometheus")
+STORE = ("store", "minio")  # delta's checkpoint store, behind Service store/minio
 # The whole IPv4 space as nca names it: any address that is not a pod of the fixture.
 INTERNET = "0.0.0.0-255.255.255.255"
 PORT_PROTOCOLS = ("TCP", "UDP", "SCTP")
@@ -102,6 +105,7 @@ GANG = conns(TCP=[29500, 9090, (41000, 42999)])  # rendezvous, progress, portRan
 PROGRESS = conns(TCP=[9090])
 DNS = conns(TCP=[53], UDP=[53])
 OBJECT_STORE = conns(TCP=[443])  # gamma's egressTo: namespace other, TCP 443
+STORE_PORT = conns(TCP=[9000])  # delta's store: the Service's port 80 leads to its pods' 9000
 
 
 # --- the fixture ---------------------------------------------------------------------------
@@ -160,11 +164,14 @@ def expected(src, dst, operator_known):
             inbound = NONE
     else:
         inbound = ALL
-    # Egress: open, except gamma's (restrictEgress): its gang, DNS anywhere, and egressTo.
-    if src.job == "gamma":
-        outbound = union(DNS, GANG if dst.job == "gamma" else NONE)
-        if dst.namespace == "other":
+    # Egress: open, except gamma's and delta's (restrictEgress): their gang, DNS anywhere, and
+    # gamma's egressTo, delta's checkpoint store (the pods its Service selects, on their port).
+    if src.job in RESTRICTED:
+        outbound = union(DNS, GANG if dst.job == src.job else NONE)
+        if src.job == "gamma" and dst.namespace == "other":
             outbound = union(outbound, OBJECT_STORE)
+        if src.job == "delta" and (dst.namespace, dst.name) == STORE:
+            outbound = union(outbound, STORE_PORT)
     else:
         outbound = ALL
     return intersect(inbound, outbound)
@@ -266,15 +273,15 @@ def mismatches(cells):
 
 
 def table(cells):
-    """Who reaches each job's pods, grouped by outcome; where gamma's pods reach (its egress
-    is restricted); the pairs no policy touches folded into one line."""
+    """Who reaches each job's pods, grouped by outcome; where gamma's and delta's pods reach
+    (their egress is restricted); the pairs no policy touches folded into one line."""
     ingress, egress, folded = {}, {}, 0
     for src, dst, want, got in cells:
         if dst.job:
             same = src.role == dst.role
             group, key, member = ingress, (dst.role, show(want), show(got)), \
                 f"{src.role} (each other)" if same else src.role
-        elif src.job == "gamma":
+        elif src.job in RESTRICTED:
             group, key, member = egress, (src.role, show(want), show(got)), dst.role
         else:
             if show(want) == show(got) == "all":
@@ -294,7 +301,7 @@ def table(cells):
     for r in rows:
         print(("  " + "  ".join(x.ljust(w) for x, w in zip(r, widths)) + "  " + r[4]).rstrip())
     print(f"  + {folded} pairs that no policy restricts (neither a job's pod the destination nor "
-          "gamma's the source): all connections, as expected")
+          "gamma's or delta's the source): all connections, as expected")
 
 
 def probes(cells):
@@ -337,13 +344,20 @@ def drop_end_port(docs):
         port.pop("endPort", None)
 
 
+def widen_store_rule(docs):
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "delta")
+    policy["spec"]["egress"][2]["to"][0].pop("podSelector")
+
+
 BREAKAGES = [
-    ("the gang rule's podSelector emptied (any pod of the namespace)", empty_gang_selector,
+    ("alpha's gang rule with its podSelector emptied (any pod of the namespace)", empty_gang_selector,
      ("ml/stranger", "ml/alpha-0-0")),
-    ("the operator peer split in two (its namespace OR its labels)", split_operator_peer,
+    ("alpha's operator peer split in two (its namespace OR its labels)", split_operator_peer,
      ("ml/fake-operator", "ml/alpha-0-0")),
-    ("endPort dropped from the port range (41000 alone)", drop_end_port,
+    ("alpha's port range without its endPort (41000 alone)", drop_end_port,
      ("ml/alpha-0-1", "ml/alpha-0-0")),
+    ("delta's store rule without its podSelector (the store's whole namespace)", widen_store_rule,
+     ("ml/delta-0-0", "store/console")),
 ]
 
 
@@ -360,8 +374,8 @@ def main():
     docs_open = load(rendered_open)
     for d in (docs, docs_open):
         names = sorted(x["metadata"]["name"] for x in d if x["kind"] == "NetworkPolicy")
-        if names != list(JOBS):
-            die(f"the rendering holds the NetworkPolicies {names}, not one per job {list(JOBS)}")
+        if names != sorted(JOBS):
+            die(f"the rendering holds the NetworkPolicies {names}, not one per job {sorted(JOBS)}")
     eps = endpoints(*cluster_docs, *docs)
     nca_seconds = 0.0
 
@@ -374,7 +388,7 @@ def main():
             nca_seconds += elapsed
             found = mismatches(compare(eps, actual, True, f"broken-{n}"))
             named = [c for c in found if (c[0].id, c[1].id) == pair]
-            print(f"self-test: alpha's policy with {what}: {len(found)} pair(s) differ; "
+            print(f"self-test: {what}: {len(found)} pair(s) differ; "
                   + (f"{pair[0]} -> {pair[1]}: expected {show(named[0][2])}, nca says {show(named[0][3])}"
                      if named else f"NOT CAUGHT: {pair[0]} -> {pair[1]} is not among them"))
             caught = bool(named)

@@ -12,7 +12,9 @@ use ferrotrain_launch::signals;
 use ferrotrain_launch::termination::write_termination_message;
 use ferrotrain_trainer::ending::{self, exit_now, leave_end_record, report_error};
 use ferrotrain_trainer::error::{Result, TrainError};
-use ferrotrain_trainer::{bleu, data, decode, dist, precision, select, train, translate};
+use ferrotrain_trainer::{
+    bleu, checkpoint, data, decode, dist, precision, select, train, translate,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -112,7 +114,9 @@ struct RunArgs {
 
 #[derive(clap::Args, Debug)]
 struct SelectArgs {
-    /// The job directory (`<checkpoint-dir>/<job>`).
+    /// The job directory (`<checkpoint-dir>/<job>`), or the job in a bucket
+    /// (`s3://BUCKET/PREFIX/JOB`: mirrored into ~/.cache/ferrotrain/buckets first; the server
+    /// and credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).
     #[arg(long)]
     job: PathBuf,
     /// Validation source sentences, one a line (.gz accepted).
@@ -146,7 +150,8 @@ struct SelectArgs {
 
 #[derive(clap::Args, Debug)]
 struct TranslateArgs {
-    /// A checkpoint directory (`.../step-00001000`) or a job directory (its newest checkpoint).
+    /// A checkpoint directory (`.../step-00001000`) or a job directory (its newest checkpoint);
+    /// either may be in a bucket (`s3://BUCKET/PREFIX/JOB[/step-00001000]`, as `select --job`).
     #[arg(long)]
     checkpoint: PathBuf,
     /// Beam width; 1 = greedy.
@@ -355,9 +360,19 @@ fn start_decoding(threads: Option<i32>) {
     }
 }
 
+/// `path` itself, or for an `s3://` URL its local mirror (the job's files and complete
+/// checkpoints, fetched into the cache).
+fn local_copy(path: &Path) -> Result<PathBuf> {
+    if checkpoint::is_bucket_url(path) {
+        checkpoint::mirror(path, &[train::CONFIG_FILE, train::VOCAB_FILE])
+    } else {
+        Ok(path.to_path_buf())
+    }
+}
+
 fn translate(args: TranslateArgs) -> Result<()> {
     start_decoding(args.threads);
-    let (job_dir, dir) = translate::resolve_checkpoint(&args.checkpoint)?;
+    let (job_dir, dir) = translate::resolve_checkpoint(&local_copy(&args.checkpoint)?)?;
     let job = translate::Job::open(&job_dir)?;
     let chosen = if args.selected {
         Some(select::read_selection(&job_dir)?.chosen)
@@ -399,7 +414,7 @@ fn translate(args: TranslateArgs) -> Result<()> {
 fn select_checkpoint(args: SelectArgs) -> Result<()> {
     start_decoding(args.threads);
     let s = select::select(&select::Request {
-        job_dir: &args.job,
+        job_dir: &local_copy(&args.job)?,
         source: &args.source,
         reference: &args.reference,
         beam: args.beam,

@@ -31,6 +31,7 @@ fn policy() -> CheckpointPolicy {
         every_seconds: None,
         keep_latest: 2,
         keep_best: 1,
+        store: None,
     }
 }
 

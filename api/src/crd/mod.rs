@@ -27,4 +27,4 @@ pub use spec::{
     DistributedTraining, DistributedTrainingSpec, GROUP, MAX_NAME_LENGTH, PullPolicy, VERSION,
 };
 pub use status::{DistributedTrainingStatus, FailureInfo, Phase, Placement, TrainingProgress};
-pub use storage::{CheckpointSpec, DataSpec};
+pub use storage::{CheckpointSpec, DataSpec, STORE_SECRET_KEYS, STORE_SECRET_SESSION_KEY};

@@ -68,6 +68,11 @@ pub const MAX_NAME_LENGTH: usize = 47;
         "rule": "!has(self.elastic) || !has(self.elastic.minReplicas) || self.elastic.minReplicas <= self.replicas",
         "message": "spec.elastic.minReplicas must not exceed spec.replicas",
         "fieldPath": ".elastic.minReplicas"
+    },
+    {
+        "rule": "!has(self.checkpoint) || !has(self.checkpoint.storeSecretName) || (has(self.trainer) && has(self.trainer.checkpoint) && has(self.trainer.checkpoint.store))",
+        "message": "spec.checkpoint.storeSecretName needs spec.trainer.checkpoint.store: the bucket its credentials are for",
+        "fieldPath": ".checkpoint.storeSecretName"
     }
 ]))]
 pub struct DistributedTrainingSpec {

@@ -33,7 +33,18 @@ pub struct CheckpointSpec {
     #[serde(default = "defaults::checkpoint_mount_path")]
     #[schemars(length(min = 2), regex(pattern = r"^/"))]
     pub mount_path: String,
+    /// The Secret with the credentials of `trainer.checkpoint.store`'s bucket: keys
+    /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN if the credentials
+    /// are temporary), given to the pod that writes checkpoints. Without a claim or volume,
+    /// that pod's checkpoint directory is an emptyDir: a local cache of the bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub store_secret_name: Option<String>,
 }
+
+/// The keys of `spec.checkpoint.storeSecretName`'s Secret (the pod's variables of the same
+/// names).
+pub use crate::env::{STORE_SECRET_KEYS, STORE_SECRET_SESSION_KEY};
 
 /// The volume holding the dataset.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]

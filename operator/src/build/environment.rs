@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector};
 use super::owner::Owner;
 use super::settings::{BuildSettings, termination_grace};
 use super::storage::checkpoint_mount_path;
+use super::store::credentials_env;
 use crate::labels;
 
 /// How the pod's launcher restarts its ranks: in place, up to the restarts left, with the
@@ -120,6 +121,7 @@ pub fn contract_env(
         env::FERROTRAIN_CHECKPOINT_DIR,
         checkpoint_mount_path(spec),
     ));
+    vars.extend(credentials_env(spec, node_rank));
     vars.push(env_value(
         env::FERROTRAIN_RDZV_TOKEN_FILE,
         format!("{}/{}", labels::TOKEN_DIR, labels::TOKEN_KEY),

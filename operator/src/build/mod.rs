@@ -22,6 +22,7 @@ mod security;
 mod service;
 mod settings;
 mod storage;
+mod store;
 
 pub use config_map::config_map;
 pub use container::{DEFAULT_COMMAND, GPU_RESOURCE};
@@ -35,6 +36,7 @@ pub use security::{PORT_RANGE_SYSCTL, RUN_AS};
 pub use service::service;
 pub use settings::{BuildSettings, termination_grace};
 pub use storage::{RESERVED_VOLUMES, mounts_checkpoint_volume};
+pub use store::{StoreAddress, StoreHost, StoreService, service_to_read, store_address};
 
 /// Every object of one attempt's launch, in the order they are applied.
 #[derive(Clone, Debug, PartialEq)]
@@ -89,12 +91,14 @@ pub fn network_policy(
         rendezvous: s.master_port,
         progress: s.trainer_metrics_port,
     };
+    let store = store::egress(spec, &owner.namespace, s.store_service.as_ref());
     network::policy(
         &owner.name,
         meta,
         &spec.network_policy,
         ports,
         s.operator_pods.as_ref(),
+        store,
     )
 }
 

@@ -1,7 +1,8 @@
 //! The job's NetworkPolicy (`spec.networkPolicy`, docs/security.md): ingress to the gang's
 //! pods only from the job's own pods, on the ports the gang uses (the rendezvous store, the
 //! declared port range of its other listeners, progress), and from the operator (plus
-//! `metricsFrom`) on the progress/metrics port. Egress stays open unless `restrictEgress`.
+//! `metricsFrom`) on the progress/metrics port. Egress stays open unless `restrictEgress`;
+//! then the gang, DNS, the checkpoint store (build/store.rs) and `egressTo`.
 
 use std::collections::BTreeMap;
 
@@ -30,12 +31,14 @@ pub struct GangPorts {
 }
 
 /// The NetworkPolicy of job `job` (its metadata `meta`), None when `np.enabled` is false.
+/// `store` is the egress rule to the checkpoint store, if the job has one.
 pub fn policy(
     job: &str,
     meta: ObjectMeta,
     np: &JobPolicy,
     ports: GangPorts,
     operator: Option<&OperatorPods>,
+    store: Option<NetworkPolicyEgressRule>,
 ) -> Option<NetworkPolicy> {
     if !np.enabled {
         return None;
@@ -68,6 +71,7 @@ pub fn policy(
                 ports: Some(vec![port(53, "UDP"), port(53, "TCP")]),
             },
         ];
+        rules.extend(store);
         rules.extend(np.egress_to.iter().cloned());
         rules
     });

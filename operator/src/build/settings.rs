@@ -3,6 +3,7 @@
 use ferrotrain_api::crd::DistributedTrainingSpec;
 
 use super::network::OperatorPods;
+use super::store::StoreService;
 use crate::scheduling::GangMode;
 
 /// What the builders need besides the object.
@@ -25,6 +26,9 @@ pub struct BuildSettings {
     /// The operator's own pods, which poll rank 0's progress (the job's NetworkPolicy lets
     /// them in); None: unknown, and the progress port stays open to every pod.
     pub operator_pods: Option<OperatorPods>,
+    /// The Service the checkpoint store's endpoint names, as the operator read it for the
+    /// NetworkPolicy's egress rule; None when it names none or the Service could not be read.
+    pub store_service: Option<StoreService>,
 }
 
 /// The pods' termination grace: the template's, or the one sized from the save time.

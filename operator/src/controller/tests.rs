@@ -1109,3 +1109,5 @@ fn node_events_map_to_the_jobs_with_pods_there() {
     let jobs = jobs_on_node(&pod_store, &node);
     assert_eq!(jobs, vec![ObjectRef::new(NAME).within(NS)]);
 }
+
+mod store;

@@ -51,6 +51,18 @@ impl Decision {
         let first = launches.next()?;
         Some(first + launches.sum::<usize>())
     }
+
+    /// The node ranks of the pods it creates.
+    pub fn node_ranks_to_launch(&self) -> Vec<i32> {
+        self.actions
+            .iter()
+            .flat_map(|a| match a {
+                Action::Launch { node_ranks, .. } => node_ranks.as_slice(),
+                _ => &[],
+            })
+            .copied()
+            .collect()
+    }
 }
 
 /// Deletes first, then the rest (launches need the status written in between; the

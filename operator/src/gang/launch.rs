@@ -13,8 +13,8 @@ use super::decider::{Decider, first_line, signed};
 use super::decision::Action;
 use super::observed::LaunchStop;
 
-/// How soon a launch the API refused (quota, LimitRange, webhook) or a name conflict stopped
-/// is tried again.
+/// How soon a launch the API refused (quota, LimitRange, webhook), a name conflict or a
+/// missing Secret stopped is tried again.
 pub const LAUNCH_RETRY: Duration = Duration::from_secs(30);
 
 /// The pods' `terminationGracePeriodSeconds` when the user sets none: long enough for rank 0
@@ -108,8 +108,8 @@ impl<'a, 'o> Decider<'a, 'o> {
         false
     }
 
-    /// The last launch of this attempt stopped ([`LaunchStop`]: the API refused a pod, or a
-    /// name is taken): condition Created turns False saying why, with a Warning event once per
+    /// The last launch of this attempt stopped ([`LaunchStop`]: the API refused a pod, a name
+    /// is taken, the store's Secret is missing): condition Created turns False saying why, with a Warning event once per
     /// message (not on every retry). True until [`LAUNCH_RETRY`] after the stop, when the
     /// launch is tried again.
     fn launch_held_back(&mut self) -> bool {

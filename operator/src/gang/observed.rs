@@ -198,14 +198,16 @@ pub struct Timing {
 
 /// Why the last launch of an attempt's pods stopped before they all existed, as the controller
 /// saw it carried out: the API refused a pod (a ResourceQuota, a LimitRange, an admission
-/// webhook: [`reason::POD_CREATE_REFUSED`]) or one of the job's names is taken by an object
-/// the job does not control ([`reason::NAME_CONFLICT`]).
+/// webhook: [`reason::POD_CREATE_REFUSED`]), one of the job's names is taken by an object
+/// the job does not control ([`reason::NAME_CONFLICT`]), or the checkpoint store's Secret is
+/// missing or lacks a key ([`reason::STORE_SECRET_MISSING`]: nothing was created).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LaunchStop {
     pub attempt: i32,
-    /// [`reason::POD_CREATE_REFUSED`] or [`reason::NAME_CONFLICT`].
+    /// [`reason::POD_CREATE_REFUSED`], [`reason::NAME_CONFLICT`] or
+    /// [`reason::STORE_SECRET_MISSING`].
     pub reason: &'static str,
-    /// The API's words, or the object that holds the name.
+    /// The API's words, the object that holds the name, or what the Secret lacks.
     pub message: String,
     /// When it stopped.
     pub at: Timestamp,

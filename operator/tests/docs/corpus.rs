@@ -194,7 +194,14 @@ pub fn links(doc: &Doc) -> Vec<(usize, String)> {
     let (prose, _) = split(doc);
     let mut out = Vec::new();
     for (i, line) in prose.lines().enumerate() {
-        let mut rest = line;
+        // A `](` inside a code span is code (a regular expression's `[a-z](/.*)?`), no link.
+        let line: String = line
+            .split('`')
+            .enumerate()
+            .map(|(n, part)| if n % 2 == 0 { part } else { "" })
+            .collect::<Vec<_>>()
+            .join("``");
+        let mut rest = line.as_str();
         while let Some(at) = rest.find("](") {
             let tail = &rest[at + 2..];
             let Some(end) = tail.find(')') else { break };

@@ -29,12 +29,16 @@ const INDIRECT: &[(&str, &str, &[&str])] = &[
     ("gang/in_place.rs", "why", &["SHRUNK", "WHOLE_GANG"]),
     // fail()'s own event: its callers' last argument, collected as `.fail(` calls.
     ("gang/lifecycle.rs", "event", &[]),
-    // A launch that stopped (controller.rs, `launch_all`): the API refused a pod, or a name
-    // is taken.
+    // A launch that stopped (controller.rs, `launch` and `launch_all`): the store's Secret is
+    // missing, the API refused a pod, or a name is taken.
     (
         "gang/launch.rs",
         "stop.reason",
-        &["POD_CREATE_REFUSED", "NAME_CONFLICT"],
+        &[
+            "POD_CREATE_REFUSED",
+            "NAME_CONFLICT",
+            "STORE_SECRET_MISSING",
+        ],
     ),
     // event()'s EventNote: the `.event(` calls themselves.
     ("gang/decider.rs", "reason", &[]),

@@ -38,7 +38,7 @@ mod store;
 mod fixtures;
 
 pub use average::average_weights;
-pub use bucket::{Bucket, MANIFEST_FILE, Manifest};
+pub use bucket::{Bucket, MANIFEST_FILE, Manifest, is_bucket_url, mirror};
 pub use fence::{FENCE_FILE, WriterId};
 pub use layout::{
     MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, TEMP_PREFIX, parse_step_dir_name, step_dir_name,

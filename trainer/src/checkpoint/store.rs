@@ -124,6 +124,15 @@ impl CheckpointStore {
         Ok(store)
     }
 
+    /// Uploads the job's own files `names` (config, vocabulary) from its directory to the
+    /// bucket, if there is one: `select` and `translate` read them from there.
+    pub fn put_job_files(&self, names: &[&str]) -> Result<()> {
+        match &self.uploader {
+            Some(up) => up.bucket().put_job_files(&self.root, names),
+            None => Ok(()),
+        }
+    }
+
     /// The newest checkpoint complete in the bucket (none without `checkpoint.store`).
     pub fn durable(&self) -> Option<DurableCheckpoint> {
         self.uploader.as_ref().and_then(|u| u.durable())

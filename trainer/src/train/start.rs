@@ -211,11 +211,13 @@ fn open_store(opts: &RunOptions, leader: bool) -> Result<Option<CheckpointStore>
     if !leader {
         return Ok(None);
     }
-    Ok(Some(CheckpointStore::open_writer(
+    let store = CheckpointStore::open_writer(
         &opts.job_dir,
         opts.config.checkpoint.clone(),
         WriterId::of_rank(&opts.rank),
-    )?))
+    )?;
+    store.put_job_files(&[CONFIG_FILE, VOCAB_FILE])?;
+    Ok(Some(store))
 }
 
 /// The start-up line that says how a step's batch is cut for this gang.

@@ -25,7 +25,7 @@ pub fn attach(
     policy: &CheckpointPolicy,
     writer: &WriterId,
 ) -> Result<Uploader> {
-    fence::claim(&bucket, writer)?;
+    fence::claim(&bucket, writer, bucket.newest()?.map(|m| m.step))?;
     let complete = bucket.complete()?;
     let local = newest_complete(root)?.map(|(_, s)| s.step);
     fetch_newer(&bucket, &complete, local, root);

@@ -79,8 +79,9 @@ fn stale(bucket: &Bucket, ours: &WriterId, fence: &BucketFence) -> TrainError {
     )
 }
 
-/// Claims the bucket for `writer` unless a later attempt holds it.
-pub(super) fn claim(bucket: &Bucket, writer: &WriterId) -> Result<()> {
+/// Claims the bucket for `writer` unless a later attempt holds it; `newest` is the newest
+/// complete step in the bucket now (the fence's `claimedAfter`).
+pub(super) fn claim(bucket: &Bucket, writer: &WriterId, newest: Option<u64>) -> Result<()> {
     for _ in 0..5 {
         let current = read(bucket)?;
         if let Some((fence, _)) = &current
@@ -90,7 +91,7 @@ pub(super) fn claim(bucket: &Bucket, writer: &WriterId) -> Result<()> {
         }
         let fence = BucketFence {
             writer: writer.clone(),
-            claimed_after: bucket.newest()?.map(|m| m.step),
+            claimed_after: newest,
             time: rfc3339::format(SystemTime::now(), Resolution::Second),
         };
         let bytes = sealed::seal(&fence, sealed::CRC_FIELD).map_err(|e| {

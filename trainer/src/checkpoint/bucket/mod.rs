@@ -17,7 +17,9 @@
 mod attach;
 mod client;
 mod fence;
+mod listing;
 mod manifest;
+mod mirror;
 mod transfer;
 mod uploader;
 
@@ -27,4 +29,5 @@ mod tests;
 pub use attach::attach;
 pub use client::Bucket;
 pub use manifest::{MANIFEST_FILE, Manifest};
+pub use mirror::{is_bucket_url, mirror};
 pub use uploader::Uploader;

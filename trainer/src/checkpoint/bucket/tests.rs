@@ -276,3 +276,80 @@ fn the_newest_local_checkpoint_missing_from_the_bucket_is_uploaded_at_start() {
     assert!(store.flush_uploads(FLUSH).unwrap());
     assert_eq!(steps_in(&mem), [100]);
 }
+
+/// Prints, for a 72 MB state (the Multi30k recipe's: 24 MB of weights, twice that of AdamW
+/// moments) against the S3 server at FERROTRAIN_BENCH_S3_ENDPOINT (bench/checkpoint-bucket.sh
+/// starts one): the save's blocking time, its local commit, the time until it is durable
+/// in the bucket and the upload's rate; then a resume on an empty directory from the bucket
+/// against one from the local disk.
+#[test]
+#[ignore = "measurement against a real S3 server, prints numbers"]
+fn measure_72mb_bucket() {
+    use std::time::Instant;
+
+    use tch::{Device, Kind, Tensor};
+
+    let endpoint = std::env::var("FERROTRAIN_BENCH_S3_ENDPOINT").expect("the server");
+    let config = ferrotrain_api::config::ObjectStore {
+        url: "s3://ckpt/bench".into(),
+        endpoint: Some(endpoint),
+        region: None,
+    };
+    let opts = (Kind::Float, Device::Cpu);
+    let m: crate::checkpoint::Named = (0..96)
+        .map(|i| (format!("layer{i}.weight"), Tensor::randn([250, 250], opts)))
+        .collect();
+    let o: crate::checkpoint::Named = m
+        .iter()
+        .flat_map(|(n, t)| {
+            [
+                (format!("exp_avg.{n}"), t.randn_like()),
+                (format!("exp_avg_sq.{n}"), t.rand_like()),
+            ]
+        })
+        .collect();
+    let tmp =
+        tempfile::tempdir_in(std::env::var("CKPT_MEASURE_DIR").unwrap_or_else(|_| ".".into()))
+            .unwrap();
+    let root = tmp.path().join("job");
+    let connect = || Bucket::connect(&config, "job").unwrap();
+    let mut store =
+        CheckpointStore::open_writer_with(&root, policy(2, 0), writer(0), Some(connect())).unwrap();
+    for round in 0..3u64 {
+        let start = Instant::now();
+        let blocking = store.save(&m, &o, state(100 * (round + 1), None)).unwrap();
+        let info = store.wait().unwrap().unwrap();
+        let local = start.elapsed().as_secs_f64();
+        assert!(store.flush_uploads(Duration::from_secs(300)).unwrap());
+        let d = store.durable().unwrap();
+        println!(
+            "save {round}: {:.1} MB, blocking {blocking:.4} s, local commit {local:.3} s, durable {:.3} s after the save, upload {:.1} MB/s",
+            info.size_bytes as f64 / 1e6,
+            d.durable_seconds.unwrap(),
+            d.upload_bytes_per_second.unwrap() / 1e6
+        );
+    }
+    drop(store);
+    let start = Instant::now();
+    let (dir, _) = CheckpointStore::new(&root, policy(2, 0))
+        .unwrap()
+        .latest()
+        .unwrap()
+        .unwrap();
+    CheckpointStore::load(&dir).unwrap();
+    println!(
+        "resume from the local disk: {:.3} s (find, check, load)",
+        start.elapsed().as_secs_f64()
+    );
+    let fresh = tempfile::tempdir_in(tmp.path()).unwrap();
+    let root = fresh.path().join("job");
+    let start = Instant::now();
+    let store =
+        CheckpointStore::open_writer_with(&root, policy(2, 0), writer(1), Some(connect())).unwrap();
+    let (dir, _) = store.latest().unwrap().unwrap();
+    CheckpointStore::load(&dir).unwrap();
+    println!(
+        "resume from the bucket: {:.3} s (claim, list, download, check, load)",
+        start.elapsed().as_secs_f64()
+    );
+}

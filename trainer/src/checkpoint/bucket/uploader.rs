@@ -18,7 +18,6 @@ use super::transfer::FILES;
 use crate::checkpoint::fence::WriterId;
 use crate::checkpoint::io::io_err;
 use crate::checkpoint::layout::TEMP_PREFIX;
-use crate::checkpoint::store::lock;
 use crate::error::Result;
 use crate::rfc3339::{self, Resolution};
 
@@ -243,4 +242,8 @@ fn link_files(dir: &Path, aside: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
