@@ -18,19 +18,25 @@ use super::observed::LaunchStop;
 pub const LAUNCH_RETRY: Duration = Duration::from_secs(30);
 
 /// The pods' `terminationGracePeriodSeconds` when the user sets none: long enough for rank 0
-/// to save a checkpoint on SIGTERM. From the last save the trainer reported (the whole save,
-/// else the part that blocked training): 3x it plus 10 s, at least Kubernetes' default 30 s,
-/// at most 10 minutes. The launcher inside the pod gets 5 s less
+/// to save a checkpoint on SIGTERM. From the last save the trainer reported (with a bucket
+/// (`checkpoint.store`), until it was durable there; else the whole save, else the part that
+/// blocked training): 3x it plus 10 s, at least Kubernetes' default 30 s, at most 10 minutes. The launcher inside the pod gets 5 s less
 /// ([`launcher_stop_grace_seconds`]) so it can still report after its ranks stop.
 pub fn save_grace_seconds(status: &DistributedTrainingStatus) -> i64 {
     const DEFAULT: i64 = 30;
     const MAX: i64 = 600;
-    let save = status
-        .progress
-        .as_ref()
-        .and_then(|p| p.report.last_checkpoint.as_ref())
-        .and_then(|c| c.save_seconds.or(c.blocking_seconds))
-        .filter(|s| s.is_finite() && *s >= 0.0);
+    let report = status.progress.as_ref().map(|p| &p.report);
+    let durable = report
+        .and_then(|r| r.durable_checkpoint.as_ref())
+        .and_then(|d| d.durable_seconds);
+    let save = report
+        .and_then(|r| r.last_checkpoint.as_ref())
+        .and_then(|c| c.save_seconds.or(c.blocking_seconds));
+    let save = durable
+        .into_iter()
+        .chain(save)
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .reduce(f64::max);
     match save {
         Some(seconds) => ((3.0 * seconds + 10.0).ceil() as i64).clamp(DEFAULT, MAX),
         None => DEFAULT,

@@ -323,6 +323,26 @@ fn the_termination_grace_is_sized_from_the_last_save() {
     );
     assert_eq!(with_save(Some(1e6), None), 600, "capped");
     assert_eq!(with_save(Some(f64::NAN), None), 30);
+    let mut uploaded = running_status(0, 0);
+    uploaded.progress = Some(TrainingProgress {
+        report: Progress {
+            last_checkpoint: Some(ferrotrain_api::CheckpointInfo {
+                save_seconds: Some(2.0),
+                ..Default::default()
+            }),
+            durable_checkpoint: Some(ferrotrain_api::DurableCheckpoint {
+                durable_seconds: Some(20.0),
+                ..Default::default()
+            }),
+            ..Progress::default()
+        },
+        ..TrainingProgress::default()
+    });
+    assert_eq!(
+        save_grace_seconds(&uploaded),
+        70,
+        "with a bucket, until the save is durable there"
+    );
     assert_eq!(launcher_stop_grace_seconds(30), 25);
     assert_eq!(launcher_stop_grace_seconds(70), 65);
 }
