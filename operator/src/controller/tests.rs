@@ -512,6 +512,11 @@ async fn a_secret_of_the_jobs_name_that_is_not_ours_stops_the_launch() {
 
 /// A new job's ConfigMap, Secret and NetworkPolicy, none of which exists yet.
 fn config_map_secret_and_policy() -> Vec<Call> {
+    config_map_secret_and_checked_policy(|_| {})
+}
+
+/// [`config_map_secret_and_policy`], the applied policy checked by `policy`.
+fn config_map_secret_and_checked_policy(policy: impl FnOnce(&Value) + Send + 'static) -> Vec<Call> {
     vec![
         get_absent(&config_map_path()),
         call(Method::PATCH, &config_map_path(), Answer::Echo, |_| {}),
@@ -522,7 +527,7 @@ fn config_map_secret_and_policy() -> Vec<Call> {
             |_| {},
         ),
         get_absent(&policy_path()),
-        call(Method::PATCH, &policy_path(), Answer::Echo, |_| {}),
+        call(Method::PATCH, &policy_path(), Answer::Echo, policy),
     ]
 }
 

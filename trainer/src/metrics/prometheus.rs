@@ -125,7 +125,7 @@ type Entry<T> = (&'static str, &'static str, Option<T>);
 
 /// The whole-number gauges in exposition order: the run's position (step, epoch, samples,
 /// ranks, last evaluation), its checkpoints, and its size.
-fn int_gauges(p: &Progress) -> [Entry<u64>; 12] {
+fn int_gauges(p: &Progress) -> [Entry<u64>; 13] {
     let ckpt = p.last_checkpoint.as_ref();
     [
         ("step", "Optimizer steps completed", Some(p.step)),
@@ -166,6 +166,11 @@ fn int_gauges(p: &Progress) -> [Entry<u64>; 12] {
             ckpt.and_then(|c| rfc3339::unix_seconds(&c.time)),
         ),
         (
+            "durable_checkpoint_step",
+            "Step held by the newest checkpoint complete in the bucket (checkpoint.store)",
+            p.durable_checkpoint.as_ref().map(|d| d.step),
+        ),
+        (
             "resumed_from_step",
             "Step this run resumed from (absent for a fresh start)",
             p.resumed_from_step,
@@ -181,7 +186,7 @@ fn int_gauges(p: &Progress) -> [Entry<u64>; 12] {
 
 /// The fractional gauges in exposition order: speed, loss and evaluation, the schedule, and
 /// the newest checkpoint's cost.
-fn float_gauges(p: &Progress) -> [Entry<f64>; 12] {
+fn float_gauges(p: &Progress) -> [Entry<f64>; 13] {
     [
         (
             "steps_per_second",
@@ -238,6 +243,13 @@ fn float_gauges(p: &Progress) -> [Entry<f64>; 12] {
             "last_checkpoint_blocking_seconds",
             "Seconds the newest checkpoint blocked training (the rest is written in the background)",
             p.last_checkpoint.as_ref().and_then(|c| c.blocking_seconds),
+        ),
+        (
+            "durable_checkpoint_seconds",
+            "Seconds from the newest durable checkpoint's save to its manifest in the bucket",
+            p.durable_checkpoint
+                .as_ref()
+                .and_then(|d| d.durable_seconds),
         ),
     ]
 }
@@ -442,6 +454,8 @@ mod tests {
                 1_767_323_045.0,
             ),
             ("ferrotrain_resumed_from_step", 500.0),
+            ("ferrotrain_durable_checkpoint_step", 500.0),
+            ("ferrotrain_durable_checkpoint_seconds", 2.5),
             ("ferrotrain_gang_cpu_utilization{stat=\"mean\"}", 1.5),
             ("ferrotrain_gang_cpu_utilization{stat=\"min\"}", 0.25),
             ("ferrotrain_gang_cpu_utilization{stat=\"min_rank\"}", 3.0),
@@ -538,6 +552,7 @@ mod tests {
             "ferrotrain_comm_fraction",
             "ferrotrain_last_checkpoint_step",
             "ferrotrain_resumed_from_step",
+            "ferrotrain_durable_checkpoint",
             "ferrotrain_process_",
             "ferrotrain_data_",
             "ferrotrain_gpu_",

@@ -40,20 +40,12 @@ fn secret_with(keys: &[&str]) -> Call {
 /// The gang's objects and pods (node rank 0's with the store's `credentials`), the policy
 /// checked by `policy`, and the Created event.
 fn launch_calls(credentials: bool, policy: impl FnOnce(&Value) + Send + 'static) -> Vec<Call> {
-    let mut calls = any_order(vec![
+    let mut objects = vec![
         get_absent(&service_path()),
         call(Method::PATCH, &service_path(), Answer::Echo, |_| {}),
-        get_absent(&config_map_path()),
-        call(Method::PATCH, &config_map_path(), Answer::Echo, |_| {}),
-        call(
-            Method::POST,
-            &format!("/api/v1/namespaces/{NS}/secrets"),
-            Answer::Echo,
-            |_| {},
-        ),
-        get_absent(&policy_path()),
-        call(Method::PATCH, &policy_path(), Answer::Echo, policy),
-    ]);
+    ];
+    objects.extend(config_map_secret_and_checked_policy(policy));
+    let mut calls = any_order(objects);
     let pod = |name: &'static str, with_credentials: bool| {
         call(
             Method::POST,
