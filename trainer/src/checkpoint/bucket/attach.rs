@@ -12,6 +12,7 @@ use ferrotrain_api::config::CheckpointPolicy;
 use super::client::Bucket;
 use super::fence;
 use super::manifest::Manifest;
+use super::transfer::Download;
 use super::uploader::Uploader;
 use crate::checkpoint::fence::WriterId;
 use crate::checkpoint::layout::newest_complete;
@@ -28,7 +29,7 @@ pub fn attach(
     fence::claim(&bucket, writer, bucket.newest()?.map(|m| m.step))?;
     let complete = bucket.complete()?;
     let local = newest_complete(root)?.map(|(_, s)| s.step);
-    fetch_newer(&bucket, &complete, local, root);
+    fetch_newer(&bucket, &complete, local, root)?;
     let durable = complete.last().map(|m| DurableCheckpoint {
         step: m.step,
         url: bucket.step_url(m.step),
@@ -39,11 +40,18 @@ pub fn attach(
 }
 
 /// Downloads the newest complete checkpoint of the bucket newer than `local` into `root`; a
-/// damaged one is skipped (named) for the next older.
-fn fetch_newer(bucket: &Bucket, complete: &[Manifest], local: Option<u64>, root: &Path) {
+/// damaged one is skipped (named) for the next older. A store that fails mid-way is an error
+/// (the round or attempt is retried): training from an older state than the bucket holds
+/// would lose what it holds.
+fn fetch_newer(
+    bucket: &Bucket,
+    complete: &[Manifest],
+    local: Option<u64>,
+    root: &Path,
+) -> Result<()> {
     for m in complete.iter().rev() {
         if local.is_some_and(|step| step >= m.step) {
-            return;
+            return Ok(());
         }
         let began = Instant::now();
         match bucket.download(m, root) {
@@ -59,11 +67,16 @@ fn fetch_newer(bucket: &Bucket, complete: &[Manifest], local: Option<u64>, root:
                     bucket.step_url(m.step),
                     bytes as f64 / 1e6 / seconds.max(1e-6)
                 );
-                return;
+                return Ok(());
             }
-            Err(e) => {
-                tracing::warn!(step = m.step, error = %e, "skipping a checkpoint of the bucket")
-            }
+            Err(Download::Damaged(why)) => tracing::warn!(
+                step = m.step,
+                checkpoint = %bucket.step_url(m.step),
+                reason = %why,
+                "skipping a damaged checkpoint of the bucket"
+            ),
+            Err(Download::Failed(e)) => return Err(e),
         }
     }
+    Ok(())
 }

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use ferrotrain_api::config::{BucketUrl, ObjectStore as StoreConfig};
 
 use super::client::Bucket;
+use super::transfer::Download;
 use crate::checkpoint::io::{io_err, write_synced};
 use crate::checkpoint::layout::{complete_checkpoints, parse_step_dir_name, step_dir_name};
 use crate::error::{Result, TrainError};
@@ -59,8 +60,12 @@ pub fn mirror(arg: &Path, job_files: &[&str]) -> Result<PathBuf> {
         ));
     }
     for m in complete.iter().filter(|m| !have.contains(&m.step)) {
-        if let Err(e) = bucket.download(m, &root) {
-            tracing::warn!(step = m.step, error = %e, "skipping a checkpoint of the bucket");
+        match bucket.download(m, &root) {
+            Ok(_) => {}
+            Err(Download::Damaged(why)) => {
+                tracing::warn!(step = m.step, reason = %why, "skipping a damaged checkpoint of the bucket")
+            }
+            Err(Download::Failed(e)) => return Err(e),
         }
     }
     tracing::info!(bucket = %bucket.url(), cache = %root.display(), "mirrored the job's checkpoints");

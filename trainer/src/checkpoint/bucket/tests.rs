@@ -182,6 +182,32 @@ fn a_damaged_checkpoint_in_the_bucket_is_skipped_for_the_older_one() {
 }
 
 #[test]
+fn a_download_that_fails_fails_the_start_rather_than_train_from_an_older_state() {
+    let mem = Arc::new(InMemory::new());
+    let tmp = tempfile::tempdir().unwrap();
+    let mut store = open(&tmp.path().join("job"), &mem, writer(0));
+    save_now(&mut store, 100, None);
+    assert!(store.flush_uploads(FLUSH).unwrap());
+    drop(store);
+    // The new node's disk refuses the download (here: a file where its directory goes).
+    let fresh = tempfile::tempdir().unwrap();
+    let root = fresh.path().join("job");
+    std::fs::create_dir_all(&root).unwrap();
+    let blocked = root.join(format!(
+        ".tmp-step-00000100-download-{}",
+        std::process::id()
+    ));
+    std::fs::write(&blocked, b"not a directory").unwrap();
+    let e = CheckpointStore::open_writer_with(&root, policy(2, 0), writer(1), Some(bucket(&mem)))
+        .err()
+        .expect("the start fails");
+    assert!(matches!(e, TrainError::Other(_)), "retryable: {e:?}");
+    std::fs::remove_file(&blocked).unwrap();
+    let store = open(&root, &mem, writer(2));
+    assert_eq!(store.latest().unwrap().unwrap().1.step, 100);
+}
+
+#[test]
 fn a_stale_writer_commits_nothing_to_the_bucket() {
     let mem = Arc::new(InMemory::new());
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());

@@ -30,6 +30,17 @@ const PART_BYTES: usize = 16 << 20;
 /// Parts in flight at once per file.
 const PARTS_IN_FLIGHT: usize = 4;
 
+/// Why a download did not complete.
+#[derive(Debug)]
+pub enum Download {
+    /// What the bucket holds is not what the manifest says (a file of another size or CRC,
+    /// missing, or a checkpoint that does not read back): skip it for an older one.
+    Damaged(String),
+    /// The store or the local disk failed (unreachable, refused, full): try again later,
+    /// never train from an older state instead.
+    Failed(TrainError),
+}
+
 impl Bucket {
     /// Uploads the committed checkpoint in `dir` (step `step`) and commits it with its
     /// manifest, unless a later writer holds the fence. The files are read as they go up:
@@ -117,33 +128,25 @@ impl Bucket {
     /// Downloads checkpoint `m` into `root` as `step-XXXXXXXX/`: into a temporary directory,
     /// each file checked against the manifest's size and CRC-32C, then the checkpoint as a
     /// whole (trainer.json, the safetensors' data), then renamed into place.
-    pub fn download(&self, m: &Manifest, root: &Path) -> Result<PathBuf> {
+    pub fn download(&self, m: &Manifest, root: &Path) -> Result<PathBuf, Download> {
         let temp = root.join(format!(
             "{TEMP_PREFIX}{:08}-download-{}",
             m.step,
             std::process::id()
         ));
+        let local = |what: &str, path: &Path, e| Download::Failed(io_err(what, path, e));
         if temp.exists() {
-            fs::remove_dir_all(&temp).map_err(|e| io_err("removing", &temp, e))?;
+            fs::remove_dir_all(&temp).map_err(|e| local("removing", &temp, e))?;
         }
-        fs::create_dir_all(&temp).map_err(|e| io_err("creating", &temp, e))?;
-        let done = self.download_into(m, &temp);
+        fs::create_dir_all(&temp).map_err(|e| local("creating", &temp, e))?;
         let dir = root.join(step_dir_name(m.step));
-        let done = done.and_then(|()| {
-            inspect(&temp, m.step, true).map_err(|why| {
-                TrainError::Other(
-                    format!(
-                        "checkpoint bucket: {} is damaged: {why}",
-                        self.step_url(m.step)
-                    )
-                    .into(),
-                )
-            })?;
+        let done = self.download_into(m, &temp).and_then(|()| {
+            inspect(&temp, m.step, true).map_err(Download::Damaged)?;
             if dir.exists() {
-                fs::remove_dir_all(&dir).map_err(|e| io_err("replacing", &dir, e))?;
+                fs::remove_dir_all(&dir).map_err(|e| local("replacing", &dir, e))?;
             }
-            fs::rename(&temp, &dir).map_err(|e| io_err("renaming", &temp, e))?;
-            sync_dir(root)
+            fs::rename(&temp, &dir).map_err(|e| local("renaming", &temp, e))?;
+            sync_dir(root).map_err(Download::Failed)
         });
         if done.is_err() {
             let _ = fs::remove_dir_all(&temp);
@@ -151,27 +154,26 @@ impl Bucket {
         done.map(|()| dir)
     }
 
-    fn download_into(&self, m: &Manifest, temp: &Path) -> Result<()> {
+    fn download_into(&self, m: &Manifest, temp: &Path) -> Result<(), Download> {
         for want in &m.files {
             let path = self.step_object(m.step, &want.name);
-            let (body, _) = self.get(&path)?.ok_or_else(|| {
-                TrainError::Other(format!("checkpoint bucket: {path} vanished").into())
-            })?;
+            let (body, _) = self
+                .get(&path)
+                .map_err(Download::Failed)?
+                .ok_or_else(|| Download::Damaged(format!("{path} vanished")))?;
             let crc = crc_hex(crc32c::crc32c(&body));
             if body.len() as u64 != want.size || crc != want.crc32c {
-                return Err(TrainError::Other(
-                    format!(
-                        "checkpoint bucket: {path} holds {} bytes with CRC-32C {crc}; the manifest says {} bytes, {}",
-                        body.len(),
-                        want.size,
-                        want.crc32c
-                    )
-                    .into(),
-                ));
+                return Err(Download::Damaged(format!(
+                    "{path} holds {} bytes with CRC-32C {crc}; the manifest says {} bytes, {}",
+                    body.len(),
+                    want.size,
+                    want.crc32c
+                )));
             }
-            write_synced(&temp.join(&want.name), |w| w.write_all(&body))?;
+            write_synced(&temp.join(&want.name), |w| w.write_all(&body))
+                .map_err(Download::Failed)?;
         }
-        sync_dir(temp)
+        sync_dir(temp).map_err(Download::Failed)
     }
 
     /// Retention in the bucket: the steps `policy` keeps among the complete ones; each other
