@@ -25,6 +25,7 @@ pub mod ending;
 pub mod error;
 pub mod fault;
 pub mod heal;
+pub mod lock;
 pub mod loss_scale;
 pub mod memory;
 pub mod metrics;

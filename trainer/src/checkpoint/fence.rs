@@ -235,7 +235,8 @@ mod tests {
     use super::*;
     use crate::checkpoint::fixtures::*;
     use crate::checkpoint::layout::step_dir_name;
-    use crate::checkpoint::store::{CheckpointStore, lock};
+    use crate::checkpoint::store::CheckpointStore;
+    use crate::lock::lock;
 
     #[test]
     fn a_stale_writer_cannot_commit_after_a_newer_attempt_fenced_it() {

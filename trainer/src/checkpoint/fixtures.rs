@@ -15,7 +15,8 @@ use super::layout::TEMP_PREFIX;
 use super::safetensors::Named;
 use super::save::SaveEvent;
 use super::state::TrainerState;
-use super::store::{CheckpointStore, lock};
+use super::store::CheckpointStore;
+use crate::lock::lock;
 
 pub(super) fn policy(keep_latest: u32, keep_best: u32) -> CheckpointPolicy {
     CheckpointPolicy {

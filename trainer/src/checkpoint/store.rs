@@ -21,6 +21,7 @@ use super::safetensors::{Named, read_safetensors, snapshot};
 use super::save::{SaveHook, SaveJob};
 use super::state::TrainerState;
 use crate::error::{Reason, Result, TrainError};
+use crate::lock::lock;
 use crate::rfc3339::{self, Resolution};
 
 /// A checkpoint read back.
@@ -276,10 +277,6 @@ impl Drop for CheckpointStore {
             tracing::error!(error = %e, "the last checkpoint save failed");
         }
     }
-}
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

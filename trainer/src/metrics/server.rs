@@ -27,6 +27,7 @@ use hyper_util::service::TowerToHyperService;
 use super::prometheus::{METRICS_CONTENT_TYPE, prometheus_text};
 use super::reporter::SharedProgress;
 use crate::error::{Reason, Result, TrainError};
+use crate::lock::lock;
 use crate::resources::ResourceSampler;
 
 /// Connections served at once (the operator polls with one, a Prometheus scrapes with one).
@@ -160,16 +161,8 @@ fn router(state: ServerState) -> Router {
 
 /// The report with the process's resources read now.
 fn snapshot(state: &ServerState) -> Progress {
-    let mut p = state
-        .progress
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .clone();
-    let resources = state
-        .resources
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .sample();
+    let mut p = lock(&state.progress).clone();
+    let resources = lock(&state.resources).sample();
     p.resources = resources.or(p.resources);
     p.round = state.round;
     if let Some(path) = &state.round_ends {

@@ -19,6 +19,7 @@ use crate::checkpoint::fence::WriterId;
 use crate::checkpoint::io::io_err;
 use crate::checkpoint::layout::TEMP_PREFIX;
 use crate::error::Result;
+use crate::lock::lock;
 use crate::rfc3339::{self, Resolution};
 
 /// A committed checkpoint waiting for its upload.
@@ -242,8 +243,4 @@ fn link_files(dir: &Path, aside: &Path) -> Result<()> {
         }
     }
     Ok(())
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
