@@ -113,6 +113,11 @@ impl Bucket {
         self.runtime.block_on(f)
     }
 
+    /// Enters the bucket's runtime until the guard drops (for calls that spawn its tasks).
+    pub(super) fn enter_runtime(&self) -> tokio::runtime::EnterGuard<'_> {
+        self.runtime.enter()
+    }
+
     /// `<prefix>/<job>/<name>`.
     pub(super) fn object(&self, name: &str) -> Path {
         self.root.clone().join(name)

@@ -50,6 +50,23 @@ fn open(root: &std::path::Path, mem: &Arc<InMemory>, w: WriterId) -> CheckpointS
     CheckpointStore::open_writer_with(root, policy(2, 0), w, Some(bucket(mem))).unwrap()
 }
 
+/// Saves `step` and waits until it is durable in the bucket.
+fn save_durable(store: &mut CheckpointStore, step: u64, eval_loss: Option<f64>) {
+    save_now(store, step, eval_loss);
+    assert!(store.flush_uploads(FLUSH).unwrap());
+}
+
+/// A bucket holding `steps`, uploaded by attempt 0 from a directory that is gone since (the
+/// node it ran on).
+fn bucket_holding(steps: &[u64]) -> Arc<InMemory> {
+    let (mem, tmp) = (Arc::new(InMemory::new()), tempfile::tempdir().unwrap());
+    let mut store = open(&tmp.path().join("job"), &mem, writer(0));
+    for &step in steps {
+        save_durable(&mut store, step, None);
+    }
+    mem
+}
+
 fn steps_in(mem: &Arc<InMemory>) -> Vec<u64> {
     bucket(mem)
         .complete()
@@ -65,8 +82,7 @@ fn a_save_is_uploaded_with_its_manifest_last_and_becomes_durable() {
     let root = tmp.path().join("job");
     let mut store = open(&root, &mem, writer(0));
     assert_eq!(store.durable(), None);
-    save_now(&mut store, 100, None);
-    assert!(store.flush_uploads(FLUSH).unwrap());
+    save_durable(&mut store, 100, None);
     let durable = store.durable().expect("durable");
     assert_eq!(durable.step, 100);
     assert_eq!(durable.url, "s3://ckpt/runs/job/step-00000100/");
@@ -94,6 +110,27 @@ fn a_save_is_uploaded_with_its_manifest_last_and_becomes_durable() {
         assert_eq!(f.crc32c, manifest::crc_hex(crc32c::crc32c(&local)));
     }
     assert!(temp_dirs(&root).is_empty(), "{:?}", temp_dirs(&root));
+}
+
+#[test]
+fn a_file_larger_than_a_part_goes_up_in_parts_and_comes_back_the_same() {
+    use tch::{Device, Kind, Tensor};
+    let (tmp, mem) = (tempfile::tempdir().unwrap(), Arc::new(InMemory::new()));
+    let mut store = open(&tmp.path().join("job"), &mem, writer(0));
+    // 40 MB of weights: three parts of 16 MiB, the last one short.
+    let big: crate::checkpoint::Named = vec![(
+        "w".into(),
+        Tensor::randn([10_000_000], (Kind::Float, Device::Cpu)),
+    )];
+    store.save(&big, &optimizer(), state(100, None)).unwrap();
+    assert!(store.flush_uploads(FLUSH).unwrap());
+    let m = bucket(&mem).newest().unwrap().expect("complete");
+    assert!(m.file(MODEL_FILE).unwrap().size > 2 * (16 << 20));
+    drop(store);
+    let fresh = tempfile::tempdir().unwrap();
+    let store = open(&fresh.path().join("job"), &mem, writer(1));
+    let (dir, _) = store.latest().unwrap().expect("downloaded");
+    assert_same(&CheckpointStore::load(&dir).unwrap().model, &big);
 }
 
 #[test]
@@ -126,12 +163,7 @@ fn a_new_node_resumes_from_the_bucket_bit_for_bit() {
 
 #[test]
 fn an_upload_cut_short_is_never_resumed_from_and_is_cleaned_up_later() {
-    let mem = Arc::new(InMemory::new());
-    let tmp = tempfile::tempdir().unwrap();
-    let mut store = open(&tmp.path().join("job"), &mem, writer(0));
-    save_now(&mut store, 100, None);
-    assert!(store.flush_uploads(FLUSH).unwrap());
-    drop(store);
+    let mem = bucket_holding(&[100]);
     // What a server killed mid-upload of step 200 leaves: some files, no manifest.
     let b = bucket(&mem);
     let model = b.step_object(200, MODEL_FILE);
@@ -142,22 +174,14 @@ fn an_upload_cut_short_is_never_resumed_from_and_is_cleaned_up_later() {
     let mut store = open(&fresh.path().join("job"), &mem, writer(1));
     assert_eq!(store.latest().unwrap().unwrap().1.step, 100);
     // The next complete checkpoint (300) leaves no trace of the half upload.
-    save_now(&mut store, 300, None);
-    assert!(store.flush_uploads(FLUSH).unwrap());
+    save_durable(&mut store, 300, None);
     assert_eq!(steps_in(&mem), [100, 300]);
     assert!(!objects(&mem).iter().any(|o| o.starts_with("step-00000200")));
 }
 
 #[test]
 fn a_damaged_checkpoint_in_the_bucket_is_skipped_for_the_older_one() {
-    let mem = Arc::new(InMemory::new());
-    let tmp = tempfile::tempdir().unwrap();
-    let mut store = open(&tmp.path().join("job"), &mem, writer(0));
-    save_now(&mut store, 100, None);
-    assert!(store.flush_uploads(FLUSH).unwrap());
-    save_now(&mut store, 200, None);
-    assert!(store.flush_uploads(FLUSH).unwrap());
-    drop(store);
+    let mem = bucket_holding(&[100, 200]);
     // Same size, one byte changed: the listing cannot see it, the CRC-32C does.
     let b = bucket(&mem);
     let path = b.step_object(200, OPTIMIZER_FILE);
@@ -169,11 +193,7 @@ fn a_damaged_checkpoint_in_the_bucket_is_skipped_for_the_older_one() {
     let root = fresh.path().join("job");
     let store = open(&root, &mem, writer(1));
     assert_eq!(store.latest().unwrap().unwrap().1.step, 100);
-    assert!(
-        fresh.path().join("job").read_dir().unwrap().count() == 2,
-        "{:?}",
-        names(&root)
-    );
+    assert_eq!(names(&root), ["fence.json", "step-00000100"]);
     // A manifest whose sizes do not match the objects does not count at all.
     let state = b.step_object(100, STATE_FILE);
     b.block_on(mem.put(&state, PutPayload::from(vec![0u8; 3])))
@@ -183,12 +203,7 @@ fn a_damaged_checkpoint_in_the_bucket_is_skipped_for_the_older_one() {
 
 #[test]
 fn a_download_that_fails_fails_the_start_rather_than_train_from_an_older_state() {
-    let mem = Arc::new(InMemory::new());
-    let tmp = tempfile::tempdir().unwrap();
-    let mut store = open(&tmp.path().join("job"), &mem, writer(0));
-    save_now(&mut store, 100, None);
-    assert!(store.flush_uploads(FLUSH).unwrap());
-    drop(store);
+    let mem = bucket_holding(&[100]);
     // The new node's disk refuses the download (here: a file where its directory goes).
     let fresh = tempfile::tempdir().unwrap();
     let root = fresh.path().join("job");
@@ -212,12 +227,10 @@ fn a_stale_writer_commits_nothing_to_the_bucket() {
     let mem = Arc::new(InMemory::new());
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let mut old = open(&a.path().join("job"), &mem, writer(3));
-    save_now(&mut old, 100, None);
-    assert!(old.flush_uploads(FLUSH).unwrap());
+    save_durable(&mut old, 100, None);
     // Attempt 4 takes over the bucket on another node (the old one's disk is not shared).
     let new = open(&b.path().join("job"), &mem, writer(4));
-    save_now(&mut old, 200, None);
-    assert!(old.flush_uploads(FLUSH).unwrap());
+    save_durable(&mut old, 200, None);
     let err = old.durable().and_then(|d| d.upload_error).expect("refused");
     assert!(err.contains("attempt 4") && err.contains("stale"), "{err}");
     assert_eq!(steps_in(&mem), [100]);
@@ -261,8 +274,7 @@ fn retention_in_the_bucket_keeps_what_the_policy_keeps() {
     )
     .unwrap();
     for (step, loss) in [(100, Some(1.0)), (200, Some(3.0)), (300, None), (400, None)] {
-        save_now(&mut store, step, loss);
-        assert!(store.flush_uploads(FLUSH).unwrap());
+        save_durable(&mut store, step, loss);
     }
     assert_eq!(steps_in(&mem), [100, 300, 400]);
     assert_eq!(objects(&mem).len(), 1 + 3 * 4, "{:?}", objects(&mem));

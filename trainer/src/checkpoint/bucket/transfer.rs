@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use ferrotrain_api::config::CheckpointPolicy;
+use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStoreExt, PutPayload, WriteMultipart};
 
 use super::client::Bucket;
@@ -76,53 +77,59 @@ impl Bucket {
         Ok(bytes)
     }
 
+    /// Uploads one file (in parts above [`PART_BYTES`]); its name, size and CRC-32C.
     fn upload_file(&self, local: &Path, step: u64, name: &str) -> Result<ManifestFile> {
         let path = self.step_object(step, name);
-        let mut file = File::open(local).map_err(|e| io_err("opening", local, e))?;
-        let (mut crc, mut size) = (0u32, 0u64);
-        let mut chunk = vec![0; PART_BYTES];
-        let first = read_full(&mut file, &mut chunk).map_err(|e| io_err("reading", local, e))?;
-        crc = crc32c::crc32c_append(crc, &chunk[..first]);
-        size += first as u64;
-        let sent = if first < PART_BYTES {
-            let body = PutPayload::from(chunk[..first].to_vec());
-            self.block_on(self.store.put(&path, body)).map(|_| ())
+        let len = fs::metadata(local)
+            .map_err(|e| io_err("reading", local, e))?
+            .len();
+        let (crc, size) = if len < PART_BYTES as u64 {
+            let body = fs::read(local).map_err(|e| io_err("reading", local, e))?;
+            let sums = (crc32c::crc32c(&body), body.len() as u64);
+            self.block_on(self.store.put(&path, PutPayload::from(body)))
+                .map_err(|e| self.error(&format!("uploading {path}"), e))?;
+            sums
         } else {
-            self.block_on(async {
-                let upload = self.store.put_multipart(&path).await?;
-                let mut parts = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
-                parts.write(&chunk[..first]);
-                loop {
-                    let n = match read_full(&mut file, &mut chunk) {
-                        Ok(n) => n,
-                        Err(e) => {
-                            let _ = parts.abort().await;
-                            return Ok(Err(io_err("reading", local, e)));
-                        }
-                    };
-                    if n == 0 {
-                        break;
-                    }
-                    crc = crc32c::crc32c_append(crc, &chunk[..n]);
-                    size += n as u64;
-                    parts.wait_for_capacity(PARTS_IN_FLIGHT).await?;
-                    parts.write(&chunk[..n]);
-                }
-                parts.finish().await.map(|_| Ok(()))
-            })
-            .and_then(|local_error| {
-                local_error.map_err(|e| object_store::Error::Generic {
-                    store: "local file",
-                    source: Box::new(e),
-                })
-            })
+            self.put_parts(local, &path)?
         };
-        sent.map_err(|e| self.error(&format!("uploading {path}"), e))?;
         Ok(ManifestFile {
             name: name.to_string(),
             size,
             crc32c: crc_hex(crc),
         })
+    }
+
+    /// Uploads `local` as `path` in parts of [`PART_BYTES`], [`PARTS_IN_FLIGHT`] at once;
+    /// its CRC-32C and size. A failure aborts the upload (no parts left behind on the store).
+    fn put_parts(&self, local: &Path, path: &ObjectPath) -> Result<(u32, u64)> {
+        let uploading = |e| self.error(&format!("uploading {path}"), e);
+        let mut file = File::open(local).map_err(|e| io_err("opening", local, e))?;
+        // The parts go up as tasks of the bucket's runtime, spawned by `write`.
+        let _runtime = self.enter_runtime();
+        let upload = self
+            .block_on(self.store.put_multipart(path))
+            .map_err(uploading)?;
+        let mut parts = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
+        let (mut crc, mut size, mut chunk) = (0u32, 0u64, vec![0; PART_BYTES]);
+        loop {
+            let n = match read_full(&mut file, &mut chunk) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) => {
+                    let _ = self.block_on(parts.abort());
+                    return Err(io_err("reading", local, e));
+                }
+            };
+            crc = crc32c::crc32c_append(crc, &chunk[..n]);
+            size += n as u64;
+            if let Err(e) = self.block_on(parts.wait_for_capacity(PARTS_IN_FLIGHT)) {
+                let _ = self.block_on(parts.abort());
+                return Err(uploading(e));
+            }
+            parts.write(&chunk[..n]);
+        }
+        self.block_on(parts.finish()).map_err(uploading)?;
+        Ok((crc, size))
     }
 
     /// Downloads checkpoint `m` into `root` as `step-XXXXXXXX/`: into a temporary directory,
