@@ -114,12 +114,16 @@ impl CheckpointStore {
         };
         let mut store = Self::new(root, policy)?;
         store.writer = Some(writer);
+        // The newest local checkpoint `new` found (every byte checked there): its trainer.json
+        // alone says what the bucket's retention needs.
         if let Some(up) = &uploader
-            && let Some((dir, state)) = store.latest()?
-            && up.durable().is_none_or(|d| d.step < state.step)
+            && let Some(step) = store.last_completed().map(|c| c.step)
+            && up.durable().is_none_or(|d| d.step < step)
         {
-            tracing::info!(step = state.step, bucket = %up.bucket().url(), "the bucket lacks the newest local checkpoint: uploading it");
-            up.enqueue(&dir, state.step, state.eval_loss, Instant::now());
+            let dir = root.join(step_dir_name(step));
+            let eval_loss = read_state(&dir).ok().and_then(|s| s.eval_loss);
+            tracing::info!(step, bucket = %up.bucket().url(), "the bucket lacks the newest local checkpoint: uploading it");
+            up.enqueue(&dir, step, eval_loss, Instant::now());
         }
         store.uploader = uploader;
         Ok(store)

@@ -26,8 +26,9 @@ pub fn attach(
     policy: &CheckpointPolicy,
     writer: &WriterId,
 ) -> Result<Uploader> {
-    fence::claim(&bucket, writer, bucket.newest()?.map(|m| m.step))?;
+    // Read once: claiming after the newest complete step leaves every one of them trusted.
     let complete = bucket.complete()?;
+    fence::claim(&bucket, writer, complete.last().map(|m| m.step))?;
     let local = newest_complete(root)?.map(|(_, s)| s.step);
     fetch_newer(&bucket, &complete, local, root)?;
     let durable = complete.last().map(|m| DurableCheckpoint {

@@ -50,9 +50,4 @@ impl Bucket {
         }
         Ok(m)
     }
-
-    /// The newest complete checkpoint in the bucket.
-    pub fn newest(&self) -> Result<Option<Manifest>> {
-        Ok(self.complete()?.pop())
-    }
 }

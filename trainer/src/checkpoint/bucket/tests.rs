@@ -101,7 +101,7 @@ fn a_save_is_uploaded_with_its_manifest_last_and_becomes_durable() {
     );
     // The bytes in the bucket are the local files', as the manifest says.
     let b = bucket(&mem);
-    let m = b.newest().unwrap().unwrap();
+    let m = b.complete().unwrap().pop().unwrap();
     for f in &m.files {
         let local = std::fs::read(root.join(&dir).join(&f.name)).unwrap();
         let (remote, _) = b.get(&b.step_object(100, &f.name)).unwrap().unwrap();
@@ -124,7 +124,7 @@ fn a_file_larger_than_a_part_goes_up_in_parts_and_comes_back_the_same() {
     )];
     store.save(&big, &optimizer(), state(100, None)).unwrap();
     assert!(store.flush_uploads(FLUSH).unwrap());
-    let m = bucket(&mem).newest().unwrap().expect("complete");
+    let m = bucket(&mem).complete().unwrap().pop().expect("complete");
     assert!(m.file(MODEL_FILE).unwrap().size > 2 * (16 << 20));
     drop(store);
     let fresh = tempfile::tempdir().unwrap();
