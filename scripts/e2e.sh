@@ -118,6 +118,23 @@ cleanup() { if [[ $DOWN == 1 ]]; then "$KIT/down.sh" >/dev/null 2>&1 || true; fi
 trap cleanup EXIT
 
 HELM="$(scripts/setup-helm.sh | tail -n1)"
+
+# --- the disk the kubelets measure ----------------------------------------------------------
+# The kit's kubelets evict every pod when the disk under $FTC_DIR has less free than their
+# evictionHard nodefs.available (2% of the disk): the disk is the machine's, shared with
+# cargo's target/ and Docker. The images and the suite's checkpoints need ~3 GiB more. Below
+# that the chart's operator is evicted as it starts (CI once failed so: "UPGRADE FAILED ...
+# Available: 0/2" after 5 minutes): say so now, with the numbers.
+check_disk() {
+  local percent size avail need
+  percent=$(sed -n 's/.*nodefs\.available: *\([0-9]*\)%.*/\1/p' "$FTC_DIR"/nodes/*/kubelet.yaml | sort -n | tail -n1)
+  read -r size avail < <(df -B1 --output=size,avail "$FTC_DIR" | tail -n1)
+  need=$(( size / 100 * ${percent:-0} + 3 * 1024 * 1024 * 1024 ))
+  if (( avail < need )); then
+    die "the disk under $FTC_DIR has $((avail >> 20)) MiB free; the kubelets evict every pod below ${percent:-0}% of it and the suite needs 3 GiB more: $((need >> 20)) MiB. Free space (cargo's target/, docker images) and run again"
+  fi
+}
+check_disk
 # The cluster's own kubectl matches its API server (the tests' `kubectl auth can-i` too).
 export PATH="$FTC_BIN:$(dirname "$HELM"):$PATH"
 
@@ -198,9 +215,16 @@ install_started=$SECONDS
 # Helm installs crds/ only on the first install: the CRD is applied first, as docs/install.md's
 # upgrade says (the new operator may write fields only the new CRD has).
 kubectl apply --server-side --force-conflicts -f crds/distributedtrainings.yaml >/dev/null
+# Why the operator did not become ready: the nodes' pressure conditions, its pods and events.
+explain_install() {
+  kubectl get nodes -o custom-columns='NODE:.metadata.name,CONDITIONS:.status.conditions[?(@.status=="True")].type' >&2 || true
+  kubectl -n ferrotrain-system get pods -o wide >&2 || true
+  kubectl -n ferrotrain-system get events --sort-by=.lastTimestamp 2>/dev/null | tail -n 15 >&2 || true
+  die "the chart did not install (above: the nodes' conditions, the operator's pods and events)"
+}
 helm upgrade --install ferrotrain charts/ferrotrain -n ferrotrain-system --create-namespace \
   --set image.tag="$TAG" --set image.pullPolicy=Never --set trainerImage.tag="$TAG" \
-  --wait --timeout 5m >/dev/null
+  --wait --timeout 5m >/dev/null || explain_install
 kubectl -n ferrotrain-system rollout status deployment/ferrotrain --timeout=5m >/dev/null
 say "chart installed in $((SECONDS - install_started)) s"
 if [[ $SETUP_ONLY == 1 ]]; then
