@@ -20,6 +20,7 @@
 //! agent/<r>/report/<node>     what each agent saw (blame::NodeReport), once its ranks stopped
 //! agent/<r>/verdict           node 0's ruling (blame::Verdict): who is blamed, permanent or not
 //! agent/done                  ADD: nodes whose ranks all finished
+//! agent/finished              SET by node 0 when they did: an agent waiting to join ends too
 //! ```
 //!
 //! The ranks' own keys live under `round/<r>/` (see the trainer's dist::Rendezvous). A
@@ -108,6 +109,8 @@ struct Agent<'a> {
     id: String,
     /// The members of the round this agent last trained in.
     members: Option<Members>,
+    /// Node 0, elastic: when its wait for the first round's nodes began (members::Wait).
+    waiting_since: Option<Instant>,
     /// Trainers started during the last round, waiting to be the next round's ranks.
     spares: Option<Spares>,
     /// Every node but 0: a connection to node 0's store whose will is this node's report of
@@ -175,6 +178,7 @@ impl<'a> Agent<'a> {
             hostname,
             id,
             members: None,
+            waiting_since: None,
             spares: None,
             will: None,
         })
@@ -245,6 +249,7 @@ impl<'a> Agent<'a> {
         self.link.fresh()?;
         if self.host.is_some() {
             let elastic = self.args.min_nodes.is_some_and(|m| m < self.args.nnodes);
+            self.waiting_since = Some(Instant::now());
             let wait = if elastic {
                 Duration::from_secs_f64(self.args.elastic_wait_seconds.max(0.0))
             } else {
@@ -276,6 +281,17 @@ impl<'a> Agent<'a> {
         let waited = loop {
             if let Err(e) = self.link.fresh() {
                 break Err(e);
+            }
+            match self.link.client.try_get(keys::FINISHED, Duration::ZERO) {
+                Ok(Some(_)) => {
+                    tracing::info!("agent: the gang finished training without this node");
+                    return Event::Ended {
+                        round,
+                        end: End::Finished,
+                    };
+                }
+                Ok(None) => {}
+                Err(e) => break Err(e.into()),
             }
             let current = self.link.client.try_get(keys::ROUND, Duration::ZERO);
             match current.map(|b| b.and_then(|b| String::from_utf8_lossy(&b).parse::<u64>().ok())) {
@@ -509,6 +525,7 @@ impl<'a> Agent<'a> {
                 min_nodes: self.args.min_nodes.unwrap_or(nnodes).clamp(1, nnodes),
                 wait: Duration::from_secs_f64(self.args.elastic_wait_seconds.max(0.0)),
                 lost: host.take_lost(),
+                since: self.waiting_since.take().unwrap_or_else(Instant::now),
                 timeout,
             };
             members::gather(&mut self.link.client, round, nnodes, &wait)?;
@@ -573,6 +590,11 @@ impl<'a> Agent<'a> {
             return;
         }
         let client = &mut self.link.client;
+        if self.host.is_some() && code == 0 {
+            // Agents waiting for a round to join (placed after the gang started without
+            // them) end with the gang.
+            let _ = client.set(keys::FINISHED, b"1");
+        }
         let arrived = client.add(keys::DONE, 1).unwrap_or(0);
         let expected = self.members.as_ref().map_or(self.args.nnodes, Members::len);
         // A signalled node 0 leaves at once: the others go on with its replacement.

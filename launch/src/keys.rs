@@ -12,6 +12,11 @@ pub const STORE_ID: &str = "agent/store";
 /// `agent/done`: ADD by each agent at the end (node 0 keeps its store up until all came).
 pub const DONE: &str = "agent/done";
 
+/// `agent/finished`: SET by node 0 when the gang's ranks finished training; an agent that
+/// waits for a round to join (its pod placed after the gang started without it) ends with
+/// them instead of waiting for a round that never comes.
+pub const FINISHED: &str = "agent/finished";
+
 /// `agent/resume/<node>`: SET by every agent but node 0's before it joins: the round it
 /// would start next (rejoin.rs).
 pub fn resume(node: usize) -> String {

@@ -81,6 +81,10 @@ pub struct Wait {
     pub min_nodes: usize,
     /// Elastic: how long to wait for every node before starting with fewer.
     pub wait: Duration,
+    /// When that wait began: the agent's start for the first round (node 0 already waited
+    /// for the others to say where they left off: a new gang starts on the pods that were
+    /// placed one wait after node 0's, not two), else the round's gathering.
+    pub since: Instant,
     /// Nodes the last round was ended without (no heartbeat): not waited for, though taken
     /// if they come in time.
     pub lost: Vec<usize>,
@@ -101,19 +105,14 @@ pub fn gather(
     let expected = (0..nnodes).filter(|n| !w.lost.contains(n)).count();
     let started = Instant::now();
     loop {
+        let waited = w.since.elapsed();
         let mut nodes = Vec::new();
         for node in 0..nnodes {
             if let Some(id) = client.try_get(&keys::here(round, node), Duration::ZERO)? {
                 nodes.push((node, String::from_utf8_lossy(&id).into_owned()));
             }
         }
-        if enough(
-            nodes.len(),
-            (nnodes, expected),
-            min_nodes,
-            started.elapsed(),
-            wait,
-        ) {
+        if enough(nodes.len(), (nnodes, expected), min_nodes, waited, wait) {
             let members = Members { nodes };
             let json = serde_json::to_vec(&members).expect("members serialize");
             client.set(&keys::members(round), &json)?;
@@ -133,11 +132,12 @@ pub fn gather(
         let missing = (0..nnodes)
             .find(|n| nodes.iter().all(|(m, _)| m != n))
             .expect("a node is missing");
-        let elapsed = started.elapsed();
-        let decide_at = if elapsed < wait { wait } else { timeout };
-        let block = decide_at
-            .saturating_sub(elapsed)
-            .clamp(Duration::from_millis(1), GATHER_WAKE);
+        let block = if waited < wait {
+            wait - waited
+        } else {
+            timeout.saturating_sub(started.elapsed())
+        };
+        let block = block.clamp(Duration::from_millis(1), GATHER_WAKE);
         client.try_get(&keys::here(round, missing), block)?;
     }
 }

@@ -123,13 +123,22 @@ pub fn mode(
 
 /// Condition GangScheduling for a mode: (status, reason, message); none when the gang is
 /// off by choice (nothing to tell).
-pub fn condition(mode: &GangMode, replicas: i32) -> Option<(bool, &'static str, String)> {
+/// `min` is the fewest pods the group is admitted with (elastic.minReplicas, else replicas).
+pub fn condition(mode: &GangMode, replicas: i32, min: i32) -> Option<(bool, &'static str, String)> {
+    // How the group's pods are placed: all together, or (elastic) once `min` fit.
+    let placed = if min < replicas {
+        format!(
+            "it is admitted once {min} of its pods fit, and the others are placed one by one as capacity frees up"
+        )
+    } else {
+        "its pods are placed all together or not at all".to_string()
+    };
     Some(match mode {
         GangMode::Native(api) => (
             true,
             reason::NATIVE_POD_GROUP,
             format!(
-                "each attempt has a {} of {replicas} (scheduling.k8s.io/{}): its pods are placed all together or not at all",
+                "each attempt has a {} of {replicas} (scheduling.k8s.io/{}): {placed}",
                 match api {
                     NativeApi::V1alpha2 => "PodGroup",
                     NativeApi::V1alpha1 => "Workload",
@@ -144,19 +153,26 @@ pub fn condition(mode: &GangMode, replicas: i32) -> Option<(bool, &'static str, 
             true,
             reason::KUEUE,
             format!(
-                "Kueue admits each attempt's {replicas} pods as one group from LocalQueue {queue}"
+                "Kueue admits each attempt's {replicas} pods as one group from LocalQueue {queue}{}",
+                if min < replicas {
+                    " (Kueue admits a pod group whole: the job starts when all fit, and shrinks to elastic.minReplicas when pods are taken)"
+                } else {
+                    ""
+                }
             ),
         ),
         GangMode::Volcano { scheduler, .. } => (
             true,
             reason::VOLCANO,
-            format!("each attempt has a Volcano PodGroup of {replicas} (scheduler {scheduler})"),
+            format!(
+                "each attempt has a Volcano PodGroup of {replicas} (scheduler {scheduler}): {placed}"
+            ),
         ),
         GangMode::Coscheduling { scheduler } => (
             true,
             reason::COSCHEDULING,
             format!(
-                "each attempt has a Coscheduling PodGroup of {replicas} (scheduler {scheduler})"
+                "each attempt has a Coscheduling PodGroup of {replicas} (scheduler {scheduler}): {placed}"
             ),
         ),
         GangMode::NotServed { asked } => (
@@ -208,7 +224,9 @@ pub fn group_object(
     attempt: i32,
 ) -> Option<GroupObject> {
     let name = group_name(job, attempt);
-    let min = spec.replicas.max(1);
+    // Elastic: the group is admitted once minReplicas pods fit; the others are placed one by
+    // one as capacity frees up, and join the gang at its next round.
+    let min = spec.min_replicas();
     let (resource, body) = match mode {
         GangMode::Native(NativeApi::V1alpha2) => {
             let mut spec_json = json!({"schedulingPolicy": {"gang": {"minCount": min}}});

@@ -583,6 +583,30 @@ esac"#,
 }
 
 #[test]
+fn elastic_a_new_gang_starts_on_the_nodes_placed_one_wait_after_node_0_not_two() {
+    let g = Gang::new("sleep 0.3; exit 0");
+    // Node 2's pod is never placed (no capacity): node 0 waits once for it, both for where
+    // it left off and for round 0's members, then starts on the two nodes that run.
+    let wait = 3.0;
+    let flags = ["--min-nodes", "2", "--elastic-wait-seconds", "3"];
+    let started = std::time::Instant::now();
+    let mut n0 = g.node_of(0, 3, 3, &flags);
+    let mut n1 = g.node_of(1, 3, 3, &flags);
+    assert_eq!(wait_line(&g, "world-1-0"), "1 2 3", "round 0: 2 ranks of 3");
+    let took = started.elapsed().as_secs_f64();
+    let within = Duration::from_secs(60);
+    assert_eq!(
+        (n0.wait(within).code(), n1.wait(within).code()),
+        (Some(0), Some(0))
+    );
+    assert!(
+        (wait..wait + 1.5).contains(&took),
+        "round 0 started {took:.1} s after node 0 (elastic wait {wait} s): {}",
+        n0.log()
+    );
+}
+
+#[test]
 fn elastic_a_frozen_node_is_left_out_at_its_heartbeat_timeout_and_leaves_once_replaced() {
     let g = Gang::new(
         r#"case "$FERROTRAIN_ROUND" in

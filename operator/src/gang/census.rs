@@ -37,20 +37,25 @@ impl<'a, 'o> Decider<'a, 'o> {
     /// Starting or Running: look at every rank of the current attempt.
     pub(super) fn evaluate(&mut self) {
         let census = self.census();
+        let replicas = self.o.spec.replicas.max(1);
+        // Elastic: node 0's launcher exits 0 only when the gang finished training; pods that
+        // were never placed, or placed too late to join (and failed to), have nothing left
+        // to do.
+        let finished = census.succeeded == replicas
+            || (self.elastic() && census.rank0.is_some_and(|p| p.state == PodState::Succeeded));
+        if finished {
+            self.succeed(census.rank0, census.succeeded);
+            return;
+        }
         if let Some(failure) = root_cause(census.failures, census.suspects) {
             self.end_attempt(failure);
             return;
         }
-        let replicas = self.o.spec.replicas.max(1);
         // Elastic: enough pods run for the gang to train without the others (their launchers
         // decided so after elastic.waitSeconds); the missing ones wait for capacity.
-        let trains_without_some = self.o.spec.min_replicas() < replicas
-            && census.running >= self.o.spec.min_replicas()
-            && !census.replacing.contains(&0);
+        let trains_without_some = self.elastic_quorum() && !census.replacing.contains(&0);
         if !census.replacing.is_empty() && !trains_without_some {
             self.replace_pods(&census.replacing, census.gone, census.node0_failed);
-        } else if census.succeeded == replicas {
-            self.succeed(census.rank0);
         } else if census.running + census.succeeded == replicas || trains_without_some {
             if !census.gone.is_empty() {
                 self.actions.push(super::decision::Action::Launch {
@@ -64,6 +69,21 @@ impl<'a, 'o> Decider<'a, 'o> {
         } else {
             self.starting(&census.waiting);
         }
+    }
+
+    /// Elastic: the job may train on fewer pods than it asked for.
+    pub(super) fn elastic(&self) -> bool {
+        self.o.spec.min_replicas() < self.o.spec.replicas.max(1)
+    }
+
+    /// Elastic: enough of the current attempt's pods run for the gang to train without the
+    /// others, node 0's among them (it hosts the rendezvous: nothing trains without it).
+    fn elastic_quorum(&self) -> bool {
+        let running = |p: &&PodView| p.state == PodState::Running && p.deleting_since.is_none();
+        let pods: Vec<&PodView> = self.current_pods().filter(running).collect();
+        self.elastic()
+            && pods.iter().any(|p| p.node_rank == 0)
+            && pods.len() as i32 >= self.o.spec.min_replicas()
     }
 
     /// Sorts the current attempt's ranks into running, succeeded, failed and waiting.
@@ -209,13 +229,7 @@ impl<'a, 'o> Decider<'a, 'o> {
             return;
         }
         // Elastic: a pod that waits for capacity ends nothing while enough others train.
-        let elastic = self.o.spec.min_replicas() < self.o.spec.replicas.max(1)
-            && self
-                .current_pods()
-                .filter(|p| p.state == PodState::Running)
-                .count() as i32
-                >= self.o.spec.min_replicas();
-        let timeout = if elastic {
+        let timeout = if self.elastic_quorum() {
             0
         } else {
             self.o.spec.startup_timeout_seconds

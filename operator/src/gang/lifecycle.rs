@@ -213,8 +213,15 @@ impl<'a, 'o> Decider<'a, 'o> {
 
     /// Every rank exited 0: phase Succeeded, rank 0's final report in the status, the ledger's
     /// last attempt closed.
-    pub(super) fn succeed(&mut self, rank0: Option<&PodView>) {
+    /// Training finished: `succeeded` pods exited 0 (elastic: node 0's and the others that
+    /// had already ended; any still waiting for a place are stopped).
+    pub(super) fn succeed(&mut self, rank0: Option<&PodView>, succeeded: i32) {
         let (replicas, attempt) = (self.o.spec.replicas.max(1), self.status.attempt);
+        let pods = if succeeded >= replicas {
+            format!("all {replicas} pods")
+        } else {
+            format!("{succeeded} of {replicas} pods (node 0's among them; the others stopped)")
+        };
         self.final_progress(rank0);
         let now = self.now();
         if let Some(r) = self.status.recovery.as_mut() {
@@ -242,12 +249,12 @@ impl<'a, 'o> Decider<'a, 'o> {
             condition::SUCCEEDED,
             true,
             reason::ALL_RANKS_SUCCEEDED,
-            format!("all {replicas} pods of attempt {attempt} exited 0{step}"),
+            format!("{pods} of attempt {attempt} exited 0{step}"),
         );
         self.event(
             false,
             reason::SUCCEEDED,
-            format!("training finished: all {replicas} pods exited 0{step}"),
+            format!("training finished: {pods} exited 0{step}"),
         );
         self.finished();
     }

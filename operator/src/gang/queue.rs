@@ -18,7 +18,8 @@ impl<'a, 'o> Decider<'a, 'o> {
     pub(super) fn gang_condition(&mut self) {
         let replicas = self.o.spec.replicas.max(1);
         // Off by the job's or the operator's choice: nothing to tell.
-        let Some((on, why, message)) = scheduling::condition(self.o.gang, replicas) else {
+        let min = self.o.spec.min_replicas();
+        let Some((on, why, message)) = scheduling::condition(self.o.gang, replicas, min) else {
             return;
         };
         let known = self

@@ -81,11 +81,11 @@ fn the_mechanism_follows_the_spec_the_queue_and_what_the_api_server_serves() {
 
 #[test]
 fn the_condition_says_how_or_why_not() {
-    let (on, why, message) = condition(&GangMode::Native(NativeApi::V1alpha2), 2).unwrap();
+    let (on, why, message) = condition(&GangMode::Native(NativeApi::V1alpha2), 2, 2).unwrap();
     assert!(on);
     assert_eq!(why, "NativePodGroup");
     assert!(message.contains("PodGroup of 2"), "{message}");
-    let (on, why, message) = condition(&GangMode::NotServed { asked: false }, 2).unwrap();
+    let (on, why, message) = condition(&GangMode::NotServed { asked: false }, 2, 2).unwrap();
     assert!(!on);
     assert_eq!(why, "NativeApiNotServed");
     for needle in [
@@ -97,7 +97,7 @@ fn the_condition_says_how_or_why_not() {
         assert!(message.contains(needle), "{needle}: {message}");
     }
     assert_eq!(
-        condition(&GangMode::Off, 2),
+        condition(&GangMode::Off, 2, 2),
         None,
         "off by choice: nothing to tell"
     );
@@ -138,6 +138,43 @@ fn a_native_pod_group_per_attempt_with_the_gang_size_and_topology() {
     assert_eq!(
         native_pod_fields(&GangMode::Native(NativeApi::V1alpha1), "mt-0"),
         Some(serde_json::json!({"spec": {"workloadRef": {"name": "mt-0", "podGroup": "gang"}}}))
+    );
+}
+
+#[test]
+fn an_elastic_group_is_admitted_once_its_min_replicas_fit() {
+    let s = spec(serde_json::json!({
+        "replicas": 4, "elastic": {"minReplicas": 2},
+        "trainer": {"task": "copy", "maxSteps": 10}
+    }));
+    let native = GangMode::Native(NativeApi::V1alpha2);
+    let g = group_object("mt", "ml", &s, &native, 0).unwrap();
+    assert_eq!(
+        g.object.data["spec"]["schedulingPolicy"]["gang"]["minCount"],
+        2
+    );
+    let volcano = GangMode::Volcano {
+        scheduler: "volcano".into(),
+        queue: None,
+    };
+    let v = group_object("mt", "ml", &s, &volcano, 0).unwrap();
+    assert_eq!(v.object.data["spec"]["minMember"], 2);
+    let (_, _, message) = condition(&native, 4, 2).unwrap();
+    assert!(
+        message.contains("admitted once 2 of its pods fit"),
+        "{message}"
+    );
+    let (_, _, message) = condition(&GangMode::Kueue { queue: "q".into() }, 4, 2).unwrap();
+    assert!(message.contains("starts when all fit"), "{message}");
+    // Not elastic without in-place restarts: every pod.
+    let whole = spec(serde_json::json!({
+        "replicas": 4, "elastic": {"minReplicas": 2}, "restartPolicy": {"inPlace": false},
+        "trainer": {"task": "copy", "maxSteps": 10}
+    }));
+    let g = group_object("mt", "ml", &whole, &native, 0).unwrap();
+    assert_eq!(
+        g.object.data["spec"]["schedulingPolicy"]["gang"]["minCount"],
+        4
     );
 }
 

@@ -659,3 +659,92 @@ fn elastic_the_status_says_how_many_ranks_train_and_why_once_each_way() {
             .any(|e| !e.warning && e.reason == "WholeGang")
     );
 }
+
+/// A new elastic gang of 3 (min 2) whose third pod finds no place.
+fn unplaced(rank: i32) -> PodView {
+    let mut p = crate::fixtures::stuck(0, rank, "Unschedulable", "0/2 nodes are available");
+    p.created = Some(crate::fixtures::t(0));
+    p
+}
+
+#[test]
+fn elastic_a_new_gang_trains_on_the_pods_that_fit_with_node_0_among_them() {
+    use crate::fixtures::starting_status;
+    let fits = run(&Row {
+        spec: elastic_spec,
+        status: starting_status(0, 0),
+        pods: vec![running(0, 0), running(0, 1), unplaced(2)],
+        // Past the start-up timeout: a pod the gang can do without ends nothing.
+        now: 3600,
+        ..Row::default()
+    });
+    assert_eq!(
+        (fits.status.phase, fits.status.attempt),
+        (Phase::Running, 0)
+    );
+    assert!(fits.actions.is_empty(), "{:?}", fits.actions);
+    // Node 0 hosts the rendezvous: without it nothing trains, whoever else runs.
+    let without_0 = run(&Row {
+        spec: elastic_spec,
+        status: starting_status(0, 0),
+        pods: vec![unplaced(0), running(0, 1), running(0, 2)],
+        now: 30,
+        ..Row::default()
+    });
+    assert_eq!(without_0.status.phase, Phase::Starting);
+    let late = run(&Row {
+        spec: elastic_spec,
+        status: starting_status(0, 0),
+        pods: vec![unplaced(0), running(0, 1), running(0, 2)],
+        now: 3600,
+        ..Row::default()
+    });
+    let failure = late.status.last_failure.as_ref().expect("lastFailure");
+    assert_eq!(
+        (
+            late.status.restarts,
+            failure.node_rank,
+            failure.reason.as_str()
+        ),
+        (1, Some(0), "Unschedulable"),
+        "node 0 not placed within startupTimeoutSeconds ends the attempt: {:?}",
+        late.status
+    );
+}
+
+#[test]
+fn elastic_training_ends_with_node_0_whatever_pods_never_found_a_place() {
+    let d = run(&Row {
+        spec: elastic_spec,
+        status: three_running(),
+        pods: vec![
+            crate::fixtures::exited(0, 0, 0, "", 90),
+            running(0, 1),
+            unplaced(2),
+        ],
+        now: 100,
+        ..Row::default()
+    });
+    assert_eq!(d.status.phase, Phase::Succeeded);
+    let done = d.status.condition(condition::SUCCEEDED).expect("Succeeded");
+    assert_eq!(
+        done.message,
+        "1 of 3 pods (node 0's among them; the others stopped) of attempt 0 exited 0"
+    );
+    for pod in ["mt-0-1", "mt-0-2"] {
+        assert!(
+            d.actions.contains(&Action::DeletePod(pod.into())),
+            "{pod}: {:?}",
+            d.actions
+        );
+    }
+    // Not elastic: every pod's own exit counts.
+    let whole = run(&Row {
+        spec: in_place_spec,
+        status: crate::fixtures::running_status(0, 0),
+        pods: vec![crate::fixtures::exited(0, 0, 0, "", 90), running(0, 1)],
+        now: 100,
+        ..Row::default()
+    });
+    assert_eq!(whole.status.phase, Phase::Running);
+}
