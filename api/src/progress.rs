@@ -387,6 +387,7 @@ impl Progress {
             checkpoint_step: self.last_checkpoint.as_ref().map(|c| c.step),
             skipped_steps: self.skipped_steps,
             healed_from: self.healed_from,
+            world_size: (self.world_size > 0).then_some(self.world_size),
         }
     }
 

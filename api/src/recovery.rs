@@ -178,6 +178,10 @@ pub struct AttemptRecord {
     /// Seconds of its training that produced kept steps.
     #[serde(default)]
     pub productive_seconds: f64,
+    /// The ranks that trained in it, as rank 0 reported (elastic: fewer than the gang's
+    /// while pods are missing, each covering the missing ranks' shards of the same batch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<u32>,
 }
 
 impl AttemptRecord {
@@ -248,6 +252,10 @@ pub struct Recovery {
     /// `fp16`: steps skipped on a gradient overflow, over every attempt.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub skipped_steps: u64,
+    /// Productive seconds at each world size (key: the ranks training), over every attempt
+    /// and round: the capacity an elastic job used at each size (times the GPUs of a rank).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub seconds_by_world_size: BTreeMap<String, f64>,
     /// Ended attempts by cause (Failure, Disruption, Stall, Stopped): every restart, counted
     /// or not against maxRestarts.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -292,6 +300,9 @@ pub struct Retired {
     /// Recoveries in `recoverySeconds`.
     #[serde(default)]
     pub recoveries: u32,
+    /// Their productive seconds at each world size.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub seconds_by_world_size: BTreeMap<String, f64>,
 }
 
 impl Retired {
@@ -311,6 +322,8 @@ pub struct StepReport {
     pub skipped_steps: u64,
     /// Where the run's state came from.
     pub healed_from: Option<HealedFrom>,
+    /// The ranks training (None when the report does not say).
+    pub world_size: Option<u32>,
 }
 
 /// Where an attempt's or round's state came from when it resumed.
@@ -392,6 +405,7 @@ impl Recovery {
             lost_steps: None,
             skipped_steps: 0,
             productive_seconds: 0.0,
+            world_size: None,
         });
         self.retire();
         self.update(at);
@@ -423,6 +437,9 @@ impl Recovery {
         }
         a.last_step = Some(r.step);
         a.skipped_steps = r.skipped_steps;
+        if r.world_size.is_some() {
+            a.world_size = r.world_size;
+        }
         if r.checkpoint_step.is_some() {
             a.checkpoint_step = r.checkpoint_step;
         }
@@ -494,6 +511,10 @@ impl Recovery {
             let r = &mut self.retired;
             r.attempts += 1;
             r.productive_seconds += old.productive_seconds;
+            if let Some(size) = old.world_size {
+                *r.seconds_by_world_size.entry(size.to_string()).or_default() +=
+                    old.productive_seconds;
+            }
             r.lost_steps += old.lost_steps.unwrap_or(0);
             r.skipped_steps += old.skipped_steps;
             if let Some((detect, recovery)) = failure_costs(&old, next_first_step) {
@@ -537,6 +558,14 @@ impl Recovery {
                     .map(|a| a.productive_seconds)
                     .sum::<f64>(),
         );
+        let mut by_size = r.seconds_by_world_size.clone();
+        for a in &self.attempts {
+            if let Some(size) = a.world_size {
+                *by_size.entry(size.to_string()).or_default() += a.productive_seconds;
+            }
+        }
+        by_size.values_mut().for_each(|s| *s = round3(*s));
+        self.seconds_by_world_size = by_size;
         self.lost_steps = r.lost_steps
             + self
                 .attempts

@@ -29,7 +29,8 @@ fn recovered_ledger_json() -> Value {
                     "detectedAt": "2026-12-01T12:00:30Z"
                 },
                 "lostSteps": 0,
-                "productiveSeconds": 27.9
+                "productiveSeconds": 27.9,
+                "worldSize": 2
             },
             {
                 "attempt": 0,
@@ -45,7 +46,8 @@ fn recovered_ledger_json() -> Value {
                     "failedAt": "2026-12-01T12:00:41.200Z",
                     "detectedAt": "2026-12-01T12:00:41.200Z"
                 },
-                "productiveSeconds": 12.1
+                "productiveSeconds": 12.1,
+                "worldSize": 2
             }
         ],
         "startedAt": "2026-12-01T12:00:00Z",
@@ -53,6 +55,7 @@ fn recovered_ledger_json() -> Value {
         "productiveSeconds": 40.0,
         "goodputPercent": 97.1,
         "lostSteps": 0,
+        "secondsByWorldSize": {"2": 40.0},
         "endsByCause": {"Failure": 1, "Succeeded": 1},
         "meanDetectSeconds": 0.05,
         "meanRecoverySeconds": 0.5

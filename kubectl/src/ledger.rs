@@ -1,5 +1,5 @@
 //! The recovery ledger (`status.recovery`, api/src/recovery.rs) for people: a row per attempt
-//! and round (what ended it, the rank blamed, the time to detect it and to the next step, the
+//! and round (its world size, what ended it, the rank blamed, the time to detect it and to the next step, the
 //! steps trained twice, where the next one's state came from), the job's totals, and what the
 //! last failure cost, which `watch` shows too.
 
@@ -74,9 +74,10 @@ pub fn healed(from: Option<HealedFrom>) -> &'static str {
     }
 }
 
-const HEADER: [&str; 13] = [
+const HEADER: [&str; 14] = [
     "ATTEMPT",
     "ROUND",
+    "WORLD",
     "STARTED",
     "FIRST STEP",
     "RESUMED",
@@ -130,6 +131,7 @@ fn row(job: &str, r: &AttemptRecord, next: Option<&AttemptRecord>) -> Vec<String
     vec![
         r.attempt.to_string(),
         round_of(r).to_string(),
+        or_dash(r.world_size),
         clock(r.started_at),
         or_dash(r.seconds_to_first_step().map(short_seconds)),
         r.resumed_from_step.unwrap_or(0).to_string(),
@@ -158,6 +160,15 @@ fn totals(recovery: &Recovery) -> String {
         ));
     }
     parts.push(format!("{} steps trained twice", recovery.lost_steps));
+    // An elastic job's capacity: how long it trained at each size.
+    if recovery.seconds_by_world_size.len() > 1 {
+        let sizes: Vec<String> = recovery
+            .seconds_by_world_size
+            .iter()
+            .map(|(size, s)| format!("{} at {size}", short_seconds(*s)))
+            .collect();
+        parts.push(format!("ranks: {}", sizes.join(", ")));
+    }
     if !recovery.ends_by_cause.is_empty() {
         let ends: Vec<String> = recovery
             .ends_by_cause
@@ -218,13 +229,16 @@ mod tests {
     fn the_table_has_a_row_per_round_and_the_totals() {
         let text = ledger_table("copy", &fixtures::recovered_ledger());
         let lines: Vec<&str> = text.lines().collect();
-        assert!(lines[0].starts_with("ATTEMPT   ROUND   STARTED"), "{text}");
+        assert!(
+            lines[0].starts_with("ATTEMPT   ROUND   WORLD   STARTED"),
+            "{text}"
+        );
         assert!(lines[0].ends_with("NEXT STEP   LOST"), "{text}");
         let words = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
         assert_eq!(
             words(lines[1]),
             [
-                "0", "0", "12:00:00", "2.00", "s", "0", "-", "303", "Failure", "Killed", "1",
+                "0", "0", "2", "12:00:00", "2.00", "s", "0", "-", "303", "Failure", "Killed", "1",
                 "copy-0-1", "0.05", "s", "0.50", "s", "0"
             ],
             "{text}"
@@ -234,6 +248,7 @@ mod tests {
             [
                 "0",
                 "1",
+                "2",
                 "12:00:30",
                 "0.45",
                 "s",
@@ -251,6 +266,17 @@ mod tests {
         );
         assert!(
             text.contains("goodput 97.1%: 40.0 s productive of 41.2 s; 0 steps trained twice; ends: Failure 1, Succeeded 1"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn an_elastic_jobs_totals_say_how_long_it_trained_at_each_size() {
+        let mut ledger = fixtures::recovered_ledger();
+        ledger.seconds_by_world_size = [("1".to_string(), 10.0), ("2".to_string(), 30.0)].into();
+        let text = ledger_table("copy", &ledger);
+        assert!(
+            text.contains("0 steps trained twice; ranks: 10.0 s at 1, 30.0 s at 2; ends:"),
             "{text}"
         );
     }

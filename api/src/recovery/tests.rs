@@ -12,6 +12,7 @@ fn report(step: u64, resumed: u64, first: i64, ckpt: Option<u64>) -> StepReport 
         checkpoint_step: ckpt,
         skipped_steps: 0,
         healed_from: None,
+        world_size: None,
     }
 }
 
@@ -288,4 +289,43 @@ fn a_round_that_ended_before_its_first_step_leaves_the_loss_to_the_next_that_res
         "settled by round 2's resume"
     );
     assert_eq!(r.lost_steps, 0);
+}
+
+#[test]
+fn each_rounds_world_size_and_the_seconds_trained_at_each_size_are_kept() {
+    let mut r = Recovery::default();
+    let at = |world: u32, rep: StepReport| StepReport {
+        world_size: Some(world),
+        ..rep
+    };
+    // Round 0 trains 10 s on 1 rank (the other pod not placed), round 1 20 s on 2.
+    r.start(0, t(0));
+    r.report(at(1, report(100, 0, 0, None)), t(10));
+    r.end(AttemptEnd {
+        cause: EndCause::Stopped,
+        reason: "Resized".into(),
+        ..failure(10, 10)
+    });
+    r.start_round(0, 1, t(10));
+    r.report(at(2, report(300, 100, 11, None)), t(31));
+    assert_eq!(
+        (r.attempts[0].world_size, r.attempts[1].world_size),
+        (Some(1), Some(2))
+    );
+    assert_eq!(r.attempts[0].lost_steps, Some(0), "a resize loses nothing");
+    let sizes: Vec<(&str, f64)> = r
+        .seconds_by_world_size
+        .iter()
+        .map(|(k, v)| (k.as_str(), *v))
+        .collect();
+    assert_eq!(sizes, [("1", 10.0), ("2", 20.0)]);
+    // A report that does not say keeps what the round said.
+    r.report(report(301, 100, 11, None), t(32));
+    assert_eq!(r.attempts[1].world_size, Some(2));
+    // Attempts that leave the history keep their seconds in the totals.
+    for i in 1..=MAX_ATTEMPTS as i64 {
+        r.start(i, t(100 * i));
+        r.report(at(4, report(400, 300, 100 * i, None)), t(100 * i + 1));
+    }
+    assert_eq!(r.seconds_by_world_size["1"], 10.0);
 }

@@ -274,6 +274,7 @@ fn ledger(saved: [bool; 3]) -> ferrotrain_api::Recovery {
             checkpoint_step: Some(if saved { from + 50 } else { from }),
             skipped_steps: 0,
             healed_from: None,
+            world_size: None,
         };
         r.report(report, t(attempt as i64 * 10 + 5));
         if attempt < 2 {
