@@ -1,0 +1,353 @@
+//! An elastic job and the cluster's free capacity, on a real cluster: a 2-pod job with
+//! `elastic.minReplicas: 1`, whose pods are sized so that one fits on a node, starts on the
+//! node that is free while another workload holds the second, grows to 2 pods when that
+//! workload finishes, shrinks back to 1 when a higher-priority pod preempts its second pod,
+//! and grows again when the preemptor is gone: every resize a new round healed from peers, the
+//! same attempt, no checkpoint read, no step trained twice.
+//!
+//! Each cycle (preempted, then grown back) is timed: from the preemption to the pod's leaving,
+//! and from capacity freeing up to the first step on it. FERROTRAIN_E2E_CYCLES (default 1)
+//! runs more of them; bench/elastic-capacity.sh runs 10 and prints p50 / max.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ferrotrain_api::crd::{Phase, condition};
+use ferrotrain_api::recovery::{HealedFrom, Timestamp};
+use ferrotrain_e2e::{
+    TestNamespace, WAIT, copy_job, trainer_image, wait_for, wait_rank0, wait_status,
+};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::json;
+
+const JOB: &str = "grow";
+/// Rank 0's pod and rank 1's.
+const POD_0: &str = "grow-0-0";
+const POD_1: &str = "grow-0-1";
+/// The priority class of the preemptor (cluster-wide, made once and kept: the same for every
+/// run, so nothing is left per run).
+const HIGH: &str = "ferrotrain-e2e-preemptor";
+
+/// A CPU quantity in millicores ("100m", "2", "1.5").
+fn millis(q: &str) -> i64 {
+    match q.strip_suffix('m') {
+        Some(m) => m.parse().unwrap_or(0),
+        None => (q.parse::<f64>().unwrap_or(0.0) * 1000.0) as i64,
+    }
+}
+
+/// Each node's allocatable CPU less what its pods request, in millicores.
+async fn free_cpu(client: &Client) -> BTreeMap<String, i64> {
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("listing nodes");
+    let mut free: BTreeMap<String, i64> = nodes
+        .items
+        .iter()
+        .map(|n| {
+            let cpu = n
+                .status
+                .as_ref()
+                .and_then(|s| s.allocatable.as_ref()?.get("cpu").cloned());
+            (
+                n.metadata.name.clone().unwrap_or_default(),
+                cpu.map_or(0, |q| millis(&q.0)),
+            )
+        })
+        .collect();
+    let pods = Api::<Pod>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("listing pods");
+    for pod in pods {
+        let phase = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_default();
+        let Some(spec) = pod.spec else { continue };
+        let Some(node) = spec.node_name else { continue };
+        if phase == "Succeeded" || phase == "Failed" {
+            continue;
+        }
+        let requested: i64 = spec
+            .containers
+            .iter()
+            .filter_map(|c| c.resources.as_ref()?.requests.as_ref()?.get("cpu").cloned())
+            .map(|q| millis(&q.0))
+            .sum();
+        *free.entry(node).or_default() -= requested;
+    }
+    free
+}
+
+/// A pod on `node` requesting `cpu` millicores, at `priority` (a class name) if given, that
+/// runs until /tmp/done exists (`finish`) and then exits 0.
+fn holder(name: &str, node: &str, cpu: i64, priority: Option<&str>) -> Pod {
+    let image = trainer_image().unwrap_or_else(|| "ferrotrain/trainer:dev".into());
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "priorityClassName": priority,
+            "containers": [{
+                "name": "hold", "image": image, "imagePullPolicy": "Never",
+                "command": ["sh", "-c", "while [ ! -e /tmp/done ]; do sleep 0.1; done"],
+                "resources": {"requests": {"cpu": format!("{cpu}m"), "memory": "16Mi"}}
+            }]
+        }
+    }))
+    .unwrap()
+}
+
+/// Rank 0's round, its first step's time and the round's source of state, once rank 0 steps
+/// at world size `world` in a round after `after`.
+async fn stepping_at(
+    ns: &TestNamespace,
+    world: u32,
+    after: Option<u64>,
+) -> (u64, Timestamp, Option<HealedFrom>) {
+    let what = format!("rank 0 stepping at world size {world}");
+    wait_rank0(ns, POD_0, &what, |p| {
+        p.attempt_first_step_time
+            .filter(|_| p.world_size == world && after.is_none_or(|a| p.round > a))
+            .map(|t| (p.round, t, p.healed_from))
+    })
+    .await
+}
+
+/// The time `pod` ended (its container's finishedAt), once it did.
+async fn finished_at(pods: &Api<Pod>, pod: &str) -> Timestamp {
+    wait_for(&format!("{pod} finished"), WAIT, || async {
+        let p = pods.get(pod).await.expect("the holder pod");
+        let done = p
+            .status
+            .as_ref()
+            .and_then(|s| {
+                s.container_statuses
+                    .as_ref()?
+                    .first()?
+                    .state
+                    .as_ref()?
+                    .terminated
+                    .as_ref()
+            })
+            .and_then(|t| t.finished_at.as_ref().map(|f| f.0));
+        let phase = p.status.and_then(|s| s.phase).unwrap_or_default();
+        (done, phase)
+    })
+    .await
+}
+
+/// Ends holder pod `name` as a finished job would (exit 0): its node's CPU is free again.
+async fn finish(pods: &Api<Pod>, name: &str) -> Timestamp {
+    ferrotrain_e2e::exec(pods, name, "touch /tmp/done").await;
+    finished_at(pods, name).await
+}
+
+/// The phase of rank `pod`'s current pod and its UID.
+async fn pod_state(pods: &Api<Pod>, pod: &str) -> Option<(String, String)> {
+    let p = pods.get_opt(pod).await.ok()??;
+    let phase = p.status.and_then(|s| s.phase).unwrap_or_default();
+    Some((phase, p.metadata.uid.unwrap_or_default()))
+}
+
+fn seconds(from: Timestamp, to: Timestamp) -> f64 {
+    to.duration_since(from).as_secs_f64()
+}
+
+async fn ensure_priority_class(client: &Client) {
+    let classes: Api<PriorityClass> = Api::all(client.clone());
+    if classes
+        .get_opt(HIGH)
+        .await
+        .expect("reading priority classes")
+        .is_some()
+    {
+        return;
+    }
+    let class: PriorityClass = serde_json::from_value(json!({
+        "metadata": {"name": HIGH},
+        "value": 1_000_000,
+        "description": "ferrotrain's e2e tests: a pod that preempts a training job's pod"
+    }))
+    .unwrap();
+    let _ = classes.create(&PostParams::default(), &class).await;
+}
+
+#[tokio::test]
+#[ignore = "needs a cluster with the operator and the trainer image (scripts/e2e.sh)"]
+async fn an_elastic_job_starts_on_what_fits_grows_into_freed_capacity_and_gives_back_a_preempted_pod()
+ {
+    let ns = TestNamespace::create("capacity").await;
+    let pods = ns.pods();
+    ensure_priority_class(&ns.client).await;
+    let free = free_cpu(&ns.client).await;
+    assert!(free.len() >= 2, "two nodes needed: {free:?}");
+    let least = *free.values().min().unwrap();
+    // One job pod fits on a free node, never two.
+    let pod_cpu = least / 2 + 100;
+    let (node_b, free_b) = free.iter().last().map(|(n, f)| (n.clone(), *f)).unwrap();
+    eprintln!("free CPU {free:?}: job pods request {pod_cpu}m; node {node_b} held");
+
+    // Another workload holds node B: a job pod does not fit beside it.
+    let blocker = holder("blocker", &node_b, free_b - pod_cpu + 100, None);
+    pods.create(&PostParams::default(), &blocker)
+        .await
+        .expect("the blocker");
+
+    let mut spec = copy_job(2, 1_000_000, None);
+    spec["elastic"] = json!({"minReplicas": 1, "waitSeconds": 5});
+    spec["resources"]["requests"]["cpu"] = json!(format!("{pod_cpu}m"));
+    spec["restartPolicy"]["maxRestarts"] = json!(0);
+    let created = Timestamp::now();
+    ns.create_job(JOB, spec).await;
+
+    // Starts on what fits.
+    let (round, first, _) = stepping_at(&ns, 1, None).await;
+    eprintln!(
+        "created -> round {round} steps at world size 1 {:.1} s later",
+        seconds(created, first)
+    );
+    let (phase, _) = pod_state(&pods, POD_1).await.expect("rank 1's pod");
+    assert_eq!(phase, "Pending", "rank 1's pod waits for capacity");
+    let running = wait_status(&ns.jobs(), JOB, "Running on 1 of 2 pods", WAIT, |s| {
+        s.phase == Phase::Running && s.current_world_size == Some(1)
+    })
+    .await;
+    let message = running
+        .condition(condition::RUNNING)
+        .map(|c| c.message.clone());
+    assert_eq!(
+        message.as_deref(),
+        Some("1 of 2 pods of attempt 0 run; the gang trains without the others (see Resized)")
+    );
+
+    // The other workload finishes: the job grows into its node.
+    let freed = finish(&pods, "blocker").await;
+    let (mut round, grown, healed) = stepping_at(&ns, 2, Some(round)).await;
+    let mut to_grow = vec![seconds(freed, grown)];
+    eprintln!(
+        "blocker finished -> round {round} steps at world size 2 {:.1} s later",
+        to_grow[0]
+    );
+    assert_eq!(
+        healed,
+        Some(HealedFrom::Peers),
+        "grown from peers, no checkpoint read"
+    );
+
+    let cycles: usize = std::env::var("FERROTRAIN_E2E_CYCLES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(1);
+    let mut to_leave = Vec::new();
+    for cycle in 0..cycles {
+        // A higher-priority pod needs node B: the scheduler preempts rank 1's pod.
+        let preemptor_name = format!("preemptor-{cycle}");
+        let free_b = free_cpu(&ns.client).await[&node_b];
+        let preemptor = holder(&preemptor_name, &node_b, free_b + 200, Some(HIGH));
+        let (_, victim) = pod_state(&pods, POD_1).await.expect("rank 1's pod");
+        pods.create(&PostParams::default(), &preemptor)
+            .await
+            .expect("the preemptor");
+        let (preempted, left) = preemption(&pods, &victim).await;
+        to_leave.push(seconds(preempted, left));
+        let (r, shrunk, healed) = stepping_at(&ns, 1, Some(round)).await;
+        eprintln!(
+            "cycle {cycle}: rank 1's pod preempted -> gone {:.1} s later, round {r} steps at world size 1 {:.1} s after the preemption",
+            to_leave[cycle],
+            seconds(preempted, shrunk)
+        );
+        assert_eq!(
+            healed,
+            Some(HealedFrom::Peers),
+            "shrunk without a checkpoint read"
+        );
+        // The preemptor finishes: rank 1's replacement gets its place back.
+        let freed = finish(&pods, &preemptor_name).await;
+        let (r, grown, healed) = stepping_at(&ns, 2, Some(r)).await;
+        round = r;
+        to_grow.push(seconds(freed, grown));
+        eprintln!(
+            "cycle {cycle}: preemptor finished -> round {r} steps at world size 2 {:.1} s later",
+            seconds(freed, grown)
+        );
+        assert_eq!(healed, Some(HealedFrom::Peers));
+        pods.delete(&preemptor_name, &DeleteParams::default())
+            .await
+            .expect("the preemptor");
+    }
+
+    let done = wait_status(&ns.jobs(), JOB, "the last round in the ledger", WAIT, |s| {
+        s.recovery
+            .as_ref()
+            .and_then(|r| r.attempts.last())
+            .and_then(|a| a.round)
+            == Some(round)
+    })
+    .await;
+    let recovery = done.recovery.clone().expect("the ledger");
+    for a in &recovery.attempts {
+        eprintln!(
+            "  round {:?}: world {:?}, resumed {:?} from {:?}, ended by {:?}, steps trained twice {:?}",
+            a.round,
+            a.world_size,
+            a.resumed_from_step,
+            a.healed_from,
+            a.end.as_ref().map(|e| e.reason.as_str()),
+            a.lost_steps
+        );
+    }
+    eprintln!(
+        "seconds by world size: {:?}",
+        recovery.seconds_by_world_size
+    );
+    eprintln!("capacity freed -> first step on it (s): {to_grow:.1?}");
+    eprintln!("preempted -> pod gone (s): {to_leave:.1?}");
+    assert_eq!(
+        (done.attempt, done.restarts),
+        (0, 0),
+        "no gang restart, no restart spent: {done:?}"
+    );
+    assert_eq!(recovery.lost_steps, 0, "no step trained twice");
+    assert!(
+        recovery.seconds_by_world_size.contains_key("1")
+            && recovery.seconds_by_world_size.contains_key("2")
+    );
+}
+
+/// Rank 1's pod `victim` (its UID) preempted: when the test saw it marked for deletion (the
+/// scheduler's preemption; polled every 100 ms, the API's own times are whole seconds) and
+/// when it saw the pod end (its launcher exited after handing over) or go.
+async fn preemption(pods: &Api<Pod>, victim: &str) -> (Timestamp, Timestamp) {
+    let started = std::time::Instant::now();
+    let mut marked = None;
+    loop {
+        assert!(
+            started.elapsed() < WAIT,
+            "rank 1's pod was not preempted within {WAIT:?}"
+        );
+        let pod = pods.get_opt(POD_1).await.ok().flatten();
+        let now = Timestamp::now();
+        let Some(p) = pod.filter(|p| p.metadata.uid.as_deref() == Some(victim)) else {
+            return (marked.unwrap_or(now), now);
+        };
+        if p.metadata.deletion_timestamp.is_some() {
+            marked.get_or_insert(now);
+        }
+        let phase = p.status.and_then(|s| s.phase).unwrap_or_default();
+        if let Some(at) = marked
+            && (phase == "Succeeded" || phase == "Failed")
+        {
+            return (at, now);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
