@@ -24,6 +24,10 @@ documented! {
     /// condition's and `lastFailure.reason`: the API refused a pod of the attempt (ResourceQuota,
     /// LimitRange, an admission webhook).
     pub const POD_CREATE_REFUSED: &str = "PodCreateRefused";
+    /// Created=False: an elastic job whose pods are scheduled one by one creates node 0's pod
+    /// first (it hosts the rendezvous: a gang placed without it trains nothing) and the others
+    /// once it has a node; the message says why it waits.
+    pub const NODE_0_FIRST: &str = "Node0First";
     /// Created=False: the next attempt waits until no pod of an earlier one exists (one checkpoint
     /// writer at a time).
     pub const PREVIOUS_ATTEMPT_TERMINATING: &str = "PreviousAttemptTerminating";

@@ -71,6 +71,22 @@ impl<'a, 'o> Decider<'a, 'o> {
         }
     }
 
+    /// Node 0's pod, created before the others (launch.rs), waits for a node: past
+    /// startupTimeoutSeconds, or with a wait no retry helps, the attempt ends as any pod's
+    /// would. True when it did.
+    pub(super) fn node_0_ended_the_attempt(&mut self) -> bool {
+        let Some(pod) = self.current_pods().find(|p| p.node_rank == 0) else {
+            return false;
+        };
+        let mut census = Census::default();
+        self.check_startup(pod, &mut census);
+        let Some(failure) = root_cause(census.failures, Vec::new()) else {
+            return false;
+        };
+        self.end_attempt(failure);
+        true
+    }
+
     /// Elastic: the job may train on fewer pods than it asked for.
     pub(super) fn elastic(&self) -> bool {
         self.o.spec.min_replicas() < self.o.spec.replicas.max(1)

@@ -12,6 +12,7 @@ use k8s_openapi::jiff::SignedDuration;
 use super::decider::{Decider, first_line, signed};
 use super::decision::Action;
 use super::observed::LaunchStop;
+use crate::scheduling::GangMode;
 
 /// How soon a launch the API refused (quota, LimitRange, webhook), a name conflict or a
 /// missing Secret stopped is tried again.
@@ -86,6 +87,9 @@ impl<'a, 'o> Decider<'a, 'o> {
             self.status.start_time = Some(Time(self.now()));
         }
         let attempt = self.status.attempt;
+        let Some(create) = self.in_placement_order(&missing) else {
+            return false;
+        };
         if missing.len() as i32 == replicas {
             // A new attempt: what the Running condition said of the last one is history (a
             // fresh job has none, and its first status stays as small as before).
@@ -108,10 +112,45 @@ impl<'a, 'o> Decider<'a, 'o> {
         }
         self.actions.push(Action::Launch {
             attempt,
-            node_ranks: missing,
+            node_ranks: create,
         });
         self.requeue_in(Duration::from_secs(30));
         false
+    }
+
+    /// The pods to create now of the `missing` ones. An elastic job whose pods are placed one
+    /// by one (no group object) gets node 0's pod first and the others once it has a node: the
+    /// scheduler could place the others and not node 0's, which hosts the rendezvous, and the
+    /// gang would hold nodes and train nothing. None while node 0's pod waits for a node
+    /// (condition Created False, Node0First, saying why; the pod's update brings the next
+    /// reconcile). A gang scheduler places the group together instead.
+    fn in_placement_order(&mut self, missing: &[i32]) -> Option<Vec<i32>> {
+        let one_by_one = matches!(self.o.gang, GangMode::Off | GangMode::NotServed { .. });
+        if !(self.elastic() && one_by_one) || missing.len() <= 1 {
+            return Some(missing.to_vec());
+        }
+        if missing.contains(&0) {
+            return Some(vec![0]);
+        }
+        let pod = self.current_pods().find(|p| p.node_rank == 0)?;
+        if pod.node.is_some() {
+            return Some(missing.to_vec());
+        }
+        let why = pod.waiting.as_ref().map_or_else(
+            || "not scheduled yet".to_string(),
+            |w| format!("{}: {}", w.reason, first_line(&w.message)),
+        );
+        let message = format!(
+            "attempt {}: node 0's pod {} is created first and waits for a node ({why}); the \
+             other {} pods are created once it has one",
+            self.status.attempt,
+            pod.name,
+            missing.len()
+        );
+        if !self.node_0_ended_the_attempt() {
+            self.set_condition(condition::CREATED, false, reason::NODE_0_FIRST, message);
+        }
+        None
     }
 
     /// The last launch of this attempt stopped ([`LaunchStop`]: the API refused a pod, a name

@@ -346,3 +346,92 @@ fn the_termination_grace_is_sized_from_the_last_save() {
     assert_eq!(launcher_stop_grace_seconds(30), 25);
     assert_eq!(launcher_stop_grace_seconds(70), 65);
 }
+
+/// An elastic gang of 3 (min 1) whose pods the scheduler places one by one.
+fn elastic(s: &mut ferrotrain_api::crd::DistributedTrainingSpec) {
+    s.replicas = 3;
+    s.restart_policy.in_place = true;
+    s.elastic = Some(ferrotrain_api::crd::ElasticSpec {
+        min_replicas: Some(1),
+        wait_seconds: 30,
+    });
+    s.startup_timeout_seconds = 600;
+}
+
+/// Node 0's pod, created and not placed.
+fn unplaced_node_0() -> PodView {
+    let mut p = crate::fixtures::stuck(0, 0, "Unschedulable", "0/2 nodes are available");
+    p.node = None;
+    p
+}
+
+#[test]
+fn an_elastic_gang_placed_one_by_one_creates_node_0s_pod_first() {
+    let first = run(&Row {
+        spec: elastic,
+        ..Row::default()
+    });
+    assert_eq!(first.actions, vec![launch(0, &[0])]);
+    let waits = run(&Row {
+        spec: elastic,
+        status: first.status.clone(),
+        pods: vec![unplaced_node_0()],
+        now: 130,
+        ..Row::default()
+    });
+    assert!(waits.actions.is_empty(), "{:?}", waits.actions);
+    assert_eq!(waits.status.phase, Phase::Pending);
+    let created = waits.status.condition(condition::CREATED).expect("Created");
+    assert_eq!(
+        (
+            created.status.as_str(),
+            created.reason.as_str(),
+            created.message.as_str()
+        ),
+        (
+            "False",
+            "Node0First",
+            "attempt 0: node 0's pod mt-0-0 is created first and waits for a node \
+             (Unschedulable: 0/2 nodes are available); the other 2 pods are created once it has one"
+        )
+    );
+    // Placed: the others follow.
+    let placed = run(&Row {
+        spec: elastic,
+        status: waits.status.clone(),
+        pods: vec![pending(0, 0)],
+        now: 131,
+        ..Row::default()
+    });
+    assert_eq!(placed.actions, vec![launch(0, &[1, 2])]);
+    // With a gang scheduler the group is placed together: every pod at once.
+    let grouped = crate::gang::tests::run_with(
+        &Row {
+            spec: elastic,
+            ..Row::default()
+        },
+        &crate::scheduling::GangMode::Native(crate::scheduling::NativeApi::V1alpha2),
+    );
+    assert_eq!(grouped.actions, vec![launch(0, &[0, 1, 2])]);
+}
+
+#[test]
+fn node_0s_pod_that_finds_no_node_within_the_startup_timeout_ends_the_attempt() {
+    let late = run(&Row {
+        spec: elastic,
+        status: status(Phase::Pending, 0, 0, vec![]),
+        pods: vec![unplaced_node_0()],
+        // Created at t(0): the start-up timeout is 600 s.
+        now: 601,
+        ..Row::default()
+    });
+    let failure = late.status.last_failure.as_ref().expect("lastFailure");
+    assert_eq!(
+        (
+            late.status.restarts,
+            failure.node_rank,
+            failure.reason.as_str()
+        ),
+        (1, Some(0), "Unschedulable")
+    );
+}
