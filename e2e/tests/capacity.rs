@@ -147,7 +147,7 @@ async fn finished_at(pods: &Api<Pod>, pod: &str) -> Timestamp {
 
 /// Ends holder pod `name` as a finished job would (exit 0): its node's CPU is free again.
 async fn finish(pods: &Api<Pod>, name: &str) -> Timestamp {
-    ferrotrain_e2e::exec(pods, name, "touch /tmp/done").await;
+    ferrotrain_e2e::exec_in(pods, name, "hold", "touch /tmp/done").await;
     finished_at(pods, name).await
 }
 
@@ -247,7 +247,7 @@ async fn an_elastic_job_starts_on_what_fits_grows_into_freed_capacity_and_gives_
         .ok()
         .and_then(|c| c.parse().ok())
         .unwrap_or(1);
-    let mut to_leave = Vec::new();
+    let (mut to_leave, mut to_shrink) = (Vec::new(), Vec::new());
     for cycle in 0..cycles {
         // A higher-priority pod needs node B: the scheduler preempts rank 1's pod.
         let preemptor_name = format!("preemptor-{cycle}");
@@ -260,10 +260,10 @@ async fn an_elastic_job_starts_on_what_fits_grows_into_freed_capacity_and_gives_
         let (preempted, left) = preemption(&pods, &victim).await;
         to_leave.push(seconds(preempted, left));
         let (r, shrunk, healed) = stepping_at(&ns, 1, Some(round)).await;
+        to_shrink.push(seconds(preempted, shrunk));
         eprintln!(
             "cycle {cycle}: rank 1's pod preempted -> gone {:.1} s later, round {r} steps at world size 1 {:.1} s after the preemption",
-            to_leave[cycle],
-            seconds(preempted, shrunk)
+            to_leave[cycle], to_shrink[cycle]
         );
         assert_eq!(
             healed,
@@ -311,6 +311,7 @@ async fn an_elastic_job_starts_on_what_fits_grows_into_freed_capacity_and_gives_
     );
     eprintln!("capacity freed -> first step on it (s): {to_grow:.1?}");
     eprintln!("preempted -> pod gone (s): {to_leave:.1?}");
+    eprintln!("preempted -> first step at the smaller size (s): {to_shrink:.1?}");
     assert_eq!(
         (done.attempt, done.restarts),
         (0, 0),

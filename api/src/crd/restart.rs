@@ -99,4 +99,14 @@ pub struct ElasticSpec {
     #[serde(default = "defaults::elastic_wait_seconds")]
     #[schemars(range(min = 0, max = 86400))]
     pub wait_seconds: i64,
+    /// The PriorityClass of the pods beyond minReplicas (node ranks minReplicas and up). A
+    /// class below the job's makes them the scheduler's first victims when a higher-priority
+    /// pod needs room, so preemption shrinks the gang (no step lost) instead of taking a pod
+    /// it cannot train without (node 0's, which hosts the rendezvous, or another of the first
+    /// minReplicas); they are also placed after those. Default: the job's own
+    /// (podTemplate.priorityClassName). Kueue, Volcano and Coscheduling judge a group by one
+    /// priority: leave it unset with them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub surplus_priority_class_name: Option<String>,
 }

@@ -253,6 +253,18 @@ impl DistributedTrainingSpec {
         }
     }
 
+    /// The PriorityClass of node rank `node_rank`'s pod: elastic.surplusPriorityClassName for
+    /// the pods beyond minReplicas, else the template's.
+    pub fn priority_class_of(&self, node_rank: i32) -> Option<String> {
+        let surplus = self
+            .elastic
+            .as_ref()
+            .and_then(|e| e.surplus_priority_class_name.clone())
+            .filter(|_| node_rank >= self.min_replicas());
+        let template = self.pod_template.as_ref();
+        surplus.or_else(|| template.and_then(|t| t.priority_class_name.clone()))
+    }
+
     /// Total ranks over all pods.
     pub fn world_size(&self) -> i32 {
         self.replicas.max(1) * self.procs_per_replica()

@@ -49,7 +49,7 @@ pub fn pod(
                 .then(|| template.node_selector.clone()),
             tolerations: (!template.tolerations.is_empty()).then(|| template.tolerations.clone()),
             affinity: template.affinity.clone(),
-            priority_class_name: template.priority_class_name.clone(),
+            priority_class_name: spec.priority_class_of(node_rank),
             scheduler_name: template.scheduler_name.clone(),
             image_pull_secrets: (!template.image_pull_secrets.is_empty())
                 .then(|| template.image_pull_secrets.clone()),

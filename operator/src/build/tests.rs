@@ -774,3 +774,28 @@ fn the_launchers_restart_in_place_with_their_own_launcher_on_one_pod_as_on_sever
         "not our launcher"
     );
 }
+
+#[test]
+fn the_pods_beyond_min_replicas_get_the_surplus_priority_class() {
+    let dt = job().with_spec(serde_json::json!({
+        "replicas": 4,
+        "trainer": {"task": "copy", "maxSteps": 100},
+        "podTemplate": {"priorityClassName": "training"},
+        "elastic": {"minReplicas": 2, "surplusPriorityClassName": "training-surplus"}
+    }));
+    let owner = Owner::of(&dt).unwrap();
+    let classes: Vec<Option<String>> = (0..4)
+        .map(|rank| pod(&owner, &dt.spec, 0, rank, &build_settings()))
+        .map(|p| p.spec.unwrap().priority_class_name)
+        .collect();
+    let named = |c: &str| Some(c.to_string());
+    assert_eq!(
+        classes,
+        [
+            named("training"),
+            named("training"),
+            named("training-surplus"),
+            named("training-surplus")
+        ]
+    );
+}

@@ -525,6 +525,7 @@ fn elastic_spec(s: &mut ferrotrain_api::crd::DistributedTrainingSpec) {
     s.elastic = Some(ferrotrain_api::crd::ElasticSpec {
         min_replicas: Some(2),
         wait_seconds: 30,
+        surplus_priority_class_name: None,
     });
     s.startup_timeout_seconds = 60;
 }

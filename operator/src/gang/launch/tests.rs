@@ -354,6 +354,7 @@ fn elastic(s: &mut ferrotrain_api::crd::DistributedTrainingSpec) {
     s.elastic = Some(ferrotrain_api::crd::ElasticSpec {
         min_replicas: Some(1),
         wait_seconds: 30,
+        surplus_priority_class_name: None,
     });
     s.startup_timeout_seconds = 600;
 }
