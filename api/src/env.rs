@@ -88,6 +88,11 @@ documented! {
     /// (elastic) has each rank also cover the shards of the missing ones, so the global batch,
     /// and the loss curve, stay those of the full gang.
     pub const FERROTRAIN_VIRTUAL_WORLD: &str = "FERROTRAIN_VIRTUAL_WORLD";
+    /// Set by the operator when spec.elastic.maxReplicas exceeds replicas: the ranks each step's
+    /// global batch is sized for (replicas x procsPerReplica), while the batch is cut into a
+    /// shard per rank of all maxReplicas pods (the launchers' world, or
+    /// FERROTRAIN_VIRTUAL_WORLD): more pods make a step faster, not larger.
+    pub const FERROTRAIN_BATCH_WORLD: &str = "FERROTRAIN_BATCH_WORLD";
     /// Set by the operator on each pod: the gang's round when the pod was created. A pod that
     /// replaces node 0's (which hosts the store, and with one pod the only one) starts its gang's
     /// rounds there, not at 0: the round numbers go on, as the status counts them.

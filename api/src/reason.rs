@@ -118,6 +118,9 @@ documented! {
     pub const SHRUNK: &str = "Shrunk";
     /// Resized=False: the whole gang trains again.
     pub const WHOLE_GANG: &str = "WholeGang";
+    /// Resized=True and a Normal event: the job trains on more ranks than `replicas` asks for,
+    /// in pods up to `elastic.maxReplicas` that found a place.
+    pub const GROWN: &str = "Grown";
     /// The ledger's end of a round that ended so that the gang grows back (not a failure).
     pub const RESIZED: &str = "Resized";
     /// The ledger's end of a round that no rank ended: every node's ranks were stopped from

@@ -352,3 +352,69 @@ async fn preemption(pods: &Api<Pod>, victim: &str) -> (Timestamp, Timestamp) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test]
+#[ignore = "needs a cluster with the operator and the trainer image (scripts/e2e.sh)"]
+async fn a_job_grows_beyond_replicas_into_an_idle_node_and_gives_it_back() {
+    let ns = TestNamespace::create("beyond").await;
+    let pods = ns.pods();
+    let free = free_cpu(&ns.client).await;
+    assert!(free.len() >= 2, "two nodes needed: {free:?}");
+    let pod_cpu = *free.values().min().unwrap() / 2 + 100;
+    let (node_b, free_b) = free.iter().last().map(|(n, f)| (n.clone(), *f)).unwrap();
+    let blocker = holder("blocker", &node_b, free_b - pod_cpu + 100, None);
+    pods.create(&PostParams::default(), &blocker)
+        .await
+        .expect("the blocker");
+
+    // Asked for 1 pod, up to 2 when there is room.
+    let mut spec = copy_job(1, 1_000_000, None);
+    spec["elastic"] = json!({"minReplicas": 1, "maxReplicas": 2, "waitSeconds": 5});
+    spec["resources"]["requests"]["cpu"] = json!(format!("{pod_cpu}m"));
+    spec["restartPolicy"]["maxRestarts"] = json!(0);
+    ns.create_job(JOB, spec).await;
+    let (round, _, _) = stepping_at(&ns, 1, None).await;
+    let asked = wait_status(&ns.jobs(), JOB, "Running as asked", WAIT, |s| {
+        s.phase == Phase::Running
+    })
+    .await;
+    assert_eq!(
+        asked.current_world_size, None,
+        "the size asked for: {asked:?}"
+    );
+
+    let freed = finish(&pods, "blocker").await;
+    let (round, grown, healed) = stepping_at(&ns, 2, Some(round)).await;
+    eprintln!(
+        "idle node freed -> round {round} steps at world size 2 (1 asked for) {:.1} s later",
+        seconds(freed, grown)
+    );
+    assert_eq!(healed, Some(HealedFrom::Peers));
+    let status = wait_status(&ns.jobs(), JOB, "Resized Grown", WAIT, |s| {
+        s.current_world_size == Some(2)
+    })
+    .await;
+    let resized = status.condition(condition::RESIZED).expect("Resized");
+    assert_eq!(
+        (resized.status.as_str(), resized.reason.as_str()),
+        ("True", "Grown")
+    );
+
+    // Rank 1's pod is deleted (as a drain would): back to the size asked for, from peers.
+    pods.delete(POD_1, &DeleteParams::default())
+        .await
+        .expect("deleting rank 1's pod");
+    let (round, _, healed) = stepping_at(&ns, 1, Some(round)).await;
+    assert_eq!(healed, Some(HealedFrom::Peers));
+    let back = wait_status(&ns.jobs(), JOB, "Resized WholeGang", WAIT, |s| {
+        s.current_world_size.is_none()
+    })
+    .await;
+    let recovery = back.recovery.clone().expect("the ledger");
+    eprintln!(
+        "round {round}: back at world size 1; seconds by world size {:?}",
+        recovery.seconds_by_world_size
+    );
+    assert_eq!((back.attempt, back.restarts), (0, 0), "{back:?}");
+    assert_eq!(recovery.lost_steps, 0, "no step trained twice");
+}

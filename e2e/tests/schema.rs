@@ -46,6 +46,8 @@ async fn the_api_server_rejects_invalid_objects_naming_the_field() {
         bad_model["trainer"]["model"] = json!({"dModel": 250, "heads": 4});
         let mut negative_restarts = good.clone();
         negative_restarts["restartPolicy"] = json!({"maxRestarts": -1});
+        let mut elastic_below = good.clone();
+        elastic_below["elastic"] = json!({"minReplicas": 1, "maxReplicas": 1});
         let mut two_checkpoint_volumes = good.clone();
         two_checkpoint_volumes["checkpoint"] = json!({"claimName": "a", "volumeName": "b"});
         let cases = [
@@ -64,6 +66,11 @@ async fn the_api_server_rejects_invalid_objects_naming_the_field() {
                 "dModel % heads",
                 bad_model,
                 "model.dModel must be divisible by model.heads",
+            ),
+            (
+                "maxReplicas below replicas",
+                elastic_below,
+                "spec.elastic.maxReplicas must be at least spec.replicas",
             ),
             (
                 "claimName and volumeName",

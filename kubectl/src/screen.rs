@@ -98,8 +98,11 @@ fn header(dt: &DistributedTraining, status: &DistributedTrainingStatus) -> Strin
         "{name}  {}  attempt {}, round {}  world size {world}",
         status.phase, status.attempt, status.round
     );
-    if world != desired {
+    if world < desired {
         out += &format!(" of {desired}");
+    } else if world > desired {
+        // Grown into pods beyond replicas (elastic.maxReplicas).
+        out += &format!(" ({desired} asked for)");
     }
     out + &format!(
         "  restarts {}/{}",
@@ -341,6 +344,14 @@ mod tests {
         assert_eq!(v.progress, "waiting for rank 0's first report");
         assert_eq!((v.bar, v.metrics), (None, None));
         assert!(v.failure.is_empty());
+        // Grown beyond replicas (elastic.maxReplicas).
+        let status = dt.status.as_mut().unwrap();
+        status.current_world_size = Some(3);
+        let v = view(&dt, at("2026-12-01T12:00:05Z"));
+        assert_eq!(
+            v.header,
+            "copy  Running  attempt 0, round 1  world size 3 (2 asked for)  restarts 1/5"
+        );
     }
 
     #[test]

@@ -111,6 +111,8 @@ struct Agent<'a> {
     members: Option<Members>,
     /// Node 0, elastic: when its wait for the first round's nodes began (members::Wait).
     waiting_since: Option<Instant>,
+    /// Node 0: the last round it gathered (whose arrivals say which nodes exist at all).
+    gathered: Option<u64>,
     /// Trainers started during the last round, waiting to be the next round's ranks.
     spares: Option<Spares>,
     /// Every node but 0: a connection to node 0's store whose will is this node's report of
@@ -179,6 +181,7 @@ impl<'a> Agent<'a> {
             id,
             members: None,
             waiting_since: None,
+            gathered: None,
             spares: None,
             will: None,
         })
@@ -521,10 +524,16 @@ impl<'a> Agent<'a> {
         let timeout = self.rendezvous_timeout();
         members::arrive(&mut self.link.client, round, node, &self.id)?;
         if let Some(host) = self.host.as_mut() {
+            // Not waited for either: nodes that did not come to the last round at all (pods
+            // not placed, up to elastic.maxReplicas); one that comes in time is taken.
+            let mut lost = host.take_lost();
+            if let Some(last) = self.gathered.replace(round) {
+                lost.extend(members::absent(&mut self.link.client, last, nnodes)?);
+            }
             let wait = members::Wait {
                 min_nodes: self.args.min_nodes.unwrap_or(nnodes).clamp(1, nnodes),
                 wait: Duration::from_secs_f64(self.args.elastic_wait_seconds.max(0.0)),
-                lost: host.take_lost(),
+                lost,
                 since: self.waiting_since.take().unwrap_or_else(Instant::now),
                 timeout,
             };

@@ -75,6 +75,20 @@ pub fn arrive(client: &mut StoreClient, round: u64, node: usize, id: &str) -> st
     Ok(())
 }
 
+/// The nodes that did not arrive at round `round` at all (node 0's view once it gathered it).
+pub fn absent(client: &mut StoreClient, round: u64, nnodes: usize) -> store::Result<Vec<usize>> {
+    let mut absent = Vec::new();
+    for node in 0..nnodes {
+        if client
+            .try_get(&keys::here(round, node), Duration::ZERO)?
+            .is_none()
+        {
+            absent.push(node);
+        }
+    }
+    Ok(absent)
+}
+
 /// How long node 0 waits for the nodes of a round.
 pub struct Wait {
     /// Elastic: the fewest nodes a round may start with (`nnodes`: not elastic).
@@ -85,8 +99,8 @@ pub struct Wait {
     /// for the others to say where they left off: a new gang starts on the pods that were
     /// placed one wait after node 0's, not two), else the round's gathering.
     pub since: Instant,
-    /// Nodes the last round was ended without (no heartbeat): not waited for, though taken
-    /// if they come in time.
+    /// Nodes not waited for, though taken if they come in time: those the last round was
+    /// ended without (no heartbeat), and those that did not come to it at all.
     pub lost: Vec<usize>,
     /// The longest wait for at least `min_nodes`.
     pub timeout: Duration,

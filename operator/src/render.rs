@@ -105,7 +105,7 @@ fn objects(
             .and_then(|key| services.get(&key))
             .map(build::StoreService::of),
     };
-    let ranks: Vec<i32> = (0..dt.spec.replicas.max(1)).collect();
+    let ranks: Vec<i32> = (0..dt.spec.pod_count()).collect();
     let g = build::gang(
         &owner,
         &dt.spec,

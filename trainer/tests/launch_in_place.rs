@@ -607,6 +607,40 @@ fn elastic_a_new_gang_starts_on_the_nodes_placed_one_wait_after_node_0_not_two()
 }
 
 #[test]
+fn elastic_a_node_that_never_came_is_not_waited_for_again_at_the_next_round() {
+    let g = Gang::new(
+        r#"case "$FERROTRAIN_ROUND" in
+  0) sleep 0.5; [ "$RANK" = 1 ] && exit 1; exec sleep 30;;
+  *) sleep 0.3; exit 0;;
+esac"#,
+    );
+    // Node 2's pod is never placed: round 0 waits for it once (3 s); round 1, after rank 1's
+    // failure, starts at once without it.
+    let flags = ["--min-nodes", "1", "--elastic-wait-seconds", "3"];
+    let mut n0 = g.node_of(0, 3, 3, &flags);
+    let mut n1 = g.node_of(1, 3, 3, &flags);
+    let within = Duration::from_secs(60);
+    assert_eq!(
+        (n0.wait(within).code(), n1.wait(within).code()),
+        (Some(0), Some(0)),
+        "{}",
+        n0.log()
+    );
+    let started = |round: u64| {
+        std::fs::metadata(g.path(&format!("world-0-{round}")))
+            .and_then(|m| m.modified())
+            .unwrap()
+    };
+    let gap = started(1).duration_since(started(0)).unwrap().as_secs_f64();
+    assert_eq!(read(&g, "world-1-1"), "1 2 3", "round 1: the same 2 of 3");
+    assert!(
+        gap < 2.5,
+        "round 1 started {gap:.1} s after round 0 (round 0 failed after 0.5 s; elastic wait 3 s): {}",
+        n0.log()
+    );
+}
+
+#[test]
 fn elastic_a_frozen_node_is_left_out_at_its_heartbeat_timeout_and_leaves_once_replaced() {
     let g = Gang::new(
         r#"case "$FERROTRAIN_ROUND" in

@@ -86,7 +86,8 @@ impl Default for RestartPolicy {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ElasticSpec {
-    /// The fewest pods the job trains on. A pod known to be gone (deleted, evicted, its
+    /// The fewest pods the job trains on (and, with a gang scheduler, the group's minimum:
+    /// the job starts once this many fit). A pod known to be gone (deleted, evicted, its
     /// launcher killed, cut off) is left out at once, and one that does not come to a round
     /// after waitSeconds: the others train on (each covering the missing ranks' shards
     /// of the same global batch, so the loss curve does not change) until it is back, and the
@@ -94,6 +95,15 @@ pub struct ElasticSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 4096))]
     pub min_replicas: Option<i32>,
+    /// The most pods the job trains on: above `replicas` (the size asked for), the job
+    /// creates pods up to this many, and those that find a place join at the next round
+    /// (those that do not wait without a start-up timeout and end with the job). The global
+    /// batch stays the one of `replicas` pods: each step's batch is cut into shards for
+    /// maxReplicas pods' ranks, each rank computing its share, so more pods make steps
+    /// faster, not larger, and the loss curve stays the same. Default: replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub max_replicas: Option<i32>,
     /// How long the others wait for a pod that does not come to a round before they train on
     /// without it (one known to be gone is not waited for).
     #[serde(default = "defaults::elastic_wait_seconds")]

@@ -70,6 +70,11 @@ pub const MAX_NAME_LENGTH: usize = 47;
         "fieldPath": ".elastic.minReplicas"
     },
     {
+        "rule": "!has(self.elastic) || !has(self.elastic.maxReplicas) || self.elastic.maxReplicas >= self.replicas",
+        "message": "spec.elastic.maxReplicas must be at least spec.replicas",
+        "fieldPath": ".elastic.maxReplicas"
+    },
+    {
         "rule": "!has(self.checkpoint) || !has(self.checkpoint.storeSecretName) || (has(self.trainer) && has(self.trainer.checkpoint) && has(self.trainer.checkpoint.store))",
         "message": "spec.checkpoint.storeSecretName needs spec.trainer.checkpoint.store: the bucket its credentials are for",
         "fieldPath": ".checkpoint.storeSecretName"
@@ -265,8 +270,30 @@ impl DistributedTrainingSpec {
         surplus.or_else(|| template.and_then(|t| t.priority_class_name.clone()))
     }
 
-    /// Total ranks over all pods.
+    /// Total ranks over the pods asked for (`replicas`): the world the global batch is sized
+    /// for.
     pub fn world_size(&self) -> i32 {
         self.replicas.max(1) * self.procs_per_replica()
+    }
+
+    /// The pods the job creates: `replicas`, or elastic.maxReplicas when it grows beyond them
+    /// (with in-place restarts; the pods beyond `replicas` train when they find a place).
+    pub fn pod_count(&self) -> i32 {
+        let max = self.elastic.as_ref().and_then(|e| e.max_replicas);
+        match max {
+            Some(m) if self.restarts_in_place() => m.max(self.replicas.max(1)),
+            _ => self.replicas.max(1),
+        }
+    }
+
+    /// Ranks over all the pods the job creates ([`Self::pod_count`]): the most that train at
+    /// once, and the shards each step's batch is cut into.
+    pub fn max_world_size(&self) -> i32 {
+        self.pod_count() * self.procs_per_replica()
+    }
+
+    /// Whether the job trains on a changing number of pods (fewer than it asked for, or more).
+    pub fn is_elastic(&self) -> bool {
+        self.min_replicas() < self.pod_count()
     }
 }

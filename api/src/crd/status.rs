@@ -184,8 +184,9 @@ pub struct DistributedTrainingStatus {
     /// without counting here.
     #[serde(default)]
     pub restarts: i32,
-    /// Ranks training now, when fewer than the gang's (elastic.minReplicas: pods lost and not
-    /// back yet); absent when the whole gang trains.
+    /// Ranks training now, when not the number asked for (replicas x procsPerReplica): fewer
+    /// (elastic.minReplicas: pods lost or not placed yet) or more (elastic.maxReplicas: pods
+    /// beyond replicas that found a place); absent when the gang asked for trains.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_world_size: Option<i32>,
     /// The in-place round of the current attempt: 0 until its ranks first restart in place

@@ -44,10 +44,14 @@ fn restart_env(spec: &DistributedTrainingSpec, s: &BuildSettings) -> Vec<EnvVar>
         env::FERROTRAIN_HEARTBEAT_TIMEOUT_SECONDS,
         p.heartbeat_timeout_seconds,
     ));
-    if spec.min_replicas() < spec.replicas {
+    if spec.is_elastic() {
         let wait = spec.elastic.as_ref().map_or(60, |e| e.wait_seconds);
         vars.push(env_value(env::FERROTRAIN_MIN_NODES, spec.min_replicas()));
         vars.push(env_value(env::FERROTRAIN_ELASTIC_WAIT_SECONDS, wait));
+    }
+    if spec.pod_count() > spec.replicas.max(1) {
+        // More pods than asked for cut the asked-for batch into more shards.
+        vars.push(env_value(env::FERROTRAIN_BATCH_WORLD, spec.world_size()));
     }
     // Who the agent is: a stale agent of a replaced pod is no member of later rounds.
     vars.push(EnvVar {
@@ -84,12 +88,12 @@ pub fn contract_env(
     let torch = [
         (env::MASTER_ADDR, master_addr),
         (env::MASTER_PORT, s.master_port.to_string()),
-        (env::NNODES, spec.replicas.to_string()),
+        (env::NNODES, spec.pod_count().to_string()),
         (env::NODE_RANK, node_rank.to_string()),
         (env::NPROC_PER_NODE, spec.procs_per_replica().to_string()),
     ];
     let mut vars: Vec<EnvVar> = torch.iter().map(|(k, v)| env_value(k, v)).collect();
-    vars.push(env_value(env::WORLD_SIZE, spec.world_size()));
+    vars.push(env_value(env::WORLD_SIZE, spec.max_world_size()));
     vars.extend(
         torch
             .iter()

@@ -57,7 +57,7 @@ pub fn pod(
         }),
         status: None,
     };
-    scheduling::join(&mut pod, &s.gang, &group, spec.replicas);
+    scheduling::join(&mut pod, &s.gang, &group, spec.pod_count());
     pod
 }
 

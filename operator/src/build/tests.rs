@@ -799,3 +799,41 @@ fn the_pods_beyond_min_replicas_get_the_surplus_priority_class() {
         ]
     );
 }
+
+#[test]
+fn a_gang_that_may_grow_beyond_replicas_gets_pods_and_world_for_max_replicas_and_the_batch_of_replicas()
+ {
+    let dt = job().with_spec(serde_json::json!({
+        "replicas": 2,
+        "procsPerReplica": 2,
+        "trainer": {"task": "copy", "maxSteps": 100},
+        "elastic": {"minReplicas": 1, "maxReplicas": 4}
+    }));
+    assert_eq!(
+        (
+            dt.spec.pod_count(),
+            dt.spec.max_world_size(),
+            dt.spec.world_size()
+        ),
+        (4, 8, 4)
+    );
+    let owner = Owner::of(&dt).unwrap();
+    let env = env_of(&pod(&owner, &dt.spec, 0, 3, &build_settings()));
+    let get = |name: &str| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+    assert_eq!(get("NNODES"), Some("4"));
+    assert_eq!(get("WORLD_SIZE"), Some("8"));
+    assert_eq!(
+        get("FERROTRAIN_BATCH_WORLD"),
+        Some("4"),
+        "the batch of replicas"
+    );
+    assert_eq!(get("FERROTRAIN_MIN_NODES"), Some("1"));
+    // Without it, or without in-place restarts: the pods asked for.
+    let plain = job().with_spec(serde_json::json!({
+        "replicas": 2, "trainer": {"task": "copy", "maxSteps": 100},
+        "elastic": {"maxReplicas": 4}, "restartPolicy": {"inPlace": false}
+    }));
+    assert_eq!(plain.spec.pod_count(), 2);
+    let env = env_of(&pod(&owner, &plain.spec, 0, 1, &build_settings()));
+    assert!(env.iter().all(|(k, _)| k != "FERROTRAIN_BATCH_WORLD"));
+}

@@ -37,7 +37,7 @@ impl<'a, 'o> Decider<'a, 'o> {
     /// Starting or Running: look at every rank of the current attempt.
     pub(super) fn evaluate(&mut self) {
         let census = self.census();
-        let replicas = self.o.spec.replicas.max(1);
+        let replicas = self.o.spec.pod_count();
         // Elastic: node 0's launcher exits 0 only when the gang finished training; pods that
         // were never placed, or placed too late to join (and failed to), have nothing left
         // to do.
@@ -89,7 +89,7 @@ impl<'a, 'o> Decider<'a, 'o> {
 
     /// Elastic: the job may train on fewer pods than it asked for.
     pub(super) fn elastic(&self) -> bool {
-        self.o.spec.min_replicas() < self.o.spec.replicas.max(1)
+        self.o.spec.is_elastic()
     }
 
     /// Elastic: enough of the current attempt's pods run for the gang to train without the
@@ -104,7 +104,7 @@ impl<'a, 'o> Decider<'a, 'o> {
 
     /// Sorts the current attempt's ranks into running, succeeded, failed and waiting.
     fn census(&mut self) -> Census<'o> {
-        let replicas = self.o.spec.replicas.max(1);
+        let replicas = self.o.spec.pod_count();
         let by_rank: BTreeMap<i32, &'o PodView> = self
             .current_pods()
             .filter(|p| p.node_rank < replicas)
@@ -277,7 +277,7 @@ impl<'a, 'o> Decider<'a, 'o> {
 
     /// status.replicas, runningReplicas and succeededReplicas: the current attempt's pods.
     pub(super) fn count_replicas(&mut self) {
-        let replicas = self.o.spec.replicas.max(1);
+        let replicas = self.o.spec.pod_count();
         let pods: Vec<&PodView> = self
             .current_pods()
             .filter(|p| p.node_rank < replicas)

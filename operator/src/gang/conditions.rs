@@ -107,7 +107,7 @@ impl<'a, 'o> Decider<'a, 'o> {
     /// the ledger's clock of the attempt (once); afterwards only the condition's message
     /// follows `present`.
     pub(super) fn all_running(&mut self, present: i32) {
-        let (replicas, attempt) = (self.o.spec.replicas.max(1), self.status.attempt);
+        let (replicas, attempt) = (self.o.spec.pod_count(), self.status.attempt);
         // Elastic: the gang trains while some pods are away; the message follows them.
         let (pods, away) = if present >= replicas {
             (format!("all {replicas} pods"), "")
@@ -189,7 +189,7 @@ impl<'a, 'o> Decider<'a, 'o> {
 
     /// Running=False/PodsStarting: the attempt's pods are on their way, nothing is wrong.
     pub(super) fn pods_starting(&mut self) {
-        let (replicas, attempt) = (self.o.spec.replicas.max(1), self.status.attempt);
+        let (replicas, attempt) = (self.o.spec.pod_count(), self.status.attempt);
         self.set_condition(
             condition::RUNNING,
             false,

@@ -112,35 +112,42 @@ impl<'a, 'o> Decider<'a, 'o> {
         self.status.round = next as i32;
     }
 
-    /// Elastic: the ranks training now (rank 0's report) against the gang's. Resized True
-    /// with a Warning event when fewer train, False with a Normal event when all do again.
+    /// Elastic: the ranks training now (rank 0's report) against the gang asked for
+    /// (`replicas`). Resized True with a Warning event when fewer train (Shrunk), True with a
+    /// Normal event when more do (Grown, elastic.maxReplicas), False with a Normal event when
+    /// the size asked for trains again (WholeGang); once each way.
     pub(super) fn world_size(&mut self, report: &Progress) {
         let (desired, current) = (self.o.spec.world_size(), report.world_size as i32);
-        if current == 0 || self.o.spec.min_replicas() >= self.o.spec.replicas {
+        if current == 0 || !self.o.spec.is_elastic() {
             return;
         }
-        let shrunk = current < desired;
-        let message = if shrunk {
-            format!(
-                "training on {current} of {desired} ranks: pods lost and not running again within elastic.waitSeconds are left out until they are back (the global batch is unchanged)"
-            )
-        } else {
-            format!("the whole gang of {desired} ranks trains")
+        let (why, message) = match current.cmp(&desired) {
+            std::cmp::Ordering::Less => (
+                reason::SHRUNK,
+                format!(
+                    "training on {current} of {desired} ranks: pods lost or not placed, and not running within elastic.waitSeconds, are left out until they come (the global batch is unchanged)"
+                ),
+            ),
+            std::cmp::Ordering::Greater => (
+                reason::GROWN,
+                format!(
+                    "training on {current} ranks, {} more than the {desired} asked for: pods up to elastic.maxReplicas found a place (the global batch is unchanged, each step faster)",
+                    current - desired
+                ),
+            ),
+            std::cmp::Ordering::Equal => (
+                reason::WHOLE_GANG,
+                format!("the whole gang of {desired} ranks trains"),
+            ),
         };
-        self.status.current_world_size = shrunk.then_some(current);
-        let was = self.status.is_true(condition::RESIZED);
-        if shrunk == was && self.status.condition(condition::RESIZED).is_some() {
+        let resized = why != reason::WHOLE_GANG;
+        self.status.current_world_size = resized.then_some(current);
+        let known = self.status.condition(condition::RESIZED);
+        if known.is_some_and(|c| c.reason == why) || (known.is_none() && !resized) {
             return;
         }
-        if shrunk || was {
-            let why = if shrunk {
-                reason::SHRUNK
-            } else {
-                reason::WHOLE_GANG
-            };
-            self.event(shrunk, why, message.clone());
-            self.set_condition(condition::RESIZED, shrunk, why, message);
-        }
+        self.event(why == reason::SHRUNK, why, message.clone());
+        self.set_condition(condition::RESIZED, resized, why, message);
     }
 }
 

@@ -53,7 +53,7 @@ pub fn launcher_stop_grace_seconds(pod_grace_seconds: i64) -> i64 {
 impl<'a, 'o> Decider<'a, 'o> {
     /// In Pending: creates the attempt's missing pods. True when all exist (moves to Starting).
     pub(super) fn launch(&mut self) -> bool {
-        let replicas = self.o.spec.replicas.max(1);
+        let replicas = self.o.spec.pod_count();
         let present: Vec<i32> = self.current_pods().map(|p| p.node_rank).collect();
         let missing: Vec<i32> = (0..replicas).filter(|r| !present.contains(r)).collect();
         if missing.is_empty() {

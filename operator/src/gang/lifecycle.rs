@@ -216,7 +216,7 @@ impl<'a, 'o> Decider<'a, 'o> {
     /// Training finished: `succeeded` pods exited 0 (elastic: node 0's and the others that
     /// had already ended; any still waiting for a place are stopped).
     pub(super) fn succeed(&mut self, rank0: Option<&PodView>, succeeded: i32) {
-        let (replicas, attempt) = (self.o.spec.replicas.max(1), self.status.attempt);
+        let (replicas, attempt) = (self.o.spec.pod_count(), self.status.attempt);
         let pods = if succeeded >= replicas {
             format!("all {replicas} pods")
         } else {

@@ -16,9 +16,9 @@ impl<'a, 'o> Decider<'a, 'o> {
     /// GangScheduling says how the pods are scheduled; a change is an event, a Warning when
     /// the gang is not enforced because the native API is not served (once, not per attempt).
     pub(super) fn gang_condition(&mut self) {
-        let replicas = self.o.spec.replicas.max(1);
-        // Off by the job's or the operator's choice: nothing to tell.
+        let replicas = self.o.spec.pod_count();
         let min = self.o.spec.min_replicas();
+        // Off by the job's or the operator's choice: nothing to tell.
         let Some((on, why, message)) = scheduling::condition(self.o.gang, replicas, min) else {
             return;
         };
@@ -64,7 +64,7 @@ impl<'a, 'o> Decider<'a, 'o> {
         let message = format!(
             "attempt {attempt}: {} of {} pods wait to be admitted{queue}: {gates}",
             held.len(),
-            self.o.spec.replicas.max(1)
+            self.o.spec.pod_count()
         );
         let known = self
             .status

@@ -25,6 +25,10 @@ pub struct RankEnv {
     /// The gang's full world size when this (elastic) round has fewer ranks
     /// (FERROTRAIN_VIRTUAL_WORLD): the ranks cover the missing ones' shards.
     pub virtual_world: Option<usize>,
+    /// The ranks each step's global batch is sized for when the gang may grow beyond the
+    /// size asked for (FERROTRAIN_BATCH_WORLD, elastic.maxReplicas): none, the gang's full
+    /// world size.
+    pub batch_world: Option<usize>,
     /// Where this rank's ring listener must bind (FERROTRAIN_PORT_RANGE: the ports the job's
     /// NetworkPolicy names).
     pub port_range: Option<(u16, u16)>,
@@ -71,6 +75,8 @@ impl RankEnv {
         let store_hosted = var(env::FERROTRAIN_STORE_HOSTED).is_some_and(|v| v.trim() == "1");
         let virtual_world: usize = parse(&var, env::FERROTRAIN_VIRTUAL_WORLD, 0)?;
         let virtual_world = (virtual_world > world_size).then_some(virtual_world);
+        let batch_world: usize = parse(&var, env::FERROTRAIN_BATCH_WORLD, 0)?;
+        let batch_world = (batch_world > 0).then_some(batch_world);
         let port_range = var(env::FERROTRAIN_PORT_RANGE)
             .filter(|v| !v.trim().is_empty())
             .map(|v| super::ports::parse_range(&v))
@@ -111,6 +117,7 @@ impl RankEnv {
             round,
             store_hosted,
             virtual_world,
+            batch_world,
             port_range,
             heal_dir: var(env::FERROTRAIN_HEAL_DIR)
                 .filter(|d| !d.trim().is_empty())

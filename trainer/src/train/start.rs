@@ -90,11 +90,13 @@ impl<'a> Trainer<'a> {
             &corpus.stats,
         );
         // The whole gang's batch (an elastic round of fewer ranks processes the same
-        // batches): `globalTokens` per step, or `maxTokens` per rank.
+        // batches): `globalTokens` per step, or `maxTokens` per rank of the gang asked for
+        // (elastic.maxReplicas: more ranks cut the same batch into more shards).
         let virtual_world = opts.rank.virtual_world.unwrap_or(world).max(world);
-        let plan = config.batch.plan(virtual_world);
+        let batch_world = opts.rank.batch_world.unwrap_or(virtual_world);
+        let plan = config.batch.plan(batch_world);
         if leader {
-            log_plan(&config.batch, plan, virtual_world);
+            log_plan(&config.batch, plan, batch_world);
         }
         let batches = Batches::start(
             &corpus.train,

@@ -381,6 +381,7 @@ pub fn rank_env(rank: usize, world_size: usize, port: u16, token: &str) -> RankE
         round: 0,
         store_hosted: false,
         virtual_world: None,
+        batch_world: None,
         port_range: None,
         heal_dir: None,
     }

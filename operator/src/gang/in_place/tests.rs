@@ -524,6 +524,7 @@ fn elastic_spec(s: &mut ferrotrain_api::crd::DistributedTrainingSpec) {
     s.restart_policy.in_place = true;
     s.elastic = Some(ferrotrain_api::crd::ElasticSpec {
         min_replicas: Some(2),
+        max_replicas: None,
         wait_seconds: 30,
         surplus_priority_class_name: None,
     });
@@ -748,4 +749,65 @@ fn elastic_training_ends_with_node_0_whatever_pods_never_found_a_place() {
         ..Row::default()
     });
     assert_eq!(whole.status.phase, Phase::Running);
+}
+
+/// A gang asked at 2 pods that may grow to 4 (min 1).
+fn growing_spec(s: &mut ferrotrain_api::crd::DistributedTrainingSpec) {
+    s.replicas = 2;
+    s.restart_policy.in_place = true;
+    s.elastic = Some(ferrotrain_api::crd::ElasticSpec {
+        min_replicas: Some(1),
+        max_replicas: Some(4),
+        wait_seconds: 30,
+        surplus_priority_class_name: None,
+    });
+}
+
+#[test]
+fn a_gang_that_may_grow_creates_max_replicas_pods_trains_on_those_placed_and_says_it_grew() {
+    let created = run(&Row {
+        spec: growing_spec,
+        ..Row::default()
+    });
+    assert_eq!(
+        created.actions,
+        vec![crate::gang::tests::launch(0, &[0])],
+        "node 0's pod first"
+    );
+    let placed = run(&Row {
+        spec: growing_spec,
+        status: created.status.clone(),
+        pods: vec![crate::fixtures::pending(0, 0)],
+        ..Row::default()
+    });
+    assert_eq!(
+        placed.actions,
+        vec![crate::gang::tests::launch(0, &[1, 2, 3])]
+    );
+    let mut grown = crate::fixtures::running_status(0, 0);
+    grown.replicas = 4;
+    let d = run(&Row {
+        spec: growing_spec,
+        status: grown,
+        pods: vec![running(0, 0), running(0, 1), running(0, 2), unplaced(3)],
+        progress: ProgressObservation::Report(Box::new(Progress {
+            world_size: 3,
+            ..report(200, 2.0)
+        })),
+        now: 3600,
+        ..Row::default()
+    });
+    assert_eq!((d.status.phase, d.status.attempt), (Phase::Running, 0));
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    let running = d.status.condition(condition::RUNNING).unwrap();
+    assert_eq!(
+        running.message,
+        "3 of 4 pods of attempt 0 run; the gang trains without the others (see Resized)"
+    );
+    let resized = d.status.condition(condition::RESIZED).unwrap();
+    assert_eq!(
+        (resized.status.as_str(), resized.reason.as_str()),
+        ("True", "Grown")
+    );
+    assert_eq!(d.status.current_world_size, Some(3));
 }

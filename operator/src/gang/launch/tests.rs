@@ -353,6 +353,7 @@ fn elastic(s: &mut ferrotrain_api::crd::DistributedTrainingSpec) {
     s.restart_policy.in_place = true;
     s.elastic = Some(ferrotrain_api::crd::ElasticSpec {
         min_replicas: Some(1),
+        max_replicas: None,
         wait_seconds: 30,
         surplus_priority_class_name: None,
     });
