@@ -39,8 +39,31 @@ fn millis(q: &str) -> i64 {
     }
 }
 
+/// Each node's allocatable CPU less what its pods request, in millicores, once no other
+/// test's pod holds any (these tests run alone, but the pods of the one before may still be
+/// terminating with its namespace).
+async fn free_cpu(ns: &TestNamespace) -> BTreeMap<String, i64> {
+    wait_for("other tests' pods gone", WAIT, || async {
+        let pods = Api::<Pod>::all(ns.client.clone())
+            .list(&ListParams::default())
+            .await
+            .expect("listing pods");
+        let others: Vec<String> = pods
+            .into_iter()
+            .filter(|p| {
+                let theirs = p.metadata.namespace.as_deref().unwrap_or_default();
+                theirs.starts_with("ft-e2e-") && theirs != ns.name
+            })
+            .filter_map(|p| p.metadata.name)
+            .collect();
+        (others.is_empty().then_some(()), format!("{others:?}"))
+    })
+    .await;
+    node_cpu(&ns.client).await
+}
+
 /// Each node's allocatable CPU less what its pods request, in millicores.
-async fn free_cpu(client: &Client) -> BTreeMap<String, i64> {
+async fn node_cpu(client: &Client) -> BTreeMap<String, i64> {
     let nodes = Api::<Node>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -188,7 +211,7 @@ async fn an_elastic_job_starts_on_what_fits_grows_into_freed_capacity_and_gives_
     let ns = TestNamespace::create("capacity").await;
     let pods = ns.pods();
     ensure_priority_class(&ns.client).await;
-    let free = free_cpu(&ns.client).await;
+    let free = free_cpu(&ns).await;
     assert!(free.len() >= 2, "two nodes needed: {free:?}");
     let least = *free.values().min().unwrap();
     // One job pod fits on a free node, never two.
@@ -251,7 +274,7 @@ async fn an_elastic_job_starts_on_what_fits_grows_into_freed_capacity_and_gives_
     for cycle in 0..cycles {
         // A higher-priority pod needs node B: the scheduler preempts rank 1's pod.
         let preemptor_name = format!("preemptor-{cycle}");
-        let free_b = free_cpu(&ns.client).await[&node_b];
+        let free_b = free_cpu(&ns).await[&node_b];
         let preemptor = holder(&preemptor_name, &node_b, free_b + 200, Some(HIGH));
         let (_, victim) = pod_state(&pods, POD_1).await.expect("rank 1's pod");
         pods.create(&PostParams::default(), &preemptor)
@@ -358,7 +381,7 @@ async fn preemption(pods: &Api<Pod>, victim: &str) -> (Timestamp, Timestamp) {
 async fn a_job_grows_beyond_replicas_into_an_idle_node_and_gives_it_back() {
     let ns = TestNamespace::create("beyond").await;
     let pods = ns.pods();
-    let free = free_cpu(&ns.client).await;
+    let free = free_cpu(&ns).await;
     assert!(free.len() >= 2, "two nodes needed: {free:?}");
     let pod_cpu = *free.values().min().unwrap() / 2 + 100;
     let (node_b, free_b) = free.iter().last().map(|(n, f)| (n.clone(), *f)).unwrap();
