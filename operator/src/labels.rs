@@ -11,7 +11,9 @@ pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGER: &str = "ferrotrain-operator";
 // The pods' own labels, name and container: in the api crate, which `kubectl ferrotrain`
 // reads them from too.
-pub use ferrotrain_api::crd::labels::{ATTEMPT, JOB, NODE_RANK, TRAINER_CONTAINER, pod_name};
+pub use ferrotrain_api::crd::labels::{
+    ATTEMPT, JOB, NODE_RANK, PREEMPTION_COST, TRAINER_CONTAINER, pod_name, preemption_cost,
+};
 
 /// Key of the trainer config in the ConfigMap.
 pub const CONFIG_KEY: &str = "trainer.yaml";

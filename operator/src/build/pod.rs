@@ -23,7 +23,12 @@ pub fn pod(
 ) -> Pod {
     let name = labels::pod_name(&owner.name, attempt, node_rank);
     let template = spec.pod_template.clone().unwrap_or_default();
-    let metadata = pod_metadata(owner, &template, &name, attempt, node_rank);
+    let mut metadata = pod_metadata(owner, &template, &name, attempt, node_rank);
+    let cost = labels::preemption_cost(node_rank, spec.min_replicas());
+    metadata
+        .labels
+        .get_or_insert_default()
+        .insert(labels::PREEMPTION_COST.to_string(), cost.to_string());
     let storage = storage(owner, spec, &template, node_rank);
     let env = pod_env(owner, spec, &template, attempt, node_rank, s);
     let container = trainer_container(spec, s, env, storage.mounts, storage.working_dir);

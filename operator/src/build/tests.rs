@@ -837,3 +837,24 @@ fn a_gang_that_may_grow_beyond_replicas_gets_pods_and_world_for_max_replicas_and
     let env = env_of(&pod(&owner, &plain.spec, 0, 1, &build_settings()));
     assert!(env.iter().all(|(k, _)| k != "FERROTRAIN_BATCH_WORLD"));
 }
+
+#[test]
+fn each_pod_is_labelled_with_what_taking_it_costs() {
+    let cost = |spec: serde_json::Value| -> Vec<String> {
+        let dt = job().with_spec(spec);
+        let owner = Owner::of(&dt).unwrap();
+        (0..dt.spec.pod_count())
+            .map(|rank| pod(&owner, &dt.spec, 0, rank, &build_settings()))
+            .map(|p| p.metadata.labels.unwrap()["ferrotrain.dev/preemption-cost"].clone())
+            .collect()
+    };
+    let elastic = cost(serde_json::json!({
+        "replicas": 3, "trainer": {"task": "copy", "maxSteps": 100},
+        "elastic": {"minReplicas": 2, "maxReplicas": 4}
+    }));
+    assert_eq!(elastic, ["rendezvous", "needed", "surplus", "surplus"]);
+    let fixed = cost(serde_json::json!({
+        "replicas": 2, "trainer": {"task": "copy", "maxSteps": 100}
+    }));
+    assert_eq!(fixed, ["rendezvous", "needed"]);
+}
