@@ -441,3 +441,76 @@ async fn a_job_grows_beyond_replicas_into_an_idle_node_and_gives_it_back() {
     assert_eq!((back.attempt, back.restarts), (0, 0), "{back:?}");
     assert_eq!(recovery.lost_steps, 0, "no step trained twice");
 }
+
+#[tokio::test]
+#[ignore = "needs a cluster with the operator and the trainer image (scripts/e2e.sh)"]
+async fn a_higher_priority_pod_preempts_two_pods_and_the_gang_shrinks_from_peers() {
+    let ns = TestNamespace::create("preempt").await;
+    let pods = ns.pods();
+    ensure_priority_class(&ns.client).await;
+    let free = free_cpu(&ns).await;
+    assert!(free.len() >= 2, "two nodes needed: {free:?}");
+    // Two job pods fit on a node, never three.
+    let pod_cpu = *free.values().min().unwrap() / 2 - 50;
+    let mut spec = copy_job(4, 1_000_000, None);
+    spec["elastic"] = json!({"minReplicas": 1, "waitSeconds": 5});
+    spec["resources"]["requests"]["cpu"] = json!(format!("{pod_cpu}m"));
+    spec["restartPolicy"]["maxRestarts"] = json!(0);
+    ns.create_job(JOB, spec).await;
+    let (round, _, _) = stepping_at(&ns, 4, None).await;
+
+    // The node without rank 0's pod (a scheduler would pick it by the pods' priorities; here
+    // the preemptor is pinned to it) gets a pod that needs both job pods' CPU.
+    let node_of = |p: Pod| p.spec.and_then(|s| s.node_name).unwrap_or_default();
+    let node_0 = node_of(pods.get(POD_0).await.expect("rank 0's pod"));
+    let node_b = free.keys().find(|n| **n != node_0).cloned().unwrap();
+    let victims: Vec<String> = ferrotrain_e2e::pods_of(&pods, JOB)
+        .await
+        .into_iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node_b.as_str()))
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    assert_eq!(victims.len(), 2, "two job pods on {node_b}: {victims:?}");
+    let free_b = free_cpu(&ns).await[&node_b];
+    let preemptor = holder("preemptor", &node_b, free_b + 2 * pod_cpu - 100, Some(HIGH));
+    let preempted = Timestamp::now();
+    pods.create(&PostParams::default(), &preemptor)
+        .await
+        .expect("the preemptor");
+    let (shrunk_round, shrunk, healed) = stepping_at(&ns, 2, Some(round)).await;
+    eprintln!(
+        "preemptor created -> {victims:?} preempted, round {shrunk_round} steps at world size 2 {:.1} s later",
+        seconds(preempted, shrunk)
+    );
+    assert_eq!(healed, Some(HealedFrom::Peers), "no checkpoint read");
+
+    let freed = finish(&pods, "preemptor").await;
+    let (round, grown, healed) = stepping_at(&ns, 4, Some(shrunk_round)).await;
+    eprintln!(
+        "preemptor finished -> round {round} steps at world size 4 {:.1} s later",
+        seconds(freed, grown)
+    );
+    assert_eq!(healed, Some(HealedFrom::Peers));
+    let done = wait_status(&ns.jobs(), JOB, "the whole gang again", WAIT, |s| {
+        s.current_world_size.is_none()
+            && s.recovery
+                .as_ref()
+                .and_then(|r| r.attempts.last())
+                .and_then(|a| a.round)
+                == Some(round)
+    })
+    .await;
+    let recovery = done.recovery.clone().expect("the ledger");
+    for a in &recovery.attempts {
+        eprintln!(
+            "  round {:?}: world {:?}, from {:?}, ended by {:?}, steps trained twice {:?}",
+            a.round,
+            a.world_size,
+            a.healed_from,
+            a.end.as_ref().map(|e| e.reason.as_str()),
+            a.lost_steps
+        );
+    }
+    assert_eq!((done.attempt, done.restarts), (0, 0), "{done:?}");
+    assert_eq!(recovery.lost_steps, 0, "no step trained twice");
+}

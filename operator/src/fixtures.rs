@@ -187,6 +187,7 @@ pub fn pod_view(attempt: i32, rank: i32, state: PodState) -> PodView {
         attempt,
         node_rank: rank,
         running_since: matches!(state, PodState::Running).then(|| t(0)),
+        ended_at: None,
         state,
         deleting_since: None,
         node_lost_since: None,
@@ -239,6 +240,26 @@ pub fn stuck(attempt: i32, rank: i32, reason: &str, message: &str) -> PodView {
         message: message.into(),
     });
     p
+}
+
+/// Rank `rank`'s pod of attempt `attempt` that no node fits (not bound, Unschedulable).
+pub fn unplaced(attempt: i32, rank: i32) -> PodView {
+    let mut p = stuck(attempt, rank, "Unschedulable", "0/2 nodes are available");
+    p.node = None;
+    p
+}
+
+/// Makes `s` elastic with in-place restarts: `replicas` pods asked for, at least `min`, up to
+/// `max` (None: replicas), a 30 s elastic wait.
+pub fn elastic(s: &mut DistributedTrainingSpec, replicas: i32, min: i32, max: Option<i32>) {
+    s.replicas = replicas;
+    s.restart_policy.in_place = true;
+    s.elastic = Some(ferrotrain_api::crd::ElasticSpec {
+        min_replicas: Some(min),
+        max_replicas: max,
+        wait_seconds: 30,
+        surplus_priority_class_name: None,
+    });
 }
 
 /// `p` with a disruption condition of `reason`.

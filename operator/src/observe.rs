@@ -81,6 +81,7 @@ pub fn pod_view(pod: &Pod, node: Option<&Node>) -> Option<PodView> {
         node: scheduled_on.map(str::to_string),
         uid: meta.uid.clone(),
         running_since,
+        ended_at: terminated.and_then(|t| t.finished_at.as_ref()).map(|f| f.0),
         created: meta.creation_timestamp.as_ref().map(|t| t.0),
         waiting,
         disruption: disruption(pod),

@@ -11,6 +11,10 @@ use super::decider::{Decider, first_line, signed};
 use super::failure::{Failure, disrupted, root_cause};
 use super::observed::{PodState, PodView, Termination, WaitCause};
 
+/// How long an elastic gang's other pods may take to end after node 0's (its launcher waits
+/// up to 30 s for the members' goodbyes before it exits, and they exit right after).
+const FINISH_GRACE: std::time::Duration = std::time::Duration::from_secs(40);
+
 /// The current attempt's ranks, sorted by what they do.
 #[derive(Default)]
 struct Census<'o> {
@@ -38,13 +42,12 @@ impl<'a, 'o> Decider<'a, 'o> {
     pub(super) fn evaluate(&mut self) {
         let census = self.census();
         let replicas = self.o.spec.pod_count();
-        // Elastic: node 0's launcher exits 0 only when the gang finished training; pods that
-        // were never placed, or placed too late to join (and failed to), have nothing left
-        // to do.
-        let finished = census.succeeded == replicas
-            || (self.elastic() && census.rank0.is_some_and(|p| p.state == PodState::Succeeded));
-        if finished {
+        if census.succeeded == replicas || self.elastic_finished(census.rank0) {
             self.succeed(census.rank0, census.succeeded);
+            return;
+        }
+        if self.elastic() && census.rank0.is_some_and(|p| p.state == PodState::Succeeded) {
+            // The gang finished; its other pods are ending by themselves.
             return;
         }
         if let Some(failure) = root_cause(census.failures, census.suspects) {
@@ -85,6 +88,28 @@ impl<'a, 'o> Decider<'a, 'o> {
         };
         self.end_attempt(failure);
         true
+    }
+
+    /// Elastic: node 0's launcher exits 0 only when the gang finished training. Once no
+    /// other pod of the attempt runs (the members ended after it, an agent waiting to join
+    /// ended with them), or [`FINISH_GRACE`] after node 0's end, training is over: pods never
+    /// placed, or still ending, are stopped. Until then it requeues.
+    fn elastic_finished(&mut self, rank0: Option<&PodView>) -> bool {
+        let Some(rank0) = rank0.filter(|p| self.elastic() && p.state == PodState::Succeeded) else {
+            return false;
+        };
+        let running = self
+            .current_pods()
+            .any(|p| p.state == PodState::Running && p.deleting_since.is_none());
+        let Some(ended) = rank0.ended_at.filter(|_| running) else {
+            return true;
+        };
+        let at = ended + signed(FINISH_GRACE);
+        if self.now() >= at {
+            return true;
+        }
+        self.requeue_at(at);
+        false
     }
 
     /// Elastic: the job may train on fewer pods than it asked for.

@@ -58,6 +58,8 @@ pub struct PodView {
     /// The pod's UID.
     pub uid: Option<String>,
     /// When the trainer container started running.
+    /// When its trainer container ended (exited 0 or failed), if it did.
+    pub ended_at: Option<Timestamp>,
     pub running_since: Option<Timestamp>,
     /// When the pod was created (the start-up clock of `spec.startupTimeoutSeconds`).
     pub created: Option<Timestamp>,

@@ -74,6 +74,16 @@ pub(super) fn run_with(row: &Row, gang: &crate::scheduling::GangMode) -> Decisio
     })
 }
 
+/// The restarts a decision counted, and the node rank and reason its lastFailure blames.
+pub(super) fn restart_blaming(d: &Decision) -> (i32, Option<i32>, &str) {
+    let failure = d.status.last_failure.as_ref().expect("lastFailure");
+    (
+        d.status.restarts,
+        failure.node_rank,
+        failure.reason.as_str(),
+    )
+}
+
 pub(super) fn del(attempt: i32, rank: i32) -> Action {
     Action::DeletePod(crate::labels::pod_name(NAME, attempt, rank))
 }

@@ -520,14 +520,7 @@ fn a_pod_on_a_lost_node_is_replaced_alone_without_elasticity_too_and_force_delet
 }
 
 fn elastic_spec(s: &mut ferrotrain_api::crd::DistributedTrainingSpec) {
-    s.replicas = 3;
-    s.restart_policy.in_place = true;
-    s.elastic = Some(ferrotrain_api::crd::ElasticSpec {
-        min_replicas: Some(2),
-        max_replicas: None,
-        wait_seconds: 30,
-        surplus_priority_class_name: None,
-    });
+    crate::fixtures::elastic(s, 3, 2, None);
     s.startup_timeout_seconds = 60;
 }
 
@@ -662,11 +655,9 @@ fn elastic_the_status_says_how_many_ranks_train_and_why_once_each_way() {
     );
 }
 
-/// A new elastic gang of 3 (min 2) whose third pod finds no place.
+/// Rank `rank`'s pod of attempt 0 that no node fits.
 fn unplaced(rank: i32) -> PodView {
-    let mut p = crate::fixtures::stuck(0, rank, "Unschedulable", "0/2 nodes are available");
-    p.created = Some(crate::fixtures::t(0));
-    p
+    crate::fixtures::unplaced(0, rank)
 }
 
 #[test]
@@ -701,13 +692,8 @@ fn elastic_a_new_gang_trains_on_the_pods_that_fit_with_node_0_among_them() {
         now: 3600,
         ..Row::default()
     });
-    let failure = late.status.last_failure.as_ref().expect("lastFailure");
     assert_eq!(
-        (
-            late.status.restarts,
-            failure.node_rank,
-            failure.reason.as_str()
-        ),
+        crate::gang::tests::restart_blaming(&late),
         (1, Some(0), "Unschedulable"),
         "node 0 not placed within startupTimeoutSeconds ends the attempt: {:?}",
         late.status
@@ -716,17 +702,45 @@ fn elastic_a_new_gang_trains_on_the_pods_that_fit_with_node_0_among_them() {
 
 #[test]
 fn elastic_training_ends_with_node_0_whatever_pods_never_found_a_place() {
-    let d = run(&Row {
-        spec: elastic_spec,
-        status: three_running(),
-        pods: vec![
-            crate::fixtures::exited(0, 0, 0, "", 90),
-            running(0, 1),
+    let node_0_done = || {
+        let mut p = crate::fixtures::exited(0, 0, 0, "", 90);
+        p.ended_at = Some(t(90));
+        p
+    };
+    let finishing = |pods: Vec<PodView>, now: i64| {
+        run(&Row {
+            spec: elastic_spec,
+            status: three_running(),
+            pods,
+            now,
+            ..Row::default()
+        })
+    };
+    // The members end after node 0: the one placed waits for them, not for the unplaced.
+    let members = finishing(
+        vec![
+            node_0_done(),
+            crate::fixtures::exited(0, 1, 0, "", 91),
             unplaced(2),
         ],
-        now: 100,
-        ..Row::default()
-    });
+        100,
+    );
+    assert_eq!(members.status.phase, Phase::Succeeded);
+    assert!(
+        members
+            .actions
+            .contains(&Action::DeletePod("mt-0-2".into()))
+    );
+    let ending = finishing(vec![node_0_done(), running(0, 1), unplaced(2)], 100);
+    assert_eq!(ending.status.phase, Phase::Running, "rank 1 is ending");
+    assert!(ending.actions.is_empty(), "{:?}", ending.actions);
+    assert_eq!(
+        ending.requeue_after,
+        Some(std::time::Duration::from_secs(30)),
+        "at 40 s after node 0"
+    );
+    // One that does not end within 40 s is stopped.
+    let d = finishing(vec![node_0_done(), running(0, 1), unplaced(2)], 130);
     assert_eq!(d.status.phase, Phase::Succeeded);
     let done = d.status.condition(condition::SUCCEEDED).expect("Succeeded");
     assert_eq!(
@@ -753,14 +767,7 @@ fn elastic_training_ends_with_node_0_whatever_pods_never_found_a_place() {
 
 /// A gang asked at 2 pods that may grow to 4 (min 1).
 fn growing_spec(s: &mut ferrotrain_api::crd::DistributedTrainingSpec) {
-    s.replicas = 2;
-    s.restart_policy.in_place = true;
-    s.elastic = Some(ferrotrain_api::crd::ElasticSpec {
-        min_replicas: Some(1),
-        max_replicas: Some(4),
-        wait_seconds: 30,
-        surplus_priority_class_name: None,
-    });
+    crate::fixtures::elastic(s, 2, 1, Some(4));
 }
 
 #[test]

@@ -349,22 +349,13 @@ fn the_termination_grace_is_sized_from_the_last_save() {
 
 /// An elastic gang of 3 (min 1) whose pods the scheduler places one by one.
 fn elastic(s: &mut ferrotrain_api::crd::DistributedTrainingSpec) {
-    s.replicas = 3;
-    s.restart_policy.in_place = true;
-    s.elastic = Some(ferrotrain_api::crd::ElasticSpec {
-        min_replicas: Some(1),
-        max_replicas: None,
-        wait_seconds: 30,
-        surplus_priority_class_name: None,
-    });
+    crate::fixtures::elastic(s, 3, 1, None);
     s.startup_timeout_seconds = 600;
 }
 
 /// Node 0's pod, created and not placed.
 fn unplaced_node_0() -> PodView {
-    let mut p = crate::fixtures::stuck(0, 0, "Unschedulable", "0/2 nodes are available");
-    p.node = None;
-    p
+    crate::fixtures::unplaced(0, 0)
 }
 
 #[test]
@@ -427,13 +418,8 @@ fn node_0s_pod_that_finds_no_node_within_the_startup_timeout_ends_the_attempt() 
         now: 601,
         ..Row::default()
     });
-    let failure = late.status.last_failure.as_ref().expect("lastFailure");
     assert_eq!(
-        (
-            late.status.restarts,
-            failure.node_rank,
-            failure.reason.as_str()
-        ),
+        crate::gang::tests::restart_blaming(&late),
         (1, Some(0), "Unschedulable")
     );
 }
