@@ -168,8 +168,19 @@ async fn finished_at(pods: &Api<Pod>, pod: &str) -> Timestamp {
     .await
 }
 
-/// Ends holder pod `name` as a finished job would (exit 0): its node's CPU is free again.
+/// Ends holder pod `name` as a finished job would (exit 0), once it runs (a preemptor is
+/// bound only after its victims are gone): its node's CPU is free again.
 async fn finish(pods: &Api<Pod>, name: &str) -> Timestamp {
+    wait_for(&format!("{name} running"), WAIT, || async {
+        let phase = pods
+            .get(name)
+            .await
+            .ok()
+            .and_then(|p| p.status?.phase)
+            .unwrap_or_default();
+        ((phase == "Running").then_some(()), phase)
+    })
+    .await;
     ferrotrain_e2e::exec_in(pods, name, "hold", "touch /tmp/done").await;
     finished_at(pods, name).await
 }
