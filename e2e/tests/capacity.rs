@@ -145,6 +145,34 @@ async fn stepping_at(
     .await
 }
 
+/// The job's status once its ledger's last record is round `round` and `also` holds; prints
+/// every record (world size, where its state came from, what ended it, steps trained twice).
+async fn ledger_at(
+    ns: &TestNamespace,
+    round: u64,
+    also: impl Fn(&ferrotrain_api::crd::DistributedTrainingStatus) -> bool,
+) -> ferrotrain_api::crd::DistributedTrainingStatus {
+    let last_round = |s: &ferrotrain_api::crd::DistributedTrainingStatus| {
+        s.recovery.as_ref()?.attempts.last()?.round
+    };
+    let done = wait_status(&ns.jobs(), JOB, "the ledger at that round", WAIT, |s| {
+        last_round(s) == Some(round) && also(s)
+    })
+    .await;
+    for a in done.recovery.iter().flat_map(|r| &r.attempts) {
+        eprintln!(
+            "  round {:?}: world {:?}, resumed {:?} from {:?}, ended by {:?}, steps trained twice {:?}",
+            a.round,
+            a.world_size,
+            a.resumed_from_step,
+            a.healed_from,
+            a.end.as_ref().map(|e| e.reason.as_str()),
+            a.lost_steps
+        );
+    }
+    done
+}
+
 /// The time `pod` ended (its container's finishedAt), once it did.
 async fn finished_at(pods: &Api<Pod>, pod: &str) -> Timestamp {
     wait_for(&format!("{pod} finished"), WAIT, || async {
@@ -319,26 +347,8 @@ async fn an_elastic_job_starts_on_what_fits_grows_into_freed_capacity_and_gives_
             .expect("the preemptor");
     }
 
-    let done = wait_status(&ns.jobs(), JOB, "the last round in the ledger", WAIT, |s| {
-        s.recovery
-            .as_ref()
-            .and_then(|r| r.attempts.last())
-            .and_then(|a| a.round)
-            == Some(round)
-    })
-    .await;
+    let done = ledger_at(&ns, round, |_| true).await;
     let recovery = done.recovery.clone().expect("the ledger");
-    for a in &recovery.attempts {
-        eprintln!(
-            "  round {:?}: world {:?}, resumed {:?} from {:?}, ended by {:?}, steps trained twice {:?}",
-            a.round,
-            a.world_size,
-            a.resumed_from_step,
-            a.healed_from,
-            a.end.as_ref().map(|e| e.reason.as_str()),
-            a.lost_steps
-        );
-    }
     eprintln!(
         "seconds by world size: {:?}",
         recovery.seconds_by_world_size
@@ -502,26 +512,8 @@ async fn a_higher_priority_pod_preempts_two_pods_and_the_gang_shrinks_from_peers
         seconds(freed, grown)
     );
     assert_eq!(healed, Some(HealedFrom::Peers));
-    let done = wait_status(&ns.jobs(), JOB, "the whole gang again", WAIT, |s| {
-        s.current_world_size.is_none()
-            && s.recovery
-                .as_ref()
-                .and_then(|r| r.attempts.last())
-                .and_then(|a| a.round)
-                == Some(round)
-    })
-    .await;
+    let done = ledger_at(&ns, round, |s| s.current_world_size.is_none()).await;
     let recovery = done.recovery.clone().expect("the ledger");
-    for a in &recovery.attempts {
-        eprintln!(
-            "  round {:?}: world {:?}, from {:?}, ended by {:?}, steps trained twice {:?}",
-            a.round,
-            a.world_size,
-            a.healed_from,
-            a.end.as_ref().map(|e| e.reason.as_str()),
-            a.lost_steps
-        );
-    }
     assert_eq!((done.attempt, done.restarts), (0, 0), "{done:?}");
     assert_eq!(recovery.lost_steps, 0, "no step trained twice");
 }
