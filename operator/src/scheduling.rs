@@ -55,6 +55,13 @@ pub enum GangMode {
     Off,
 }
 
+impl GangMode {
+    /// The scheduler places the pods one by one: no group object or queue holds them.
+    pub fn places_one_by_one(&self) -> bool {
+        matches!(self, GangMode::Off | GangMode::NotServed { .. })
+    }
+}
+
 /// Asks the API server which versions of scheduling.k8s.io it serves; the newest this
 /// operator knows wins. None when neither is served (or discovery fails: pods are then
 /// scheduled one by one, and the jobs say so).

@@ -12,7 +12,6 @@ use k8s_openapi::jiff::SignedDuration;
 use super::decider::{Decider, first_line, signed};
 use super::decision::Action;
 use super::observed::LaunchStop;
-use crate::scheduling::GangMode;
 
 /// How soon a launch the API refused (quota, LimitRange, webhook), a name conflict or a
 /// missing Secret stopped is tried again.
@@ -125,8 +124,7 @@ impl<'a, 'o> Decider<'a, 'o> {
     /// (condition Created False, Node0First, saying why; the pod's update brings the next
     /// reconcile). A gang scheduler places the group together instead.
     fn in_placement_order(&mut self, missing: &[i32]) -> Option<Vec<i32>> {
-        let one_by_one = matches!(self.o.gang, GangMode::Off | GangMode::NotServed { .. });
-        if !(self.elastic() && one_by_one) || missing.len() <= 1 {
+        if !(self.elastic() && self.o.gang.places_one_by_one()) || missing.len() <= 1 {
             return Some(missing.to_vec());
         }
         if missing.contains(&0) {
