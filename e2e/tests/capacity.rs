@@ -3,7 +3,10 @@
 //! node that is free while another workload holds the second, grows to 2 pods when that
 //! workload finishes, shrinks back to 1 when a higher-priority pod preempts its second pod,
 //! and grows again when the preemptor is gone: every resize a new round healed from peers, the
-//! same attempt, no checkpoint read, no step trained twice.
+//! same attempt, no checkpoint read, no step trained twice. Two more shapes: a job asked at 1
+//! pod of 2 ranks grows to 2 pods of 2 ranks into an idle node (elastic.maxReplicas) and back;
+//! a 4-pod job with two pods per node, on the default elastic wait, loses both pods of a node
+//! to one higher-priority pod and shrinks to 2 from peers, then grows back.
 //!
 //! Each cycle (preempted, then grown back) is timed: from the preemption to the pod's leaving,
 //! and from capacity freeing up to the first step on it. FERROTRAIN_E2E_CYCLES (default 1)
@@ -213,6 +216,28 @@ async fn finish(pods: &Api<Pod>, name: &str) -> Timestamp {
     finished_at(pods, name).await
 }
 
+/// Holder pod `holder` finishes and the job grows into its room: rank 0's round at world
+/// size `world` after round `after`, and the seconds from the holder's end to that round's
+/// first step (`what` names the event). The round must heal from peers: no checkpoint read.
+async fn grows_when_it_ends(
+    ns: &TestNamespace,
+    holder: &str,
+    world: u32,
+    after: u64,
+    what: &str,
+) -> (u64, f64) {
+    let freed = finish(&ns.pods(), holder).await;
+    let (round, grown, healed) = stepping_at(ns, world, Some(after)).await;
+    let took = seconds(freed, grown);
+    eprintln!("{what} -> round {round} steps at world size {world} {took:.1} s later");
+    assert_eq!(
+        healed,
+        Some(HealedFrom::Peers),
+        "grown from peers, no checkpoint read"
+    );
+    (round, took)
+}
+
 /// The phase of rank `pod`'s current pod and its UID.
 async fn pod_state(pods: &Api<Pod>, pod: &str) -> Option<(String, String)> {
     let p = pods.get_opt(pod).await.ok()??;
@@ -292,18 +317,8 @@ async fn an_elastic_job_starts_on_what_fits_grows_into_freed_capacity_and_gives_
     );
 
     // The other workload finishes: the job grows into its node.
-    let freed = finish(&pods, "blocker").await;
-    let (mut round, grown, healed) = stepping_at(&ns, 2, Some(round)).await;
-    let mut to_grow = vec![seconds(freed, grown)];
-    eprintln!(
-        "blocker finished -> round {round} steps at world size 2 {:.1} s later",
-        to_grow[0]
-    );
-    assert_eq!(
-        healed,
-        Some(HealedFrom::Peers),
-        "grown from peers, no checkpoint read"
-    );
+    let (mut round, took) = grows_when_it_ends(&ns, "blocker", 2, round, "blocker finished").await;
+    let mut to_grow = vec![took];
 
     let cycles: usize = std::env::var("FERROTRAIN_E2E_CYCLES")
         .ok()
@@ -333,15 +348,10 @@ async fn an_elastic_job_starts_on_what_fits_grows_into_freed_capacity_and_gives_
             "shrunk without a checkpoint read"
         );
         // The preemptor finishes: rank 1's replacement gets its place back.
-        let freed = finish(&pods, &preemptor_name).await;
-        let (r, grown, healed) = stepping_at(&ns, 2, Some(r)).await;
+        let what = format!("cycle {cycle}: preemptor finished");
+        let (r, took) = grows_when_it_ends(&ns, &preemptor_name, 2, r, &what).await;
         round = r;
-        to_grow.push(seconds(freed, grown));
-        eprintln!(
-            "cycle {cycle}: preemptor finished -> round {r} steps at world size 2 {:.1} s later",
-            seconds(freed, grown)
-        );
-        assert_eq!(healed, Some(HealedFrom::Peers));
+        to_grow.push(took);
         pods.delete(&preemptor_name, &DeleteParams::default())
             .await
             .expect("the preemptor");
@@ -411,13 +421,14 @@ async fn a_job_grows_beyond_replicas_into_an_idle_node_and_gives_it_back() {
         .await
         .expect("the blocker");
 
-    // Asked for 1 pod, up to 2 when there is room.
+    // Asked for 1 pod of 2 ranks, up to 2 pods (4 ranks) when there is room.
     let mut spec = copy_job(1, 1_000_000, None);
+    spec["procsPerReplica"] = json!(2);
     spec["elastic"] = json!({"minReplicas": 1, "maxReplicas": 2, "waitSeconds": 5});
     spec["resources"]["requests"]["cpu"] = json!(format!("{pod_cpu}m"));
     spec["restartPolicy"]["maxRestarts"] = json!(0);
     ns.create_job(JOB, spec).await;
-    let (round, _, _) = stepping_at(&ns, 1, None).await;
+    let (round, _, _) = stepping_at(&ns, 2, None).await;
     let asked = wait_status(&ns.jobs(), JOB, "Running as asked", WAIT, |s| {
         s.phase == Phase::Running
     })
@@ -427,15 +438,10 @@ async fn a_job_grows_beyond_replicas_into_an_idle_node_and_gives_it_back() {
         "the size asked for: {asked:?}"
     );
 
-    let freed = finish(&pods, "blocker").await;
-    let (round, grown, healed) = stepping_at(&ns, 2, Some(round)).await;
-    eprintln!(
-        "idle node freed -> round {round} steps at world size 2 (1 asked for) {:.1} s later",
-        seconds(freed, grown)
-    );
-    assert_eq!(healed, Some(HealedFrom::Peers));
+    let what = "idle node freed (1 pod of 2 ranks asked for)";
+    let (round, _) = grows_when_it_ends(&ns, "blocker", 4, round, what).await;
     let status = wait_status(&ns.jobs(), JOB, "Resized Grown", WAIT, |s| {
-        s.current_world_size == Some(2)
+        s.current_world_size == Some(4)
     })
     .await;
     let resized = status.condition(condition::RESIZED).expect("Resized");
@@ -448,7 +454,7 @@ async fn a_job_grows_beyond_replicas_into_an_idle_node_and_gives_it_back() {
     pods.delete(POD_1, &DeleteParams::default())
         .await
         .expect("deleting rank 1's pod");
-    let (round, _, healed) = stepping_at(&ns, 1, Some(round)).await;
+    let (round, _, healed) = stepping_at(&ns, 2, Some(round)).await;
     assert_eq!(healed, Some(HealedFrom::Peers));
     let back = wait_status(&ns.jobs(), JOB, "Resized WholeGang", WAIT, |s| {
         s.current_world_size.is_none()
@@ -456,7 +462,7 @@ async fn a_job_grows_beyond_replicas_into_an_idle_node_and_gives_it_back() {
     .await;
     let recovery = back.recovery.clone().expect("the ledger");
     eprintln!(
-        "round {round}: back at world size 1; seconds by world size {:?}",
+        "round {round}: back at world size 2 (1 pod); seconds by world size {:?}",
         recovery.seconds_by_world_size
     );
     assert_eq!((back.attempt, back.restarts), (0, 0), "{back:?}");
@@ -473,8 +479,9 @@ async fn a_higher_priority_pod_preempts_two_pods_and_the_gang_shrinks_from_peers
     assert!(free.len() >= 2, "two nodes needed: {free:?}");
     // Two job pods fit on a node, never three.
     let pod_cpu = *free.values().min().unwrap() / 2 - 50;
+    // Every pod fits at the start: the elastic wait (the default's) is not spent.
     let mut spec = copy_job(4, 1_000_000, None);
-    spec["elastic"] = json!({"minReplicas": 1, "waitSeconds": 5});
+    spec["elastic"] = json!({"minReplicas": 1});
     spec["resources"]["requests"]["cpu"] = json!(format!("{pod_cpu}m"));
     spec["restartPolicy"]["maxRestarts"] = json!(0);
     ns.create_job(JOB, spec).await;
@@ -505,13 +512,8 @@ async fn a_higher_priority_pod_preempts_two_pods_and_the_gang_shrinks_from_peers
     );
     assert_eq!(healed, Some(HealedFrom::Peers), "no checkpoint read");
 
-    let freed = finish(&pods, "preemptor").await;
-    let (round, grown, healed) = stepping_at(&ns, 4, Some(shrunk_round)).await;
-    eprintln!(
-        "preemptor finished -> round {round} steps at world size 4 {:.1} s later",
-        seconds(freed, grown)
-    );
-    assert_eq!(healed, Some(HealedFrom::Peers));
+    let what = "preemptor finished";
+    let (round, _) = grows_when_it_ends(&ns, "preemptor", 4, shrunk_round, what).await;
     let done = ledger_at(&ns, round, |s| s.current_world_size.is_none()).await;
     let recovery = done.recovery.clone().expect("the ledger");
     assert_eq!((done.attempt, done.restarts), (0, 0), "{done:?}");
