@@ -7,13 +7,13 @@
 #   scripts/docs-stats.sh            every page
 #   scripts/docs-stats.sh --totals   the totals only
 #
-# User pages: README.md, docs/*.md but the internals (architecture, distributed, hardening,
-# performance, performance-history) and the generated reference, examples/*.md. A commit in a
+# User pages: README.md, docs/*.md but the internals (architecture, distributed, performance,
+# performance-history, security-checks) and the generated reference, examples/*.md. A commit in a
 # table row is a dated number's (one dated table a page is the rule); `prose` counts the others.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-internals=" docs/architecture.md docs/distributed.md docs/hardening.md docs/performance.md docs/performance-history.md "
+internals=" docs/architecture.md docs/distributed.md docs/performance.md docs/performance-history.md docs/security-checks.md "
 
 # A word of 7 to 40 hex digits with a letter and a digit that git knows as a commit; with a
 # second argument, only outside table rows.

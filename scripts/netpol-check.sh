@@ -5,7 +5,7 @@
 # policies and pods it would create, network-config-analyzer computes who reaches whom on
 # which ports over the fixture of scripts/netpol/cluster.yaml (the operator, strangers,
 # another namespace, a Prometheus, the store's namespace), and scripts/netpol/check.py
-# compares every pair, port by port, with the table in docs/security.md.
+# compares every pair, port by port, with the table in docs/security-checks.md.
 #
 #   scripts/netpol-check.sh               the check: prints the table
 #   scripts/netpol-check.sh --self-test   alpha's policy broken three ways and delta's one on

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # checkov's Kubernetes checks on the Helm chart as rendered, on the objects the operator creates
 # for the example jobs (and on more manifests when given), with each failed check either
-# justified in scripts/scan/justified.tsv (and docs/security.md) or failing the scan.
+# justified in scripts/scan/justified.tsv (and docs/security-checks.md) or failing the scan.
 #
 #   scripts/scan.sh [MANIFEST_FILE_OR_DIR...]   the chart, rendered three times (default values,
 #                                               both images pinned by digest, every monitoring

@@ -1,7 +1,7 @@
 """What the jobs' NetworkPolicies mean: network-config-analyzer (nca) computes who can reach
 whom on which ports from the policies the operator renders, over the fixture of
 scripts/netpol/ (cluster.yaml, jobs.yaml), and this script compares every pair of endpoints,
-port range by port range, with the intended table below (docs/security.md). Run by
+port range by port range, with the intended table below (docs/security-checks.md). Run by
 scripts/netpol-check.sh with nca's venv (PyYAML comes with nca).
 
 usage: check.py NCA WORKDIR CLUSTER_YAML RENDERED_YAML RENDERED_OPEN_YAML [--self-test]
@@ -147,7 +147,7 @@ def endpoints(*docs):
     return {e.id: e for e in eps}
 
 
-# --- what the policies are meant to allow (docs/security.md) --------------------------------
+# --- what the policies are meant to allow (docs/security-checks.md) --------------------------------
 def expected(src, dst, operator_known):
     """The connections from src to dst that the jobs' policies are meant to let through."""
     # Ingress: a job's pods take only what its policy admits; every other pod takes anything.
@@ -420,7 +420,7 @@ def main():
 
     print(f"\nnetpol-check: {time.monotonic() - started:.1f} s (nca {nca_seconds:.1f} s)")
     if failed:
-        print(f"FAILED: {len(failed)} pair(s) where the policies do not mean what docs/security.md says:")
+        print(f"FAILED: {len(failed)} pair(s) where the policies do not mean what docs/security-checks.md says:")
         for f in failed:
             print(f"  {f}")
         sys.exit(1)

@@ -145,7 +145,7 @@ def main():
             print(f"warning: {justified_path}:{number}: {check} {pattern} matches no failed check "
                   "(stale? or its input was not scanned)")
 
-    # Counts by scanned file, for docs/security.md's before-and-after table.
+    # Counts by scanned file, for docs/security-checks.md's before-and-after table.
     counts = {}
     for key, checks in (("passed", passed), ("failed", failed)):
         for c in checks:
@@ -163,7 +163,7 @@ def main():
         print(f"self-test: the bad fixture fails {expect} and the scan exits 1, as it must")
     if unjustified:
         print(f"FAILED: {len(unjustified)} failed check(s) not justified in {justified_path}: "
-              f"fix them or justify them there and in docs/security.md")
+              f"fix them or justify them there and in docs/security-checks.md")
         sys.exit(1)
 
 
