@@ -146,6 +146,137 @@ fn chart_renders_crd_rbac_and_a_deployment_setting_every_flag() {
     find(&docs, "Service", "ft-ferrotrain-metrics");
 }
 
+/// The Lease the operator's env names, for a release rendered with `extra` values.
+fn lease_of(helm: &std::path::Path, release: &str, extra: &[&str]) -> Option<Value> {
+    let mut args = vec![
+        "template",
+        release,
+        "charts/ferrotrain",
+        "--namespace",
+        "ops",
+    ];
+    args.extend_from_slice(extra);
+    let docs = documents(&run(helm, &args));
+    let deployment = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("a Deployment");
+    env_value(
+        &deployment["spec"]["template"]["spec"]["containers"][0],
+        "FERROTRAIN_OPERATOR_LEASE_NAME",
+    )
+}
+
+/// Two releases in one namespace must not share a Lease (one of them would only stand by):
+/// the default is named after the release, and stays `ferrotrain-operator` for the release
+/// name the docs use.
+#[test]
+fn the_lease_is_named_after_the_release_unless_a_name_is_given() {
+    let helm = support::helm::helm_or_skip!();
+    assert_eq!(
+        lease_of(&helm, "ferrotrain", &[]),
+        Some("ferrotrain-operator".into())
+    );
+    assert_eq!(
+        lease_of(&helm, "team-a", &[]),
+        Some("team-a-ferrotrain-operator".into())
+    );
+    assert_ne!(
+        lease_of(&helm, "team-a", &[]),
+        lease_of(&helm, "team-b", &[])
+    );
+    assert_eq!(
+        lease_of(
+            &helm,
+            "team-a",
+            &["--set", "leaderElection.leaseName=shared"]
+        ),
+        Some("shared".into())
+    );
+}
+
+/// Kubernetes' admin and edit roles gain the right to run jobs, view the right to read them,
+/// by aggregation; nothing else, and nothing with `rbac.aggregateToUserRoles=false`.
+#[test]
+fn user_roles_on_jobs_aggregate_into_admin_edit_and_view() {
+    let helm = support::helm::helm_or_skip!();
+    let render = |extra: &[&str]| {
+        let mut args = vec!["template", "ft", "charts/ferrotrain", "--namespace", "ops"];
+        args.extend_from_slice(extra);
+        documents(&run(&helm, &args))
+    };
+    let docs = render(&[]);
+    let label = |role: &Value, key: &str| role["metadata"]["labels"][key] == "true";
+    let verbs = |role: &Value, resource: &str| -> Vec<String> {
+        role["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["apiGroups"] == serde_json::json!(["ferrotrain.dev"]))
+            .filter(|r| {
+                r["resources"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|x| x == resource)
+            })
+            .flat_map(|r| r["verbs"].as_array().unwrap().clone())
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect()
+    };
+    let edit = find(&docs, "ClusterRole", "ft-ferrotrain-edit");
+    assert!(
+        label(edit, "rbac.authorization.k8s.io/aggregate-to-edit"),
+        "{edit}"
+    );
+    assert!(
+        label(edit, "rbac.authorization.k8s.io/aggregate-to-admin"),
+        "{edit}"
+    );
+    // What kubectl ferrotrain does: submit, watch, list, suspend/resume (patch), delete.
+    for verb in ["get", "list", "watch", "create", "patch", "delete"] {
+        assert!(
+            verbs(edit, "distributedtrainings").contains(&verb.to_string()),
+            "edit lacks {verb}"
+        );
+    }
+    assert!(
+        !verbs(edit, "distributedtrainings/status").contains(&"patch".to_string()),
+        "the status is the operator's"
+    );
+    let view = find(&docs, "ClusterRole", "ft-ferrotrain-view");
+    assert!(
+        label(view, "rbac.authorization.k8s.io/aggregate-to-view"),
+        "{view}"
+    );
+    assert!(
+        !label(view, "rbac.authorization.k8s.io/aggregate-to-edit"),
+        "{view}"
+    );
+    assert_eq!(
+        verbs(view, "distributedtrainings"),
+        vec!["get", "list", "watch"]
+    );
+    for role in [edit, view] {
+        let groups: Vec<&Value> = role["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r["apiGroups"].as_array().unwrap())
+            .collect();
+        assert!(groups.iter().all(|g| *g == "ferrotrain.dev"), "{role}");
+    }
+
+    let off = render(&["--set", "rbac.aggregateToUserRoles=false"]);
+    assert!(
+        !off.iter()
+            .any(|d| d["metadata"]["labels"].as_object().is_some_and(|l| l
+                .keys()
+                .any(|k| k.starts_with("rbac.authorization.k8s.io/aggregate-to")))),
+        "no aggregated role when turned off"
+    );
+}
+
 #[test]
 fn watching_one_namespace_renders_a_role_there() {
     let helm = support::helm::helm_or_skip!();

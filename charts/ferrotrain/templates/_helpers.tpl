@@ -54,3 +54,7 @@ values key, for the error message).
 {{- define "ferrotrain.trainerImage" -}}
 {{- include "ferrotrain.imageRef" (dict "image" .Values.trainerImage "default" .Chart.AppVersion "what" "trainerImage") -}}
 {{- end -}}
+
+{{- define "ferrotrain.leaseName" -}}
+{{- default (printf "%s-operator" (include "ferrotrain.fullname" .)) .Values.leaderElection.leaseName -}}
+{{- end -}}
