@@ -18,9 +18,9 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 use serde_json::{Value, json};
 
-use super::Shared;
 use super::pods::{self, Exit, PodSim, Stage, Todo};
 use super::serve::{self, Reply};
+use super::shared::Shared;
 use super::training;
 
 /// Watches bound pods until aborted.

@@ -4,7 +4,6 @@
 //! reads) and its status refreshed every few minutes (kwok's node-heartbeat-with-lease stage
 //! does the same).
 
-use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -19,7 +18,9 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
-use super::{Config, HOLLOW_LABEL, Shared};
+use super::config::Config;
+use super::labels::HOLLOW_LABEL;
+use super::shared::Shared;
 
 /// Where node leases live.
 pub const LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -201,21 +202,6 @@ async fn register_one(
     }
 }
 
-/// Since when a node is `ready` as of `now`, by the readiness last written of each node
-/// (`seen`): the time of its last change, or `now` when it changes (or is first written) now.
-pub fn readiness_since(
-    seen: &mut HashMap<String, (bool, Timestamp)>,
-    node: &str,
-    ready: bool,
-    now: Timestamp,
-) -> Timestamp {
-    let entry = seen.entry(node.to_string()).or_insert((ready, now));
-    if entry.0 != ready {
-        *entry = (ready, now);
-    }
-    entry.1
-}
-
 /// Writes the node's status (Ready or not, heartbeat now).
 pub(crate) async fn set_status(shared: &Shared, name: &str, ip: Ipv4Addr, ready: bool) -> bool {
     let nodes: Api<Node> = Api::all(shared.client.clone());
@@ -324,7 +310,10 @@ pub async fn delete_all(client: &kube::Client, name: &str, limit: Duration) -> u
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
+    use crate::hollow::shared::readiness_since;
 
     #[test]
     fn a_node_has_gpus_a_taint_and_distinct_loopback_addresses() {

@@ -8,9 +8,11 @@ use std::net::Ipv4Addr;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
+use super::labels::{
+    ANNOTATION_EXIT, ANNOTATION_PROGRESS, ANNOTATION_STEPS_PER_SECOND, ANNOTATION_TOTAL_STEPS,
+    JOB_LABEL,
+};
 use super::training::{Pace, Run};
-use super::{ANNOTATION_EXIT, ANNOTATION_PROGRESS, ANNOTATION_STEPS_PER_SECOND};
-use super::{ANNOTATION_TOTAL_STEPS, JOB_LABEL};
 
 /// A job: namespace and name.
 pub type JobKey = (String, String);
