@@ -11,12 +11,13 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 
 use super::bench::Bench;
-use super::disrupt::{
-    busiest_nodes, peak_rate, replacement_latencies, running_again, stepping_again,
-};
 use super::jobs::{p50_p99_max, poll, quantile};
 use super::metrics::http_get;
-use super::phases::{Row, hollow_nodes, ready, row, say, server_row};
+use super::observe::{hollow_nodes, ready};
+use super::recovery::{
+    busiest_nodes, peak_rate, replacement_latencies, running_again, stepping_again,
+};
+use super::report::{Row, row, say, server_row};
 use super::window::Counters;
 use crate::hollow::HOLLOW_LABEL;
 

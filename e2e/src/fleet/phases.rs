@@ -7,31 +7,17 @@ use std::time::{Duration, Instant};
 
 use ferrotrain_api::crd::Phase;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use serde_json::json;
 
 use super::bench::Bench;
 use super::disrupt;
 use super::jobs::{create_many, hollow_job, p50_p99_max, poll, quantile};
 use super::lost;
-use super::metrics::http_get;
+use super::observe::{hollow_nodes, ready, sim_polls, wait_holder};
+use super::report::{Row, row, say, server_row};
 use super::window::{Counters, Window};
-use crate::hollow::{ANNOTATION_PROGRESS, HOLLOW_LABEL, Snapshot};
-
-/// A row of the table.
-pub struct Row {
-    pub what: String,
-    pub value: String,
-    pub goal: String,
-}
-
-pub(super) fn row(what: impl Into<String>, value: impl Into<String>, goal: &str) -> Row {
-    Row {
-        what: what.into(),
-        value: value.into(),
-        goal: goal.to_string(),
-    }
-}
+use crate::hollow::{ANNOTATION_PROGRESS, HOLLOW_LABEL};
 
 fn mb(bytes: f64) -> String {
     format!("{:.1} MB", bytes / 1e6)
@@ -65,10 +51,6 @@ async fn phases(b: &mut Bench, rows: &mut Vec<Row>, memo: &mut Memo) -> Result<(
     disrupt::failover(b, rows).await
 }
 
-pub(super) fn say(b: &Bench, what: &str) {
-    eprintln!("[fleet {:5.0}s] {what}", b.started.elapsed().as_secs_f64());
-}
-
 async fn nodes(b: &mut Bench, rows: &mut Vec<Row>) -> Result<(), String> {
     say(b, &format!("registering {} hollow nodes", b.settings.nodes));
     let seconds = b.start_hollow_nodes()?;
@@ -97,22 +79,6 @@ async fn nodes(b: &mut Bench, rows: &mut Vec<Row>) -> Result<(), String> {
         "",
     ));
     Ok(())
-}
-
-/// The bench's hollow nodes (`selector`) as the API has them now; none when the list fails.
-pub(super) async fn hollow_nodes(api: &Api<Node>, selector: &str) -> Vec<Node> {
-    api.list(&ListParams::default().labels(selector))
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-}
-
-/// Whether the node's Ready condition is True.
-pub(super) fn ready(n: &Node) -> bool {
-    n.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// Ready, and without the node lifecycle controller's not-ready/unreachable taints.
@@ -146,27 +112,6 @@ async fn operators(b: &mut Bench, rows: &mut Vec<Row>, memo: &mut Memo) -> Resul
         "",
     ));
     Ok(())
-}
-
-pub(super) async fn wait_holder(
-    b: &Bench,
-    identity: &str,
-    limit: Duration,
-) -> Result<Instant, String> {
-    poll(
-        &format!("{identity} holding the Lease"),
-        limit,
-        Duration::from_millis(20),
-        || async move {
-            let holder = b.tracker.with(|s| s.holder.clone());
-            let at = holder
-                .as_ref()
-                .filter(|(h, _)| h == identity)
-                .map(|(_, at)| *at);
-            (at, format!("{holder:?}"))
-        },
-    )
-    .await
 }
 
 fn job_spec(b: &Bench, annotations: serde_json::Value) -> serde_json::Value {
@@ -313,28 +258,6 @@ async fn running(b: &mut Bench, rows: &mut Vec<Row>) -> Result<(), String> {
     Ok(())
 }
 
-/// What the control plane did in a window `what`: the API server's request rate (every
-/// client) and write latency, its CPU and etcd's, the machine's busy cores.
-pub(super) fn server_row(what: &str, w: &Window) -> Row {
-    row(
-        format!(
-            "{what} ({:.1} s): API server requests/s by verb; write p99; CPU of the API server, etcd, the operator (leader); busy cores of 2",
-            w.seconds
-        ),
-        format!(
-            "{:.0}/s ({}); {}; {:.2}, {:.2}, {:.2}; {:.2}",
-            w.api_total_rate(),
-            w.api_rates_by_verb(),
-            w.api_write_p99.map_or("-".into(), |p| format!("<= {p} s")),
-            w.api_cpu_cores,
-            w.usage_of("etcd").cores,
-            w.usage_of("fleet-a").cores,
-            w.machine_cores
-        ),
-        "",
-    )
-}
-
 /// Waits until `n` jobs are Running with steps in their status.
 async fn wait_stepping(b: &Bench, n: usize, limit: Duration) -> Result<(), String> {
     let mut last_say = Instant::now();
@@ -357,18 +280,6 @@ async fn wait_stepping(b: &Bench, n: usize, limit: Duration) -> Result<(), Strin
         },
     )
     .await
-}
-
-pub(super) async fn sim_snapshot(b: &Bench) -> Result<Snapshot, String> {
-    let addr = b.sim_control.ok_or("no hollow nodes")?;
-    let text = http_get(addr, "/snapshot").await?;
-    serde_json::from_str(&text).map_err(|e| e.to_string())
-}
-
-async fn sim_polls(b: &Bench) -> Result<BTreeMap<String, Vec<f64>>, String> {
-    let addr = b.sim_control.ok_or("no hollow nodes")?;
-    let text = http_get(addr, "/polls").await?;
-    serde_json::from_str(&text).map_err(|e| e.to_string())
 }
 
 /// p50 and p99 of the intervals between the polls of the jobs `keep` accepts.
