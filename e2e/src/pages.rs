@@ -549,7 +549,7 @@ impl Drop for NamespacedKubeconfig {
 /// The tag of the images the installed chart runs: `$FERROTRAIN_E2E_IMAGE`'s (what
 /// scripts/e2e.sh sets), else `$TAG`.
 pub fn image_tag() -> String {
-    crate::trainer_image()
+    crate::jobs::trainer_image()
         .and_then(|image| image.rsplit_once(':').map(|(_, tag)| tag.to_string()))
         .or_else(|| std::env::var("TAG").ok().filter(|t| !t.is_empty()))
         .expect("set FERROTRAIN_E2E_IMAGE (ferrotrain/trainer:TAG) or TAG: the tag of the images the chart runs")

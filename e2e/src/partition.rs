@@ -25,7 +25,7 @@ const CHAINS: [(&str, &str); 2] = [("INPUT", "-i"), ("OUTPUT", "-o")];
 impl Partition {
     /// Cuts off the pod with UID `uid`, running on the kit's node `node`.
     pub fn cut(uid: &str, node: &str) -> Partition {
-        let pid = crate::launcher_pid(uid);
+        let pid = crate::processes::launcher_pid(uid);
         let mut p = Partition {
             pid,
             node: node.to_string(),

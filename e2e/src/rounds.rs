@@ -5,7 +5,9 @@
 use ferrotrain_api::crd::DistributedTrainingStatus;
 use ferrotrain_api::recovery::{AttemptRecord, HealedFrom, Timestamp};
 
-use crate::{TestNamespace, WAIT, wait_rank0, wait_status};
+use crate::namespace::TestNamespace;
+use crate::rank0::wait_rank0;
+use crate::wait::{WAIT, wait_status};
 
 /// Rank 0's first step in a round.
 #[derive(Debug, Clone, Copy)]

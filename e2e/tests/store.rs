@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 use ferrotrain_api::crd::Phase;
 use ferrotrain_api::exit::INVALID_CONFIG;
 use ferrotrain_api::reason::STORE_SECRET_MISSING;
+use ferrotrain_e2e::network_policy::{Destination, egress_allows};
 use ferrotrain_e2e::s3::{
-    ACCESS_KEY, Destination, PORT, S3Server, SECRET_KEY, check_manifest, checkpoints_in,
-    crc32c_hex, create_store_secret, egress_allows, step_prefix, store_job,
+    ACCESS_KEY, PORT, S3Server, SECRET_KEY, check_manifest, checkpoints_in, crc32c_hex,
+    create_store_secret, step_prefix, store_job,
 };
 use ferrotrain_e2e::{
     CHECKPOINT_EVERY, TRAIN_WAIT, TestNamespace, WAIT, distributed_training, pod_names,

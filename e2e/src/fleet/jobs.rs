@@ -9,7 +9,7 @@ use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
 use crate::hollow::{ANNOTATION_STEPS_PER_SECOND, ANNOTATION_TOTAL_STEPS, HOLLOW_LABEL};
-use crate::{copy_job, distributed_training};
+use crate::jobs::{copy_job, distributed_training};
 
 /// A job of `pods` pods of `gpus` GPUs each (one rank per GPU) on the hollow nodes of
 /// simulator `sim`, stepping `steps_per_second`, finishing at `total_steps`; `annotations`
