@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Prints the longest non-test functions of the given crates (default: api, launch, operator, trainer).
+"""Prints the longest non-test functions of the given crates (default: every crate's src/, the
+list of operator/tests/support/source.rs: api, launch, operator, trainer, kubectl, e2e, fuzz).
 
 A function runs from its `fn` line to the closing brace at the same indentation (rustfmt
 layout). Test code is skipped: tests.rs files, tests/ directories and `mod tests` blocks.
@@ -36,7 +37,15 @@ def main(argv):
     limit = None
     if argv[:1] == ["--max"]:
         limit, argv = int(argv[1]), argv[2:]
-    roots = argv or ["api/src", "launch/src", "operator/src", "trainer/src"]
+    roots = argv or [
+        "api/src",
+        "launch/src",
+        "operator/src",
+        "trainer/src",
+        "kubectl/src",
+        "e2e/src",
+        "fuzz/src",
+    ]
     found = []
     for root in roots:
         for path in sorted(pathlib.Path(root).rglob("*.rs")):

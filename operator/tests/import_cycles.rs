@@ -1,4 +1,5 @@
-//! No two files of api/, launch/, operator/ or trainer/ import each other, directly or through others:
+//! No two files of a crate (api, launch, operator, trainer, kubectl; e2e and fuzz too: the list is
+//! `support/source.rs`'s `ALL_CRATES`) import each other, directly or through others:
 //! a file's imports lead only to files below it, so each can be read (and changed) knowing
 //! only what it imports. An import is a path to another file's module in a `use` or in the code
 //! (`crate::gang::decide`, `super::failure::Failure`, `decider::Decider` from gang/mod.rs); a
@@ -240,12 +241,14 @@ const UNTIED: &[(&str, &str)] = &[];
 fn no_file_imports_itself_through_others() {
     let root = source::root();
     let mut untied_seen = Vec::new();
-    for src in source::CRATES {
+    let mut found: Vec<Vec<String>> = Vec::new();
+    for src in source::ALL_CRATES {
         let graph = imports(&root.join(src));
         let edges: usize = graph.values().map(BTreeSet::len).sum();
-        // The scan saw the imports.
-        assert!(edges > 5, "{src}: {edges} imports");
-        let found: Vec<Vec<String>> = cycles(&graph)
+        // The scan saw the imports (fuzz/, the smallest crate, has 4).
+        assert!(edges > 3, "{src}: {edges} imports");
+        let crate_cycles = cycles(&graph);
+        let shown = crate_cycles
             .iter()
             .map(|c| {
                 let shown = c.iter().map(|f| f.strip_prefix(&root).unwrap_or(f));
@@ -259,10 +262,10 @@ fn no_file_imports_itself_through_others() {
                     untied_seen.push(*folder);
                 }
                 folder.is_none()
-            })
-            .collect();
-        assert!(found.is_empty(), "files that import each other: {found:#?}");
+            });
+        found.extend(shown);
     }
+    assert!(found.is_empty(), "files that import each other: {found:#?}");
     for (folder, why) in UNTIED {
         assert!(
             untied_seen.contains(folder),

@@ -1,6 +1,6 @@
-//! The project's own source, as the house checks read it (import cycles, function length,
-//! strings spelled once): its crates' folders, their non-test files, and a file's code without
-//! its test module and comments. A test binary includes it with
+//! The project's own source, as the house checks read it (import cycles, function length, file
+//! size, strings spelled once): its crates' folders, their non-test files, and a file's code
+//! without its test module and comments. A test binary includes it with
 //! `#[path = "support/source.rs"] mod source;`.
 #![allow(dead_code)]
 
@@ -13,6 +13,23 @@ pub const CRATES: [&str; 5] = [
     "operator/src",
     "trainer/src",
     "kubectl/src",
+];
+
+/// The source folders of the crates that try the product rather than ship it: the end-to-end
+/// tests' helpers and binaries, and the fuzz driver (bench/ holds scripts, no Rust). They are
+/// held to the product's rules of structure ([`ALL_CRATES`]), not to its vocabulary.
+pub const TOOL_CRATES: [&str; 2] = ["e2e/src", "fuzz/src"];
+
+/// Every crate's source folder the structure checks read (import cycles, function length, file
+/// size): the product's and the tools'.
+pub const ALL_CRATES: [&str; 7] = [
+    CRATES[0],
+    CRATES[1],
+    CRATES[2],
+    CRATES[3],
+    CRATES[4],
+    TOOL_CRATES[0],
+    TOOL_CRATES[1],
 ];
 
 /// The repository's root: the operator crate's parent.
@@ -48,8 +65,17 @@ pub fn rust_files(dir: &Path, binaries: bool, out: &mut Vec<PathBuf>) {
 
 /// Every non-test .rs file of the product crates ([`CRATES`]), binaries included.
 pub fn product_files() -> Vec<PathBuf> {
+    files_of(&CRATES)
+}
+
+/// Every non-test .rs file of every crate ([`ALL_CRATES`]), binaries included.
+pub fn all_files() -> Vec<PathBuf> {
+    files_of(&ALL_CRATES)
+}
+
+fn files_of(dirs: &[&str]) -> Vec<PathBuf> {
     let mut files = Vec::new();
-    for dir in CRATES {
+    for dir in dirs {
         rust_files(&root().join(dir), true, &mut files);
     }
     files
