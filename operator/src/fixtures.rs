@@ -267,6 +267,7 @@ pub fn disrupted(mut p: PodView, reason: &str) -> PodView {
     p.disruption = Some(Disruption {
         reason: reason.into(),
         message: String::new(),
+        since: None,
     });
     p
 }

@@ -179,31 +179,50 @@ fn claim_names(pod: &Pod) -> Vec<String> {
 /// (pkg/kubelet/nodeshutdown: "Terminated", and "NodeShutdown" for a pod refused meanwhile).
 const DISRUPTED_POD_REASONS: [&str; 4] = ["Evicted", "Preempting", "Terminated", "NodeShutdown"];
 
-/// The pod is being or was taken away: DisruptionTarget=True (set by the scheduler's
-/// preemption, the eviction API, the taint manager and the kubelet before they delete or stop
-/// the pod), else a failed phase with a disruption's reason.
+/// The pod is being or was taken away: a failed phase with a disruption's reason (the
+/// kubelet's own words: `Evicted` and which resource ran low or which limit was passed), else
+/// DisruptionTarget=True (set by the scheduler's preemption, the eviction API, the taint
+/// manager and the kubelet before they delete or stop the pod).
 fn disruption(pod: &Pod) -> Option<Disruption> {
     let status = pod.status.as_ref()?;
     // Kueue marks the pods it preempts with TerminationTarget before deleting them.
     let target = status.conditions.iter().flatten().find(|c| {
         matches!(c.type_.as_str(), "DisruptionTarget" | "TerminationTarget") && c.status == "True"
     });
-    if let Some(c) = target {
+    let since = target
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0)
+        .or_else(|| trainer_finished_at(status));
+    let failed_reason = status
+        .reason
+        .as_deref()
+        .filter(|r| status.phase.as_deref() == Some("Failed") && DISRUPTED_POD_REASONS.contains(r));
+    if let Some(reason) = failed_reason {
         return Some(Disruption {
-            reason: c
-                .reason
-                .clone()
-                .unwrap_or_else(|| "DisruptionTarget".into()),
-            message: c.message.clone().unwrap_or_default(),
-        });
-    }
-    let reason = status.reason.as_deref()?;
-    (status.phase.as_deref() == Some("Failed") && DISRUPTED_POD_REASONS.contains(&reason)).then(
-        || Disruption {
             reason: reason.to_string(),
             message: status.message.clone().unwrap_or_default(),
-        },
-    )
+            since,
+        });
+    }
+    target.map(|c| Disruption {
+        reason: c
+            .reason
+            .clone()
+            .unwrap_or_else(|| "DisruptionTarget".into()),
+        message: c.message.clone().unwrap_or_default(),
+        since,
+    })
+}
+
+/// When the trainer container ended, if it did.
+fn trainer_finished_at(status: &k8s_openapi::api::core::v1::PodStatus) -> Option<Timestamp> {
+    status
+        .container_statuses
+        .iter()
+        .flatten()
+        .find(|c| c.name == labels::TRAINER_CONTAINER)
+        .and_then(|c| c.state.as_ref()?.terminated.as_ref()?.finished_at.as_ref())
+        .map(|t| t.0)
 }
 
 /// When the node's Ready condition stopped being True (None while it is Ready).
@@ -549,6 +568,47 @@ mod tests {
         let mut p = api_pod(2, 1).in_phase("Failed").on_node("n1");
         p.status.as_mut().unwrap().reason = Some("DeadlineExceeded".into());
         assert_eq!(pod_view(&p, None).unwrap().disruption, None);
+    }
+
+    /// The kubelet's two kinds of eviction (pkg/kubelet/eviction/eviction_manager.go): node
+    /// pressure sets DisruptionTarget (TerminationByKubelet) before it kills the pod; a
+    /// container over its ephemeral-storage limit is killed with no condition. Either way the
+    /// failed pod's own reason and message, the kubelet's words, are what the job tells.
+    #[test]
+    fn the_kubelets_eviction_is_told_in_its_own_words_and_dated() {
+        use crate::fixtures::{t, trainer_exited};
+        let message =
+            "Pod ephemeral local storage usage exceeds the total limit of containers 100Mi.";
+        let mut p = api_pod(2, 1)
+            .with_trainer(trainer_exited(143, ""))
+            .in_phase("Failed")
+            .on_node("n1");
+        let s = p.status.as_mut().unwrap();
+        s.reason = Some("Evicted".into());
+        s.message = Some(message.into());
+        let finished = t(90);
+        let d = pod_view(&p, None).unwrap().disruption.unwrap();
+        assert_eq!(
+            (d.reason.as_str(), d.message.as_str()),
+            ("Evicted", message)
+        );
+        assert_eq!(d.since, Some(finished), "no condition: the container's end");
+
+        let began = t(89);
+        p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+            type_: "DisruptionTarget".into(),
+            status: "True".into(),
+            reason: Some("TerminationByKubelet".into()),
+            message: Some("The node was low on resource: memory.".into()),
+            last_transition_time: Some(Time(began)),
+            ..PodCondition::default()
+        }]);
+        let d = pod_view(&p, None).unwrap().disruption.unwrap();
+        assert_eq!(
+            d.reason, "Evicted",
+            "the failed phase's reason is the more precise"
+        );
+        assert_eq!(d.since, Some(began), "the condition says when it began");
     }
 
     #[test]

@@ -26,5 +26,7 @@ pub use schema::{custom_resource_definition, custom_resource_definition_yaml};
 pub use spec::{
     DistributedTraining, DistributedTrainingSpec, GROUP, MAX_NAME_LENGTH, PullPolicy, VERSION,
 };
-pub use status::{DistributedTrainingStatus, FailureInfo, Phase, Placement, TrainingProgress};
+pub use status::{
+    Departure, DistributedTrainingStatus, FailureInfo, Phase, Placement, TrainingProgress,
+};
 pub use storage::{CheckpointSpec, DataSpec, STORE_SECRET_KEYS, STORE_SECRET_SESSION_KEY};

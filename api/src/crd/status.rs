@@ -134,6 +134,31 @@ pub struct Placement {
     pub node: String,
 }
 
+/// A pod taken away by a disruption, waiting for its round's end to be counted
+/// (status.departures).
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Departure {
+    /// The attempt of the pod.
+    pub attempt: i32,
+    /// The pod's node rank.
+    pub node_rank: i32,
+    /// The pod's name.
+    pub pod: String,
+    /// The pod's UID (a replacement has another).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// The disruption's reason as Kubernetes gave it: the failed pod's (Evicted, Terminated,
+    /// Preempting, NodeShutdown) or its DisruptionTarget condition's (EvictionByEvictionAPI,
+    /// PreemptionByScheduler, DeletionByTaintManager, TerminationByKubelet).
+    pub reason: String,
+    /// Kubernetes' message (the kubelet's: which resource ran low, which limit was passed).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// When the operator first saw it.
+    pub seen_at: Time,
+}
+
 fn is_zero(n: &i32) -> bool {
     *n == 0
 }
@@ -228,6 +253,14 @@ pub struct DistributedTrainingStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["nodeRank"]))]
     pub placement: Vec<Placement>,
+    /// Pods of the current attempt taken away by a disruption (the kubelet's eviction or
+    /// node shutdown, the Eviction API, a preemption, a drain) and replaced alone, as the
+    /// operator saw them: the end of the round each one ended is recorded with this cause
+    /// (reason `Disrupted`, the disruption's own reason and message) and spends no restart,
+    /// whatever the launchers could tell. Kept until that round is counted; cleared when a new
+    /// attempt starts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub departures: Vec<Departure>,
     /// Recovery accounting: the last 10 attempts (why and when each ended, when the operator
     /// saw it, time to the next attempt's first step, steps resumed from and lost) and over
     /// the whole job the wall time, productive training time and goodput (docs/observability.md).

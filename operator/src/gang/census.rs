@@ -8,6 +8,7 @@ use ferrotrain_api::reason;
 use k8s_openapi::jiff::SignedDuration;
 
 use super::decider::{Decider, first_line, signed};
+use super::departure;
 use super::failure::{Failure, disrupted, root_cause};
 use super::observed::{PodState, PodView, Termination, WaitCause};
 
@@ -154,7 +155,19 @@ impl<'a, 'o> Decider<'a, 'o> {
             match &pod.state {
                 PodState::Succeeded => census.succeeded += 1,
                 // Deleted, its launcher ended by the signal: it goes away, not fails.
-                PodState::Failed(t) if self.leaving(pod, t) => census.replacing.push(rank),
+                PodState::Failed(t) if self.leaving(pod, t) => {
+                    self.depart(pod);
+                    census.replacing.push(rank);
+                }
+                // Evicted by its kubelet (node pressure, a storage limit, node shutdown): a
+                // disruption, replaced alone as a deleted pod is, once deleted (the kubelet
+                // leaves it failed; its replacement takes its name).
+                PodState::Failed(t) if self.evicted(pod, t) => {
+                    self.depart(pod);
+                    self.actions
+                        .push(super::decision::Action::DeletePod(pod.name.clone()));
+                    census.replacing.push(rank);
+                }
                 PodState::Failed(t) if self.launcher_killed(pod, t) => {
                     // Deleted first: its replacement takes its name.
                     self.actions
@@ -186,6 +199,35 @@ impl<'a, 'o> Decider<'a, 'o> {
         self.going_away(pod) && t.exit_code.is_none_or(|c| c >= 128)
     }
 
+    /// A pod its kubelet failed for a disruption (`Evicted`: node pressure, an
+    /// ephemeral-storage or emptyDir limit; `Terminated`: graceful node shutdown), its
+    /// launcher ended by the kubelet's signal or never started: in place it is replaced
+    /// alone like a deleted pod, and spends no restart.
+    fn evicted(&self, pod: &PodView, t: &Termination) -> bool {
+        self.replaceable()
+            && pod.disruption.is_some()
+            && pod.deleting_since.is_none()
+            && pod.node_lost_since.is_none()
+            && t.exit_code.is_none_or(|c| c >= 128)
+    }
+
+    /// Remembers that `pod` departed for a disruption, for the end of the round it ended
+    /// ([`departure`]).
+    fn depart(&mut self, pod: &PodView) {
+        let Some(new) = departure::of(pod, self.now()) else {
+            return;
+        };
+        let attempt = i64::from(self.status.attempt);
+        let counted_until = self.status.recovery.as_ref().and_then(|r| {
+            r.attempts
+                .iter()
+                .filter(|a| a.attempt == attempt)
+                .filter_map(|a| a.end.as_ref().map(|e| e.detected_at))
+                .max()
+        });
+        departure::record(&mut self.status.departures, new, counted_until);
+    }
+
     /// A pod whose launcher was killed (SIGKILL, the OOM killer: its container exited with a
     /// signal's code), not for a lost node, a deletion or a disruption: in place, it is
     /// replaced alone like a deleted one, while restarts are left (its rank's failure ended
@@ -208,6 +250,7 @@ impl<'a, 'o> Decider<'a, 'o> {
             census.running += 1;
         }
         if self.going_away(pod) {
+            self.depart(pod);
             census.replacing.push(rank);
         } else if let Some(since) = pod.deleting_since {
             let message = "pod is being deleted".to_string();
@@ -336,6 +379,7 @@ impl<'a, 'o> Decider<'a, 'o> {
                 })
             })
             .collect();
+        self.status.departures.retain(|d| d.attempt == attempt);
         let placement = &mut self.status.placement;
         placement.retain(|p| p.attempt == attempt);
         for seen in bound {

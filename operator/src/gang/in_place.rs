@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::decider::{Decider, first_line};
 use super::decision::Action;
+use super::departure;
 use super::observed::PodView;
 
 impl<'a, 'o> Decider<'a, 'o> {
@@ -38,6 +39,10 @@ impl<'a, 'o> Decider<'a, 'o> {
         let attempt = self.status.attempt;
         let procs = self.o.spec.procs_per_replica().max(1) as i64;
         let node_rank = e.end.rank.map(|r| (r / procs) as i32);
+        // A pod the operator saw taken away tells the round's end better than its launcher
+        // could (killed by the kubelet before it said goodbye, it went silent).
+        let told = departure::explain(e, node_rank, attempt, &mut self.status.departures);
+        let e = &told;
         let node = node_rank.and_then(|r| self.node_of(r));
         let info = FailureInfo {
             attempt,
@@ -70,7 +75,7 @@ impl<'a, 'o> Decider<'a, 'o> {
             _ => "a rank".to_string(),
         };
         let max = self.budget().max;
-        let kept = if info.reason == reason::POD_LEAVING {
+        let kept = if disruption {
             "its pod is replaced alone, the others are kept"
         } else {
             "the pods and their nodes are kept"

@@ -29,6 +29,7 @@ mod census;
 mod conditions;
 mod decider;
 mod decision;
+mod departure;
 mod failure;
 mod in_place;
 mod launch;

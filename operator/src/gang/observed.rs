@@ -172,6 +172,10 @@ impl WaitCause {
 pub struct Disruption {
     pub reason: String,
     pub message: String,
+    /// When it began: the DisruptionTarget condition's transition, else (a pod the kubelet
+    /// failed without one: an ephemeral-storage or emptyDir limit) its trainer container's
+    /// end; None when neither is known.
+    pub since: Option<Timestamp>,
 }
 
 /// What polling rank 0's /progress gave.

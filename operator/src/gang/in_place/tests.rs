@@ -3,6 +3,7 @@
 
 use ferrotrain_api::Progress;
 use ferrotrain_api::crd::{Phase, condition};
+use ferrotrain_api::reason;
 use ferrotrain_api::recovery::{AttemptEnd, EndCause, RoundEnd};
 
 use crate::fixtures::{report, running, t};
@@ -416,6 +417,131 @@ fn a_pod_whose_launcher_was_killed_is_replaced_alone_while_restarts_are_left() {
         ..Row::default()
     });
     assert_eq!(spent.status.phase, Phase::Failed);
+}
+
+/// Rank `rank`'s pod as its kubelet leaves it after an eviction for an ephemeral-storage limit
+/// at t(`at`): failed, reason Evicted, its launcher ended by the kubelet's SIGTERM (143), no
+/// deletion and no DisruptionTarget condition (pkg/kubelet/eviction).
+fn evicted_by_kubelet(rank: i32, at: i64) -> PodView {
+    let mut pod = crate::fixtures::disrupted(
+        crate::fixtures::exited(0, rank, 143, "agent: signalled", at),
+        "Evicted",
+    );
+    let d = pod.disruption.as_mut().unwrap();
+    d.message =
+        "Pod ephemeral local storage usage exceeds the total limit of containers 100Mi.".into();
+    d.since = Some(t(at));
+    pod
+}
+
+/// Rank 0's report of round 0's end as its launcher saw rank `rank`'s pod go: `reason`
+/// (PodLeaving when it said goodbye, AgentLost when the kubelet's SIGKILL came first).
+fn round_0_ended_by(rank: i64, cause: EndCause, reason: &str, at: i64) -> Progress {
+    let mut p = after_kill(60, 0, at);
+    let end = &mut p.round_ends[0];
+    (end.end.cause, end.end.reason) = (cause, reason.into());
+    (end.end.rank, end.end.exit_code) = (Some(rank), None);
+    p
+}
+
+#[test]
+fn a_pod_its_kubelet_evicted_is_replaced_alone_a_disruption_told_in_the_kubelets_words() {
+    let evicted = in_place(
+        &ran_with_both_pods_seen(),
+        vec![running(0, 0), evicted_by_kubelet(1, 98)],
+        100,
+    );
+    let s = &evicted.status;
+    assert_eq!((s.phase, s.attempt, s.restarts), (Phase::Starting, 0, 0));
+    assert_eq!(evicted.actions, [Action::DeletePod("mt-0-1".into())]);
+    assert_eq!(s.departures.len(), 1, "{:?}", s.departures);
+    // Deleted: created again under its name, the departure kept for its round's end.
+    let gone = in_place(s, vec![running(0, 0)], 101);
+    assert_eq!(gone.actions, [relaunch(1)]);
+    assert_eq!(gone.status.departures, s.departures);
+    // Whatever its launcher could say (killed before its goodbye: AgentLost, a failure), the
+    // round is told as the eviction: no restart, the kubelet's words.
+    for (cause, said) in [
+        (EndCause::Failure, reason::AGENT_LOST),
+        (EndCause::Disruption, reason::POD_LEAVING),
+    ] {
+        let back = run(&Row {
+            spec: in_place_spec,
+            status: gone.status.clone(),
+            pods: vec![running(0, 0), running(0, 1)],
+            progress: ProgressObservation::Report(Box::new(round_0_ended_by(1, cause, said, 98))),
+            now: 110,
+            ..Row::default()
+        });
+        let s = &back.status;
+        assert_eq!(
+            (s.phase, s.attempt, s.restarts, s.round),
+            (Phase::Running, 0, 0, 1)
+        );
+        assert_eq!(
+            s.restarts_by_cause.get(reason::DISRUPTED),
+            Some(&1),
+            "{said}"
+        );
+        let f = s.last_failure.as_ref().unwrap();
+        assert_eq!(f.node_rank, Some(1));
+        assert!(
+            f.message
+                .contains("Evicted: Pod ephemeral local storage usage exceeds"),
+            "{}",
+            f.message
+        );
+        let end = s.recovery.as_ref().unwrap().attempts[0]
+            .end
+            .clone()
+            .unwrap();
+        assert_eq!(
+            (end.cause, end.reason.as_str()),
+            (EndCause::Disruption, reason::DISRUPTED)
+        );
+        assert!(s.departures.is_empty(), "used: {:?}", s.departures);
+    }
+    // A launcher that exited with its own error in an evicted pod ended the attempt (a gang
+    // restart, of a disruption all the same): it was not the eviction that stopped it.
+    let mut own = evicted_by_kubelet(1, 98);
+    if let PodState::Failed(t) = &mut own.state {
+        t.exit_code = Some(1);
+    }
+    let failed = in_place(&ran_with_both_pods_seen(), vec![running(0, 0), own], 100);
+    assert_eq!(failed.status.phase, Phase::Restarting);
+    assert!(failed.actions.contains(&Action::DeletePod("mt-0-0".into())));
+}
+
+#[test]
+fn node_0s_pod_evicted_by_its_kubelet_is_replaced_alone_and_its_round_told_at_once() {
+    let evicted = in_place(
+        &ran_with_both_pods_seen(),
+        vec![evicted_by_kubelet(0, 98), running(0, 1)],
+        100,
+    );
+    let s = &evicted.status;
+    assert_eq!(evicted.actions, [Action::DeletePod("mt-0-0".into())]);
+    assert_eq!((s.attempt, s.restarts, s.round), (0, 0, 1));
+    assert_eq!(s.restarts_by_cause.get(reason::DISRUPTED), Some(&1));
+    assert!(s.departures.is_empty(), "{:?}", s.departures);
+    let gone = in_place(s, vec![running(0, 1)], 101);
+    assert_eq!(gone.actions, [relaunch(0)]);
+    assert_eq!(gone.status.round, 1, "counted once");
+}
+
+#[test]
+fn a_pod_evicted_by_its_kubelet_without_in_place_restarts_is_a_disruption_of_the_gang() {
+    use crate::fixtures::running_status;
+    let d = run(&Row {
+        status: running_status(0, 0),
+        pods: vec![running(0, 0), evicted_by_kubelet(1, 98)],
+        ..Row::default()
+    });
+    assert_eq!((d.status.phase, d.status.restarts), (Phase::Restarting, 0));
+    assert_eq!(
+        d.status.last_failure.as_ref().unwrap().reason,
+        reason::DISRUPTED
+    );
 }
 
 #[test]
