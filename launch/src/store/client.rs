@@ -20,6 +20,47 @@ pub struct StoreClient {
     prefix: String,
 }
 
+/// The longest one try to connect (and shake hands) may take.
+const TRY_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// When a client that cannot reach the store says so: [`Unreached::FIRST`] after its first
+/// try (a store that starts a moment later is normal and says nothing), then every
+/// [`Unreached::EVERY`], with the address and the last error, so that a launcher never waits in
+/// silence for a name that does not resolve or a port that does not answer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Unreached {
+    since: Instant,
+    next: Instant,
+}
+
+impl Unreached {
+    pub(crate) const FIRST: Duration = Duration::from_secs(3);
+    pub(crate) const EVERY: Duration = Duration::from_secs(5);
+
+    pub(crate) fn since(start: Instant) -> Self {
+        Unreached {
+            since: start,
+            next: start + Self::FIRST,
+        }
+    }
+
+    /// Whether to say so at `now` (and when to say it next, if so).
+    pub(crate) fn due(&mut self, now: Instant) -> bool {
+        if now < self.next {
+            return false;
+        }
+        while self.next <= now {
+            self.next += Self::EVERY;
+        }
+        true
+    }
+
+    /// How long it has not been reached at `now`.
+    pub(crate) fn waited(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.since)
+    }
+}
+
 impl StoreClient {
     /// Resolves and connects to `host:port`, retrying name resolution, connection and a
     /// rejected handshake with backoff until `deadline` (DNS records of a new pod appear
@@ -28,6 +69,7 @@ impl StoreClient {
         let server = format!("{host}:{port}");
         let mut backoff = Duration::from_millis(50);
         let mut attempts = 0u32;
+        let mut unreached = Unreached::since(Instant::now());
         loop {
             attempts += 1;
             let left = deadline.saturating_duration_since(Instant::now());
@@ -50,7 +92,16 @@ impl StoreClient {
                     last: last_error,
                 });
             }
-            tracing::debug!("rendezvous: {server} not ready ({last_error}); retrying");
+            if unreached.due(now) {
+                let waited = unreached.waited(now).as_secs_f64();
+                let left = deadline.saturating_duration_since(now).as_secs_f64();
+                tracing::warn!(
+                    "rendezvous: cannot reach the store at {server} yet ({waited:.0} s, \
+                     {attempts} tries): {last_error}; retrying for {left:.0} s more"
+                );
+            } else {
+                tracing::debug!("rendezvous: {server} not ready ({last_error}); retrying");
+            }
             std::thread::sleep(backoff);
             backoff = (backoff * 2).min(Duration::from_secs(2));
         }
@@ -72,7 +123,10 @@ impl StoreClient {
         let mut last = ConnectError::NoAddress {
             host: host.to_string(),
         };
-        let step = left.clamp(Duration::from_millis(1), Duration::from_secs(10));
+        // One try is short: an address that drops the SYN (a stale name, a pod not yet on
+        // the network) or a peer that never answers the handshake costs at most this before
+        // the name is resolved again.
+        let step = left.clamp(Duration::from_millis(1), TRY_TIMEOUT);
         for addr in addrs {
             match TcpStream::connect_timeout(&addr, step) {
                 Ok(mut stream) => {

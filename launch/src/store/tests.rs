@@ -72,6 +72,24 @@ fn connect_retries_until_the_server_listens() {
 }
 
 #[test]
+fn a_client_that_cannot_reach_the_store_says_so_after_3_s_then_every_5_s() {
+    use super::client::Unreached;
+    let start = Instant::now();
+    let mut u = Unreached::since(start);
+    let at = |ms: u64| start + Duration::from_millis(ms);
+    let said: Vec<u64> = (0..=20_000)
+        .step_by(250)
+        .filter(|&ms| u.due(at(ms)))
+        .collect();
+    assert_eq!(said, [3_000, 8_000, 13_000, 18_000]);
+    assert_eq!(u.waited(at(8_000)), Duration::from_secs(8));
+    // A retry that slept past several turns says it once.
+    let mut late = Unreached::since(start);
+    assert!(late.due(at(30_000)));
+    assert!(!late.due(at(32_000)));
+}
+
+#[test]
 fn unresolvable_host_fails_at_the_deadline_with_the_cause() {
     let auth = Auth::new("tok", 1);
     let start = Instant::now();
