@@ -1,6 +1,8 @@
-//! A writer opening its job's bucket: claim the fence, fetch the bucket's newest checkpoint
-//! when the local directory has nothing as new (a new node, an emptyDir, a lost claim), and
-//! start the upload thread.
+//! A writer opening its job's bucket: claim the fence after the newest complete checkpoint,
+//! fetch the bucket's newest checkpoint when the local directory has nothing as new (a new
+//! node, an emptyDir, a lost claim), and start the upload thread. Each step acts on what was
+//! read in full: a store failing past its retries fails the start (retried by the launcher or
+//! the operator), never a checkpoint skipped.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -11,6 +13,7 @@ use ferrotrain_api::config::CheckpointPolicy;
 
 use super::client::Bucket;
 use super::fence;
+use super::listing::Survey;
 use super::manifest::Manifest;
 use super::transfer::Download;
 use super::uploader::Uploader;
@@ -26,9 +29,7 @@ pub fn attach(
     policy: &CheckpointPolicy,
     writer: &WriterId,
 ) -> Result<Uploader> {
-    // Read once: claiming after the newest complete step leaves every one of them trusted.
-    let complete = bucket.complete()?;
-    fence::claim(&bucket, writer, complete.last().map(|m| m.step))?;
+    let complete = take_over(&bucket, writer, bucket.survey()?)?;
     let local = newest_complete(root)?.map(|(_, s)| s.step);
     fetch_newer(&bucket, &complete, local, root)?;
     let durable = complete.last().map(|m| DurableCheckpoint {
@@ -40,10 +41,30 @@ pub fn attach(
     Uploader::start(Arc::new(bucket), writer.clone(), policy.clone(), durable)
 }
 
+/// Claims the bucket after the newest complete checkpoint of `survey` (every one of them stays
+/// trusted), then lists it again: a checkpoint the previous writer committed between the
+/// survey and the claim (it read the fence before the claim) was committed before the
+/// takeover, and the claim moves past it. The complete checkpoints, oldest first.
+fn take_over(bucket: &Bucket, writer: &WriterId, survey: Survey) -> Result<Vec<Manifest>> {
+    let mut complete = survey.complete;
+    let newest = complete.last().map(|m| m.step);
+    fence::claim(bucket, writer, newest)?;
+    let late = bucket.complete_past(newest, survey.fence.as_ref())?;
+    if let Some(m) = late.last() {
+        tracing::info!(
+            step = m.step,
+            "a checkpoint was committed during the takeover: claiming after it"
+        );
+        fence::claim(bucket, writer, Some(m.step))?;
+        complete.extend(late);
+    }
+    Ok(complete)
+}
+
 /// Downloads the newest complete checkpoint of the bucket newer than `local` into `root`; a
-/// damaged one is skipped (named) for the next older. A store that fails mid-way is an error
-/// (the round or attempt is retried): training from an older state than the bucket holds
-/// would lose what it holds.
+/// damaged one (what it holds is not what its manifest says) is skipped (named) for the next
+/// older. A store that fails past its retries is an error (the round or attempt is retried):
+/// training from an older state than the bucket holds would lose what it holds.
 fn fetch_newer(
     bucket: &Bucket,
     complete: &[Manifest],

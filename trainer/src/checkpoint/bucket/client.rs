@@ -1,6 +1,6 @@
-//! The bucket of one job: its S3 client, the object names under `<prefix>/<job>/`, which
-//! checkpoints there are complete, and its errors (credentials refused is a configuration
-//! error naming the Secret they came from, not a failure to retry).
+//! The bucket of one job: its S3 client, the object names under `<prefix>/<job>/`, its
+//! requests (each under the bucket's [`Retry`]), and its errors (credentials refused is a
+//! configuration error naming the Secret they came from, not a failure to retry).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -12,8 +12,9 @@ use ferrotrain_api::env;
 use futures::TryStreamExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, RetryConfig};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
 
+use super::retry::{Failed, Fault, Retry, TryError, classify, cut_short};
 use crate::checkpoint::layout::{parse_step_dir_name, step_dir_name};
 use crate::error::{Reason, Result, TrainError};
 
@@ -27,7 +28,14 @@ pub struct Bucket {
     /// The Secret the credentials came from (FERROTRAIN_STORE_SECRET), for errors.
     secret: Option<String>,
     runtime: tokio::runtime::Runtime,
+    /// How long a transient fault is tried again ([`Retry::STORE`]; tests shorten it).
+    pub(super) retry: Retry,
+    /// Files above this go up in parts of this size ([`PART_BYTES`]; tests shorten it).
+    pub(super) part_bytes: usize,
 }
+
+/// Files above this go up in parts of this size (S3 allows 10,000 parts of at most 5 GiB).
+pub(super) const PART_BYTES: usize = 16 << 20;
 
 impl std::fmt::Debug for Bucket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -96,6 +104,8 @@ impl Bucket {
             root,
             secret,
             runtime,
+            retry: Retry::STORE,
+            part_bytes: PART_BYTES,
         })
     }
 
@@ -133,9 +143,8 @@ impl Bucket {
     /// else is retried by the next attempt.
     pub(super) fn error(&self, what: &str, e: object_store::Error) -> TrainError {
         let message = format!("checkpoint bucket {}: {what}", self.url);
-        match e {
-            object_store::Error::PermissionDenied { .. }
-            | object_store::Error::Unauthenticated { .. } => {
+        match classify(&e) {
+            Fault::Refused => {
                 let from = match &self.secret {
                     Some(secret) => format!(
                         "the credentials of Secret {secret} (keys {} and {})",
@@ -149,31 +158,83 @@ impl Bucket {
                     e,
                 ))
             }
-            _ => TrainError::Other(Reason::caused(message, e)),
+            Fault::Transient | Fault::Final => TrainError::Other(Reason::caused(message, e)),
         }
     }
 
-    /// The object's bytes, `None` when there is none.
+    /// Runs `op` (one or more requests, `what` in words) under the bucket's [`Retry`]; what
+    /// still fails becomes the bucket's error.
+    pub(super) fn retried<T, E: Into<TryError>>(
+        &self,
+        what: &str,
+        op: impl FnMut() -> Result<T, E>,
+    ) -> Result<T> {
+        self.retry
+            .run(what, op)
+            .map_err(|failed| self.failed(what, failed))
+    }
+
+    fn failed(&self, what: &str, failed: Failed) -> TrainError {
+        match failed.error {
+            TryError::Stop(e) => e,
+            TryError::Store(e) if failed.tries > 1 => self.error(
+                &format!(
+                    "{what} (gave up after {} tries in {:.1} s)",
+                    failed.tries,
+                    failed.elapsed.as_secs_f64()
+                ),
+                e,
+            ),
+            TryError::Store(e) => self.error(what, e),
+        }
+    }
+
+    /// The object's bytes and ETag, `None` when there is none. The whole body is read in
+    /// each try: one cut short is read again, never returned short.
     pub(super) fn get(&self, path: &Path) -> Result<Option<(Bytes, Option<String>)>> {
-        self.block_on(async {
-            match self.store.get(path).await {
-                Ok(got) => {
-                    let e_tag = got.meta.e_tag.clone();
-                    let bytes = got.bytes().await;
-                    bytes.map(|b| Some((b, e_tag)))
+        self.retried(&format!("reading {path}"), || {
+            self.block_on(async {
+                let got = match self.store.get(path).await {
+                    Ok(got) => got,
+                    Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                    Err(e) => return Err(e),
+                };
+                let e_tag = got.meta.e_tag.clone();
+                let announced = got.range.end - got.range.start;
+                let bytes = got.bytes().await?;
+                if bytes.len() as u64 != announced {
+                    return Err(cut_short(path.as_ref(), bytes.len(), announced));
                 }
-                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Ok(Some((bytes, e_tag)))
+            })
+        })
+    }
+
+    /// Writes the object (a retried PUT writes the same bytes again).
+    pub(super) fn put(&self, path: &Path, payload: PutPayload, what: &str) -> Result<()> {
+        self.retried(&format!("{what} {path}"), || {
+            self.block_on(self.store.put(path, payload.clone()))
+                .map(drop)
+        })
+    }
+
+    /// Deletes the object (deleting one already gone succeeds: a retried DELETE may find
+    /// its first try done).
+    pub(super) fn delete(&self, path: &Path) -> Result<()> {
+        self.retried(&format!("deleting {path}"), || {
+            match self.block_on(self.store.delete(path)) {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
                 Err(e) => Err(e),
             }
         })
-        .map_err(|e| self.error(&format!("reading {path}"), e))
     }
 
-    /// Every object under `step-*/`, by step: (file name, size).
+    /// Every object under `step-*/`, by step: (file name, size). A listing that fails part
+    /// way is started again: it is read in full or not at all.
     pub(super) fn list_steps(&self) -> Result<BTreeMap<u64, Vec<(String, u64)>>> {
-        let listed: Vec<_> = self
-            .block_on(self.store.list(Some(&self.root)).try_collect::<Vec<_>>())
-            .map_err(|e| self.error("listing", e))?;
+        let listed: Vec<_> = self.retried("listing", || {
+            self.block_on(self.store.list(Some(&self.root)).try_collect::<Vec<_>>())
+        })?;
         let mut steps: BTreeMap<u64, Vec<(String, u64)>> = BTreeMap::new();
         for meta in listed {
             let parts: Vec<_> = meta.location.parts().collect();

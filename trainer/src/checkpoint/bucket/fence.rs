@@ -104,19 +104,10 @@ pub(super) fn claim(bucket: &Bucket, writer: &WriterId, newest: Option<u64>) -> 
             }),
             None => PutMode::Create,
         };
-        let path = bucket.object(FENCE_FILE);
-        let put = bucket.block_on(bucket.store.put_opts(
-            &path,
-            PutPayload::from(bytes),
-            PutOptions::from(mode),
-        ));
-        match put {
-            Ok(_) => return Ok(()),
-            // Another writer replaced it between our read and our write: read again.
-            Err(object_store::Error::Precondition { .. })
-            | Err(object_store::Error::AlreadyExists { .. }) => continue,
-            Err(e) => return Err(bucket.error("claiming the fence", e)),
+        if put_fence(bucket, bytes, PutOptions::from(mode))? {
+            return Ok(());
         }
+        // Another writer replaced it between our read and our write: read again.
     }
     Err(TrainError::Other(
         format!(
@@ -125,6 +116,23 @@ pub(super) fn claim(bucket: &Bucket, writer: &WriterId, newest: Option<u64>) -> 
         )
         .into(),
     ))
+}
+
+/// Writes the fence if it is still the one read (`opts`); false when another writer replaced
+/// it first. A try whose answer was lost but that was written reads as replaced: the next
+/// round reads our own fence back and writes it again.
+fn put_fence(bucket: &Bucket, bytes: Vec<u8>, opts: PutOptions) -> Result<bool> {
+    let path = bucket.object(FENCE_FILE);
+    let payload = PutPayload::from(bytes);
+    bucket.retried("claiming the fence", || {
+        let put = bucket.block_on(bucket.store.put_opts(&path, payload.clone(), opts.clone()));
+        match put {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::Precondition { .. })
+            | Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    })
 }
 
 /// Ok while `writer` holds the bucket's fence.

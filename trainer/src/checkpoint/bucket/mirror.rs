@@ -99,15 +99,12 @@ impl Bucket {
     /// Uploads the job's own files (its config, its vocabulary) beside its checkpoints, so
     /// that `select` and `translate` can work from the bucket alone.
     pub fn put_job_files(&self, root: &Path, names: &[&str]) -> Result<()> {
-        use object_store::{ObjectStoreExt, PutPayload};
         for name in names {
             let local = root.join(name);
             let Ok(bytes) = std::fs::read(&local) else {
                 continue;
             };
-            let path = self.object(name);
-            self.block_on(self.store.put(&path, PutPayload::from(bytes)))
-                .map_err(|e| self.error(&format!("writing {path}"), e))?;
+            self.put(&self.object(name), bytes.into(), "writing")?;
         }
         Ok(())
     }

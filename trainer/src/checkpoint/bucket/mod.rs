@@ -13,6 +13,10 @@
 //! - Retention as on disk, each dropped checkpoint's manifest deleted first.
 //! - A download is checked against the manifest (sizes and CRC-32C) and then like any local
 //!   checkpoint before it is renamed into the local directory.
+//! - A store that fails never costs a checkpoint: every request is retried on transient
+//!   faults within a bound ([`retry`]); past it a start fails and an upload does not count.
+//!   Only a manifest read in full and found wrong is skipped, and retention and the fence act
+//!   only on what was read in full ([`listing`]).
 
 mod attach;
 mod client;
@@ -20,9 +24,16 @@ mod fence;
 mod listing;
 mod manifest;
 mod mirror;
+mod retry;
 mod transfer;
 mod uploader;
 
+#[cfg(test)]
+mod fault_tests;
+#[cfg(test)]
+mod faulty;
+#[cfg(test)]
+mod s3_errors;
 #[cfg(test)]
 mod tests;
 

@@ -16,18 +16,18 @@ use crate::checkpoint::layout::{MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, step_dir
 use crate::checkpoint::{CheckpointStore, WriterId};
 use crate::error::TrainError;
 
-const FLUSH: Duration = Duration::from_secs(30);
+pub(super) const FLUSH: Duration = Duration::from_secs(30);
 
-fn url() -> BucketUrl {
+pub(super) fn url() -> BucketUrl {
     BucketUrl::parse("s3://ckpt/runs").unwrap()
 }
 
-fn bucket(mem: &Arc<InMemory>) -> Bucket {
+pub(super) fn bucket(mem: &Arc<InMemory>) -> Bucket {
     Bucket::with_store(mem.clone(), &url(), "job", Some("s3-creds".into())).unwrap()
 }
 
 /// Every object under the job's prefix, as `step-…/file` (or `fence.json`).
-fn objects(mem: &Arc<InMemory>) -> Vec<String> {
+pub(super) fn objects(mem: &Arc<InMemory>) -> Vec<String> {
     let b = bucket(mem);
     let mut out: Vec<String> = b
         .block_on(futures::TryStreamExt::try_collect::<Vec<_>>(
@@ -46,19 +46,19 @@ fn objects(mem: &Arc<InMemory>) -> Vec<String> {
     out
 }
 
-fn open(root: &std::path::Path, mem: &Arc<InMemory>, w: WriterId) -> CheckpointStore {
+pub(super) fn open(root: &std::path::Path, mem: &Arc<InMemory>, w: WriterId) -> CheckpointStore {
     CheckpointStore::open_writer_with(root, policy(2, 0), w, Some(bucket(mem))).unwrap()
 }
 
 /// Saves `step` and waits until it is durable in the bucket.
-fn save_durable(store: &mut CheckpointStore, step: u64, eval_loss: Option<f64>) {
+pub(super) fn save_durable(store: &mut CheckpointStore, step: u64, eval_loss: Option<f64>) {
     save_now(store, step, eval_loss);
     assert!(store.flush_uploads(FLUSH).unwrap());
 }
 
 /// A bucket holding `steps`, uploaded by attempt 0 from a directory that is gone since (the
 /// node it ran on).
-fn bucket_holding(steps: &[u64]) -> Arc<InMemory> {
+pub(super) fn bucket_holding(steps: &[u64]) -> Arc<InMemory> {
     let (mem, tmp) = (Arc::new(InMemory::new()), tempfile::tempdir().unwrap());
     let mut store = open(&tmp.path().join("job"), &mem, writer(0));
     for &step in steps {
@@ -67,7 +67,7 @@ fn bucket_holding(steps: &[u64]) -> Arc<InMemory> {
     mem
 }
 
-fn steps_in(mem: &Arc<InMemory>) -> Vec<u64> {
+pub(super) fn steps_in(mem: &Arc<InMemory>) -> Vec<u64> {
     bucket(mem)
         .complete()
         .unwrap()

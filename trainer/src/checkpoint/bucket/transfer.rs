@@ -15,6 +15,7 @@ use object_store::{ObjectStoreExt, PutPayload, WriteMultipart};
 use super::client::Bucket;
 use super::fence;
 use super::manifest::{MANIFEST_FILE, Manifest, ManifestFile, crc_hex};
+use super::retry::TryError;
 use crate::checkpoint::fence::WriterId;
 use crate::checkpoint::io::{io_err, sync_dir, write_synced};
 use crate::checkpoint::layout::{
@@ -26,8 +27,6 @@ use crate::rfc3339::{self, Resolution};
 
 /// The files of a checkpoint, in the order they are uploaded (the manifest comes after).
 pub(super) const FILES: [&str; 3] = [MODEL_FILE, OPTIMIZER_FILE, STATE_FILE];
-/// Files above this go up in parts of this size (S3 allows 10,000 parts of at most 5 GiB).
-const PART_BYTES: usize = 16 << 20;
 /// Parts in flight at once per file.
 const PARTS_IN_FLIGHT: usize = 4;
 
@@ -60,7 +59,6 @@ impl Bucket {
             bytes += file.size;
             files.push(file);
         }
-        fence::still_owner(self, writer)?;
         let manifest = Manifest {
             step,
             files,
@@ -68,29 +66,43 @@ impl Bucket {
             time: rfc3339::format(SystemTime::now(), Resolution::Second),
             eval_loss,
         };
-        let body = manifest.encode().map_err(|e| {
-            TrainError::Other(Reason::caused("checkpoint bucket: encoding a manifest", e))
-        })?;
-        let path = self.step_object(step, MANIFEST_FILE);
-        self.block_on(self.store.put(&path, PutPayload::from(body)))
-            .map_err(|e| self.error(&format!("writing {path}"), e))?;
+        self.commit(&manifest)?;
         Ok(bytes)
     }
 
-    /// Uploads one file (in parts above [`PART_BYTES`]); its name, size and CRC-32C.
+    /// Writes `manifest` if its writer still holds the fence, read again before each try: a
+    /// writer superseded while the PUT was being retried must not commit after the takeover.
+    /// Read once more after the PUT: a takeover in between may or may not count the
+    /// checkpoint (it does when the PUT landed first), so it is not reported durable.
+    fn commit(&self, manifest: &Manifest) -> Result<()> {
+        let body = PutPayload::from(manifest.encode().map_err(|e| {
+            TrainError::Other(Reason::caused("checkpoint bucket: encoding a manifest", e))
+        })?);
+        let path = self.step_object(manifest.step, MANIFEST_FILE);
+        self.retried(&format!("writing {path}"), || {
+            fence::still_owner(self, &manifest.writer).map_err(TryError::Stop)?;
+            self.block_on(self.store.put(&path, body.clone()))?;
+            Ok::<_, TryError>(())
+        })?;
+        fence::still_owner(self, &manifest.writer)
+    }
+
+    /// Uploads one file (in parts above the bucket's part size); its name, size and CRC-32C.
     fn upload_file(&self, local: &Path, step: u64, name: &str) -> Result<ManifestFile> {
         let path = self.step_object(step, name);
         let len = fs::metadata(local)
             .map_err(|e| io_err("reading", local, e))?
             .len();
-        let (crc, size) = if len < PART_BYTES as u64 {
+        let (crc, size) = if len < self.part_bytes as u64 {
             let body = fs::read(local).map_err(|e| io_err("reading", local, e))?;
             let sums = (crc32c::crc32c(&body), body.len() as u64);
-            self.block_on(self.store.put(&path, PutPayload::from(body)))
-                .map_err(|e| self.error(&format!("uploading {path}"), e))?;
+            self.put(&path, PutPayload::from(body), "uploading")?;
             sums
         } else {
-            self.put_parts(local, &path)?
+            // A multipart upload that fails is aborted and started again from the first byte.
+            self.retried(&format!("uploading {path}"), || {
+                self.put_parts(local, &path)
+            })?
         };
         Ok(ManifestFile {
             name: name.to_string(),
@@ -99,36 +111,40 @@ impl Bucket {
         })
     }
 
-    /// Uploads `local` as `path` in parts of [`PART_BYTES`], [`PARTS_IN_FLIGHT`] at once;
-    /// its CRC-32C and size. A failure aborts the upload (no parts left behind on the store).
-    fn put_parts(&self, local: &Path, path: &ObjectPath) -> Result<(u32, u64)> {
-        let uploading = |e| self.error(&format!("uploading {path}"), e);
-        let mut file = File::open(local).map_err(|e| io_err("opening", local, e))?;
+    /// Uploads `local` as `path` in parts of the bucket's part size, [`PARTS_IN_FLIGHT`] at
+    /// once; its CRC-32C and size. A failure aborts the upload (no parts left behind on the
+    /// store).
+    fn put_parts(&self, local: &Path, path: &ObjectPath) -> Result<(u32, u64), TryError> {
+        let disk = |what, e| TryError::Stop(io_err(what, local, e));
+        let mut file = File::open(local).map_err(|e| disk("opening", e))?;
         // The parts go up as tasks of the bucket's runtime, spawned by `write`.
         let _runtime = self.enter_runtime();
-        let upload = self
-            .block_on(self.store.put_multipart(path))
-            .map_err(uploading)?;
-        let mut parts = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
-        let (mut crc, mut size, mut chunk) = (0u32, 0u64, vec![0; PART_BYTES]);
+        let upload = self.block_on(self.store.put_multipart(path))?;
+        let mut parts = WriteMultipart::new_with_chunk_size(upload, self.part_bytes);
+        let (mut crc, mut size, mut chunk) = (0u32, 0u64, vec![0; self.part_bytes]);
         loop {
             let n = match read_full(&mut file, &mut chunk) {
                 Ok(0) => break,
                 Ok(n) => n,
                 Err(e) => {
                     let _ = self.block_on(parts.abort());
-                    return Err(io_err("reading", local, e));
+                    return Err(disk("reading", e));
                 }
             };
             crc = crc32c::crc32c_append(crc, &chunk[..n]);
             size += n as u64;
             if let Err(e) = self.block_on(parts.wait_for_capacity(PARTS_IN_FLIGHT)) {
                 let _ = self.block_on(parts.abort());
-                return Err(uploading(e));
+                return Err(e.into());
             }
             parts.write(&chunk[..n]);
         }
-        self.block_on(parts.finish()).map_err(uploading)?;
+        // Every part sent before the completion, so that a failed part aborts the upload too.
+        if let Err(e) = self.block_on(parts.wait_for_capacity(0)) {
+            let _ = self.block_on(parts.abort());
+            return Err(e.into());
+        }
+        self.block_on(parts.finish())?;
         Ok((crc, size))
     }
 
@@ -183,17 +199,24 @@ impl Bucket {
         sync_dir(temp).map_err(Download::Failed)
     }
 
-    /// Retention in the bucket: the steps `policy` keeps among the complete ones; each other
-    /// checkpoint loses its manifest first (it stops counting), then its files. Files of an
-    /// upload cut short (no manifest) older than the newest complete checkpoint go too.
-    pub(super) fn retain(&self, policy: &CheckpointPolicy) -> Result<()> {
-        let complete = self.complete()?;
+    /// Retention in the bucket, by `writer` while it holds the fence: the steps `policy`
+    /// keeps among the complete ones; each other checkpoint loses its manifest first (it
+    /// stops counting), then its files. Files of an upload cut short (no manifest) older than
+    /// the newest complete checkpoint go too. It acts on a [`Bucket::survey`] read in full:
+    /// when anything could not be read, it deletes nothing.
+    pub(super) fn retain(&self, policy: &CheckpointPolicy, writer: &WriterId) -> Result<()> {
+        let survey = self.survey()?;
+        if survey.fence.as_ref().is_none_or(|f| f.writer != *writer) {
+            // Another writer took over: retention is its own.
+            return Ok(());
+        }
+        let complete = &survey.complete;
         let scored: Vec<_> = complete.iter().map(|m| (m.step, m.eval_loss)).collect();
         let keep = retained_steps(&scored, policy.keep_latest, policy.keep_best);
         let Some(newest) = complete.last().map(|m| m.step) else {
             return Ok(());
         };
-        for (step, files) in self.list_steps()? {
+        for (step, files) in survey.steps {
             let counted = complete.iter().any(|m| m.step == step);
             if keep.contains(&step) || (!counted && step >= newest) {
                 continue;
@@ -201,9 +224,7 @@ impl Bucket {
             let mut names: Vec<_> = files.into_iter().map(|(name, _)| name).collect();
             names.sort_by_key(|n| n != MANIFEST_FILE);
             for name in names {
-                let path = self.step_object(step, &name);
-                self.block_on(self.store.delete(&path))
-                    .map_err(|e| self.error(&format!("deleting {path}"), e))?;
+                self.delete(&self.step_object(step, &name))?;
             }
             tracing::info!(step, bucket = %self.url(), "removed checkpoint from the bucket (retention)");
         }

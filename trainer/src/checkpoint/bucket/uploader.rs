@@ -223,7 +223,7 @@ impl Worker {
             job.step,
             durable.url
         );
-        if let Err(e) = self.bucket.retain(&self.policy) {
+        if let Err(e) = self.bucket.retain(&self.policy, &self.writer) {
             tracing::warn!(error = %e, "bucket retention failed; old checkpoints are kept");
         }
         Ok(durable)
