@@ -9,12 +9,12 @@ use std::collections::BTreeMap;
 
 use ferrotrain_api::crd::{DistributedTrainingStatus, FailureInfo, Phase};
 use ferrotrain_api::reason;
-use ferrotrain_api::recovery::Timestamp;
+use ferrotrain_api::recovery::{EndCause, HealedFrom, Timestamp};
 use ferrotrain_e2e::rounds::{
     RoundStart, ended_round, lost_at_most_the_step_in_flight, round_started,
 };
 use ferrotrain_e2e::{
-    TestNamespace, WAIT, copy_job, kill_launcher_from_host, pods_of, signal_trainer,
+    TestNamespace, WAIT, copy_job, exec, kill_launcher_from_host, pods_of, signal_trainer,
     wait_first_checkpoint, wait_spare, wait_status,
 };
 use k8s_openapi::api::core::v1::Pod;
@@ -270,6 +270,71 @@ async fn an_evicted_pod_leaves_the_other_training_on_until_its_replacement_joins
     .await;
     // A disruption: the restart budget is not spent on it.
     assert_eq!((counted.attempt, counted.restarts), (0, 0), "{counted:?}");
+}
+
+/// Rank 1's pod is evicted by its own kubelet, not through the API: a container over its
+/// `ephemeral-storage` limit (200 MiB written into its /tmp, an emptyDir, against a 100Mi
+/// limit). The kubelet kills it with a second of grace and leaves it Failed (reason Evicted),
+/// undeleted. It is replaced alone as a deleted pod is: the other trains on from the gang's
+/// last step, the gang is whole again, nothing is trained twice, no restart is spent, and the
+/// status says why in the kubelet's words.
+#[tokio::test]
+#[ignore = "needs a cluster with the operator and the trainer image (scripts/e2e.sh)"]
+async fn a_pod_its_kubelet_evicts_is_replaced_alone_and_told_in_the_kubelets_words() {
+    let ns = TestNamespace::create("kevict").await;
+    let mut spec = copy_job(2, 1_000_000, Some("kevict-checkpoints"));
+    spec["resources"]["limits"]["ephemeral-storage"] = json!("100Mi");
+    training_with(&ns, "kevict", spec).await;
+    let gang = uids(&ns, "kevict").await;
+    exec(
+        &ns.pods(),
+        "kevict-0-1",
+        "head -c 200M /dev/zero > /tmp/fill && echo written",
+    )
+    .await;
+    // The kubelet sums an emptyDir's usage once a minute (volumeStatsAggPeriod), then evicts
+    // at its next check: up to about two minutes.
+    let whole = wait_status(
+        &ns.jobs(),
+        "kevict",
+        "evicted, replaced, whole again",
+        WAIT,
+        |s| s.phase == Phase::Running && s.round >= 2,
+    )
+    .await;
+    assert_eq!((whole.attempt, whole.restarts), (0, 0), "{whole:?}");
+    assert_eq!(whole.restarts_by_cause.get(reason::DISRUPTED), Some(&1));
+    let f = blamed(&whole, reason::DISRUPTED, 1);
+    assert!(
+        f.message
+            .contains("Evicted: Pod ephemeral local storage usage exceeds"),
+        "the kubelet's words: {}",
+        f.message
+    );
+    let ledger = whole.recovery.clone().expect("the ledger");
+    let round = |r: u64| {
+        ledger
+            .attempts
+            .iter()
+            .find(|a| a.attempt == 0 && a.round.unwrap_or(0) == r)
+            .cloned()
+            .unwrap_or_else(|| panic!("round {r} in {ledger:?}"))
+    };
+    let (evicted, alone) = (round(0), round(1));
+    let end = evicted.end.clone().expect("round 0 ended");
+    assert_eq!(end.cause, EndCause::Disruption, "{end:?}");
+    assert_eq!(alone.healed_from, Some(HealedFrom::Peers), "{alone:?}");
+    assert!(evicted.lost_steps.unwrap_or(0) <= 1, "{evicted:?}");
+    let took = end
+        .failed_at
+        .duration_until(alone.first_step_at.expect("round 1 stepped"))
+        .as_secs_f64();
+    println!("the kubelet's eviction -> round 1 steps at world size 1 {took:.2} s later");
+    assert!(
+        took < STEPS_AGAIN_WITHIN,
+        "stepping again {took:.2} s after the eviction"
+    );
+    replaced_alone(&gang, &uids(&ns, "kevict").await, "kevict", 1);
 }
 
 #[tokio::test]
