@@ -1,178 +1,187 @@
-//! The decision being made: what [`super::decide`] accumulates (the status, the actions, the
-//! events, when to look again) and the order of its steps ([`Decider::run`]). Each step is a
-//! method in the file of its concern.
+//! The conductor: the order of every decision of a reconcile, top to bottom. Each step is a
+//! function of the policy file it belongs to; those files never call one another, only the
+//! leaves below them (`draft.rs`, `failure.rs`, `departure.rs`, `conditions.rs`), and
+//! whatever one step's outcome means for the next is decided here.
 
 use std::time::Duration;
 
-use ferrotrain_api::RestartBudget;
-use ferrotrain_api::crd::{DistributedTrainingStatus, Phase};
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use ferrotrain_api::Progress;
+use ferrotrain_api::crd::{Phase, condition};
+use ferrotrain_api::reason;
 
-use super::decision::{Action, Decision, EventNote, order};
-use super::observed::{Observed, PodView};
+use super::census::{self, Census};
+use super::decision::{Action, Decision};
+use super::draft::Draft;
+use super::failure::root_cause;
+use super::launch::{self, Launched};
+use super::observed::{Observed, PodState, PodView, ProgressObservation};
+use super::{in_place, lifecycle, progress, queue, running};
 
-/// A decision in the making: starts from the observed status and collects what each step
-/// changes.
-pub(super) struct Decider<'a, 'o> {
-    pub(super) o: &'a Observed<'o>,
-    pub(super) status: DistributedTrainingStatus,
-    pub(super) actions: Vec<Action>,
-    pub(super) events: Vec<EventNote>,
-    pub(super) requeue: Option<Duration>,
-}
-
-impl<'a, 'o> Decider<'a, 'o> {
-    /// Starts from the observed status, at the observed generation.
-    pub(super) fn new(o: &'a Observed<'o>) -> Self {
-        let mut status = o.status.clone();
-        status.observed_generation = o.generation;
-        Decider {
-            o,
-            status,
+/// The decision for what `o` observed.
+pub(super) fn run(o: &Observed<'_>) -> Decision {
+    let mut d = Draft::new(o);
+    census::record_placement(&mut d);
+    // Pods of a newer attempt than the status knows: the status we read predates our own
+    // write. Acting on it would double-count a restart; wait for the fresh status.
+    if o.pods.iter().any(|p| p.attempt > o.status.attempt) {
+        return Decision {
+            status: o.status.clone(),
             actions: Vec::new(),
             events: Vec::new(),
-            requeue: None,
-        }
+            requeue_after: Some(Duration::from_secs(1)),
+            restarts_left: d.budget().left(),
+        };
     }
-
-    /// The steps, in order: where each pod of the attempt runs; then by phase the end of a
-    /// finished job, a suspend, a resume, a fixed spec, or an active job's deadline, backoff,
-    /// launch and census; then the cleanup of older attempts and the replica counts.
-    pub(super) fn run(mut self) -> Decision {
-        let o = self.o;
-        self.record_placement();
-        // Pods of a newer attempt than the status knows: the status we read predates our own
-        // write. Acting on it would double-count a restart; wait for the fresh status.
-        if o.pods.iter().any(|p| p.attempt > o.status.attempt) {
-            return Decision {
-                status: o.status.clone(),
-                actions: Vec::new(),
-                events: Vec::new(),
-                requeue_after: Some(Duration::from_secs(1)),
-                restarts_left: self.budget().left(),
-            };
-        }
-
-        match self.status.phase {
-            Phase::Failed if self.invalid_spec_changed() => {
-                self.reopen();
-                if o.spec.suspend {
-                    self.suspend();
-                } else {
-                    self.active();
-                }
+    match d.status.phase {
+        Phase::Failed if lifecycle::invalid_spec_changed(&d) => {
+            lifecycle::reopen(&mut d);
+            if o.spec.suspend {
+                lifecycle::suspend(&mut d);
+            } else {
+                active(&mut d);
             }
-            Phase::Succeeded | Phase::Failed => self.finished(),
-            _ if o.spec.suspend => self.suspend(),
-            Phase::Suspended => {
-                self.resume();
-                self.active();
+        }
+        Phase::Succeeded | Phase::Failed => lifecycle::finished(&mut d),
+        _ if o.spec.suspend => lifecycle::suspend(&mut d),
+        Phase::Suspended => {
+            lifecycle::resume(&mut d);
+            active(&mut d);
+        }
+        _ => active(&mut d),
+    }
+    if !matches!(d.status.phase, Phase::Succeeded | Phase::Failed) {
+        queue::gang_condition(&mut d);
+    }
+    queue::admission_seen(&mut d);
+    census::record_placement(&mut d);
+    launch::clean_up_old_attempts(&mut d);
+    launch::force_delete_stuck(&mut d);
+    census::count_replicas(&mut d);
+    d.into_decision()
+}
+
+/// Pending, Starting, Running or Restarting: the deadline, then the backoff, then the launch,
+/// then what the census of the attempt's ranks says.
+fn active(d: &mut Draft<'_, '_>) {
+    if lifecycle::deadline_passed(d) {
+        return;
+    }
+    if d.status.phase == Phase::Restarting && !lifecycle::backoff_over(d) {
+        d.stop_current_pods();
+        return;
+    }
+    if d.status.phase == Phase::Pending && !launch(d) {
+        return;
+    }
+    evaluate(d);
+}
+
+/// Creates what the attempt lacks; true when every pod exists.
+fn launch(d: &mut Draft<'_, '_>) -> bool {
+    match launch::launch(d) {
+        Launched::All => return true,
+        Launched::NotYet { new_attempt } => {
+            // What the Running condition said of the last attempt is history (a fresh job
+            // has none, and its first status stays as small as before).
+            if new_attempt && d.status.condition(condition::RUNNING).is_some() {
+                running::pods_starting(d);
             }
-            _ => self.active(),
         }
-        if !matches!(self.status.phase, Phase::Succeeded | Phase::Failed) {
-            self.gang_condition();
-        }
-        self.admission_seen();
-        self.record_placement();
-        self.clean_up_old_attempts();
-        self.force_delete_stuck();
-        self.count_replicas();
-        let restarts_left = self.budget().left();
-        Decision {
-            status: self.status,
-            actions: order(self.actions),
-            events: self.events,
-            requeue_after: self.requeue,
-            restarts_left,
-        }
-    }
-
-    /// restartPolicy.maxRestarts and the restarts the status has spent (gang restarts and
-    /// in-place rounds alike; disruptions spend none).
-    pub(super) fn budget(&self) -> RestartBudget {
-        RestartBudget::of(
-            self.o.spec.restart_policy.max_restarts,
-            self.status.restarts,
-        )
-    }
-
-    /// Pending, Starting, Running or Restarting: the deadline, then the backoff, then the
-    /// launch, then the census of the attempt's ranks.
-    fn active(&mut self) {
-        if self.deadline_passed() {
-            return;
-        }
-        if self.status.phase == Phase::Restarting && !self.backoff_over() {
-            self.stop_current_pods();
-            return;
-        }
-        if self.status.phase == Phase::Pending && !self.launch() {
-            return;
-        }
-        self.evaluate();
-    }
-
-    /// The time of the decision (every step reads this one, never a clock).
-    pub(super) fn now(&self) -> Timestamp {
-        self.o.now
-    }
-
-    /// Look again within `after` (at least 1 s); the earliest of all the steps' asks wins.
-    pub(super) fn requeue_in(&mut self, after: Duration) {
-        let after = after.max(Duration::from_secs(1));
-        self.requeue = Some(self.requeue.map_or(after, |r| r.min(after)));
-    }
-
-    /// Look again at `at`.
-    pub(super) fn requeue_at(&mut self, at: Timestamp) {
-        let left = at.duration_since(self.now());
-        self.requeue_in(Duration::try_from(left).unwrap_or(Duration::ZERO));
-    }
-
-    /// Publish an event (Warning or Normal) with one of [`ferrotrain_api::reason`]'s reasons.
-    pub(super) fn event(&mut self, warning: bool, reason: &'static str, note: String) {
-        self.events.push(EventNote {
-            warning,
+        Launched::Fails {
+            failure,
             reason,
-            note,
+            event,
+        } => lifecycle::fail(d, *failure, reason, event),
+        Launched::Node0Waits(message) => match census::node_0_failed_to_start(d) {
+            Some(failure) => lifecycle::end_attempt(d, failure),
+            None => d.set_condition(condition::CREATED, false, reason::NODE_0_FIRST, message),
+        },
+    }
+    false
+}
+
+/// Starting or Running: the census of every rank of the current attempt, and what follows
+/// from it: success, the end of the attempt, pods replaced alone, training, or pods starting.
+fn evaluate(d: &mut Draft<'_, '_>) {
+    let mut c = census::take(d);
+    let replicas = d.o.spec.pod_count();
+    if c.succeeded == replicas || census::elastic_finished(d, c.rank0) {
+        succeed(d, c.rank0, c.succeeded);
+        return;
+    }
+    if d.elastic() && c.rank0.is_some_and(|p| p.state == PodState::Succeeded) {
+        // The gang finished; its other pods are ending by themselves.
+        return;
+    }
+    let (failures, suspects) = (
+        std::mem::take(&mut c.failures),
+        std::mem::take(&mut c.suspects),
+    );
+    if let Some(failure) = root_cause(failures, suspects) {
+        lifecycle::end_attempt(d, failure);
+        return;
+    }
+    // Elastic: enough pods run for the gang to train without the others (their launchers
+    // decided so after elastic.waitSeconds); the missing ones wait for capacity.
+    let trains_without_some = census::elastic_quorum(d) && !c.replacing.contains(&0);
+    if !c.replacing.is_empty() && !trains_without_some {
+        in_place::replace_pods(d, &c.replacing, c.gone, c.node0_failed);
+    } else if c.running + c.succeeded == replicas || trains_without_some {
+        trains(d, &c);
+    } else {
+        starting(d, &c.waiting);
+    }
+}
+
+/// The gang trains (every pod, or enough of an elastic gang's): pods gone meanwhile are
+/// created again, Running says so, and rank 0's progress is taken in.
+fn trains(d: &mut Draft<'_, '_>, c: &Census<'_>) {
+    if !c.gone.is_empty() {
+        d.actions.push(Action::Launch {
+            attempt: d.status.attempt,
+            node_ranks: c.gone.clone(),
         });
     }
+    running::all_running(d, c.running + c.succeeded);
+    track_progress(d, c.rank0);
+    d.requeue_in(d.o.timing.progress_interval);
+}
 
-    /// The pods of the current attempt.
-    pub(super) fn current_pods(&self) -> impl Iterator<Item = &'o PodView> + '_ {
-        let attempt = self.status.attempt;
-        self.o.pods.iter().filter(move |p| p.attempt == attempt)
-    }
-
-    /// Delete the current attempt's pods that still run (terminated ones stay for their logs).
-    pub(super) fn stop_current_pods(&mut self) {
-        let doomed: Vec<String> = self
-            .current_pods()
-            .filter(|p| p.deleting_since.is_none() && !p.state.is_terminated())
-            .map(|p| p.name.clone())
-            .collect();
-        self.actions
-            .extend(doomed.into_iter().map(Action::DeletePod));
+/// Some pods do not run yet: held by a queue, or waiting for a reason the status shows.
+fn starting(d: &mut Draft<'_, '_>, waiting: &[&PodView]) {
+    running::starting(d);
+    if !queue::queued(d, waiting) {
+        running::waiting(d, waiting);
     }
 }
 
-/// A std Duration as jiff's, for timestamp arithmetic (0 when it does not fit).
-pub(super) fn signed(d: Duration) -> SignedDuration {
-    SignedDuration::try_from(d).unwrap_or(SignedDuration::ZERO)
+/// Training finished: rank 0's final report taken in, then the job Succeeded.
+fn succeed(d: &mut Draft<'_, '_>, rank0: Option<&PodView>, succeeded: i32) {
+    let last = rank0.and_then(|p| p.final_report.as_deref());
+    if let Some(report) = last {
+        count_rounds(d, report);
+    }
+    progress::finished(d, last);
+    lifecycle::succeed(d, succeeded);
 }
 
-/// The first non-empty line of a message, at most 512 characters: what a condition or an
-/// event says of a longer text.
-pub(super) fn first_line(s: &str) -> String {
-    let line = s
-        .lines()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("")
-        .trim();
-    let mut out: String = line.chars().take(512).collect();
-    if line.chars().count() > 512 {
-        out.push('…');
+/// Rank 0's report (or why there is none) into the status, and a stalled gang restarted.
+fn track_progress(d: &mut Draft<'_, '_>, rank0: Option<&PodView>) {
+    match &d.o.progress {
+        ProgressObservation::Report(report) => {
+            count_rounds(d, report);
+            progress::reported(d, report);
+        }
+        ProgressObservation::Unavailable(why) => progress::unavailable(d, why, rank0),
+        ProgressObservation::NotPolled => {}
     }
-    out
+    if let Some(failure) = progress::stalled(d) {
+        lifecycle::restart_or_fail(d, failure);
+    }
+}
+
+/// The rounds `report` says ended (each an in-place restart) and the world size it trains at.
+fn count_rounds(d: &mut Draft<'_, '_>, report: &Progress) {
+    in_place::count_rounds(d, report);
+    in_place::world_size(d, report);
 }

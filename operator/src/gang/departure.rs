@@ -14,7 +14,7 @@ use ferrotrain_api::recovery::{EndCause, RoundEnd};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use super::decider::first_line;
+use super::draft::first_line;
 use super::observed::PodView;
 
 /// How much earlier than a disruption's recorded start its round's end may have been seen:

@@ -8,7 +8,7 @@ use ferrotrain_api::recovery::EndCause;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use super::decider::{Decider, first_line};
+use super::draft::{Draft, first_line};
 use super::observed::{Disruption, PodView, Termination};
 
 /// Why an attempt ended (a retryable failure or a permanent one).
@@ -100,74 +100,73 @@ pub(super) fn ended_by(reason: &str) -> EndCause {
     }
 }
 
-impl<'a, 'o> Decider<'a, 'o> {
-    /// A failure of rank `rank` of the current attempt; `pod` defaults to the rank's name.
-    pub(super) fn failure(
-        &self,
-        rank: i32,
-        pod: Option<&str>,
-        reason: &str,
-        message: String,
-    ) -> Failure {
-        Failure {
-            info: FailureInfo {
-                attempt: self.status.attempt,
-                node_rank: Some(rank),
-                // A pod of one rank: its rank is the pod's.
-                rank: (self.o.spec.procs_per_replica() == 1).then_some(rank),
-                pod: Some(pod.map(str::to_string).unwrap_or_else(|| {
-                    crate::labels::pod_name(self.o.job, self.status.attempt, rank)
-                })),
-                exit_code: None,
-                node: self.node_of(rank),
-                reason: reason.into(),
-                message,
-                last_lines: Vec::new(),
-                time: Time(self.now()),
-                secondary_failures: 0,
-            },
-            permanent: false,
-            disruption: false,
-            at: None,
-            killed: false,
-            suspect: false,
-        }
+/// A failure of rank `rank` of the current attempt; `pod` defaults to the rank's name.
+pub(super) fn failure(
+    d: &Draft<'_, '_>,
+    rank: i32,
+    pod: Option<&str>,
+    reason: &str,
+    message: String,
+) -> Failure {
+    Failure {
+        info: FailureInfo {
+            attempt: d.status.attempt,
+            node_rank: Some(rank),
+            // A pod of one rank: its rank is the pod's.
+            rank: (d.o.spec.procs_per_replica() == 1).then_some(rank),
+            pod: Some(
+                pod.map(str::to_string)
+                    .unwrap_or_else(|| crate::labels::pod_name(d.o.job, d.status.attempt, rank)),
+            ),
+            exit_code: None,
+            node: d.node_of(rank),
+            reason: reason.into(),
+            message,
+            last_lines: Vec::new(),
+            time: Time(d.now()),
+            secondary_failures: 0,
+        },
+        permanent: false,
+        disruption: false,
+        at: None,
+        killed: false,
+        suspect: false,
     }
+}
 
-    /// A failure of the job as a whole (no pod to blame).
-    pub(super) fn job_failure(&self, reason: &str, message: String) -> Failure {
-        let mut f = self.failure(0, None, reason, message);
-        (f.info.node_rank, f.info.pod) = (None, None);
-        f
-    }
+/// A failure of the job as a whole (no pod to blame).
+pub(super) fn job_failure(d: &Draft<'_, '_>, reason: &str, message: String) -> Failure {
+    let mut f = failure(d, 0, None, reason, message);
+    (f.info.node_rank, f.info.pod) = (None, None);
+    f
+}
 
-    /// A pod whose trainer exited non-zero or that failed without it exiting.
-    pub(super) fn exited(&self, pod: &PodView, t: &Termination) -> Failure {
-        let reason = if t.exit_code.is_some() {
-            reason::EXIT_CODE
-        } else {
-            reason::POD_FAILED
-        };
-        let message = first_line(if t.message.is_empty() {
-            &t.reason
-        } else {
-            &t.message
-        });
-        let mut f = self.failure(pod.node_rank, Some(&pod.name), reason, message);
-        f.info.exit_code = t.exit_code;
-        f.at = t.finished_at;
-        f.killed = t.exit_code.is_none_or(|c| c >= 128) || t.reason == "OOMKilled";
-        let permanent_codes = &self.o.spec.restart_policy.permanent_exit_codes;
-        if let Some(code) = t.exit_code
-            && permanent_codes.contains(&code)
-        {
-            f.permanent = true;
-            f.info.reason = reason::PERMANENT_EXIT_CODE.into();
-        } else if let Some(d) = &pod.disruption {
-            disrupted(&mut f, d);
-        }
-        f
+/// A pod whose trainer exited non-zero or that failed without it exiting.
+pub(super) fn exited(d: &Draft<'_, '_>, pod: &PodView, t: &Termination) -> Failure {
+    let reason = if t.exit_code.is_some() {
+        reason::EXIT_CODE
+    } else {
+        reason::POD_FAILED
+    };
+    let message = first_line(if t.message.is_empty() {
+        &t.reason
+    } else {
+        &t.message
+    });
+    let mut f = failure(d, pod.node_rank, Some(&pod.name), reason, message);
+    f.info.exit_code = t.exit_code;
+    f.at = t.finished_at;
+    f.killed = t.exit_code.is_none_or(|c| c >= 128) || t.reason == "OOMKilled";
+    let permanent_codes = &d.o.spec.restart_policy.permanent_exit_codes;
+    if let Some(code) = t.exit_code
+        && permanent_codes.contains(&code)
+    {
+        f.permanent = true;
+        f.info.reason = reason::PERMANENT_EXIT_CODE.into();
+    } else if let Some(d) = &pod.disruption {
+        disrupted(&mut f, d);
     }
+    f
 }
 
 // The table of every decision (`gang::tests`) runs these tests' rows too.

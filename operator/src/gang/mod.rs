@@ -6,21 +6,28 @@
 //! condition transition times, progress with its update time) and in the pods' labels
 //! (attempt, node rank), so a restarted operator decides exactly as the old one would have.
 //!
-//! One file per concern. [`decide`] takes an [`Observed`] (`observed.rs`) and returns a
-//! [`Decision`] (`decision.rs`); in between, `decider.rs` holds the decision being made and
-//! runs its steps in order, each a method in the file of its concern:
+//! One file per concern, in two layers. [`decide`] takes an [`Observed`] (`observed.rs`) and
+//! returns a [`Decision`] (`decision.rs`); `decider.rs` is the conductor: it runs every step
+//! of a reconcile in order, top to bottom, and decides what each step's outcome means for the
+//! next. The steps are the functions of the policy files, which never call one another:
 //! - `lifecycle.rs`: the phases: suspend, resume, a fixed spec, the restart backoff, the
 //!   deadline, success, failure, restart or fail, the end of an attempt in the ledger;
 //! - `launch.rs`: an attempt's pods, one checkpoint writer at a time, older attempts' pods
 //!   deleted, pods stuck on a lost node force-deleted, a launch the API refused or a taken
 //!   name stopped (an observation of the last carry-out, retried);
-//! - `census.rs`: the current attempt's ranks sorted into running, succeeded, failed and
-//!   waiting, their placement, and what that means for the attempt;
-//! - `failure.rs`: what ended an attempt and which failure is the root cause;
+//! - `census.rs`: the current attempt's ranks sorted into running, succeeded, failed, waiting
+//!   (and until when) and going away, and their placement;
+//! - `in_place.rs`: the rounds the pods' launchers restarted in place, counted as restarts,
+//!   and pods replaced alone;
 //! - `progress.rs`: rank 0's report in the status, ProgressAvailable, stall detection;
-//! - `in_place.rs`: the rounds the pods' launchers restarted in place, counted as restarts;
 //! - `queue.rs`: condition GangScheduling, phase Queued while a queue holds the pods;
-//! - `conditions.rs`: setting conditions, and what Running says while pods start.
+//! - `running.rs`: what phase and condition Running say while pods start and run.
+//!
+//! Below them, the leaves every policy may use and which use no policy: `draft.rs` (the
+//! decision in the making and the facts of the observation), `failure.rs` (what a failure
+//! is, and which of several is the cause), `departure.rs` (pods taken away by a
+//! disruption), `conditions.rs` (setting a condition), `observed.rs` and `decision.rs`.
+//! operator/tests/call_cycles.rs keeps it so: no two files of a folder call each other.
 //!
 //! The files import each other directly (`super::failure::Failure`), never through this
 //! one, so the re-exports below make no import cycle.
@@ -30,6 +37,7 @@ mod conditions;
 mod decider;
 mod decision;
 mod departure;
+mod draft;
 mod failure;
 mod in_place;
 mod launch;
@@ -37,6 +45,7 @@ mod lifecycle;
 mod observed;
 mod progress;
 mod queue;
+mod running;
 
 pub use conditions::{set_condition, set_condition_to};
 pub use decision::{Action, Decision, EventNote};
@@ -49,7 +58,7 @@ pub use observed::{
 
 /// Decides the next step. See the module documentation.
 pub fn decide(o: &Observed<'_>) -> Decision {
-    decider::Decider::new(o).run()
+    decider::run(o)
 }
 
 #[cfg(test)]
