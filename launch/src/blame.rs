@@ -21,7 +21,7 @@
 //!    lower rank).
 
 use ferrotrain_api::reason;
-use ferrotrain_api::recovery::Timestamp;
+use ferrotrain_api::recovery::{EndCause, Timestamp};
 use ferrotrain_api::{EndKind, RankEnd};
 use serde::{Deserialize, Serialize};
 
@@ -187,7 +187,7 @@ pub fn is_disruption(verdict: &Verdict) -> bool {
 }
 
 /// The verdict of a round ended at `now` for a resize: nobody to blame, nothing lost.
-pub fn resized(round: u64, now: Timestamp) -> Verdict {
+pub fn resized_verdict(round: u64, now: Timestamp) -> Verdict {
     Verdict {
         round,
         rank: None,
@@ -201,6 +201,52 @@ pub fn resized(round: u64, now: Timestamp) -> Verdict {
         secondary: 0,
         in_a_row: 0,
         last_lines: Vec::new(),
+    }
+}
+
+/// How node 0 rules a round's end, from what it read of it.
+#[derive(Debug, PartialEq)]
+pub struct Ruling {
+    pub verdict: Verdict,
+    /// Stopped (a resize), Disruption (a pod taken away) or Failure.
+    pub cause: EndCause,
+    /// The nodes whose agent is gone or whose pod goes away: the next round does not wait
+    /// for them (their pod is replaced; elastic, the gang trains on without it until then).
+    pub gone: Vec<usize>,
+}
+
+/// The ruling on round `round` at `now`: a resize asked for (`resized`) ends it with nobody
+/// to blame; otherwise the [`verdict`] on every node's report, a disruption when a pod was
+/// taken away.
+pub fn ruling(
+    round: u64,
+    resized: bool,
+    reports: &[NodeReport],
+    permanent: &[i32],
+    now: Timestamp,
+) -> Ruling {
+    if resized {
+        return Ruling {
+            verdict: resized_verdict(round, now),
+            cause: EndCause::Stopped,
+            gone: Vec::new(),
+        };
+    }
+    let verdict = verdict(round, reports, permanent, now);
+    let cause = if is_disruption(&verdict) {
+        EndCause::Disruption
+    } else {
+        EndCause::Failure
+    };
+    let gone = reports
+        .iter()
+        .filter(|r| r.gone || r.leaving)
+        .map(|r| r.node)
+        .collect();
+    Ruling {
+        verdict,
+        cause,
+        gone,
     }
 }
 
@@ -438,6 +484,54 @@ mod tests {
             unreachable_seconds: None,
             gone: false,
             tails: Tails::new(),
+        }
+    }
+
+    #[test]
+    fn a_ruling_says_the_cause_and_which_nodes_the_next_round_does_not_wait_for() {
+        let rule =
+            |resized, reports: &[NodeReport]| ruling(4, resized, reports, &PERMANENT, at(50));
+        let mut leaving = failed(1, 1, 143, "signalled", 10);
+        leaving.leaving = true;
+        let mut gone = NodeReport::silent(2, vec![2]);
+        gone.gone = true;
+        // (resized, reports) -> (reason, cause, nodes not waited for)
+        type Row = (bool, Vec<NodeReport>, &'static str, EndCause, Vec<usize>);
+        let rows: [Row; 4] = [
+            (true, vec![], reason::RESIZED, EndCause::Stopped, vec![]),
+            (
+                false,
+                vec![quiet(0, &[]), failed(1, 1, 137, "killed", 10)],
+                reason::KILLED,
+                EndCause::Failure,
+                vec![],
+            ),
+            (
+                false,
+                vec![quiet(0, &[]), leaving.clone()],
+                reason::POD_LEAVING,
+                EndCause::Disruption,
+                vec![1],
+            ),
+            (
+                false,
+                vec![quiet(0, &[]), leaving, gone],
+                reason::POD_LEAVING,
+                EndCause::Disruption,
+                vec![1, 2],
+            ),
+        ];
+        for (resized, reports, why, cause, not_waited) in rows {
+            let r = rule(resized, &reports);
+            assert_eq!(
+                (r.verdict.reason.as_str(), r.cause, r.gone),
+                (why, cause, not_waited),
+                "{reports:?}"
+            );
+            assert_eq!(
+                (r.verdict.round, r.verdict.detected_at.max(at(50))),
+                (4, at(50))
+            );
         }
     }
 

@@ -78,43 +78,31 @@ impl Host {
         permanent: &[i32],
         ledger: &mut Ledger,
     ) -> Result<Verdict, AgentError> {
-        if client
+        let resized = client
             .try_get(&keys::resize(round), Duration::ZERO)?
-            .is_some()
-        {
-            let verdict = blame::resized(round, Timestamp::now());
-            publish(client, &verdict)?;
-            self.record(round, &verdict, EndCause::Stopped, ledger);
-            return Ok(verdict);
-        }
-        let nodes: Vec<usize> = gathering.nodes().collect();
-        for node in nodes {
-            if let Some(seconds) = client.try_get(&keys::lost(round, node), Duration::ZERO)? {
-                let seconds = String::from_utf8_lossy(&seconds).parse().unwrap_or(0.0);
-                gathering.lost(node, seconds);
-                self.lost.push(node);
+            .is_some();
+        let reports = if resized {
+            Vec::new()
+        } else {
+            let nodes: Vec<usize> = gathering.nodes().collect();
+            for node in nodes {
+                if let Some(seconds) = client.try_get(&keys::lost(round, node), Duration::ZERO)? {
+                    let seconds = String::from_utf8_lossy(&seconds).parse().unwrap_or(0.0);
+                    gathering.lost(node, seconds);
+                    self.lost.push(node);
+                }
             }
-        }
-        let reports = reports(client, round, &mut gathering);
-        // A node whose agent is gone, or whose pod goes away, is not waited for by the next
-        // round either: its pod is replaced (and, elastic, the gang trains on without it
-        // until it is back).
-        self.lost.extend(
-            reports
-                .iter()
-                .filter(|r| r.gone || r.leaving)
-                .map(|r| r.node),
-        );
-        let mut verdict = blame::verdict(round, &reports, permanent, Timestamp::now());
+            reports(client, round, &mut gathering)
+        };
+        let ruling = blame::ruling(round, resized, &reports, permanent, Timestamp::now());
+        self.lost.extend(ruling.gone);
+        let mut verdict = ruling.verdict;
         // Recorded first: the ledger, with rank 0's last report, says whether the round saved
         // a checkpoint, and so how long every agent backs off.
-        let cause = if blame::is_disruption(&verdict) {
-            EndCause::Disruption
-        } else {
-            EndCause::Failure
-        };
-        self.record(round, &verdict, cause, ledger);
-        verdict.in_a_row = ledger.recovery.failures_in_a_row(true).unwrap_or(1);
+        self.record(round, &verdict, ruling.cause, ledger);
+        if !resized {
+            verdict.in_a_row = ledger.recovery.failures_in_a_row(true).unwrap_or(1);
+        }
         publish(client, &verdict)?;
         Ok(verdict)
     }

@@ -6,6 +6,7 @@
 use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingStatus};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
@@ -256,12 +257,8 @@ async fn create_group(
                 .get_metadata_opt(&name)
                 .await
                 .map_err(api_err("get", "PodGroup", &name))?;
-            match existing {
-                Some(existing) if !owner.controls(&existing.metadata) => {
-                    Ok(Some(conflict(owner, &group.resource.kind, &name)))
-                }
-                _ => Ok(None),
-            }
+            let meta = existing.as_ref().map(|e| &e.metadata);
+            Ok(taken(owner, meta, &group.resource.kind, &name))
         }
         Err(e) => Err(api_err("create", "PodGroup", &name)(e)),
     }
@@ -411,16 +408,21 @@ async fn create<K: ChildObject>(ctx: &Context, owner: &Owner, object: &K) -> Res
                 static_kind::<K>(),
                 &name,
             ))?;
-            match existing {
-                Some(existing) if !owner.controls(&existing.metadata) => {
-                    Ok(Made::Conflict(conflict(owner, &K::kind(&()), &name)))
-                }
-                // Ours, or gone again since (the next reconcile creates it).
-                _ => Ok(Made::Ours),
-            }
+            let meta = existing.as_ref().map(|e| &e.metadata);
+            Ok(taken(owner, meta, &K::kind(&()), &name).map_or(Made::Ours, Made::Conflict))
         }
         Err(e) => Err(api_err("create", static_kind::<K>(), &name)(e)),
     }
+}
+
+/// What an object `kind`/`name` that exists already (`existing`: its metadata, None when it
+/// went again since) means for a create: a conflict when another owner, or nobody, controls
+/// it; None when it is this job's own (an earlier reconcile's create the cache has not shown
+/// yet) or gone (the next reconcile creates it).
+fn taken(owner: &Owner, existing: Option<&ObjectMeta>, kind: &str, name: &str) -> Option<Applied> {
+    existing
+        .filter(|meta| !owner.controls(meta))
+        .map(|_| conflict(owner, kind, name))
 }
 
 fn conflict(owner: &Owner, kind: &str, name: &str) -> Applied {
@@ -452,4 +454,34 @@ where
     value["apiVersion"] = api_version.into();
     value["kind"] = kind.into();
     value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{api_pod, job};
+
+    #[test]
+    fn a_name_held_by_another_owner_or_by_nobody_is_taken_and_one_of_ours_or_gone_is_not() {
+        let owner = build::Owner::of(&job()).unwrap();
+        let ours = api_pod(0, 1).metadata;
+        assert!(owner.controls(&ours), "the fixture's pod is the job's");
+        let mut nobodys = ours.clone();
+        nobodys.owner_references = None;
+        let mut anothers = ours.clone();
+        anothers.owner_references.as_mut().unwrap()[0].uid = "another-uid".into();
+        assert_eq!(taken(&owner, Some(&ours), "Pod", "mt-0-1"), None);
+        assert_eq!(taken(&owner, None, "Pod", "mt-0-1"), None, "gone again");
+        for meta in [&nobodys, &anothers] {
+            let Some(Applied::NameConflict(message)) = taken(&owner, Some(meta), "Pod", "mt-0-1")
+            else {
+                panic!("a conflict")
+            };
+            assert!(message.starts_with("Pod "), "{message}");
+            assert!(
+                message.contains("is not controlled by DistributedTraining"),
+                "{message}"
+            );
+        }
+    }
 }

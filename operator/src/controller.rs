@@ -7,7 +7,6 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingStatus, Phase};
-use ferrotrain_api::reason;
 use ferrotrain_api::recovery::EndCause;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -18,9 +17,10 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 use tracing::{debug, info, warn};
 
-use crate::apply::{self, Applied};
+use crate::apply;
 use crate::build::{self, Owner};
 use crate::caches::Caches;
+use crate::carry_out::{self, Created};
 use crate::config::Settings;
 pub use crate::context::{Context, GangApplied};
 pub use crate::error::{Error, Result};
@@ -224,9 +224,8 @@ async fn carry_out(
 ) -> Result<Action> {
     apply::delete_pods(ctx, owner, &decision.actions).await?;
     let uid = dt.uid().unwrap_or_default();
-    if decision.status != *before
-        && (!only_progress_changed(before, &decision.status) || ctx.progress_write_due(&uid, now))
-    {
+    let write_due = ctx.progress_write_due(&uid, now);
+    if carry_out::write_status(before, &decision.status, write_due) {
         apply::status(ctx, dt, owner, decision.status.clone(), now).await?;
         ctx.wrote_status(&uid, now);
         record_status_metrics(ctx, dt, before, &decision.status, now);
@@ -236,17 +235,7 @@ async fn carry_out(
     if let Some(pods) = decision.pods_to_launch() {
         let launched = launch(ctx, dt, owner, &decision, gang_mode, pods, now).await?;
         events.extend(launched.notes);
-        if let Some(stop) = &launched.stop {
-            if matches!(
-                stop.reason,
-                reason::NAME_CONFLICT | reason::STORE_SECRET_MISSING
-            ) {
-                // Nothing was created: "creating N pods" would not be true.
-                events.retain(|e| e.reason != reason::CREATED);
-            }
-            // The next decision shows why, at once.
-            requeue = Some(Duration::from_secs(1));
-        }
+        requeue = carry_out::after_launch(&mut events, launched.stop.as_ref(), requeue);
         ctx.launch_went(&uid, launched.stop, now);
     }
     apply::events(ctx, dt, decision.status.attempt, &events).await?;
@@ -257,23 +246,6 @@ async fn carry_out(
     Ok(requeue
         .map(Action::requeue)
         .unwrap_or_else(Action::await_change))
-}
-
-/// Whether `after` differs from `before` only in what every poll of a training job moves:
-/// `progress` (a new step, loss, rate) and the recovery ledger's running numbers (last step,
-/// productive seconds, goodput). Such a change may wait for the next write
-/// (`--progress-write-interval-seconds`); a new ledger record comes with a new attempt or
-/// round, which is written at once.
-fn only_progress_changed(
-    before: &DistributedTrainingStatus,
-    after: &DistributedTrainingStatus,
-) -> bool {
-    let strip = |s: &DistributedTrainingStatus| DistributedTrainingStatus {
-        progress: None,
-        recovery: None,
-        ..s.clone()
-    };
-    strip(before) == strip(after)
 }
 
 /// How long the controller waits for more events of a job before reconciling it: the burst of
@@ -313,15 +285,9 @@ async fn launch(
             Ready::Go(service) => service,
             Ready::Wait(message) => {
                 warn!(job = %owner.name, namespace = %owner.namespace, %message, "launch waits");
-                let stop = gang::LaunchStop {
-                    attempt,
-                    reason: reason::STORE_SECRET_MISSING,
-                    message,
-                    at: now,
-                };
                 return Ok(Launched {
                     notes: Vec::new(),
-                    stop: Some(stop),
+                    stop: Some(carry_out::waits_for_secret(attempt, message, now)),
                 });
             }
         };
@@ -351,50 +317,35 @@ async fn launch_all(
         generation: dt.metadata.generation,
     };
     let mut notes = Vec::new();
-    let stop = |reason, message: String| gang::LaunchStop {
-        attempt,
-        reason,
-        message,
-        at: now,
-    };
     for objects in launches {
         let conflict = if ctx.gang_applied(&applied) {
             None
         } else {
             apply::gang_objects(ctx, owner, objects).await?
         };
-        let created = match conflict {
+        let result = match conflict {
             Some(conflict) => Ok(conflict),
             None => {
                 ctx.note_gang_applied(applied.clone(), now);
                 apply::pods(ctx, owner, objects, now).await
             }
         };
-        let stopped = match created {
-            Ok(Applied::Done) => continue,
-            Ok(Applied::GangIgnored(message)) => {
-                warn!(job = %owner.name, namespace = %owner.namespace, %message, "gang not enforced");
-                notes.push(gang::EventNote {
-                    warning: true,
-                    reason: reason::SCHEDULING_GROUP_DROPPED,
-                    note: message,
+        match carry_out::created(result, attempt, now) {
+            Created::Next(note) => {
+                if let Some(note) = &note {
+                    warn!(job = %owner.name, namespace = %owner.namespace, message = %note.note, "gang not enforced");
+                }
+                notes.extend(note);
+            }
+            Created::Stop(stop) => {
+                warn!(job = %owner.name, namespace = %owner.namespace, reason = stop.reason, message = %stop.message, "launch stopped");
+                return Ok(Launched {
+                    notes,
+                    stop: Some(stop),
                 });
-                continue;
             }
-            Ok(Applied::NameConflict(message)) => {
-                warn!(job = %owner.name, namespace = %owner.namespace, %message, "name conflict");
-                stop(reason::NAME_CONFLICT, message)
-            }
-            Err(error) if error.is_refused_create() && !error.is_namespace_terminating() => {
-                warn!(job = %owner.name, namespace = %owner.namespace, %error, "the API refused a pod of the gang");
-                stop(reason::POD_CREATE_REFUSED, error.to_string())
-            }
-            Err(error) => return Err(error),
-        };
-        return Ok(Launched {
-            notes,
-            stop: Some(stopped),
-        });
+            Created::Error(error) => return Err(error),
+        }
     }
     Ok(Launched { notes, stop: None })
 }

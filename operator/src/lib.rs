@@ -12,6 +12,7 @@ pub mod app;
 pub mod apply;
 pub mod build;
 pub mod caches;
+pub mod carry_out;
 pub mod client;
 pub mod config;
 pub mod context;

@@ -36,15 +36,7 @@ pub async fn check(
     node_ranks: &[i32],
     objects_due: bool,
 ) -> Result<Ready> {
-    let secret = spec
-        .checkpoint
-        .as_ref()
-        .and_then(|c| c.store_secret_name.as_deref());
-    if let Some(name) = secret
-        && node_ranks
-            .iter()
-            .any(|&rank| build::mounts_checkpoint_volume(spec, rank))
-    {
+    if let Some(name) = secret_to_check(spec, node_ranks) {
         let keys = secret_keys(ctx, &owner.namespace, name).await?;
         if let Some(problem) = secret_problem(&owner.namespace, name, keys.as_ref()) {
             return Ok(Ready::Wait(problem));
@@ -55,6 +47,22 @@ pub async fn check(
         _ => None,
     };
     Ok(Ready::Go(service))
+}
+
+/// The store's Secret a launch of `node_ranks` must find first: `spec.checkpoint.storeSecretName`
+/// when one of them gets its credentials (the pod that writes checkpoints); else none.
+pub fn secret_to_check<'s>(
+    spec: &'s DistributedTrainingSpec,
+    node_ranks: &[i32],
+) -> Option<&'s str> {
+    let name = spec
+        .checkpoint
+        .as_ref()
+        .and_then(|c| c.store_secret_name.as_deref())?;
+    node_ranks
+        .iter()
+        .any(|&rank| build::mounts_checkpoint_volume(spec, rank))
+        .then_some(name)
 }
 
 /// Why the pods cannot start with the store's Secret `name` holding `keys` (None: it does not
@@ -154,6 +162,28 @@ mod tests {
         assert_eq!(
             problem(Some(keys(&["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]))),
             None
+        );
+    }
+
+    #[test]
+    fn the_secret_is_checked_only_for_a_launch_of_the_pod_that_writes_checkpoints() {
+        let mut spec = crate::fixtures::spec();
+        assert_eq!(secret_to_check(&spec, &[0, 1]), None, "no store");
+        spec.checkpoint = Some(
+            serde_json::from_value(serde_json::json!({
+                "claimName": "ckpt", "storeSecretName": "creds"
+            }))
+            .unwrap(),
+        );
+        let writer = (0..2).find(|&r| build::mounts_checkpoint_volume(&spec, r));
+        let other = (0..2).find(|&r| !build::mounts_checkpoint_volume(&spec, r));
+        let (writer, other) = (writer.expect("a writer"), other.expect("a reader"));
+        assert_eq!(secret_to_check(&spec, &[writer]), Some("creds"));
+        assert_eq!(secret_to_check(&spec, &[other, writer]), Some("creds"));
+        assert_eq!(
+            secret_to_check(&spec, &[other]),
+            None,
+            "a replacement that writes nothing"
         );
     }
 

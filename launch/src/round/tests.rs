@@ -223,7 +223,7 @@ fn rows() -> Vec<Row> {
             name: "a resize is no failure: the next round at once, nothing spent",
             node: 1,
             before: rounds(6, 2),
-            event: ruled(6, blame::resized(6, at(0))),
+            event: ruled(6, blame::resized_verdict(6, at(0))),
             next: Next::Run(7),
             restarts: 2,
         },

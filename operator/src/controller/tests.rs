@@ -9,6 +9,7 @@ use crate::fixtures::{
 use crate::pod_cache::{PodCacheWriter, pod_cache};
 use ferrotrain_api::Progress;
 use ferrotrain_api::crd::{TrainingProgress, condition};
+use ferrotrain_api::reason;
 use http::{Method, Request, Response};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use kube::client::Body;

@@ -2,6 +2,7 @@
 //! Service read for the NetworkPolicy's egress rule.
 
 use super::*;
+use ferrotrain_api::reason;
 
 fn secret_path() -> String {
     format!("/api/v1/namespaces/{NS}/secrets/creds")
