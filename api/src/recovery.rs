@@ -507,7 +507,7 @@ impl Recovery {
     fn retire(&mut self) {
         while self.attempts.len() > MAX_ATTEMPTS {
             let old = self.attempts.remove(0);
-            let next_first_step = self.attempts.first().and_then(|a| a.first_step_at);
+            let cost = FailureCost::of(&old, self.attempts.first());
             let r = &mut self.retired;
             r.attempts += 1;
             r.productive_seconds += old.productive_seconds;
@@ -517,10 +517,10 @@ impl Recovery {
             }
             r.lost_steps += old.lost_steps.unwrap_or(0);
             r.skipped_steps += old.skipped_steps;
-            if let Some((detect, recovery)) = failure_costs(&old, next_first_step) {
-                r.detect_seconds += detect;
+            if let Some(cost) = cost {
+                r.detect_seconds += cost.detect_seconds;
                 r.detections += 1;
-                if let Some(s) = recovery {
+                if let Some(s) = cost.to_next_step {
                     r.recovery_seconds += s;
                     r.recoveries += 1;
                 }
@@ -536,14 +536,10 @@ impl Recovery {
         let r = &self.retired;
         let (mut detect, mut detections) = (r.detect_seconds, r.detections);
         let (mut recovery, mut recoveries) = (r.recovery_seconds, r.recoveries);
-        for (i, a) in self.attempts.iter().enumerate() {
-            let next_first_step = self.attempts.get(i + 1).and_then(|n| n.first_step_at);
-            let Some((d, rec)) = failure_costs(a, next_first_step) else {
-                continue;
-            };
-            detect += d;
+        for cost in self.failure_costs() {
+            detect += cost.detect_seconds;
             detections += 1;
-            if let Some(s) = rec {
+            if let Some(s) = cost.to_next_step {
                 recovery += s;
                 recoveries += 1;
             }
@@ -588,18 +584,6 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
-/// What an attempt that ended without succeeding cost: seconds from its failure to its
-/// detection, and (once the next attempt stepped, at `next_first_step`) to that first step.
-/// None for an attempt that runs or succeeded.
-fn failure_costs(
-    a: &AttemptRecord,
-    next_first_step: Option<Timestamp>,
-) -> Option<(f64, Option<f64>)> {
-    let e = a.end.as_ref().filter(|e| e.cause != EndCause::Succeeded)?;
-    let recovery = next_first_step.map(|t| seconds(e.failed_at, t));
-    Some((e.detect_seconds(), recovery))
-}
-
 fn seconds(from: Timestamp, to: Timestamp) -> f64 {
     (to.as_millisecond() - from.as_millisecond()).max(0) as f64 / 1000.0
 }
@@ -607,6 +591,9 @@ fn seconds(from: Timestamp, to: Timestamp) -> f64 {
 fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
+
+mod cost;
+pub use cost::FailureCost;
 
 #[cfg(test)]
 mod tests;

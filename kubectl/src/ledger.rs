@@ -7,62 +7,12 @@ use ferrotrain_api::Recovery;
 use ferrotrain_api::crd::labels::pod_name;
 use ferrotrain_api::recovery::{AttemptRecord, EndCause, HealedFrom};
 
-use crate::format::{clock, seconds, short_seconds};
+use crate::format::{clock, short_seconds};
 use crate::table::table;
-
-/// What a failure cost: the record it ended and the one that followed it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct FailureCost {
-    /// The attempt and round it ended.
-    pub attempt: i64,
-    pub round: u64,
-    /// Seconds from the failure to its detection.
-    pub detect_seconds: f64,
-    /// The next record's round, once it started.
-    pub next_round: Option<(i64, u64)>,
-    /// Seconds from the failure to the next record's first step, once it took one.
-    pub to_next_step: Option<f64>,
-    /// The step the next record resumed from, and from where.
-    pub resumed_from: Option<(u64, Option<HealedFrom>)>,
-    /// Steps trained twice (the ended record's lostSteps).
-    pub lost_steps: Option<u64>,
-}
-
-/// Whether a record's end is a failure a recovery followed (not a success or a stop).
-fn is_failure(cause: EndCause) -> bool {
-    matches!(
-        cause,
-        EndCause::Failure | EndCause::Disruption | EndCause::Stall
-    )
-}
 
 /// The round of a record (absent: the attempt's first).
 fn round_of(r: &AttemptRecord) -> u64 {
     r.round.unwrap_or(0)
-}
-
-/// What the latest failure in the ledger cost (None without one).
-pub fn last_failure_cost(recovery: &Recovery) -> Option<FailureCost> {
-    let at = recovery
-        .attempts
-        .iter()
-        .rposition(|r| r.end.as_ref().is_some_and(|e| is_failure(e.cause)))?;
-    let failed = &recovery.attempts[at];
-    let end = failed.end.as_ref()?;
-    let next = recovery.attempts.get(at + 1);
-    Some(FailureCost {
-        attempt: failed.attempt,
-        round: round_of(failed),
-        detect_seconds: end.detect_seconds(),
-        next_round: next.map(|n| (n.attempt, round_of(n))),
-        to_next_step: next
-            .and_then(|n| n.first_step_at)
-            .map(|t| seconds(end.failed_at, t)),
-        resumed_from: next
-            .filter(|n| n.first_step_at.is_some())
-            .and_then(|n| n.resumed_from_step.map(|s| (s, n.healed_from))),
-        lost_steps: failed.lost_steps,
-    })
 }
 
 /// `peers`, `checkpoint`, or `-` for a fresh start.
@@ -124,9 +74,9 @@ fn row(job: &str, r: &AttemptRecord, next: Option<&AttemptRecord>) -> Vec<String
     let pod = end
         .and_then(|e| e.node_rank)
         .map(|n| pod_name(job, r.attempt as i32, n as i32));
-    let next_step = end.filter(|e| is_failure(e.cause)).and_then(|e| {
+    let next_step = end.filter(|e| e.cause.is_recovered_from()).and_then(|e| {
         next.and_then(|n| n.first_step_at)
-            .map(|t| short_seconds(seconds(e.failed_at, t)))
+            .map(|t| short_seconds(e.recovery_seconds(t)))
     });
     vec![
         r.attempt.to_string(),
@@ -141,7 +91,7 @@ fn row(job: &str, r: &AttemptRecord, next: Option<&AttemptRecord>) -> Vec<String
         or_dash(end.and_then(|e| e.rank)),
         or_dash(pod),
         or_dash(
-            end.filter(|e| is_failure(e.cause))
+            end.filter(|e| e.cause.is_recovered_from())
                 .map(|e| short_seconds(e.detect_seconds())),
         ),
         or_dash(next_step),
@@ -197,33 +147,6 @@ fn totals(recovery: &Recovery) -> String {
 mod tests {
     use super::*;
     use crate::fixtures;
-
-    #[test]
-    fn the_last_failure_costs_what_the_next_round_says() {
-        let cost = last_failure_cost(&fixtures::recovered_ledger()).unwrap();
-        assert_eq!(
-            cost,
-            FailureCost {
-                attempt: 0,
-                round: 0,
-                detect_seconds: 0.05,
-                next_round: Some((0, 1)),
-                to_next_step: Some(0.5),
-                resumed_from: Some((303, Some(HealedFrom::Peers))),
-                lost_steps: Some(0),
-            }
-        );
-    }
-
-    #[test]
-    fn a_failure_whose_next_round_has_not_stepped_has_no_cost_yet() {
-        let mut ledger = fixtures::recovered_ledger();
-        ledger.attempts[1].first_step_at = None;
-        let cost = last_failure_cost(&ledger).unwrap();
-        assert_eq!(cost.next_round, Some((0, 1)));
-        assert_eq!((cost.to_next_step, cost.resumed_from), (None, None));
-        assert_eq!(last_failure_cost(&Recovery::default()), None);
-    }
 
     #[test]
     fn the_table_has_a_row_per_round_and_the_totals() {

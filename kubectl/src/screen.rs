@@ -6,7 +6,8 @@ use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingStatus, Phase,
 use jiff::Timestamp;
 
 use crate::format::{age, loss, percent, rate, seconds, short_seconds, steps};
-use crate::ledger::{FailureCost, healed, last_failure_cost};
+use crate::ledger::healed;
+use ferrotrain_api::recovery::FailureCost;
 
 /// Width of the progress bar between its brackets.
 const BAR: usize = 30;
@@ -205,7 +206,7 @@ fn failure(status: &DistributedTrainingStatus) -> Vec<String> {
         (Some(rank), None) => format!("rank {rank}"),
         (None, None) => "the gang".to_string(),
     };
-    let cost = status.recovery.as_ref().and_then(last_failure_cost);
+    let cost = status.recovery.as_ref().and_then(|r| r.last_failure_cost());
     let when = cost.as_ref().map_or_else(
         || format!("attempt {}", f.attempt),
         |c| format!("round {} of attempt {}", c.round, c.attempt),

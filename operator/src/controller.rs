@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingStatus, Phase};
-use ferrotrain_api::recovery::EndCause;
+use ferrotrain_api::recovery::{AttemptRecord, FailureCost};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -448,24 +448,25 @@ fn record_recovery_metrics(
         return;
     };
     let before = before.recovery.as_ref();
-    let known =
-        |attempt: i64| before.and_then(|b| b.attempts.iter().find(|a| a.attempt == attempt));
+    // A record is its attempt and round; each number is observed once, when it first shows.
+    let known = |r: &AttemptRecord| {
+        before.and_then(|b| {
+            b.attempts
+                .iter()
+                .find(|a| a.attempt == r.attempt && a.round == r.round)
+        })
+    };
     for (i, a) in after.attempts.iter().enumerate() {
-        let was = known(a.attempt);
-        if let Some(end) = a.end.as_ref().filter(|e| e.cause != EndCause::Succeeded)
-            && was.is_none_or(|w| w.end.is_none())
-        {
-            ctx.metrics.failure_detect.observe(end.detect_seconds());
+        let next = after.attempts.get(i + 1);
+        let Some(cost) = FailureCost::of(a, next) else {
+            continue;
+        };
+        if known(a).is_none_or(|w| w.end.is_none()) {
+            ctx.metrics.failure_detect.observe(cost.detect_seconds);
         }
-        let previous_end = i
-            .checked_sub(1)
-            .and_then(|p| after.attempts[p].end.as_ref())
-            .filter(|e| e.cause != EndCause::Succeeded);
-        if let (Some(first), Some(end)) = (a.first_step_at, previous_end)
-            && was.is_none_or(|w| w.first_step_at.is_none())
-        {
-            let seconds = first.duration_since(end.failed_at).as_secs_f64();
-            ctx.metrics.recovery.observe(seconds.max(0.0));
+        let stepped_now = next.is_some_and(|n| known(n).is_none_or(|k| k.first_step_at.is_none()));
+        if let Some(seconds) = cost.to_next_step.filter(|_| stepped_now) {
+            ctx.metrics.recovery.observe(seconds);
         }
     }
 }

@@ -329,3 +329,55 @@ fn each_rounds_world_size_and_the_seconds_trained_at_each_size_are_kept() {
     }
     assert_eq!(r.seconds_by_world_size["1"], 10.0);
 }
+
+#[test]
+fn a_failure_costs_its_detection_the_time_to_the_next_first_step_and_its_steps() {
+    let r = two_attempts();
+    let cost = r.last_failure_cost().expect("attempt 0 failed");
+    assert_eq!(
+        cost,
+        FailureCost {
+            attempt: 0,
+            round: 0,
+            detect_seconds: 1.0,
+            next_round: Some((1, 0)),
+            to_next_step: Some(15.0),
+            resumed_from: Some((80, None)),
+            lost_steps: Some(20),
+        }
+    );
+    // Before the next attempt stepped: detected, not yet recovered.
+    let mut waiting = two_attempts();
+    waiting.attempts[1].first_step_at = None;
+    let cost = waiting.last_failure_cost().unwrap();
+    assert_eq!(cost.next_round, Some((1, 0)));
+    assert_eq!((cost.to_next_step, cost.resumed_from), (None, None));
+    assert_eq!(Recovery::default().last_failure_cost(), None);
+}
+
+#[test]
+fn a_stop_someone_asked_for_costs_no_recovery_time() {
+    // A suspend at 110, resumed an hour later: not a failure the job recovered from.
+    let mut r = Recovery::default();
+    r.start(0, t(0));
+    r.report(report(100, 0, 10, Some(100)), t(110));
+    r.end(AttemptEnd {
+        cause: EndCause::Stopped,
+        reason: "Suspended".into(),
+        ..failure(110, 110)
+    });
+    r.start(1, t(3600));
+    r.report(report(101, 100, 3610, Some(100)), t(3611));
+    r.update(t(3611));
+    assert_eq!(r.last_failure_cost(), None);
+    assert_eq!(
+        (r.mean_detect_seconds, r.mean_recovery_seconds),
+        (None, None)
+    );
+    for cause in [EndCause::Failure, EndCause::Disruption, EndCause::Stall] {
+        assert!(cause.is_recovered_from(), "{cause:?}");
+    }
+    for cause in [EndCause::Succeeded, EndCause::Stopped] {
+        assert!(!cause.is_recovered_from(), "{cause:?}");
+    }
+}
