@@ -23,7 +23,8 @@ pub mod sealed;
 pub use budget::{DEFAULT_MAX_RESTARTS, RestartBudget};
 pub use config::{ConfigError, FieldError, ParallelFiles, Task, TrainerConfig};
 pub use progress::{
-    CheckpointInfo, DataStats, DurableCheckpoint, GpuUsage, Progress, ResourceUsage, TrainerPhase,
+    CheckpointError, CheckpointInfo, DataStats, DurableCheckpoint, GpuUsage, Progress,
+    ResourceUsage, TrainerPhase,
 };
 pub use rank_end::{EndKind, RankEnd};
 pub use recovery::Recovery;

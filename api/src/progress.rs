@@ -63,6 +63,24 @@ pub struct DurableCheckpoint {
     pub upload_error: Option<String>,
 }
 
+/// A checkpoint save that failed, newest first: while the disk under the checkpoints refuses
+/// writes (full, over quota, read-only, failing), training goes on and the next due save tries
+/// again; the first save that completes clears it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointError {
+    /// The step whose save failed last.
+    pub step: u64,
+    /// Why, as the disk said it: the path and the error (`No space left on device`, `Disk
+    /// quota exceeded`, `Read-only file system`, `Input/output error`).
+    pub message: String,
+    /// When the first of these failed saves failed: no checkpoint has completed since, so the
+    /// newest is `lastCheckpoint`, and losing the whole gang now costs every step after it.
+    pub since: jiff::Timestamp,
+    /// Saves that failed since the last one that completed.
+    pub failed_saves: u64,
+}
+
 /// A training run's progress. All rates are averaged over a recent window of steps.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -127,6 +145,14 @@ pub struct Progress {
     /// restart on another node resumes from. Behind `lastCheckpoint` while an upload runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub durable_checkpoint: Option<DurableCheckpoint>,
+    /// The last checkpoint save failed, and none has completed since (absent while saves
+    /// complete). The run trains on when the disk refused the write, and ends when it was
+    /// the final save (a retryable error, so the next round saves it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_error: Option<CheckpointError>,
+    /// Checkpoint saves that failed in this run of the trainer, counted from its start.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub checkpoint_save_failures: u64,
     /// Step this run resumed from (absent for a fresh start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed_from_step: Option<u64>,

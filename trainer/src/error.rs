@@ -119,6 +119,37 @@ impl TrainError {
 }
 
 impl TrainError {
+    /// The disk refused a write somewhere in this error's chain: full (ENOSPC), over quota
+    /// (EDQUOT), read-only (EROFS) or failing (EIO). What space or an administrator can fix,
+    /// unlike a fence that names a later writer or a libtorch error.
+    pub fn disk_refused(&self) -> bool {
+        if matches!(self, TrainError::Torch(_)) {
+            return false;
+        }
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(e) = next {
+            if e.downcast_ref::<std::io::Error>().is_some_and(refused) {
+                return true;
+            }
+            next = e.source();
+        }
+        false
+    }
+}
+
+/// `e` is a disk refusing a write (see [`TrainError::disk_refused`]).
+pub fn refused(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOSPC | libc::EDQUOT | libc::EROFS | libc::EIO)
+    ) || matches!(
+        e.kind(),
+        ErrorKind::StorageFull | ErrorKind::QuotaExceeded | ErrorKind::ReadOnlyFilesystem
+    )
+}
+
+impl TrainError {
     /// The record this rank leaves its launcher when it ends with this error, having
     /// completed `step` (none: it had not started training).
     pub fn rank_end(&self, step: Option<u64>) -> RankEnd {
@@ -272,6 +303,31 @@ mod tests {
         assert!(e.to_string().starts_with("libtorch: "), "{e}");
         assert!(e.source().is_some());
         assert_eq!(e.exit_code(), exit::RETRYABLE);
+    }
+
+    #[test]
+    fn a_disk_that_refuses_a_write_is_told_apart_anywhere_in_the_chain() {
+        let os = std::io::Error::from_raw_os_error;
+        for errno in [libc::ENOSPC, libc::EDQUOT, libc::EROFS, libc::EIO] {
+            let wrapped = TrainError::Other(Reason::caused("checkpoint: writing x", os(errno)));
+            assert!(wrapped.disk_refused(), "{wrapped}");
+            assert!(TrainError::Io(os(errno)).disk_refused());
+            // Two levels down: a save's error wrapped again by its caller.
+            let again = TrainError::Other(Reason::caused("the final save", wrapped));
+            assert!(again.disk_refused(), "{again}");
+        }
+        // An error rebuilt from the kind alone (no errno) still tells a full disk.
+        let kind = std::io::Error::new(std::io::ErrorKind::StorageFull, "heal: writing x");
+        assert!(TrainError::Io(kind).disk_refused());
+        for other in [
+            TrainError::Io(os(libc::ENOENT)),
+            TrainError::Io(os(libc::EACCES)),
+            TrainError::Other("checkpoint: attempt 4 of this job took over".into()),
+        ] {
+            assert!(!other.disk_refused(), "{other}");
+        }
+        let torch = tch::Tensor::from_slice(&[1.0f32]).f_view([2]).unwrap_err();
+        assert!(!TrainError::from(torch).disk_refused());
     }
 
     #[test]

@@ -37,5 +37,7 @@ pub mod resources;
 pub mod rfc3339;
 pub mod select;
 pub mod tensorboard;
+#[cfg(test)]
+mod tmpfs;
 pub mod train;
 pub mod translate;

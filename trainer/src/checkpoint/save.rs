@@ -1,7 +1,8 @@
 //! The background write of one checkpoint: a temporary directory, each file written and
 //! fsynced, the directory renamed into place and its parent fsynced, then retention. The
 //! fence is checked once the temporary directory exists, before the rename and before
-//! retention.
+//! retention. A save that fails removes its temporary directory: on a full disk, what it
+//! wrote is given back.
 
 use std::fs;
 use std::io::Write;
@@ -74,13 +75,21 @@ impl SaveJob {
 
     pub(super) fn run(self) -> Result<CheckpointInfo> {
         let step = self.state.step;
-        let name = step_dir_name(step);
         let temp = self.root.join(temp_dir_name(step, self.writer.as_ref()));
-        let dir = self.root.join(&name);
-        if temp.exists() {
-            fs::remove_dir_all(&temp).map_err(|e| io_err("removing", &temp, e))?;
+        let dir = self.root.join(step_dir_name(step));
+        let written = self.write(&temp, &dir);
+        if written.is_err() {
+            discard(&temp);
         }
-        fs::create_dir(&temp).map_err(|e| io_err("creating", &temp, e))?;
+        written
+    }
+
+    fn write(&self, temp: &Path, dir: &Path) -> Result<CheckpointInfo> {
+        let step = self.state.step;
+        if temp.exists() {
+            fs::remove_dir_all(temp).map_err(|e| io_err("removing", temp, e))?;
+        }
+        fs::create_dir(temp).map_err(|e| io_err("creating", temp, e))?;
         let hook = |event: SaveEvent<'_>| {
             if let Some(h) = &self.hook {
                 h(event)
@@ -88,23 +97,23 @@ impl SaveJob {
         };
         hook(SaveEvent::Started {
             step,
-            temp_dir: &temp,
+            temp_dir: temp,
         });
         // Checked once the temporary directory exists: a newer writer that fenced us before
         // it was created is seen here; one that fences us later moves it aside.
-        self.check_fence(Some(&temp))?;
+        self.check_fence(Some(temp))?;
 
         let mut size = 0;
         size += write_safetensors(&temp.join(MODEL_FILE), &self.model)?;
         hook(SaveEvent::FileWritten {
             step,
-            temp_dir: &temp,
+            temp_dir: temp,
             file: MODEL_FILE,
         });
         size += write_safetensors(&temp.join(OPTIMIZER_FILE), &self.optimizer)?;
         hook(SaveEvent::FileWritten {
             step,
-            temp_dir: &temp,
+            temp_dir: temp,
             file: OPTIMIZER_FILE,
         });
         let json = self.state.encode().map_err(|e| {
@@ -113,11 +122,11 @@ impl SaveJob {
         size += write_synced(&temp.join(STATE_FILE), |w| w.write_all(&json))?;
         hook(SaveEvent::FileWritten {
             step,
-            temp_dir: &temp,
+            temp_dir: temp,
             file: STATE_FILE,
         });
-        sync_dir(&temp)?;
-        self.check_fence(Some(&temp))?;
+        sync_dir(temp)?;
+        self.check_fence(Some(temp))?;
 
         // The same step can be saved twice (a periodic save that is also the final one, or
         // a re-run over a step whose directory is corrupt): move the old one out of the way.
@@ -128,14 +137,20 @@ impl SaveJob {
         ));
         let had_old = dir.exists();
         if had_old {
-            fs::rename(&dir, &replaced).map_err(|e| io_err("moving aside", &dir, e))?;
+            fs::rename(dir, &replaced).map_err(|e| io_err("moving aside", dir, e))?;
         }
-        fs::rename(&temp, &dir).map_err(|e| io_err("renaming", &temp, e))?;
+        if let Err(e) = fs::rename(temp, dir) {
+            // The old one back where it was: this save failing must not cost it.
+            if had_old && let Err(back) = fs::rename(&replaced, dir) {
+                tracing::warn!(dir = %replaced.display(), error = %back, "cannot put a replaced checkpoint back");
+            }
+            return Err(io_err("renaming", temp, e));
+        }
         sync_dir(&self.root)?;
         if had_old && let Err(e) = fs::remove_dir_all(&replaced) {
             tracing::warn!(dir = %replaced.display(), error = %e, "cannot remove a replaced checkpoint");
         }
-        hook(SaveEvent::Renamed { step, dir: &dir });
+        hook(SaveEvent::Renamed { step, dir });
 
         let info = CheckpointInfo {
             step,
@@ -152,5 +167,19 @@ impl SaveJob {
         }
         tracing::info!(step, bytes = size, dir = %dir.display(), "checkpoint saved");
         Ok(info)
+    }
+}
+
+/// Removes what a failed save left of `temp` (nothing when it was never made, or a fence
+/// check or a newer writer already removed it).
+fn discard(temp: &Path) {
+    match fs::remove_dir_all(temp) {
+        Ok(()) => {
+            tracing::info!(dir = %temp.display(), "removed a failed save's temporary directory")
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(dir = %temp.display(), error = %e, "cannot remove a failed save's temporary directory")
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! The checkpoints of one job: the newest complete one, loading, and saving in the
-//! background (one save in flight at a time; its error surfaces at the next call).
+//! background (one save in flight at a time; its error surfaces at the next call, unless the
+//! disk refused it: then the next save tries again).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -8,7 +9,8 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use ferrotrain_api::config::CheckpointPolicy;
-use ferrotrain_api::{CheckpointInfo, DurableCheckpoint};
+use ferrotrain_api::recovery::Timestamp;
+use ferrotrain_api::{CheckpointError, CheckpointInfo, DurableCheckpoint};
 
 use super::bucket::{self, Bucket, Uploader};
 use super::fence::{WriterId, claim_fence, sweep_temporaries};
@@ -32,6 +34,31 @@ pub struct Loaded {
     pub state: TrainerState,
 }
 
+/// The saves that failed, as the background thread found them.
+#[derive(Debug, Default)]
+struct Failures {
+    /// Since the last save that completed.
+    current: Option<CheckpointError>,
+    /// Every save of this store that failed.
+    total: u64,
+}
+
+impl Failures {
+    fn record(&mut self, step: u64, error: &TrainError) {
+        self.total += 1;
+        let (since, failed_saves) = match &self.current {
+            Some(c) => (c.since, c.failed_saves + 1),
+            None => (Timestamp::now(), 1),
+        };
+        self.current = Some(CheckpointError {
+            step,
+            message: error.to_string(),
+            since,
+            failed_saves,
+        });
+    }
+}
+
 /// The checkpoints of one job.
 pub struct CheckpointStore {
     root: PathBuf,
@@ -39,6 +66,8 @@ pub struct CheckpointStore {
     in_flight: Option<JoinHandle<Result<CheckpointInfo>>>,
     /// Written by the background thread when a save completes; read by progress reports.
     last: Arc<Mutex<Option<CheckpointInfo>>>,
+    /// Written by the background thread when a save fails or completes; read likewise.
+    failures: Arc<Mutex<Failures>>,
     hook: Option<SaveHook>,
     /// Set by `open_writer`: every commit is checked against the fence.
     pub(super) writer: Option<WriterId>,
@@ -57,6 +86,7 @@ impl CheckpointStore {
             policy,
             in_flight: None,
             last: Arc::new(Mutex::new(None)),
+            failures: Default::default(),
             hook: None,
             writer: None,
             uploader: None,
@@ -201,10 +231,16 @@ impl CheckpointStore {
     /// training thread) and writes them on a background thread. Waits for the previous save
     /// first. Returns the seconds the caller was blocked.
     ///
-    /// If the previous save failed, its error is returned and this save is not started.
+    /// If the previous save failed, its error is returned and this save is not started;
+    /// unless the disk refused it ([`TrainError::disk_refused`]): that failure was logged
+    /// and recorded when it happened ([`Self::save_error`]), and this save tries again.
     pub fn save(&mut self, model: &Named, optimizer: &Named, state: TrainerState) -> Result<f64> {
         let started = Instant::now();
-        self.wait()?;
+        if let Err(e) = self.wait()
+            && !e.disk_refused()
+        {
+            return Err(e);
+        }
         let model = snapshot(model)?;
         let optimizer = snapshot(optimizer)?;
         let blocking = started.elapsed().as_secs_f64();
@@ -220,14 +256,26 @@ impl CheckpointStore {
             hook: self.hook.clone(),
             writer: self.writer.clone(),
         };
-        let last = self.last.clone();
+        let (last, failures) = (self.last.clone(), self.failures.clone());
         let uploader = self.uploader.clone();
         let (root, eval_loss) = (self.root.clone(), job.state.eval_loss);
+        let step = job.state.step;
         let handle = std::thread::Builder::new()
             .name("checkpoint-writer".into())
             .spawn(move || -> Result<CheckpointInfo> {
-                let info = job.run()?;
+                let info = job.run().inspect_err(|e| {
+                    lock(&failures).record(step, e);
+                    if e.disk_refused() {
+                        tracing::error!(
+                            step,
+                            error = %e,
+                            "checkpoint of step {step} not saved: the disk refused the write \
+                             (its temporary directory is removed; the next save tries again)"
+                        );
+                    }
+                })?;
                 *lock(&last) = Some(info.clone());
+                lock(&failures).current = None;
                 if let Some(up) = uploader {
                     up.enqueue(
                         &root.join(step_dir_name(info.step)),
@@ -264,6 +312,16 @@ impl CheckpointStore {
     /// The newest checkpoint completed so far without waiting (for progress reports).
     pub fn last_completed(&self) -> Option<CheckpointInfo> {
         lock(&self.last).clone()
+    }
+
+    /// The last save's failure, when no save completed since (for progress reports).
+    pub fn save_error(&self) -> Option<CheckpointError> {
+        lock(&self.failures).current.clone()
+    }
+
+    /// Saves of this store that failed so far.
+    pub fn save_failures(&self) -> u64 {
+        lock(&self.failures).total
     }
 
     /// Calls `hook` at fixed points of every later background save (tests only).
@@ -446,6 +504,71 @@ mod tests {
         let info = store.wait().unwrap().unwrap();
         let total = info.save_seconds.expect("measured");
         assert!(total >= blocking && total < 60.0, "{total} vs {blocking}");
+    }
+
+    /// The checkpoint volume full (a real one: a tmpfs, so root): a save the disk refuses
+    /// gives back what it wrote, is recorded with the disk's words, and the next save tries
+    /// again instead of failing on it; the first save that completes clears the record. The
+    /// checkpoint before it is untouched.
+    #[test]
+    fn a_save_the_full_disk_refuses_gives_its_space_back_and_the_next_save_tries_again() {
+        let test =
+            "a_save_the_full_disk_refuses_gives_its_space_back_and_the_next_save_tries_again";
+        let Some(volume) = crate::tmpfs::Tmpfs::mount(2 << 20, test) else {
+            return;
+        };
+        let root = volume.path().join("job");
+        let mut store = CheckpointStore::open_writer(&root, policy(2, 0), writer(0)).unwrap();
+        // About 400 KB a checkpoint.
+        let opts = (Kind::Float, Device::Cpu);
+        let m: Named = vec![("w".into(), Tensor::randn([100_000], opts))];
+        let o: Named = vec![("exp_avg.w".into(), Tensor::zeros([1000], opts))];
+        store.save(&m, &o, state(100, None)).unwrap();
+        store.wait().unwrap();
+        let ballast = volume.fill("ballast", 200 << 10);
+        let left = volume.free();
+
+        store.save(&m, &o, state(200, None)).unwrap();
+        let err = store.wait().expect_err("no room for step 200");
+        assert!(err.disk_refused(), "{err}");
+        let recorded = store.save_error().expect("recorded");
+        assert_eq!((recorded.step, recorded.failed_saves), (200, 1));
+        assert!(
+            recorded.message.contains("No space left on device"),
+            "{}",
+            recorded.message
+        );
+        assert_eq!(temp_dirs(&root), Vec::<String>::new(), "given back");
+        assert!(volume.free() >= left, "{} < {left}", volume.free());
+
+        // The next save starts although the last failed, and fails in turn.
+        store.save(&m, &o, state(300, None)).unwrap();
+        store.save(&m, &o, state(400, None)).unwrap();
+        assert!(store.wait().is_err());
+        let again = store.save_error().unwrap();
+        assert_eq!((again.step, again.failed_saves), (400, 3));
+        assert_eq!(again.since, recorded.since, "since the first");
+        assert_eq!(store.last_completed().map(|c| c.step), Some(100));
+
+        std::fs::remove_file(ballast).unwrap();
+        store.save(&m, &o, state(500, None)).unwrap();
+        assert_eq!(store.wait().unwrap().map(|c| c.step), Some(500));
+        assert_eq!(
+            store.save_error(),
+            None,
+            "cleared by the save that completed"
+        );
+        assert_eq!(store.save_failures(), 3);
+        assert_eq!(
+            names(&root),
+            [
+                crate::checkpoint::FENCE_FILE,
+                "step-00000100",
+                "step-00000500"
+            ]
+        );
+        let loaded = CheckpointStore::load(&root.join("step-00000100")).unwrap();
+        assert_same(&m, &loaded.model);
     }
 
     /// Issue 44: truncated, bit-flipped or zeroed at offsets over each file, the newest

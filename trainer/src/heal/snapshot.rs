@@ -15,6 +15,12 @@
 //! it lives as long as the pod (the next round reads it from the page cache), durability is
 //! the checkpoints' job. The ranks of one pod hold the same state at the same step, so one
 //! copy per step is written (the first rank to claim it), and older ones are removed.
+//!
+//! A directory too full for the new snapshot (a memory-backed volume at its size limit)
+//! gives up the older ones, which the new one supersedes, and is written to again when that
+//! makes room for it: the directory needs room for one snapshot, not two. When it does not
+//! fit, the write fails, what it wrote is removed, the older ones stay, and the next round
+//! starts from the freshest state left: another rank's, an older one, or the checkpoint.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -128,20 +134,83 @@ pub fn write(dir: &Path, state: &HealState, buffers: &[Tensor]) -> Result<bool> 
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
         Err(e) => return Err(heal_err("creating", &temp, e)),
     }
-    let written = write_into(&temp, state, buffers);
+    let mut written = write_into(&temp, state, buffers);
+    if written.as_ref().is_err_and(full) && older_make_room(dir, state.step, &temp, buffers) {
+        remove_older(dir, state.step);
+        tracing::info!(
+            step = state.step,
+            "heal: no room for this step's state; older states removed to make room"
+        );
+        written = write_into(&temp, state, buffers);
+    }
     if let Err(e) = written {
         let _ = fs::remove_dir_all(&temp);
         return Err(e);
     }
     let done = dir.join(format!("{PREFIX}{:08}", state.step));
     fs::rename(&temp, &done).map_err(|e| heal_err("renaming", &temp, e))?;
-    for (step, old) in snapshots(dir) {
-        if step < state.step {
-            let _ = fs::remove_dir_all(old);
-        }
-    }
+    remove_older(dir, state.step);
     remove_stale_claims(dir, state.step);
     Ok(true)
+}
+
+/// The directory has no room (full, or over its quota).
+fn full(e: &TrainError) -> bool {
+    use std::io::ErrorKind;
+    matches!(e, TrainError::Io(io) if matches!(io.kind(), ErrorKind::StorageFull | ErrorKind::QuotaExceeded))
+}
+
+/// Removes the snapshots older than `step`.
+fn remove_older(dir: &Path, step: u64) {
+    for (s, path) in snapshots(dir) {
+        if s < step {
+            let _ = fs::remove_dir_all(path);
+        }
+    }
+}
+
+/// Whether removing the snapshots older than `step` from `dir` leaves room for a snapshot of
+/// `buffers`, `temp` holding what a write of it that ran out of room wrote.
+fn older_make_room(dir: &Path, step: u64, temp: &Path, buffers: &[Tensor]) -> bool {
+    const PAGE: u64 = 4096;
+    let older: u64 = snapshots(dir)
+        .iter()
+        .filter(|(s, _)| *s < step)
+        .map(|(_, path)| usage(path))
+        .sum();
+    let bytes: u64 = buffers
+        .iter()
+        .map(|b| (b.numel() * b.kind().elt_size_in_bytes()) as u64)
+        .sum();
+    // state.bin in whole pages, and a page for meta.json.
+    let needed = bytes.div_ceil(PAGE) * PAGE + PAGE;
+    older > 0 && free_bytes(dir) + usage(temp) + older >= needed
+}
+
+/// Bytes the files of the directory `dir` take on its disk.
+fn usage(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.blocks() * 512)
+        .sum()
+}
+
+/// Bytes free for this process under `dir` (0 when it cannot be told).
+fn free_bytes(dir: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return 0;
+    };
+    // SAFETY: a NUL-terminated path and a zeroed statvfs for the call to fill.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return 0;
+    }
+    st.f_bavail as u64 * st.f_frsize as u64
 }
 
 /// Removes what ranks killed mid-write left of snapshots older than `step`.
@@ -351,6 +420,66 @@ mod tests {
         fs::create_dir(dir.path().join(format!("{TEMP_PREFIX}00000009"))).unwrap();
         assert!(newest(dir.path(), &layout, 0xabc).is_none());
         assert!(!write(dir.path(), &state(9), &buffers(1.0)).unwrap());
+    }
+
+    /// Buffers of about `kib` KiB.
+    fn big(kib: i64, v: f32) -> Vec<Tensor> {
+        vec![Tensor::full(
+            [kib * 256],
+            f64::from(v),
+            (Kind::Float, tch::Device::Cpu),
+        )]
+    }
+
+    /// A memory-backed heal directory (a tmpfs, so root) with room for one state, not two:
+    /// the new state takes the old one's place. Before, the old one stayed, every later
+    /// write failed for want of room, and each round healed from that ever older state.
+    #[test]
+    fn a_heal_directory_with_room_for_one_state_takes_the_new_one_in_place_of_the_old() {
+        let test = "a_heal_directory_with_room_for_one_state_takes_the_new_one_in_place_of_the_old";
+        let Some(volume) = crate::tmpfs::Tmpfs::mount(600 << 10, test) else {
+            return;
+        };
+        let dir = volume.path();
+        let layout = layout_of(&big(400, 0.0));
+        assert!(write(dir, &state(5), &big(400, 1.0)).unwrap());
+        assert!(write(dir, &state(7), &big(400, 2.0)).unwrap());
+        let (path, found) = newest(dir, &layout, 0xabc).unwrap();
+        assert_eq!(found.step, 7);
+        let into = big(400, 0.0);
+        load(&path, &found, &into).unwrap();
+        assert_eq!(digest(&into).unwrap(), digest(&big(400, 2.0)).unwrap());
+        assert_eq!(snapshots(dir).len(), 1);
+    }
+
+    /// A heal directory too small for one state: the write fails with the disk's error and
+    /// leaves nothing, neither a snapshot nor its half-written temporary directory; a state
+    /// left earlier stays (the next round may start from it, or from another rank's or the
+    /// checkpoint).
+    #[test]
+    fn a_state_the_full_heal_directory_refuses_leaves_nothing_half_written() {
+        let test = "a_state_the_full_heal_directory_refuses_leaves_nothing_half_written";
+        let Some(volume) = crate::tmpfs::Tmpfs::mount(256 << 10, test) else {
+            return;
+        };
+        let dir = volume.path();
+        let layout = layout_of(&big(400, 0.0));
+        let err = write(dir, &state(5), &big(400, 1.0)).unwrap_err();
+        assert!(err.disk_refused(), "{err}");
+        assert_eq!(fs::read_dir(dir).unwrap().count(), 0, "nothing left");
+        assert!(newest(dir, &layout, 0xabc).is_none());
+        assert!(
+            write(dir, &state(5), &big(100, 1.0)).unwrap(),
+            "a small one fits"
+        );
+        let small = layout_of(&big(100, 0.0));
+        assert!(write(dir, &state(7), &big(400, 1.0)).is_err());
+        let names: Vec<_> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names, ["state-00000005"]);
+        assert_eq!(newest(dir, &small, 0xabc).unwrap().1.step, 5);
     }
 
     /// Issue 44: meta.json or state.bin truncated, bit-flipped or zeroed at ten offsets: the

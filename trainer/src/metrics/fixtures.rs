@@ -40,6 +40,15 @@ pub(super) fn full_progress() -> Progress {
             upload_bytes_per_second: Some(48e6),
             upload_error: None,
         }),
+        checkpoint_error: Some(ferrotrain_api::CheckpointError {
+            step: 1200,
+            message: "checkpoint: writing /ckpt/job/.tmp-step-00001200-a0-7/model.safetensors: \
+                      No space left on device (os error 28)"
+                .into(),
+            since: "2026-01-02T03:14:05Z".parse().unwrap(),
+            failed_saves: 2,
+        }),
+        checkpoint_save_failures: 2,
         resumed_from_step: Some(500),
         healed_from: Some(ferrotrain_api::recovery::HealedFrom::Peers),
         attempt_first_step_time: Some("2026-01-02T03:00:00Z".parse().unwrap()),

@@ -42,6 +42,7 @@ pub fn prometheus_text(p: &Progress) -> String {
         data_metrics(&mut r, d);
     }
     refused_metrics(&mut r, &p.rejected_connections);
+    save_failure_metrics(&mut r, p);
     precision_metrics(&mut r, p);
 
     let mut out = String::with_capacity(8192);
@@ -66,6 +67,24 @@ fn refused_metrics(r: &mut Registry, counts: &std::collections::BTreeMap<String,
         "Connections refused by the rendezvous store or rank 0's ring listener, by reason",
         family,
     );
+}
+
+/// `checkpoint_save_failures_total`: saves that failed in this run, always present (0 until
+/// one fails) like the refusals; `checkpoint_error_since_timestamp_seconds` only while the
+/// last save failed: since when no save completed.
+fn save_failure_metrics(r: &mut Registry, p: &Progress) {
+    r.register(
+        "checkpoint_save_failures",
+        "Checkpoint saves that failed in this run of the trainer (a disk that refused the write: full, over quota, read-only, failing)",
+        ConstCounter::new(p.checkpoint_save_failures),
+    );
+    if let Some(e) = &p.checkpoint_error {
+        r.register(
+            "checkpoint_error_since_timestamp_seconds",
+            "Unix time of the first failed save since the last that completed (absent while saves complete)",
+            ConstGauge::new(e.since.as_second()),
+        );
+    }
 }
 
 /// `precision{used, requested}` 1 once the precision is decided; with fp16 the loss scale
@@ -527,6 +546,11 @@ mod tests {
             ),
             ("ferrotrain_loss_scale", 8192.0),
             ("ferrotrain_skipped_steps_total", 3.0),
+            ("ferrotrain_checkpoint_save_failures_total", 2.0),
+            (
+                "ferrotrain_checkpoint_error_since_timestamp_seconds",
+                1_767_323_645.0,
+            ),
         ];
         for (series, v) in want {
             assert_eq!(m.get(series), Some(&v), "{series}");
@@ -559,6 +583,7 @@ mod tests {
             "ferrotrain_precision",
             "ferrotrain_loss_scale",
             "ferrotrain_skipped_steps",
+            "ferrotrain_checkpoint_error",
         ] {
             assert!(
                 !text.contains(absent),
@@ -566,5 +591,6 @@ mod tests {
             );
         }
         assert_eq!(m["ferrotrain_phase{phase=\"starting\"}"], 1.0);
+        assert_eq!(m["ferrotrain_checkpoint_save_failures_total"], 0.0);
     }
 }

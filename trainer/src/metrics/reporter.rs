@@ -132,6 +132,14 @@ impl Reporter {
         }
     }
 
+    /// Between steps, when the report changed without a step (the last save failed): the
+    /// progress file says it too.
+    pub fn update(&mut self, p: &Progress) {
+        if let Some(f) = self.progress_file.as_mut() {
+            f.update(p);
+        }
+    }
+
     /// At the end of the run (the final checkpoint is complete by then).
     pub fn finish(&mut self, progress: &SharedProgress) {
         let p = progress.lock().unwrap_or_else(|e| e.into_inner()).clone();

@@ -15,8 +15,8 @@
 //! holds them together): `batch` (the stream, the step's global batch), `position` (the
 //! job's step and samples), `stop` (the time budget, a signal), `clock` (training time),
 //! `scaling` (precision and fp16's loss scale), `evaluate`, `save` (when rank 0
-//! checkpoints), `report` (the step log, the progress report) with `window` (rates), and
-//! `hand_over` (the state left for the next round).
+//! checkpoints), `report` (the progress report) with `window` (rates) and `step_log` (rank 0's
+//! train log), and `hand_over` (the state left for the next round).
 
 mod batch;
 mod clock;
@@ -33,6 +33,7 @@ mod save;
 mod scaling;
 mod start;
 mod step;
+mod step_log;
 mod stop;
 mod trainer;
 mod window;
@@ -58,17 +59,18 @@ impl From<TrainError> for Failure {
 }
 
 /// Trains until `maxSteps` (or `maxSeconds`), from the freshest state of the gang's last
-/// round or the job's latest checkpoint. When the round ends early (a peer failed, a signal)
-/// the state it reached is left for the next round.
+/// round or the job's latest checkpoint. When the round ends early (a peer failed, a signal,
+/// the last checkpoint not saved) the state it reached is left for the next round.
 pub fn run(opts: &RunOptions) -> std::result::Result<Summary, Failure> {
     let mut t = Trainer::start(opts)?;
-    if let Err(error) = t.train() {
+    let trained = t.train();
+    if trained.is_ok() && t.stop.interrupted_by().is_some() {
+        t.hand_over_at_stop();
+    }
+    if let Err(error) = trained.and_then(|()| t.end_together()) {
         t.hand_over(&error);
         let step = Some(t.position.step());
         return Err(Failure { error, step });
-    }
-    if t.stop.interrupted_by().is_some() {
-        t.hand_over_at_stop();
     }
     let step = t.position.step();
     t.finish().map_err(|error| Failure {

@@ -3,20 +3,20 @@
 //! rates and ETA, and a log line every `logEverySteps`. It only records: what a step's loss
 //! means for the run is the step's to judge (`outcome`).
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::path::Path;
 use std::time::Instant;
 
 use ferrotrain_api::progress::GangResources;
 use ferrotrain_api::recovery::Timestamp;
-use ferrotrain_api::{CheckpointInfo, DurableCheckpoint, Progress, TrainerConfig, TrainerPhase};
+use ferrotrain_api::{
+    CheckpointError, CheckpointInfo, DurableCheckpoint, Progress, TrainerConfig, TrainerPhase,
+};
 
-use super::job::{RunOptions, TRAIN_LOG};
+use super::job::RunOptions;
 use super::outcome::StepOutcome;
 use super::replica::ModelReplica;
 use super::resume::Start;
 use super::scaling::Scaling;
+use super::step_log::StepLog;
 use super::window::Window;
 use crate::checkpoint::CheckpointStore;
 use crate::error::Result;
@@ -35,7 +35,7 @@ pub(super) struct Reporting {
     leader: bool,
     // Dropped in this order, the reverse of making them: the metrics server stops before
     // the run's store and collective go.
-    log: Option<File>,
+    log: Option<StepLog>,
     reporter: Reporter,
     _server: Option<MetricsServer>,
     progress: SharedProgress,
@@ -49,14 +49,33 @@ pub(super) struct Standing {
     pub(super) skipped_steps: u64,
     /// The gradients are exchanged with other ranks (a comm fraction is reported).
     pub(super) exchanged: bool,
-    /// Rank 0's newest complete checkpoint (none on the others).
-    pub(super) last_checkpoint: Option<CheckpointInfo>,
-    /// Rank 0's newest checkpoint in the bucket (`checkpoint.store`).
-    pub(super) durable_checkpoint: Option<DurableCheckpoint>,
+    pub(super) checkpoints: Checkpoints,
     /// How long the last evaluation took (the ETA adds the ones to come).
     pub(super) eval_seconds: f64,
     /// `maxSeconds`.
     pub(super) budget: Option<f64>,
+}
+
+/// Rank 0's checkpoints as the report shows them (none on the others).
+#[derive(Default)]
+pub(super) struct Checkpoints {
+    /// The newest complete checkpoint.
+    pub(super) last: Option<CheckpointInfo>,
+    /// The newest checkpoint in the bucket (`checkpoint.store`).
+    pub(super) durable: Option<DurableCheckpoint>,
+    /// The last save's failure, while none completed since.
+    pub(super) error: Option<CheckpointError>,
+    /// Saves that failed in this run.
+    pub(super) failures: u64,
+}
+
+impl Checkpoints {
+    fn report_in(self, p: &mut Progress) {
+        p.last_checkpoint = self.last;
+        p.durable_checkpoint = self.durable;
+        p.checkpoint_error = self.error;
+        p.checkpoint_save_failures = self.failures;
+    }
 }
 
 impl Reporting {
@@ -67,7 +86,7 @@ impl Reporting {
         progress: SharedProgress,
         server: Option<MetricsServer>,
         reporter: Reporter,
-        log: Option<File>,
+        log: Option<StepLog>,
         sampler: ResourceSampler,
     ) -> Self {
         Reporting {
@@ -109,7 +128,7 @@ impl Reporting {
             if s.skipped {
                 line["skipped"] = true.into();
             }
-            log_line(log, &line)?;
+            log.append(&line)?;
         }
         Ok(())
     }
@@ -135,8 +154,7 @@ impl Reporting {
             let eta = eta(config, s, r.steps_per_second, at.eval_seconds, at.budget);
             p.eta_seconds = Some(eta);
         }
-        p.last_checkpoint = at.last_checkpoint;
-        p.durable_checkpoint = at.durable_checkpoint;
+        at.checkpoints.report_in(&mut p);
         p.peak_memory_bytes = peak_memory_bytes();
         if p.attempt_first_step_time.is_none() {
             p.attempt_first_step_time = Some(Timestamp::now());
@@ -184,7 +202,7 @@ impl Reporting {
             );
             if let Some(log) = self.log.as_mut() {
                 let line = serde_json::json!({"step": step, "evalLoss": loss, "evalBleu": bleu, "evalSeconds": started.elapsed().as_secs_f64()});
-                log_line(log, &line)?;
+                log.append(&line)?;
             }
         }
         let mut p = self.progress.lock().expect("progress lock");
@@ -196,24 +214,25 @@ impl Reporting {
         Ok(())
     }
 
-    /// The end of the run (`finished`: not stopped by a signal), with the newest complete
-    /// checkpoint: the last report.
-    pub(super) fn finish(
-        &mut self,
-        finished: bool,
-        last_checkpoint: Option<CheckpointInfo>,
-        durable_checkpoint: Option<DurableCheckpoint>,
-    ) {
+    /// The end of the run (`finished`: not stopped by a signal), with its checkpoints: the
+    /// last report.
+    pub(super) fn finish(&mut self, finished: bool, checkpoints: Checkpoints) {
         {
             let mut p = self.progress.lock().expect("progress lock");
             if finished {
                 p.phase = TrainerPhase::Finished;
                 p.eta_seconds = Some(0.0);
             }
-            p.last_checkpoint = last_checkpoint;
-            p.durable_checkpoint = durable_checkpoint;
+            checkpoints.report_in(&mut p);
         }
         self.reporter.finish(&self.progress);
+    }
+
+    /// The checkpoints changed between steps (the last save failed): the report says so.
+    pub(super) fn checkpoints(&mut self, checkpoints: Checkpoints) {
+        let mut p = self.progress.lock().expect("progress lock");
+        checkpoints.report_in(&mut p);
+        self.reporter.update(&p);
     }
 
     /// The report as it stands (rank 0's: the run's summary).
@@ -304,84 +323,17 @@ pub(super) fn serve_progress(
         p.resumed_from_step = start.resumed_from_step;
         p.healed_from = start.source.healed_from();
         p.parameters = model::parameter_count(&replica.vs);
-        p.last_checkpoint = store.and_then(|s| s.last_completed());
-        p.durable_checkpoint = store.and_then(|s| s.durable());
+        p.last_checkpoint = store.and_then(CheckpointStore::last_completed);
+        p.durable_checkpoint = store.and_then(CheckpointStore::durable);
         p.precision = Some(scaling.precision().clone());
         p.loss_scale = scaling.loss_scale();
     }
     Ok((progress, server))
 }
 
-/// Rank 0's step log (`train-log.jsonl`), appended to across restarts. Never read back by
-/// the trainer: a damaged log costs its damaged lines, not the run. A last line left cut
-/// short (a rank 0 killed mid-write, a full disk) is ended first, so that this run's first
-/// line is not glued to it.
-pub(super) fn open_log(leader: bool, job_dir: &Path) -> Result<Option<File>> {
-    if !leader {
-        return Ok(None);
-    }
-    let mut log = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .read(true)
-        .open(job_dir.join(TRAIN_LOG))?;
-    if ends_mid_line(&log)? {
-        log.write_all(b"\n")?;
-    }
-    Ok(Some(log))
-}
-
-fn ends_mid_line(file: &File) -> std::io::Result<bool> {
-    use std::os::unix::fs::FileExt;
-    let len = file.metadata()?.len();
-    if len == 0 {
-        return Ok(false);
-    }
-    let mut last = [0u8];
-    file.read_exact_at(&mut last, len - 1)?;
-    Ok(last != *b"\n")
-}
-
-/// Appends one line to the step log in one write (a line formatted straight into the file
-/// takes a write per token, and a kill between them leaves half a line).
-fn log_line(log: &mut File, line: &serde_json::Value) -> std::io::Result<()> {
-    log.write_all(format!("{line}\n").as_bytes())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Issue 44: whatever damage the log took (truncated, a bit flipped, zeroed at ten
-    /// offsets), the trainer opens it and its next line is a line of its own that parses.
-    #[test]
-    fn a_damaged_train_log_is_appended_to_with_whole_lines() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(TRAIN_LOG);
-        let mut good = Vec::new();
-        for step in 1..=4 {
-            let line = serde_json::json!({"step": step, "loss": 3.5, "samples": step * 64});
-            good.extend(format!("{line}\n").bytes());
-        }
-        let next = serde_json::json!({"step": 5, "loss": 3.25});
-        for copy in ferrotrain_fuzz::damage::copies(&good) {
-            std::fs::write(&path, &copy.bytes).unwrap();
-            let mut log = open_log(true, dir.path()).unwrap().unwrap();
-            log_line(&mut log, &next).unwrap();
-            let text = std::fs::read(&path).unwrap();
-            let last = text[..text.len() - 1]
-                .split(|&b| b == b'\n')
-                .next_back()
-                .unwrap();
-            let parsed: serde_json::Value = serde_json::from_slice(last)
-                .unwrap_or_else(|e| panic!("{copy}: {e}: {}", String::from_utf8_lossy(last)));
-            assert_eq!(parsed, next, "{copy}");
-            assert!(
-                text.starts_with(&copy.bytes),
-                "{copy}: the old lines are kept"
-            );
-        }
-    }
 
     #[test]
     fn the_eta_adds_the_evaluations_to_come_within_the_budget() {

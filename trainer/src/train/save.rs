@@ -1,17 +1,21 @@
 //! When rank 0 saves a checkpoint, and what its trainer.json says. Rank 0 alone holds the
-//! store; a save runs in the background, and dropping the store waits for it.
+//! store; a save runs in the background, and dropping the store waits for it. A save the disk
+//! refused does not end the run (the store records it and the next due save tries again);
+//! the last one does: the run must not end as if it had the checkpoint of its last step.
 
 use std::time::{Duration, Instant, SystemTime};
 
 use ferrotrain_api::config::CheckpointPolicy;
-use ferrotrain_api::{CheckpointInfo, DurableCheckpoint, TrainerConfig};
+use ferrotrain_api::{CheckpointInfo, TrainerConfig};
+
+use super::report::Checkpoints;
 
 use super::evaluate::EvalState;
 use super::outcome::StepOutcome;
 use super::replica::ModelReplica;
 use super::scaling::Scaling;
 use crate::checkpoint::{CheckpointStore, TrainerState};
-use crate::error::Result;
+use crate::error::{Reason, Result, TrainError};
 use crate::rfc3339::{self, Resolution};
 
 /// Rank 0's checkpoint store, and when it last saved.
@@ -60,7 +64,7 @@ impl SaveState {
         let Some(store) = self.store.as_mut() else {
             return Ok(());
         };
-        let state = trainer_state(config, s, run);
+        let state = trainer_state(config, step, s.train_seconds, run);
         let blocked = store.save(&replica.params, &replica.optimizer.state(), state)?;
         tracing::debug!(step, blocked, "checkpoint started");
         self.last_step = step;
@@ -82,16 +86,45 @@ impl SaveState {
         (by_steps || by_time || evaluated || s.final_step) && self.last_step != step
     }
 
-    /// The newest complete checkpoint (rank 0).
-    pub(super) fn last_completed(&self) -> Option<CheckpointInfo> {
-        self.store
-            .as_ref()
-            .and_then(CheckpointStore::last_completed)
+    /// At the end of training (rank 0): waits for the save in flight, and saves `step` (at
+    /// `train_seconds`) when no checkpoint holds it, as when a round resumed from the peers'
+    /// state of the last step because its save had failed. A save the disk refused is an
+    /// error here: the next round, which resumes from this state, saves it.
+    pub(super) fn save_last(
+        &mut self,
+        config: &TrainerConfig,
+        (step, train_seconds): (u64, f64),
+        run: &RunState<'_>,
+        replica: &ModelReplica,
+    ) -> Result<()> {
+        let Some(store) = self.store.as_mut() else {
+            return Ok(());
+        };
+        let mut saved = store.wait();
+        if matches!(&saved, Ok(last) if last.as_ref().map_or(0, |c| c.step) < step) {
+            tracing::info!(step, "saving the last step: no checkpoint holds it yet");
+            let state = trainer_state(config, step, train_seconds, run);
+            saved = store
+                .save(&replica.params, &replica.optimizer.state(), state)
+                .and_then(|_| store.wait());
+            self.last_step = step;
+        }
+        saved
+            .map(drop)
+            .map_err(|e| last_save_failed(e, step, store))
     }
 
-    /// The newest checkpoint in the bucket (rank 0, with `checkpoint.store`).
-    pub(super) fn durable(&self) -> Option<DurableCheckpoint> {
-        self.store.as_ref().and_then(CheckpointStore::durable)
+    /// Rank 0's checkpoints as the progress report shows them (nothing on the others).
+    pub(super) fn checkpoints(&self) -> Checkpoints {
+        let Some(store) = self.store.as_ref() else {
+            return Checkpoints::default();
+        };
+        Checkpoints {
+            last: store.last_completed(),
+            durable: store.durable(),
+            error: store.save_error(),
+            failures: store.save_failures(),
+        }
     }
 
     /// Waits for the save in flight and, with a bucket, at most `limit` for its upload: the
@@ -121,11 +154,31 @@ impl SaveState {
     }
 }
 
-/// trainer.json of step `s`.
-fn trainer_state(config: &TrainerConfig, s: &StepOutcome, run: &RunState<'_>) -> TrainerState {
-    let (last_eval, evaluated_now) = (run.eval.last(), run.eval.evaluated_at(s.step));
+/// The last save failed with `e`: a disk that refused it is said so, with what comes next.
+fn last_save_failed(e: TrainError, step: u64, store: &CheckpointStore) -> TrainError {
+    if !e.disk_refused() {
+        return e;
+    }
+    let why = format!(
+        "the checkpoint of the last step ({step}) was not saved: the disk under {} refused it; \
+         the run ends (retryable) so that the next round saves it from this state once the volume \
+         has room",
+        store.root().display()
+    );
+    tracing::error!("{why}: {e}");
+    TrainError::Other(Reason::caused(why, e))
+}
+
+/// trainer.json of `step`, reached at `train_seconds`.
+fn trainer_state(
+    config: &TrainerConfig,
+    step: u64,
+    train_seconds: f64,
+    run: &RunState<'_>,
+) -> TrainerState {
+    let (last_eval, evaluated_now) = (run.eval.last(), run.eval.evaluated_at(step));
     TrainerState {
-        step: s.step,
+        step,
         samples: run.samples,
         epoch: run.epoch,
         seed: config.seed,
@@ -135,7 +188,7 @@ fn trainer_state(config: &TrainerConfig, s: &StepOutcome, run: &RunState<'_>) ->
         eval_loss: evaluated_now.then(|| last_eval.map(|e| e.0)).flatten(),
         eval_bleu: evaluated_now.then(|| last_eval.and_then(|e| e.1)).flatten(),
         time: rfc3339::format(SystemTime::now(), Resolution::Exact),
-        train_seconds: s.train_seconds,
+        train_seconds,
         precision: Some(run.scaling.precision().clone()),
         loss_scale: run.scaling.state(),
     }

@@ -15,10 +15,11 @@ use super::hand_over::Heal;
 use super::job::{CONFIG_FILE, RunOptions, VOCAB_FILE};
 use super::position::Position;
 use super::replica::ModelReplica;
-use super::report::{Reporting, open_log, serve_progress};
+use super::report::{Reporting, serve_progress};
 use super::resume::{Sources, config_digest, resume};
 use super::save::SaveState;
 use super::scaling::Scaling;
+use super::step_log::StepLog;
 use super::stop::Stop;
 use super::trainer::Trainer;
 use crate::checkpoint::{CheckpointStore, WriterId};
@@ -105,7 +106,7 @@ impl<'a> Trainer<'a> {
             config.seed,
             start.samples,
         )?;
-        let log = open_log(leader, &opts.job_dir)?;
+        let log = StepLog::open(leader, &opts.job_dir)?;
         let (eval, save) = (
             EvalState::new(start.step),
             SaveState::new(store, start.step),

@@ -117,6 +117,31 @@ impl Trainer<'_> {
             .checkpoint_if_due(self.config, s, &run, &self.replica)
     }
 
+    /// The end of training, every rank together: rank 0 waits for its last save (and saves
+    /// the step reached when no checkpoint holds it), then the gang meets once more. An error
+    /// here is one of the round's, like a step's: the ranks hand their state over.
+    pub(super) fn end_together(&mut self) -> Result<()> {
+        let run = RunState {
+            samples: self.position.samples(),
+            epoch: self.batches.epoch(),
+            world: self.world,
+            train_loss: self.reporting.train_loss(),
+            eval: &self.eval,
+            scaling: &self.scaling,
+        };
+        let reached = (self.position.step(), self.clock.synced_seconds());
+        let saved = self
+            .save
+            .save_last(self.config, reached, &run, &self.replica);
+        if saved.is_err() {
+            self.reporting.checkpoints(self.save.checkpoints());
+        }
+        saved?;
+        // The others wait here for rank 0's last save, never for its upload (`finish`): that
+        // may take longer than the collective timeout.
+        self.comm.barrier()
+    }
+
     /// The step in the progress report, with where the run stands.
     fn report(&mut self, s: &StepOutcome) {
         let at = Standing {
@@ -124,8 +149,7 @@ impl Trainer<'_> {
             epoch: self.batches.epoch(),
             skipped_steps: self.scaling.skipped_steps(),
             exchanged: self.replica.grad_sync.is_some(),
-            last_checkpoint: self.save.last_completed(),
-            durable_checkpoint: self.save.durable(),
+            checkpoints: self.save.checkpoints(),
             eval_seconds: self.eval.last_seconds(),
             budget: self.clock.budget(),
         };

@@ -82,20 +82,14 @@ impl Trainer<'_> {
         }
     }
 
-    /// Waits for the last save, meets the other ranks once more, waits for the last upload
-    /// (rank 0, with a bucket) and reports the end.
+    /// Once the gang ended together (`end_together`): waits for the last upload (rank 0,
+    /// with a bucket) and reports the end.
     pub(super) fn finish(mut self) -> Result<Summary> {
         let last_checkpoint = self.save.wait()?;
         let interrupted_by = self.stop.interrupted_by();
-        // The others first: rank 0's wait for its last upload (below) may take longer than
-        // the collective timeout, and must not hold them in a collective meanwhile.
-        self.comm.barrier()?;
         self.save.wait_durable(upload_limit(interrupted_by))?;
-        self.reporting.finish(
-            interrupted_by.is_none(),
-            last_checkpoint.clone(),
-            self.save.durable(),
-        );
+        self.reporting
+            .finish(interrupted_by.is_none(), self.save.checkpoints());
         let last_eval = self.eval.last();
         Ok(Summary {
             step: self.position.step(),

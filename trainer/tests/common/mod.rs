@@ -12,6 +12,10 @@ use std::time::{Duration, Instant};
 use ferrotrain_api::config::DistributedConfig;
 use ferrotrain_trainer::dist::RankEnv;
 
+/// A small tmpfs, for a disk that fills up (root only; the trainer's unit tests share it).
+#[path = "../../src/tmpfs.rs"]
+pub mod tmpfs;
+
 /// The binary under test.
 pub fn ferrotrain() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferrotrain"));
