@@ -45,7 +45,8 @@ documented! {
     /// The Secret the checkpoint store's credentials come from (spec.checkpoint.
     /// storeSecretName): an error of the bucket names it.
     pub const FERROTRAIN_STORE_SECRET: &str = "FERROTRAIN_STORE_SECRET";
-    /// Port of rank 0's HTTP server (/metrics, /progress, /healthz).
+    /// Port of the pod's HTTP endpoint (/metrics, /progress, /healthz): served by `ferrotrain run` for
+    /// a rank on its own, by node 0's `ferrotrain launch` for a gang (its ranks serve none).
     pub const FERROTRAIN_METRICS_PORT: &str = "FERROTRAIN_METRICS_PORT";
     /// GPUs the pod was given (the operator sets it to gpusPerReplica when above 0): a rank that
     /// then finds no CUDA device fails with exit 2 instead of training on the CPU.
@@ -109,15 +110,9 @@ documented! {
     /// Set by the launcher in in-place mode: node 0's launcher hosts the rendezvous store, so
     /// rank 0 connects to it instead of starting one.
     pub const FERROTRAIN_STORE_HOSTED: &str = "FERROTRAIN_STORE_HOSTED";
-    /// Set by the launcher in in-place mode: where node 0's launcher keeps the rounds' ledger
-    /// (JSON `Recovery`), which rank 0 serves in its progress report.
-    pub const FERROTRAIN_ROUNDS_FILE: &str = "FERROTRAIN_ROUNDS_FILE";
     /// The ports a rank's listeners other than the store and progress may use, `first-last`
     /// (the job's NetworkPolicy allows only these): the TCP ring binds inside it.
     pub const FERROTRAIN_PORT_RANGE: &str = "FERROTRAIN_PORT_RANGE";
-    /// Set by the launcher in in-place mode: where node 0's launcher, which hosts the rendezvous
-    /// store, counts the connections it refused (JSON, reason -> count); rank 0 serves them.
-    pub const FERROTRAIN_REFUSED_FILE: &str = "FERROTRAIN_REFUSED_FILE";
     /// The program each local rank runs (tests and wrappers; default: ferrotrain itself).
     pub const FERROTRAIN_RANK_PROGRAM: &str = "FERROTRAIN_RANK_PROGRAM";
 

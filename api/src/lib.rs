@@ -5,6 +5,7 @@
 //! Kubernetes types.
 
 pub mod budget;
+pub mod checksummed;
 pub mod config;
 #[cfg(feature = "crd")]
 pub mod crd;
@@ -18,7 +19,6 @@ pub mod reason;
 pub mod recovery;
 #[cfg(feature = "reference")]
 pub mod reference;
-pub mod sealed;
 
 pub use budget::{DEFAULT_MAX_RESTARTS, RestartBudget};
 pub use config::{ConfigError, FieldError, ParallelFiles, Task, TrainerConfig};

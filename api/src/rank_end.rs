@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::sealed;
+use crate::checksummed;
 
 /// What kind of end it was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -79,7 +79,8 @@ impl RankEnd {
     /// Writes the record to `path` (sealed with its CRC-32C, then renamed into place, so a
     /// reader finds the whole record or none).
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
-        let bytes = sealed::seal(self, sealed::CRC_FIELD).map_err(std::io::Error::other)?;
+        let bytes =
+            checksummed::seal(self, checksummed::CRC_FIELD).map_err(std::io::Error::other)?;
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, bytes)?;
         std::fs::rename(&tmp, path)
@@ -89,7 +90,7 @@ impl RankEnd {
     /// through `Err`).
     pub fn read(path: &Path) -> Result<Option<RankEnd>, String> {
         match std::fs::read(path) {
-            Ok(bytes) => sealed::open(&bytes, sealed::CRC_FIELD)
+            Ok(bytes) => checksummed::open(&bytes, checksummed::CRC_FIELD)
                 .map(Some)
                 .map_err(|why| format!("{}: {why}", path.display())),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),

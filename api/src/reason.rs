@@ -182,6 +182,11 @@ documented! {
     pub const NO_PROGRESS: &str = "NoProgress";
     /// Stalled=False: the report changed again.
     pub const PROGRESS_RESUMED: &str = "ProgressResumed";
+    /// CheckpointsSaved=False and Warning event: rank 0's saves fail (the disk under the
+    /// checkpoints refused them: full, over quota, read-only or failing); training goes on.
+    pub const CHECKPOINT_SAVE_FAILED: &str = "CheckpointSaveFailed";
+    /// CheckpointsSaved=True and Normal event: a save completed again after failing.
+    pub const CHECKPOINT_SAVED: &str = "CheckpointSaved";
 
     /// A condition's reason when none is given (Kubernetes requires one).
     pub const UNKNOWN: &str = "Unknown";

@@ -19,8 +19,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use ferrotrain_api::checksummed;
 use ferrotrain_api::crd::STORE_SECRET_KEYS;
-use ferrotrain_api::sealed;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
@@ -419,9 +419,9 @@ pub fn check_manifest(
     bytes: &[u8],
     listed: &BTreeMap<String, u64>,
 ) -> Result<Vec<ManifestFile>, String> {
-    match sealed::verify(bytes, sealed::CRC_FIELD)? {
-        sealed::Seal::Intact => {}
-        sealed::Seal::Absent => return Err("the manifest has no crc32c".into()),
+    match checksummed::verify(bytes, checksummed::CRC_FIELD)? {
+        checksummed::Seal::Intact => {}
+        checksummed::Seal::Absent => return Err("the manifest has no crc32c".into()),
     }
     let manifest: Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
     if manifest["step"].as_u64() != Some(step) {
@@ -542,7 +542,7 @@ mod tests {
             "writer": {"attempt": 0},
             "time": "2026-12-02T05:00:00Z"
         });
-        sealed::seal(&value, sealed::CRC_FIELD).unwrap()
+        checksummed::seal(&value, checksummed::CRC_FIELD).unwrap()
     }
 
     #[test]

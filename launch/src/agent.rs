@@ -45,10 +45,10 @@ use crate::host::{self, Host};
 use crate::keys;
 use crate::ledger::Ledger;
 use crate::link::Link;
-use crate::local::sleep_unless_signalled;
 use crate::members::{self, Members};
 use crate::rejoin;
 use crate::round::{self, End, Event, Exit, Next, Policy, REPORT_SLACK, Rounds, Stage};
+use crate::run_once::sleep_unless_signalled;
 use crate::spare::{SpareStart, Spares};
 use crate::spawn::Spawn;
 use crate::store::StoreClient;
@@ -131,7 +131,7 @@ impl<'a> Agent<'a> {
                 args.master_port,
                 &auth,
                 rendezvous,
-                l.logs.clone(),
+                l.report.clone(),
             )?),
             _ => None,
         };
@@ -231,7 +231,7 @@ impl<'a> Agent<'a> {
             write_termination_message(message);
         }
         if exit.final_report {
-            forward_final_report(&self.launch.logs);
+            forward_final_report(self.launch);
         }
         self.farewell(exit.code);
         if exit.collateral {
@@ -381,7 +381,7 @@ impl<'a> Agent<'a> {
         if round::owns_the_failure(&outcome) {
             self.mark_failed(round, watch::end_mark(self.node(), &outcome))?;
         }
-        let json = serde_json::to_vec(&report).expect("a report serializes");
+        let json = serde_json::to_vec(&report.sent(Timestamp::now())).expect("a report serializes");
         let key = keys::report(round, self.node());
         self.link.client.set(&key, &json)?;
         Ok(End::Ruled(self.agree(round)?))
@@ -556,7 +556,8 @@ impl<'a> Agent<'a> {
     /// other nodes learn of it at once through the store, instead of when their collectives
     /// break, and wait for a replacement in the next round. Best effort: the store may be gone.
     fn leaving(&mut self, round: u64, report: NodeReport, signal: i32) {
-        let report = report.leaving(signal, Timestamp::now());
+        let now = Timestamp::now();
+        let report = report.leaving(signal, now).sent(now);
         let args = self.args;
         let posted = self.link.fresh().and_then(|()| {
             let json = serde_json::to_vec(&report).expect("a report serializes");

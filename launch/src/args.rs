@@ -1,9 +1,11 @@
 //! What a launcher is told (flags and their env twins), and what every attempt or round
 //! starts its ranks with.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use ferrotrain_api::{env, exit};
+
+use crate::report::GangReport;
 
 /// MASTER_PORT when none is given: torchrun's.
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
@@ -138,18 +140,22 @@ pub struct Launch {
     pub base_attempt: u64,
     /// OMP_NUM_THREADS for each rank, unless the environment sets it.
     pub omp_threads: Option<String>,
-    /// The launcher's scratch directory (termination logs, progress and rounds files).
+    /// The launcher's scratch directory (termination logs, rank 0's progress file).
     pub logs: PathBuf,
     /// The ranks are this executable (no --rank-program): they can be spares.
     pub own_binary: bool,
+    /// What node 0's launcher reports of the gang (report.rs).
+    pub report: GangReport,
 }
 
 /// After a successful run, global rank 0's termination message is its final progress report
-/// (on node 0 only): it becomes the launcher's, which is the container's.
-pub fn forward_final_report(logs: &Path) {
-    let log = crate::files::RankFiles::of(logs, 0).termination_log;
+/// (on node 0 only): with the rounds' ends and the refused connections only the launcher
+/// knows, it becomes the launcher's, which is the container's.
+pub fn forward_final_report(l: &Launch) {
+    let log = crate::files::RankFiles::of(&l.logs, 0).termination_log;
     let message = std::fs::read_to_string(log).unwrap_or_default();
-    if ferrotrain_api::Progress::from_termination_message(&message).is_some() {
-        crate::termination::write_termination_message(&message);
+    if let Some(report) = ferrotrain_api::Progress::from_termination_message(&message) {
+        let report = l.report.completed(report);
+        crate::termination::write_termination_message(&report.to_termination_message());
     }
 }

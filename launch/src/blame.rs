@@ -59,7 +59,18 @@ pub struct NodeReport {
     /// (launch/output.rs): the blamed rank's go into the verdict.
     #[serde(default, skip_serializing_if = "Tails::is_empty")]
     pub tails: Tails,
+    /// When its agent published it, on its node's clock: node 0 reads a node's times on its
+    /// own clock when the two differ by more than [`CLOCK_TOLERANCE`] ([`NodeReport::read_at`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_at: Option<Timestamp>,
 }
+
+/// How far a node's clock may be from node 0's before node 0 reads the node's times on its own
+/// clock: well past the skew of clocks kept by NTP (milliseconds) and past the seconds a report
+/// may wait in the store before node 0 reads it, so only a clock that jumped or was never set
+/// is corrected; its failure would otherwise look earlier (or later) than its peers' and take
+/// (or escape) the blame.
+pub const CLOCK_TOLERANCE: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl NodeReport {
     /// The report node 0 writes for a node whose agent sent none.
@@ -75,6 +86,7 @@ impl NodeReport {
             unreachable_seconds: None,
             gone: false,
             tails: Tails::new(),
+            sent_at: None,
         }
     }
 
@@ -118,12 +130,39 @@ impl NodeReport {
             unreachable_seconds: None,
             gone: false,
             tails: Tails::new(),
+            sent_at: None,
         }
     }
 
     /// This report with its ranks' last lines of output.
     pub fn with_tails(self, tails: Tails) -> Self {
         NodeReport { tails, ..self }
+    }
+
+    /// This report as its agent publishes it, at `now` on its node's clock.
+    pub fn sent(self, now: Timestamp) -> Self {
+        NodeReport {
+            sent_at: Some(now),
+            ..self
+        }
+    }
+
+    /// This report as node 0 reads it at `now` on its own clock: when the node's clock is
+    /// more than [`CLOCK_TOLERANCE`] off (its `sent_at` against `now`), its failure's time is
+    /// moved onto node 0's clock. Returns the offset applied, in seconds, if any.
+    pub fn read_at(mut self, now: Timestamp) -> (Self, Option<f64>) {
+        let Some(sent) = self.sent_at else {
+            return (self, None);
+        };
+        let offset = now.duration_since(sent);
+        if offset.unsigned_abs() <= CLOCK_TOLERANCE {
+            return (self, None);
+        }
+        if let Some(f) = self.failure.as_mut() {
+            f.seen_at = f.seen_at.checked_add(offset).unwrap_or(f.seen_at);
+        }
+        self.sent_at = Some(now);
+        (self, Some(offset.as_secs_f64()))
     }
 
     /// This report, of a node whose launcher got `signal` at `now`: its pod is going away
@@ -446,6 +485,7 @@ mod tests {
             unreachable_seconds: None,
             gone: false,
             tails: Tails::new(),
+            sent_at: None,
         }
     }
 
@@ -484,7 +524,36 @@ mod tests {
             unreachable_seconds: None,
             gone: false,
             tails: Tails::new(),
+            sent_at: None,
         }
+    }
+
+    #[test]
+    fn a_node_whose_clock_jumped_is_read_on_node_0s_clock_and_blamed_in_order() {
+        // Node 1's clock jumped an hour back: its rank's failure, which followed node 0's by a
+        // second, looks an hour earlier and would take the blame.
+        let first = failed(0, 0, 1, "out of memory", 10).sent(at(12));
+        let mut late = failed(1, 1, 1, "a tensor of the wrong shape", 11);
+        late.failure.as_mut().unwrap().seen_at = at(11 - 3600);
+        let late = late.sent(at(12 - 3600));
+        assert_eq!(
+            verdict(3, &[first.clone(), late.clone()]).rank,
+            Some(1),
+            "misread"
+        );
+        let (read, off) = late.read_at(at(13));
+        assert_eq!(off, Some(3601.0));
+        assert_eq!(read.failure.as_ref().unwrap().seen_at, at(12));
+        assert_eq!(
+            verdict(3, &[first.clone(), read]).rank,
+            Some(0),
+            "the killed rank first"
+        );
+        // Clocks within the tolerance, or a report with no sending time, are left as they are.
+        let (same, off) = first.clone().read_at(at(20));
+        assert_eq!((same, off), (first, None));
+        let (silent, off) = NodeReport::silent(2, vec![2]).read_at(at(20));
+        assert_eq!((silent.sent_at, off), (None, None));
     }
 
     #[test]

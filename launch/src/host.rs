@@ -2,10 +2,9 @@
 //! ranks connect to it: `FERROTRAIN_STORE_HOSTED`), so a crash of rank 0's trainer does not
 //! take the store down; it announces each round; and when a round ends it gathers every
 //! member's report (gather.rs), rules who is to blame (blame.rs), records the round's end in
-//! its ledger and in the rounds file rank 0 serves, and publishes the verdict.
+//! its ledger and in the gang's report it serves (report.rs), and publishes the verdict.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use ferrotrain_api::recovery::{AttemptEnd, EndCause, RoundEnd, Timestamp};
@@ -13,42 +12,38 @@ use ferrotrain_api::recovery::{AttemptEnd, EndCause, RoundEnd, Timestamp};
 use crate::auth::Auth;
 use crate::blame::{self, NodeReport, Verdict};
 use crate::error::AgentError;
-use crate::files::{self, ROUNDS_FILE};
 use crate::gather::{Gathering, Step};
 use crate::keys;
 use crate::ledger::Ledger;
 use crate::listen::bind_until;
+use crate::report::GangReport;
 use crate::store::{self, StoreClient, StoreServer};
 
 /// Node 0's part: the store it serves and what it remembers of the rounds.
 pub struct Host {
     _server: StoreServer,
-    /// How every round so far ended (rank 0 serves them in its progress report).
-    ends: Vec<RoundEnd>,
+    /// The gang's report it serves: how every round so far ended, among the rest.
+    report: GangReport,
     /// The nodes the last round ended without (no heartbeat), not waited for again.
     lost: Vec<usize>,
-    /// Where rank 0 reads the rounds' ends.
-    rounds_file: PathBuf,
 }
 
 impl Host {
-    /// Serves the store on `port` (bound within `rendezvous`), counting refused connections
-    /// into `logs` for rank 0's report.
+    /// Serves the store on `port` (bound within `rendezvous`); the rounds' ends go into
+    /// `report`.
     pub fn start(
         port: u16,
         auth: &Auth,
         rendezvous: Duration,
-        logs: PathBuf,
+        report: GangReport,
     ) -> store::Result<Self> {
         let deadline = Instant::now() + rendezvous;
         let listener = bind_until(SocketAddr::from(([0, 0, 0, 0], port)), deadline)?;
         let handshake = rendezvous.min(Duration::from_secs(10));
-        files::keep_refusals_written(logs.clone());
         Ok(Host {
             _server: StoreServer::start(listener, auth.clone(), handshake)?,
-            ends: Vec::new(),
+            report,
             lost: Vec::new(),
-            rounds_file: logs.join(ROUNDS_FILE),
         })
     }
 
@@ -63,8 +58,9 @@ impl Host {
         std::mem::take(&mut self.lost)
     }
 
-    /// Round `round` starts: agents that join late find it.
+    /// Round `round` starts: agents that join late find it, and the report says it.
     pub fn announce(&self, client: &mut StoreClient, round: u64) -> store::Result<()> {
+        self.report.round_started(round);
         client.set(keys::ROUND, round.to_string().as_bytes())
     }
 
@@ -107,7 +103,7 @@ impl Host {
         Ok(verdict)
     }
 
-    /// The round's end in the ledger and the rounds file.
+    /// The round's end in the ledger and the gang's report.
     fn record(&mut self, round: u64, verdict: &Verdict, cause: EndCause, ledger: &mut Ledger) {
         let end = AttemptEnd {
             cause,
@@ -122,26 +118,13 @@ impl Host {
         ledger.end_with(end.clone());
         // Rank 0's own record of the round's last step, read as the round was closed.
         let last_step = ledger.recovery.attempts.last().and_then(|a| a.last_step);
-        self.ends.push(RoundEnd {
+        self.report.round_ended(RoundEnd {
             round,
             end,
             message: verdict.message.clone(),
             last_step,
             last_lines: verdict.last_lines.clone(),
         });
-        self.write_round_ends();
-    }
-
-    /// Replaces the rounds file (atomically) with every round's end so far.
-    fn write_round_ends(&self) {
-        let tmp = self.rounds_file.with_extension("tmp");
-        let json = serde_json::to_vec(&self.ends).expect("round ends serialize");
-        let written =
-            std::fs::write(&tmp, json).and_then(|()| std::fs::rename(&tmp, &self.rounds_file));
-        if let Err(e) = written {
-            let path = self.rounds_file.display();
-            tracing::warn!(path = %path, error = %e, "rounds file not written");
-        }
     }
 }
 
@@ -155,7 +138,16 @@ fn reports(client: &mut StoreClient, round: u64, gathering: &mut Gathering) -> V
             Step::Ask { node, within } => {
                 match client.try_get(&keys::report(round, node), within) {
                     Ok(Some(bytes)) => match serde_json::from_slice::<NodeReport>(&bytes) {
-                        Ok(report) => gathering.heard(node, report),
+                        Ok(report) => {
+                            let (report, off) = report.read_at(Timestamp::now());
+                            if let Some(seconds) = off {
+                                tracing::warn!(
+                                    "agent: round {round}: node {node}'s clock is {seconds:.0} s \
+                                     off this node's: its times are read on this node's clock"
+                                );
+                            }
+                            gathering.heard(node, report);
+                        }
                         Err(e) => {
                             tracing::warn!("agent: round {round}: node {node}'s report: {e}");
                             gathering.garbled(node);

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use ferrotrain_api::recovery::{AttemptEnd, EndCause, Timestamp};
-use ferrotrain_api::{Progress, Recovery, reason, sealed};
+use ferrotrain_api::{Progress, Recovery, checksummed, reason};
 
 use crate::files::PROGRESS_FILE;
 use crate::group::GroupOutcome;
@@ -52,7 +52,7 @@ impl Ledger {
     /// its CRC-32C) is no report: the record keeps what it had rather than a wrong step.
     fn read_progress(&mut self) {
         let report = std::fs::read(&self.progress_file).ok().and_then(|b| {
-            sealed::open::<Progress>(&b, sealed::CRC_FIELD)
+            checksummed::open::<Progress>(&b, checksummed::CRC_FIELD)
                 .inspect_err(|why| {
                     let path = self.progress_file.display();
                     tracing::warn!("launch: ignoring rank 0's progress file {path}: {why}")
@@ -211,7 +211,7 @@ mod tests {
     #[test]
     fn a_damaged_progress_file_is_ignored_never_counted() {
         let dir = tempfile::tempdir().unwrap();
-        let good = sealed::seal(&progress(1234), sealed::CRC_FIELD).unwrap();
+        let good = checksummed::seal(&progress(1234), checksummed::CRC_FIELD).unwrap();
         let (mut ignored, mut read) = (0, 0);
         for copy in ferrotrain_fuzz::damage::copies(&good) {
             let mut ledger = Ledger::new(dir.path(), Vec::new());

@@ -8,7 +8,7 @@
 //! and every node with `--restart-in-place`, is run by the pod's agent ([`agent`]): it
 //! restarts the ranks in a new round (with every other node's agent), ruled and decided the
 //! same way for any number of nodes. On several nodes without it a failure ends the launcher
-//! with the failing rank's code (the operator restarts the gang: [`local`]).
+//! with the failing rank's code (the operator restarts the gang: [`run_once`]).
 //!
 //! This crate has no libtorch: the launcher, the rendezvous store and its handshake build and
 //! test in seconds, and the trainer (which links libtorch) depends on it for the store, the
@@ -17,7 +17,7 @@
 //! Rooms, from the top: `agent` (carries out the in-place rounds), `round` (what the agent
 //! does after each event: pure), `host` (node 0's duties: the store, ruling a round's end),
 //! `gather` (node 0 waiting for reports: pure), `blame` (which rank ended a round: pure),
-//! `local` (one run, no rounds), `group` (spawn, supervise and stop the local ranks),
+//! `run_once` (one run, no rounds), `group` (spawn, supervise and stop the local ranks),
 //! `members` (who trains in a round: elastic world size), `watch` (threads that end a round),
 //! `heartbeat` (a node cut off ends the round within the heartbeat timeout), `rejoin` and
 //! `link` (node 0's store, and its replacement's), `ledger` (what each attempt or round cost),
@@ -39,12 +39,13 @@ pub mod keys;
 mod ledger;
 mod link;
 pub mod listen;
-mod local;
 mod members;
 pub mod output;
 pub mod refused;
 mod rejoin;
+pub mod report;
 pub mod round;
+mod run_once;
 pub mod signals;
 pub mod spare;
 mod spawn;
@@ -59,10 +60,12 @@ pub use args::{DEFAULT_MASTER_PORT, Launch, LaunchArgs};
 pub use error::LaunchError;
 pub use group::{GroupOutcome, RankFailure};
 pub use ledger::recovery_lines;
+pub use report::{Endpoint, GangReport};
 
 /// Runs the local ranks to completion; returns the launcher's exit code (0, a rank's failure
-/// code, or 128 + a signal), or why the launcher could not run them.
-pub fn run(args: LaunchArgs) -> Result<i32, LaunchError> {
+/// code, or 128 + a signal), or why the launcher could not run them. Node 0's launcher serves
+/// the gang's report on `endpoint` when one is given (the ranks then serve none).
+pub fn run(args: LaunchArgs, endpoint: Option<Endpoint>) -> Result<i32, LaunchError> {
     if args.nnodes == 0 || args.nproc_per_node == 0 || args.node_rank >= args.nnodes {
         return Err(LaunchError::InvalidGang {
             nnodes: args.nnodes,
@@ -98,6 +101,10 @@ pub fn run(args: LaunchArgs) -> Result<i32, LaunchError> {
     std::fs::create_dir_all(&logs)
         .map_err(LaunchError::io(format!("cannot create {}", logs.display())))?;
     signals::install(signals::Mode::Remember);
+    let report = GangReport::new(&logs);
+    let _served = endpoint
+        .filter(|_| args.node_rank == 0)
+        .map(|serve| serve(report.clone()));
     let launch = Launch {
         program,
         token,
@@ -105,11 +112,12 @@ pub fn run(args: LaunchArgs) -> Result<i32, LaunchError> {
         omp_threads,
         logs,
         own_binary: args.rank_program.is_none(),
+        report,
     };
     let code = if args.restart_in_place || !multi_node {
         agent::run(&args, &launch)
     } else {
-        local::run_once(&args, &launch)
+        run_once::run_once(&args, &launch)
     };
     let _ = std::fs::remove_dir_all(&launch.logs);
     code
@@ -135,20 +143,16 @@ mod tests {
 
     #[test]
     fn an_impossible_gang_is_a_typed_permanent_error() {
-        let err = run(args(&["--nnodes", "2", "--node-rank", "2"])).unwrap_err();
+        let err = run(args(&["--nnodes", "2", "--node-rank", "2"]), None).unwrap_err();
         assert!(
             matches!(err, LaunchError::InvalidGang { node_rank: 2, .. }),
             "{err}"
         );
         assert_eq!(err.exit_code(), exit::INVALID_CONFIG);
-        let err = run(args(&[
-            "--nnodes",
-            "2",
-            "--node-rank",
-            "0",
-            "--master-port",
-            "0",
-        ]))
+        let err = run(
+            args(&["--nnodes", "2", "--node-rank", "0", "--master-port", "0"]),
+            None,
+        )
         .unwrap_err();
         assert!(
             matches!(err, LaunchError::EphemeralPortNeedsOneNode),

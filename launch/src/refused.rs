@@ -116,16 +116,6 @@ pub fn snapshot() -> BTreeMap<String, u64> {
         .collect()
 }
 
-/// This process's counts plus those of the store node 0's launcher hosts, which it keeps in
-/// `hosted` (FERROTRAIN_REFUSED_FILE; none outside in-place launches): what rank 0 reports.
-pub fn with_hosted(hosted: Option<&std::path::Path>) -> BTreeMap<String, u64> {
-    let theirs: BTreeMap<String, u64> = hosted
-        .and_then(|path| std::fs::read(path).ok())
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default();
-    merged(snapshot(), &theirs)
-}
-
 /// `a` plus `b`, reason by reason.
 pub fn merged(mut a: BTreeMap<String, u64>, b: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
     for (reason, n) in b {

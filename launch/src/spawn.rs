@@ -8,7 +8,7 @@ use std::process::Command;
 use ferrotrain_api::env;
 
 use crate::args::LaunchArgs;
-use crate::files::{PROGRESS_FILE, REFUSED_FILE, ROUNDS_FILE, RankFiles};
+use crate::files::{PROGRESS_FILE, RankFiles};
 
 /// What every rank of a group is started with.
 pub struct Spawn<'a> {
@@ -80,11 +80,6 @@ pub fn rank_env(
         vars.extend([
             (env::FERROTRAIN_ROUND, round.to_string()),
             (env::FERROTRAIN_STORE_HOSTED, "1".to_string()),
-            (env::FERROTRAIN_ROUNDS_FILE, path(&a.logs.join(ROUNDS_FILE))),
-            (
-                env::FERROTRAIN_REFUSED_FILE,
-                path(&a.logs.join(REFUSED_FILE)),
-            ),
         ]);
     }
     if let Some(t) = &a.omp_threads {
@@ -110,6 +105,8 @@ pub fn rank_command(a: &Spawn<'_>, vars: &[(&'static str, String)]) -> Command {
         .arg("--config")
         .arg(&a.args.config)
         .args(&a.args.rank_args)
+        // The pod's endpoint is its launcher's (report.rs): a rank serves none of its own.
+        .env_remove(env::FERROTRAIN_METRICS_PORT)
         .envs(vars.iter().map(|(k, v)| (k, v)))
         // Forwarded line by line, labelled and kept per round (launch/output.rs).
         .stdout(std::process::Stdio::piped())

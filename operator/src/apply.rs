@@ -16,11 +16,11 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use tracing::info;
 
-use crate::build::{self, GangObjects, Owner};
 use crate::context::Context;
 use crate::error::{Error, Result, api_err, is_status};
 use crate::gang;
 use crate::labels;
+use crate::objects::{self, GangObjects, Owner};
 use crate::scheduling::GroupObject;
 
 /// What applying a gang's objects came to.
@@ -78,7 +78,7 @@ pub async fn status(
     now: Timestamp,
 ) -> Result<()> {
     let api: Api<DistributedTraining> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let (api_version, kind) = build::type_meta::<DistributedTraining>();
+    let (api_version, kind) = objects::type_meta::<DistributedTraining>();
     let body = json!({ "apiVersion": api_version, "kind": kind, "status": status });
     let params = PatchParams::apply(labels::FIELD_MANAGER).force();
     let written = api
@@ -450,7 +450,7 @@ where
     K: Resource<DynamicType = ()> + Serialize,
 {
     let mut value = serde_json::to_value(object).expect("objects serialize");
-    let (api_version, kind) = build::type_meta::<K>();
+    let (api_version, kind) = objects::type_meta::<K>();
     value["apiVersion"] = api_version.into();
     value["kind"] = kind.into();
     value
@@ -463,7 +463,7 @@ mod tests {
 
     #[test]
     fn a_name_held_by_another_owner_or_by_nobody_is_taken_and_one_of_ours_or_gone_is_not() {
-        let owner = build::Owner::of(&job()).unwrap();
+        let owner = objects::Owner::of(&job()).unwrap();
         let ours = api_pod(0, 1).metadata;
         assert!(owner.controls(&ours), "the fixture's pod is the job's");
         let mut nobodys = ours.clone();

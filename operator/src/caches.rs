@@ -20,10 +20,10 @@ use tokio::sync::mpsc;
 
 use ferrotrain_api::crd::DistributedTraining;
 
+use crate::cache_fields;
 use crate::labels;
 use crate::pod_cache::{PodCache, pod_cache};
 use crate::readiness::Readiness;
-use crate::shapes;
 
 /// The names the watches go by in logs and `/readyz`.
 pub const WATCHES: [&str; 3] = ["distributedtrainings", "pods", "nodes"];
@@ -117,7 +117,7 @@ impl Caches {
         let health = readiness.clone();
         let stream = watcher(pods_api, watcher::Config::default().labels(&selector))
             .default_backoff()
-            .modify(shapes::trim_pod)
+            .modify(cache_fields::trim_pod)
             .inspect_ok(move |event| writer.apply_watcher_event(event))
             .inspect(move |item| health.observe(pod_watch, item))
             .touched_objects();
@@ -127,10 +127,10 @@ impl Caches {
         let node_outlet = Outlet::closed();
         let health = readiness.clone();
         // Nodes wake their jobs only when their readiness changes, not on every heartbeat.
-        let stream = shapes::readiness_changes(
+        let stream = cache_fields::readiness_changes(
             watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
                 .default_backoff()
-                .modify(shapes::trim_node)
+                .modify(cache_fields::trim_node)
                 .reflect(writer)
                 .inspect(move |item| health.observe(node_watch, item)),
         );

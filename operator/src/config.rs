@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::build::OperatorPods;
 use crate::gang::Timing;
+use crate::objects::OperatorPods;
 
 /// ferrotrain's Kubernetes operator.
 #[derive(Debug, Parser)]

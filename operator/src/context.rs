@@ -12,11 +12,11 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 
-use crate::build::BuildSettings;
 use crate::config::Settings;
 use crate::gang::{LaunchStop, Timing};
 use crate::labels;
 use crate::metrics::Metrics;
+use crate::objects::BuildSettings;
 use crate::pod_cache::PodCache;
 use crate::progress::ProgressClient;
 use crate::scheduling::NativeApi;

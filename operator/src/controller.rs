@@ -18,7 +18,6 @@ use kube::{Client, ResourceExt};
 use tracing::{debug, info, warn};
 
 use crate::apply;
-use crate::build::{self, Owner};
 use crate::caches::Caches;
 use crate::carry_out::{self, Created};
 use crate::config::Settings;
@@ -27,6 +26,7 @@ pub use crate::error::{Error, Result};
 use crate::gang::{self, Observed, ProgressObservation};
 use crate::labels;
 use crate::metrics::{ErrorLabels, Metrics, ReasonLabels, ReconcileResult, ResultLabels};
+use crate::objects::{self, Owner};
 use crate::observe;
 use crate::pod_cache::PodCache;
 use crate::prerequisites::{self, Ready};
@@ -176,8 +176,8 @@ fn build_launches(
     owner: &Owner,
     decision: &gang::Decision,
     gang_mode: &GangMode,
-    store_service: Option<build::StoreService>,
-) -> Vec<build::GangObjects> {
+    store_service: Option<objects::StoreService>,
+) -> Vec<objects::GangObjects> {
     let mut settings = ctx.build_settings();
     settings.gang = gang_mode.clone();
     settings.store_service = store_service;
@@ -194,13 +194,13 @@ fn build_launches(
             gang::Action::Launch {
                 attempt,
                 node_ranks,
-            } => Some(build::gang(
+            } => Some(objects::gang(
                 owner,
                 &dt.spec,
                 *attempt,
                 node_ranks,
                 &settings,
-                &build::new_token(),
+                &objects::new_token(),
             )),
             _ => None,
         })
@@ -307,7 +307,7 @@ async fn launch_all(
     ctx: &Context,
     dt: &DistributedTraining,
     owner: &Owner,
-    launches: &[build::GangObjects],
+    launches: &[objects::GangObjects],
     attempt: i32,
     now: Timestamp,
 ) -> Result<Launched> {

@@ -1,6 +1,6 @@
 //! Why a reconcile failed (it is retried with backoff).
 
-use crate::build;
+use crate::objects;
 
 /// Why a reconcile failed.
 #[derive(Debug, thiserror::Error)]
@@ -14,7 +14,7 @@ pub enum Error {
         source: kube::Error,
     },
     #[error(transparent)]
-    Build(#[from] build::Error),
+    Build(#[from] objects::Error),
     #[error("publishing event {reason}: {source}")]
     Event {
         reason: &'static str,

@@ -16,9 +16,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::build::{self, BuildSettings};
 use crate::gang::{Disruption, PodState, PodView, Termination, WaitCause, Waiting};
 use crate::labels;
+use crate::objects::{self, BuildSettings};
 
 /// The job's name.
 pub const NAME: &str = "mt";
@@ -305,8 +305,8 @@ pub fn build_settings() -> BuildSettings {
 /// no container started.
 pub fn api_pod(attempt: i32, rank: i32) -> Pod {
     let dt = job();
-    let owner = build::Owner::of(&dt).unwrap();
-    let mut p = build::pod(&owner, &dt.spec, attempt, rank, &build_settings());
+    let owner = objects::Owner::of(&dt).unwrap();
+    let mut p = objects::pod(&owner, &dt.spec, attempt, rank, &build_settings());
     p.status = Some(PodStatus {
         phase: Some("Pending".into()),
         ..PodStatus::default()

@@ -10,7 +10,7 @@
 
 pub mod app;
 pub mod apply;
-pub mod build;
+pub mod cache_fields;
 pub mod caches;
 pub mod carry_out;
 pub mod client;
@@ -24,6 +24,7 @@ pub mod gang;
 pub mod labels;
 pub mod lease;
 pub mod metrics;
+pub mod objects;
 pub mod observe;
 pub mod pod_cache;
 pub mod prerequisites;
@@ -33,7 +34,6 @@ pub mod render;
 pub mod report;
 pub mod scheduling;
 pub mod server;
-pub mod shapes;
 pub mod unseen;
 
 pub use ferrotrain_api::crd::{

@@ -292,7 +292,7 @@ pub fn spec_problems(spec: &DistributedTrainingSpec) -> Vec<String> {
             "spec.checkpoint.storeSecretName: needs spec.trainer.checkpoint.store, the bucket its credentials are for".into(),
         );
     }
-    let reserved = crate::build::RESERVED_VOLUMES;
+    let reserved = crate::objects::RESERVED_VOLUMES;
     for v in &volumes {
         if reserved.contains(v) {
             problems.push(format!(

@@ -13,9 +13,9 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use tracing::debug;
 
-use crate::build::{self, Owner, StoreService};
 use crate::context::Context;
 use crate::error::{Result, api_err, is_status};
+use crate::objects::{self, Owner, StoreService};
 
 /// Whether a launch may go on.
 #[derive(Debug, PartialEq)]
@@ -42,7 +42,7 @@ pub async fn check(
             return Ok(Ready::Wait(problem));
         }
     }
-    let service = match build::service_to_read(spec, &owner.namespace) {
+    let service = match objects::service_to_read(spec, &owner.namespace) {
         Some((name, namespace)) if objects_due => store_service(ctx, &namespace, &name).await?,
         _ => None,
     };
@@ -61,7 +61,7 @@ pub fn secret_to_check<'s>(
         .and_then(|c| c.store_secret_name.as_deref())?;
     node_ranks
         .iter()
-        .any(|&rank| build::mounts_checkpoint_volume(spec, rank))
+        .any(|&rank| objects::mounts_checkpoint_volume(spec, rank))
         .then_some(name)
 }
 
@@ -175,8 +175,8 @@ mod tests {
             }))
             .unwrap(),
         );
-        let writer = (0..2).find(|&r| build::mounts_checkpoint_volume(&spec, r));
-        let other = (0..2).find(|&r| !build::mounts_checkpoint_volume(&spec, r));
+        let writer = (0..2).find(|&r| objects::mounts_checkpoint_volume(&spec, r));
+        let other = (0..2).find(|&r| !objects::mounts_checkpoint_volume(&spec, r));
         let (writer, other) = (writer.expect("a writer"), other.expect("a reader"));
         assert_eq!(secret_to_check(&spec, &[writer]), Some("creds"));
         assert_eq!(secret_to_check(&spec, &[other, writer]), Some("creds"));

@@ -14,8 +14,8 @@ use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use serde::Serialize;
 
-use crate::build::{self, BuildSettings, Owner};
 use crate::config::Settings;
+use crate::objects::{self, BuildSettings, Owner};
 use crate::scheduling;
 
 /// The token written into the rendered Secret.
@@ -101,12 +101,12 @@ fn objects(
         round: 0,
         gang,
         operator_pods: settings.operator_pods.clone(),
-        store_service: build::service_to_read(&dt.spec, &owner.namespace)
+        store_service: objects::service_to_read(&dt.spec, &owner.namespace)
             .and_then(|key| services.get(&key))
-            .map(build::StoreService::of),
+            .map(objects::StoreService::of),
     };
     let ranks: Vec<i32> = (0..dt.spec.pod_count()).collect();
-    let g = build::gang(
+    let g = objects::gang(
         &owner,
         &dt.spec,
         0,
@@ -131,7 +131,7 @@ fn typed<K>(object: &K) -> serde_json::Value
 where
     K: kube::Resource<DynamicType = ()> + Serialize,
 {
-    let (api_version, kind) = build::type_meta::<K>();
+    let (api_version, kind) = objects::type_meta::<K>();
     let mut value = serde_json::to_value(object).expect("an object serializes");
     value["apiVersion"] = api_version.into();
     value["kind"] = kind.into();

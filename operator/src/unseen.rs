@@ -13,8 +13,8 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
-use crate::build::Owner;
 use crate::labels;
+use crate::objects::Owner;
 
 /// How long a created pod counts as present without the cache showing it: far above a
 /// watch's lag (under a second; seconds on a loaded API server), short enough that a pod

@@ -16,6 +16,7 @@ pub mod attention;
 pub mod autograd;
 pub mod bleu;
 pub mod checkpoint;
+pub mod checkpoint_selection;
 pub mod data;
 pub mod decode;
 pub mod device;
@@ -35,7 +36,6 @@ pub mod optim;
 pub mod precision;
 pub mod resources;
 pub mod rfc3339;
-pub mod select;
 pub mod tensorboard;
 #[cfg(test)]
 mod tmpfs;

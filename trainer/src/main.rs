@@ -13,7 +13,8 @@ use ferrotrain_launch::termination::write_termination_message;
 use ferrotrain_trainer::ending::{self, exit_now, leave_end_record, report_error};
 use ferrotrain_trainer::error::{Result, TrainError};
 use ferrotrain_trainer::{
-    bleu, checkpoint, data, decode, dist, precision, select, train, translate,
+    bleu, checkpoint, checkpoint_selection, data, decode, dist, metrics, precision, train,
+    translate,
 };
 
 #[derive(Parser, Debug)]
@@ -313,14 +314,13 @@ fn run(args: RunArgs) -> std::result::Result<Option<i32>, train::Failure> {
         );
     }
     if options.rank.rank == 0 && summary.interrupted_by.is_none() {
-        // /progress goes away with this process: the final numbers reach the operator here,
-        // the refused connections with them (as /progress counts them).
+        // The final numbers reach the operator here (a launcher adds what only it knows: the
+        // rounds, its store's refusals), the refused connections with them.
         let mut report = summary.final_progress.clone();
-        let hosted = std::env::var_os(ferrotrain_api::env::FERROTRAIN_REFUSED_FILE);
-        let counted =
-            ferrotrain_launch::refused::with_hosted(hosted.as_deref().map(std::path::Path::new));
-        report.rejected_connections =
-            ferrotrain_launch::refused::merged(counted, &report.rejected_connections);
+        report.rejected_connections = ferrotrain_launch::refused::merged(
+            ferrotrain_launch::refused::snapshot(),
+            &report.rejected_connections,
+        );
         write_termination_message(&report.to_termination_message());
     }
     if let Some(signal) = summary.interrupted_by {
@@ -375,7 +375,7 @@ fn translate(args: TranslateArgs) -> Result<()> {
     let (job_dir, dir) = translate::resolve_checkpoint(&local_copy(&args.checkpoint)?)?;
     let job = translate::Job::open(&job_dir)?;
     let chosen = if args.selected {
-        Some(select::read_selection(&job_dir)?.chosen)
+        Some(checkpoint_selection::read_selection(&job_dir)?.chosen)
     } else {
         None
     };
@@ -413,7 +413,7 @@ fn translate(args: TranslateArgs) -> Result<()> {
 
 fn select_checkpoint(args: SelectArgs) -> Result<()> {
     start_decoding(args.threads);
-    let s = select::select(&select::Request {
+    let s = checkpoint_selection::select(&checkpoint_selection::Request {
         job_dir: &local_copy(&args.job)?,
         source: &args.source,
         reference: &args.reference,
@@ -436,7 +436,7 @@ fn select_checkpoint(args: SelectArgs) -> Result<()> {
         s.val_bleu,
         s.beam,
         s.chosen.length_penalty,
-        args.job.join(select::SELECTED_FILE).display()
+        args.job.join(checkpoint_selection::SELECTED_FILE).display()
     );
     Ok(())
 }
@@ -497,6 +497,29 @@ fn bench_collective(args: &BenchArgs) -> Result<()> {
     ferrotrain_trainer::dist::bench::run(device, &config, &sizes, args.warmup, args.iters)
 }
 
+/// Where node 0's launcher serves its gang's report: FERROTRAIN_METRICS_PORT, when the pod
+/// has one (the operator sets it); its ranks then serve none.
+fn gang_endpoint() -> Option<ferrotrain_launch::Endpoint> {
+    let port: u16 = std::env::var(ferrotrain_api::env::FERROTRAIN_METRICS_PORT)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Box::new(move |report| {
+        let served = metrics::MetricsServer::serve(port, metrics::gang_source(report));
+        match served {
+            Ok(server) => {
+                tracing::info!(addr = %server.local_addr(), "launch: serving the gang's /metrics, /progress, /healthz");
+                Box::new(server)
+            }
+            Err(e) => {
+                tracing::warn!("launch: the gang's /progress is not served: {e}");
+                Box::new(())
+            }
+        }
+    }))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -508,7 +531,7 @@ fn main() -> ExitCode {
         },
         Command::Launch(args) => {
             init_logging(0);
-            match ferrotrain_launch::run(args) {
+            match ferrotrain_launch::run(args, gang_endpoint()) {
                 Ok(code) => return ExitCode::from(code.clamp(0, 255) as u8),
                 Err(e) => {
                     tracing::error!("launch: {e}");

@@ -1,6 +1,6 @@
 //! Translating with a job's checkpoints: the model of one checkpoint or the average of
 //! several, restored in the precision asked for; sentences in, sentences out. `ferrotrain
-//! translate` and `ferrotrain select` (select.rs) use it.
+//! translate` and `ferrotrain select` (checkpoint_selection.rs) use it.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};

@@ -14,38 +14,18 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use common::tmpfs::Tmpfs;
-use common::{Guard, ProcessGroup, wait_until};
+use common::{Guard, ProcessGroup, http_get, progress, wait_until};
 use serde_json::Value;
 
 /// A checkpoint of the small copy model takes about 276 KB: the ballast leaves less.
 const LESS_THAN_A_CHECKPOINT: u64 = 200 << 10;
 
 /// GET `path` from 127.0.0.1:`port`: the body of a 200.
-fn http_get(port: u16, path: &str) -> Option<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let (head, body) = out.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
-}
-
-fn progress(port: u16) -> Option<Value> {
-    serde_json::from_str(&http_get(port, "/progress")?).ok()
-}
-
 /// The value of the series `name` in an OpenMetrics text.
 fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines()

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{ProcessGroup, copy_config, free_port, wait_until, write};
+use common::{ProcessGroup, copy_config, free_port, progress, wait_until, write};
 use ferrotrain_launch::auth::{Auth, Channel};
 use ferrotrain_launch::keys;
 use ferrotrain_launch::store::StoreClient;
@@ -29,24 +29,6 @@ const HALF_OPEN: u64 = 100;
 const SLOW_DRIP: u64 = 50;
 /// Hostile connections to each rank's ring port.
 const RING_CONNECTIONS: u64 = 50;
-
-fn http_get(port: u16, path: &str) -> Option<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let (head, body) = out.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
-}
-
-fn progress(port: u16) -> Option<serde_json::Value> {
-    serde_json::from_str(&http_get(port, "/progress")?).ok()
-}
 
 fn step(port: u16) -> u64 {
     progress(port).and_then(|p| p["step"].as_u64()).unwrap_or(0)

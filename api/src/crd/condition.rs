@@ -27,6 +27,9 @@ pub const GANG_SCHEDULING: &str = "GangScheduling";
 /// True while scheduling gates hold pods of the current attempt (a queue has not admitted
 /// it); False (reason Admitted) from its admission, which restarts the start-up clock.
 pub const QUEUED: &str = "Queued";
+/// False while rank 0's checkpoint saves fail (`status.progress.checkpointError`), with the
+/// disk's words; True once one completes again. Absent while every save completed.
+pub const CHECKPOINTS_SAVED: &str = "CheckpointsSaved";
 /// True while the job trains on fewer ranks than its gang (elastic.minReplicas), with
 /// which pods are missing and why; False once the whole gang trains again.
 pub const RESIZED: &str = "Resized";

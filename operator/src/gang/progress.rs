@@ -16,6 +16,7 @@ use crate::report;
 /// ended are counted first, by `in_place.rs`).
 fn store_report(d: &mut Draft<'_, '_>, report: &Progress) {
     refused_connections(d, report);
+    checkpoint_saves(d, report);
     let now = d.now();
     let rounded = report::rounded(report);
     let changed = d
@@ -71,6 +72,47 @@ fn refused_connections(d: &mut Draft<'_, '_>, report: &Progress) {
             by_reason.join(", ")
         ),
     );
+}
+
+/// CheckpointsSaved False (a Warning event when it turns so) while rank 0's saves fail, with
+/// the disk's words, how many and since when; True again (a Normal event) once one completes.
+/// Absent while every save completed: a job's status stays as small as it was.
+fn checkpoint_saves(d: &mut Draft<'_, '_>, report: &Progress) {
+    let failing = d
+        .status
+        .condition(condition::CHECKPOINTS_SAVED)
+        .is_some_and(|c| c.status == "False");
+    let Some(e) = &report.checkpoint_error else {
+        if failing {
+            let step = report.last_checkpoint.as_ref().map_or(0, |c| c.step);
+            let message = format!("the checkpoint of step {step} was saved: saves complete again");
+            d.event(false, reason::CHECKPOINT_SAVED, message.clone());
+            d.set_condition(
+                condition::CHECKPOINTS_SAVED,
+                true,
+                reason::CHECKPOINT_SAVED,
+                message,
+            );
+        }
+        return;
+    };
+    let newest = report
+        .last_checkpoint
+        .as_ref()
+        .map_or_else(|| "none".to_string(), |c| format!("step {}", c.step));
+    let message = format!(
+        "{} save(s) failed since {} (the last of step {}): {}; training goes on, the newest \
+         checkpoint is {newest}, and the next due save tries again",
+        e.failed_saves,
+        e.since,
+        e.step,
+        first_line(&e.message)
+    );
+    if !failing {
+        d.event(true, reason::CHECKPOINT_SAVE_FAILED, message.clone());
+    }
+    let c = condition::CHECKPOINTS_SAVED;
+    d.set_condition(c, false, reason::CHECKPOINT_SAVE_FAILED, message);
 }
 
 /// Rank 0 answered: its report stored, ProgressAvailable True (an event only after False).

@@ -31,7 +31,7 @@ pub fn page() -> String {
         ),
         (
             "Rank 0",
-            "Each job's rank 0 serves them on /metrics at `FERROTRAIN_METRICS_PORT`, from its \
+            "Each job's node 0 serves them on /metrics at `FERROTRAIN_METRICS_PORT`, from rank 0's \
              progress report; a value the report does not have yet (no evaluation so far, no \
              checkpoint) is left out rather than exported as 0.",
             crate::metrics::full_exposition(),

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::SystemTime;
 
-use ferrotrain_api::sealed;
+use ferrotrain_api::checksummed;
 use serde::{Deserialize, Serialize};
 
 use super::io::{io_err, sync_dir, write_synced};
@@ -86,7 +86,7 @@ pub(super) fn temp_dir_name(step: u64, writer: Option<&WriterId>) -> String {
 fn read_fence(root: &Path) -> Result<Option<Fence>> {
     let path = root.join(FENCE_FILE);
     match fs::read(&path) {
-        Ok(bytes) => sealed::open(&bytes, sealed::CRC_FIELD)
+        Ok(bytes) => checksummed::open(&bytes, checksummed::CRC_FIELD)
             .map(Some)
             .map_err(|why: String| damaged_fence(&path, &why)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -142,7 +142,7 @@ pub(super) fn claim_fence(root: &Path, writer: &WriterId) -> Result<()> {
             pid: std::process::id(),
             time: rfc3339::format(SystemTime::now(), Resolution::Second),
         };
-        let json = sealed::seal(&fence, sealed::CRC_FIELD)
+        let json = checksummed::seal(&fence, checksummed::CRC_FIELD)
             .map_err(|e| TrainError::Other(Reason::caused("checkpoint: encoding the fence", e)))?;
         let temp = root.join(format!(".{FENCE_FILE}.{}", std::process::id()));
         write_synced(&temp, |w| w.write_all(&json))?;

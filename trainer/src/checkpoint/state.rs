@@ -1,7 +1,7 @@
 //! trainer.json: the checkpoint's state besides its tensors.
 
+use ferrotrain_api::checksummed;
 use ferrotrain_api::progress::PrecisionChoice;
-use ferrotrain_api::sealed;
 use serde::{Deserialize, Serialize};
 
 use crate::loss_scale::ScaleState;
@@ -39,12 +39,12 @@ impl TrainerState {
     /// trainer.json's bytes: pretty JSON with its own CRC-32C ([`sealed`]): a flipped digit
     /// in a step or a sample count is seen, not resumed from.
     pub fn encode(&self) -> serde_json::Result<Vec<u8>> {
-        sealed::seal(self, sealed::CRC_FIELD)
+        checksummed::seal(self, checksummed::CRC_FIELD)
     }
 
     /// Parses trainer.json and checks its CRC-32C (a file written before it was recorded has
     /// none and is taken as it is).
     pub fn decode(bytes: &[u8]) -> Result<TrainerState, String> {
-        sealed::open(bytes, sealed::CRC_FIELD)
+        checksummed::open(bytes, checksummed::CRC_FIELD)
     }
 }

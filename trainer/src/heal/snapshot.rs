@@ -26,7 +26,7 @@ use std::fs;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use ferrotrain_api::sealed::{self, Seal};
+use ferrotrain_api::checksummed::{self, Seal};
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
@@ -236,7 +236,7 @@ fn write_into(temp: &Path, state: &HealState, buffers: &[Tensor]) -> Result<()> 
     };
     let path = temp.join(BYTES_FILE);
     fs::write(&path, &bytes).map_err(|e| heal_err("writing", &path, e))?;
-    let meta = sealed::seal(&state, META_CRC_FIELD).map_err(|e| {
+    let meta = checksummed::seal(&state, META_CRC_FIELD).map_err(|e| {
         TrainError::Other(Reason::caused("heal: encoding the snapshot's meta.json", e))
     })?;
     let path = temp.join(META_FILE);
@@ -264,7 +264,7 @@ fn fitting(
     config: u64,
 ) -> std::result::Result<HealState, String> {
     let meta = fs::read(path.join(META_FILE)).map_err(|e| format!("{META_FILE}: {e}"))?;
-    match sealed::verify(&meta, META_CRC_FIELD) {
+    match checksummed::verify(&meta, META_CRC_FIELD) {
         Ok(Seal::Intact) => {}
         Ok(Seal::Absent) => return Err(format!("{META_FILE} has no {META_CRC_FIELD}")),
         Err(why) => return Err(format!("{META_FILE} {why}")),

@@ -16,4 +16,4 @@ mod fixtures;
 
 pub use prometheus::{METRICS_CONTENT_TYPE, prometheus_text};
 pub use reporter::{Reporter, SharedProgress};
-pub use server::MetricsServer;
+pub use server::{MetricsServer, Source, gang_source, rank_source};

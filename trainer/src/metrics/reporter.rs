@@ -4,12 +4,14 @@
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use ferrotrain_api::checksummed;
 use ferrotrain_api::config::TensorBoardConfig;
-use ferrotrain_api::sealed;
-use ferrotrain_api::{DataStats, Progress};
+use ferrotrain_api::{DataStats, Progress, ResourceUsage};
 
 use crate::error::Result;
+use crate::resources::ResourceSampler;
 use crate::tensorboard::{self, TrainingBoard};
 
 /// The progress shared between the training loop (writer) and the server (reader).
@@ -25,14 +27,21 @@ pub struct Reporter {
 }
 
 /// Rank 0's report, kept in the file the launcher named (FERROTRAIN_PROGRESS_FILE) for its
-/// recovery ledger: replaced atomically (write, then rename) after every step, so a rank
-/// killed at any moment leaves its last step for the ledger's lost steps (about 50 µs a
-/// step: a 1.5 KB JSON file). Sealed with its CRC-32C ([`sealed`]): the ledger counts no
-/// step from a damaged one.
+/// recovery ledger and for the gang's report node 0's launcher serves: replaced atomically
+/// (write, then rename) after every step, so a rank killed at any moment leaves its last step
+/// for the ledger's lost steps (about 50 µs a step: a 1.5 KB JSON file), with this process's
+/// resources read at most every [`RESOURCES_EVERY`]. Sealed with its CRC-32C
+/// ([`checksummed`]): the ledger counts no step from a damaged one.
 struct ProgressFile {
     path: std::path::PathBuf,
     failed: bool,
+    resources: ResourceSampler,
+    /// When the resources were last read, and what they were.
+    sampled: Option<(Instant, Option<ResourceUsage>)>,
 }
+
+/// How often the progress file's resources are read again (a read of /proc, and NVML on a GPU).
+const RESOURCES_EVERY: Duration = Duration::from_secs(2);
 
 impl ProgressFile {
     fn from_env() -> Option<Self> {
@@ -40,15 +49,32 @@ impl ProgressFile {
         Some(ProgressFile {
             path: path.into(),
             failed: false,
+            resources: ResourceSampler::default(),
+            sampled: None,
         })
+    }
+
+    /// This process's resources, read again when the last reading is [`RESOURCES_EVERY`] old.
+    fn resources(&mut self) -> Option<ResourceUsage> {
+        let now = Instant::now();
+        match &self.sampled {
+            Some((at, usage)) if now.duration_since(*at) < RESOURCES_EVERY => usage.clone(),
+            _ => {
+                let usage = self.resources.sample();
+                self.sampled = Some((now, usage.clone()));
+                usage
+            }
+        }
     }
 
     fn update(&mut self, p: &Progress) {
         if self.failed {
             return;
         }
+        let mut p = p.clone();
+        p.resources = self.resources().or(p.resources);
         let tmp = self.path.with_extension("tmp");
-        let written = sealed::seal(p, sealed::CRC_FIELD)
+        let written = checksummed::seal(&p, checksummed::CRC_FIELD)
             .map_err(std::io::Error::other)
             .and_then(|json| std::fs::write(&tmp, json))
             .and_then(|()| std::fs::rename(&tmp, &self.path));

@@ -20,6 +20,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use ferrotrain_api::Progress;
+use ferrotrain_launch::GangReport;
 use ferrotrain_launch::refused::{self, Reason as Refusal};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -35,17 +36,32 @@ pub const MAX_CONNECTIONS: usize = 256;
 /// How long a request head may take to arrive, idle keep-alive connections included.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Where a request's report comes from: a rank's own progress (`ferrotrain run`), or node 0's
+/// launcher's report of its gang (`ferrotrain launch`, [`GangReport`]).
+pub type Source = Arc<dyn Fn() -> Progress + Send + Sync>;
+
 /// What the handlers read.
 #[derive(Clone)]
 struct ServerState {
-    progress: SharedProgress,
-    resources: Arc<Mutex<ResourceSampler>>,
-    /// In-place restarts: this process's round and where node 0's launcher keeps the rounds
-    /// that ended (read at every request: the launcher rewrites it between rounds).
-    round: u64,
-    round_ends: Option<std::path::PathBuf>,
-    /// Where node 0's launcher, which hosts the rendezvous store, counts refused connections.
-    refused: Option<std::path::PathBuf>,
+    source: Source,
+}
+
+/// A rank's own report: its progress with its process's resources read now and the
+/// connections its listeners refused.
+pub fn rank_source(progress: SharedProgress) -> Source {
+    let resources: Arc<Mutex<ResourceSampler>> = Arc::default();
+    Arc::new(move || {
+        let mut p = lock(&progress).clone();
+        p.resources = lock(&resources).sample().or(p.resources);
+        p.rejected_connections = refused::merged(refused::snapshot(), &p.rejected_connections);
+        p
+    })
+}
+
+/// Node 0's launcher's report of its gang: rank 0's report (whose resources are rank 0's,
+/// as it sampled them) with the rounds and the refusals only the launcher knows.
+pub fn gang_source(report: GangReport) -> Source {
+    Arc::new(move || report.now())
 }
 
 /// A running server; dropping it stops it.
@@ -56,8 +72,13 @@ pub struct MetricsServer {
 }
 
 impl MetricsServer {
-    /// Binds `0.0.0.0:port` (port 0 = ephemeral) and serves until dropped.
+    /// Binds `0.0.0.0:port` (port 0 = ephemeral) and serves a rank's `progress` until dropped.
     pub fn start(port: u16, progress: SharedProgress) -> Result<Self> {
+        Self::serve(port, rank_source(progress))
+    }
+
+    /// Binds `0.0.0.0:port` (port 0 = ephemeral) and serves `source` until dropped.
+    pub fn serve(port: u16, source: Source) -> Result<Self> {
         let err = |e: std::io::Error| {
             TrainError::Other(Reason::caused(format!("metrics: port {port}"), e))
         };
@@ -68,16 +89,7 @@ impl MetricsServer {
             .enable_all()
             .build()
             .map_err(err)?;
-        let env = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
-        let state = ServerState {
-            progress,
-            resources: Default::default(),
-            round: env(ferrotrain_api::env::FERROTRAIN_ROUND)
-                .and_then(|r| r.parse().ok())
-                .unwrap_or(0),
-            round_ends: env(ferrotrain_api::env::FERROTRAIN_ROUNDS_FILE).map(Into::into),
-            refused: env(ferrotrain_api::env::FERROTRAIN_REFUSED_FILE).map(Into::into),
-        };
+        let state = ServerState { source };
         let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("metrics".into())
@@ -159,21 +171,9 @@ fn router(state: ServerState) -> Router {
         .with_state(state)
 }
 
-/// The report with the process's resources read now.
+/// The report now.
 fn snapshot(state: &ServerState) -> Progress {
-    let mut p = lock(&state.progress).clone();
-    let resources = lock(&state.resources).sample();
-    p.resources = resources.or(p.resources);
-    p.round = state.round;
-    if let Some(path) = &state.round_ends {
-        p.round_ends = std::fs::read(path)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default();
-    }
-    let here = ferrotrain_launch::refused::with_hosted(state.refused.as_deref());
-    p.rejected_connections = ferrotrain_launch::refused::merged(here, &p.rejected_connections);
-    p
+    (state.source)()
 }
 
 async fn progress(State(state): State<ServerState>) -> impl IntoResponse {

@@ -404,3 +404,24 @@ pub fn distributed(
     }))
     .unwrap()
 }
+
+/// `GET path` on 127.0.0.1:`port`: the body of a 200 answer, None for anything else.
+pub fn http_get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}
+
+/// The JSON `/progress` serves on 127.0.0.1:`port`, if it answers.
+pub fn progress(port: u16) -> Option<serde_json::Value> {
+    serde_json::from_str(&http_get(port, "/progress")?).ok()
+}

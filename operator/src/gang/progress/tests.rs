@@ -374,3 +374,86 @@ fn refused_connections_warn_each_time_they_pass_a_power_of_ten() {
         1
     );
 }
+
+#[test]
+fn failing_saves_are_a_condition_with_the_disks_words_and_an_event_each_way() {
+    use ferrotrain_api::CheckpointError;
+    let failing = |saves: u64| {
+        Progress {
+        checkpoint_error: Some(CheckpointError {
+            step: 100 + saves * 50,
+            message: "writing /checkpoints/copy/.tmp-step-00000200: No space left on device (os error 28)".into(),
+            since: t(90),
+            failed_saves: saves,
+        }),
+        ..report(100 + saves * 50, 2.0)
+    }
+    };
+    let poll = |status: DistributedTrainingStatus, p: Progress, now: i64| {
+        run(&Row {
+            status,
+            pods: vec![running(0, 0), running(0, 1)],
+            progress: ProgressObservation::Report(Box::new(p)),
+            now,
+            ..Row::default()
+        })
+    };
+    let quiet = poll(reporting_status(), report(150, 2.0), 100);
+    assert!(
+        quiet
+            .status
+            .condition(condition::CHECKPOINTS_SAVED)
+            .is_none(),
+        "absent while every save completed"
+    );
+    let first = poll(reporting_status(), failing(1), 100);
+    let c = first
+        .status
+        .condition(condition::CHECKPOINTS_SAVED)
+        .unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "CheckpointSaveFailed")
+    );
+    assert!(
+        c.message.contains("No space left on device"),
+        "{}",
+        c.message
+    );
+    assert!(c.message.starts_with("1 save(s) failed"), "{}", c.message);
+    let warned: Vec<_> = first
+        .events
+        .iter()
+        .filter(|e| e.warning)
+        .map(|e| e.reason)
+        .collect();
+    assert_eq!(warned, ["CheckpointSaveFailed"]);
+    // Failing on: the count moves, said once.
+    let second = poll(first.status.clone(), failing(2), 105);
+    assert!(second.events.is_empty(), "{:?}", second.events);
+    let c = second
+        .status
+        .condition(condition::CHECKPOINTS_SAVED)
+        .unwrap();
+    assert!(c.message.starts_with("2 save(s) failed"), "{}", c.message);
+    // A save completes: True again, a Normal event.
+    let mut saved = report(250, 2.0);
+    saved.last_checkpoint = Some(ferrotrain_api::CheckpointInfo {
+        step: 250,
+        ..Default::default()
+    });
+    let back = poll(second.status.clone(), saved, 110);
+    let c = back.status.condition(condition::CHECKPOINTS_SAVED).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "CheckpointSaved")
+    );
+    assert!(c.message.contains("step 250"), "{}", c.message);
+    assert_eq!(
+        back.events
+            .iter()
+            .map(|e| (e.warning, e.reason))
+            .collect::<Vec<_>>(),
+        [(false, "CheckpointSaved")]
+    );
+}

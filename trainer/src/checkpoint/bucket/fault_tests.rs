@@ -8,8 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferrotrain_api::checksummed;
 use ferrotrain_api::config::CheckpointPolicy;
-use ferrotrain_api::sealed;
 use object_store::ObjectStoreExt;
 use object_store::memory::InMemory;
 use object_store::path::Path as ObjectPath;
@@ -72,7 +72,7 @@ fn manifest_of(mem: &Arc<InMemory>, step: u64) -> ObjectPath {
 fn fence_in(mem: &Arc<InMemory>) -> BucketFence {
     let b = bucket(mem);
     let (bytes, _) = b.get(&b.object(FENCE_FILE)).unwrap().unwrap();
-    sealed::open(&bytes, sealed::CRC_FIELD).unwrap()
+    checksummed::open(&bytes, checksummed::CRC_FIELD).unwrap()
 }
 
 #[test]
@@ -285,7 +285,7 @@ fn take_over(mem: &Arc<InMemory>, w: WriterId, after: u64) -> impl FnMut() + Sen
         claimed_after: Some(after),
         time: String::new(),
     };
-    let bytes = sealed::seal(&fence, sealed::CRC_FIELD).unwrap();
+    let bytes = checksummed::seal(&fence, checksummed::CRC_FIELD).unwrap();
     let (mem, path) = (mem.clone(), bucket(mem).object(FENCE_FILE));
     move || {
         futures::executor::block_on(mem.put(&path, bytes.clone().into()))

@@ -7,7 +7,7 @@
 
 use std::time::SystemTime;
 
-use ferrotrain_api::sealed;
+use ferrotrain_api::checksummed;
 use object_store::{PutMode, PutOptions, PutPayload, UpdateVersion};
 use serde::{Deserialize, Serialize};
 
@@ -52,7 +52,7 @@ pub(super) fn read(bucket: &Bucket) -> Result<Option<(BucketFence, Option<String
     let Some((bytes, e_tag)) = bucket.get(&path)? else {
         return Ok(None);
     };
-    let fence = sealed::open(&bytes, sealed::CRC_FIELD).map_err(|why: String| {
+    let fence = checksummed::open(&bytes, checksummed::CRC_FIELD).map_err(|why: String| {
         TrainError::Other(
             format!(
                 "checkpoint bucket: {}/{FENCE_FILE} is not a valid fence ({why}); once no older \
@@ -94,7 +94,7 @@ pub(super) fn claim(bucket: &Bucket, writer: &WriterId, newest: Option<u64>) -> 
             claimed_after: newest,
             time: rfc3339::format(SystemTime::now(), Resolution::Second),
         };
-        let bytes = sealed::seal(&fence, sealed::CRC_FIELD).map_err(|e| {
+        let bytes = checksummed::seal(&fence, checksummed::CRC_FIELD).map_err(|e| {
             TrainError::Other(Reason::caused("checkpoint bucket: encoding the fence", e))
         })?;
         let mode = match current {

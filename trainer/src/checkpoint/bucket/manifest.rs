@@ -2,7 +2,7 @@
 //! checkpoint count. It names every file with its size and CRC-32C, the writer that uploaded
 //! it, and the eval loss retention ranks by; it carries its own CRC-32C ([`sealed`]).
 
-use ferrotrain_api::sealed;
+use ferrotrain_api::checksummed;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::fence::WriterId;
@@ -39,15 +39,15 @@ pub struct Manifest {
 impl Manifest {
     /// The manifest's bytes: pretty JSON sealed with its CRC-32C.
     pub fn encode(&self) -> serde_json::Result<Vec<u8>> {
-        sealed::seal(self, sealed::CRC_FIELD)
+        checksummed::seal(self, checksummed::CRC_FIELD)
     }
 
     /// Parses a manifest and checks its CRC-32C (a manifest without one is refused: every
     /// manifest is written sealed).
     pub fn decode(bytes: &[u8]) -> Result<Manifest, String> {
-        match sealed::verify(bytes, sealed::CRC_FIELD)? {
-            sealed::Seal::Intact => sealed::open(bytes, sealed::CRC_FIELD),
-            sealed::Seal::Absent => Err("the manifest has no crc32c".into()),
+        match checksummed::verify(bytes, checksummed::CRC_FIELD)? {
+            checksummed::Seal::Intact => checksummed::open(bytes, checksummed::CRC_FIELD),
+            checksummed::Seal::Absent => Err("the manifest has no crc32c".into()),
         }
     }
 

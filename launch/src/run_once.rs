@@ -63,7 +63,7 @@ pub fn run_once(args: &LaunchArgs, l: &Launch) -> Result<i32, LaunchError> {
     ledger.ended(&outcome);
     Ok(match outcome {
         GroupOutcome::Finished => {
-            forward_final_report(&l.logs);
+            forward_final_report(l);
             exit::SUCCESS
         }
         GroupOutcome::Signalled(s) => 128 + s,

@@ -1,8 +1,8 @@
 //! The store's credentials in the pods that write checkpoints, and where its endpoint is.
 
 use super::*;
-use crate::build::{Owner, pod};
 use crate::fixtures::{JobExt, build_settings, job};
+use crate::objects::{Owner, pod};
 use k8s_openapi::api::core::v1::{Pod, Volume};
 
 /// The store's variables of a pod: (name, secret/key or value, optional).

@@ -1,8 +1,8 @@
 //! The job's NetworkPolicy: who may reach which port, owned by the job, off when asked.
 
 use super::*;
-use crate::build::{BuildSettings, Owner, StoreService, network_policy};
 use crate::fixtures::{JobExt, build_settings, job};
+use crate::objects::{BuildSettings, Owner, StoreService, network_policy};
 
 /// A rule's ports: (port, endPort, protocol).
 type Ports = Vec<(i32, Option<i32>, String)>;
