@@ -23,7 +23,7 @@ cargo clippy --workspace --all-targets -- -D warnings
 # more (cudarc loads the CUDA libraries at run time: nothing to link).
 step "cargo clippy and unit tests --features cuda (the NCCL path compiles and its GPU-free tests run)"
 cargo clippy -p ferrotrain-trainer --features cuda --all-targets -- -D warnings
-cargo nextest run -p ferrotrain-trainer --features cuda --lib --profile ci -E 'test(/nccl|watchdog|dist::/)'
+cargo nextest run -p ferrotrain-trainer --features cuda --lib --profile ci -E 'test(/nccl|watchdog|distributed::/)'
 
 if [[ -x scripts/setup-helm.sh ]]; then
   step "helm"

@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use ferrotrain_launch::auth::Auth;
-use ferrotrain_trainer::dist::ring::local_rings;
+use ferrotrain_trainer::distributed::ring::local_rings;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

@@ -232,7 +232,7 @@ pub fn summary(findings: &[Finding]) -> String {
 
 #[cfg(feature = "cuda")]
 fn nccl_version() -> Result<String, String> {
-    match crate::dist::nccl_lib::nccl() {
+    match crate::distributed::nccl_lib::nccl() {
         Ok(lib) => lib
             .version()
             .ok_or_else(|| "loaded, no version".to_string()),

@@ -20,7 +20,7 @@ pub mod checkpoint_selection;
 pub mod data;
 pub mod decode;
 pub mod device;
-pub mod dist;
+pub mod distributed;
 pub mod doctor;
 pub mod ending;
 pub mod error;

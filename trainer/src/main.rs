@@ -13,7 +13,7 @@ use ferrotrain_launch::termination::write_termination_message;
 use ferrotrain_trainer::ending::{self, exit_now, leave_end_record, report_error};
 use ferrotrain_trainer::error::{Result, TrainError};
 use ferrotrain_trainer::{
-    bleu, checkpoint, checkpoint_selection, data, decode, dist, metrics, precision, train,
+    bleu, checkpoint, checkpoint_selection, data, decode, distributed, metrics, precision, train,
     translate,
 };
 
@@ -254,7 +254,7 @@ fn load_config(path: &Path) -> Result<TrainerConfig> {
 
 /// Trains; returns the signal that stopped the run early (after its checkpoint), if any.
 fn run(args: RunArgs) -> std::result::Result<Option<i32>, train::Failure> {
-    let rank = dist::RankEnv::from_env()?;
+    let rank = distributed::RankEnv::from_env()?;
     init_logging(rank.rank);
     let config = load_config(&args.config)?;
     let threads = threads_for(&config, rank.local_world_size);
@@ -268,7 +268,7 @@ fn run(args: RunArgs) -> std::result::Result<Option<i32>, train::Failure> {
     // A spare (an in-place restart's next rank, launch/spare.rs) waits here, libtorch loaded,
     // for its round's environment; until then its rank is the launcher's guess.
     let rank = if ferrotrain_launch::spare::become_rank_if_spare().map_err(TrainError::from)? {
-        dist::RankEnv::from_env()?
+        distributed::RankEnv::from_env()?
     } else {
         rank
     };
@@ -494,7 +494,7 @@ fn bench_collective(args: &BenchArgs) -> Result<()> {
     };
     let sizes: Vec<u64> = args.sizes_mb.iter().map(|mb| (mb * 1e6) as u64).collect();
     let config = ferrotrain_api::config::DistributedConfig::default();
-    ferrotrain_trainer::dist::bench::run(device, &config, &sizes, args.warmup, args.iters)
+    ferrotrain_trainer::distributed::bench::run(device, &config, &sizes, args.warmup, args.iters)
 }
 
 /// Where node 0's launcher serves its gang's report: FERROTRAIN_METRICS_PORT, when the pod

@@ -34,7 +34,7 @@ struct Group {
 }
 
 /// A group's gradient buffer and where each parameter's gradient sits in it, for the
-/// gradient exchange (`dist::GradSync`).
+/// gradient exchange (`distributed::GradSync`).
 pub struct GradLayout {
     /// The flat gradient buffer.
     pub flat: Tensor,

@@ -6,7 +6,7 @@ use ferrotrain_api::config::Precision;
 use ferrotrain_api::progress::PrecisionChoice;
 use tch::Device;
 
-use crate::dist::Collective;
+use crate::distributed::Collective;
 use crate::error::{Result, TrainError};
 
 /// What decides `auto`: the device a rank trains on.
@@ -202,8 +202,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::dist::RingCollective;
-    use crate::dist::ring::local_rings;
+    use crate::distributed::RingCollective;
+    use crate::distributed::ring::local_rings;
     use ferrotrain_launch::auth::Auth;
 
     const AVX2_ONLY: &str = "processor\t: 0\nmodel name\t: AMD EPYC 7B12\n\

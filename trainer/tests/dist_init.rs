@@ -1,4 +1,4 @@
-//! `dist::init` end to end in one process (one thread per rank): rendezvous through rank 0's
+//! `distributed::init` end to end in one process (one thread per rank): rendezvous through rank 0's
 //! store, the ring on tensors, and GradSync's bucketed gradient sums and parameter broadcast.
 
 mod common;
@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use ferrotrain_api::config::{DistributedConfig, OptimizerConfig};
-use ferrotrain_trainer::dist::{self, Collective, GradSync, RankEnv};
+use ferrotrain_trainer::distributed::{self, Collective, GradSync, RankEnv};
 use ferrotrain_trainer::optim::AdamW;
 use tch::{Device, Kind, Tensor};
 
@@ -24,7 +24,7 @@ fn gang<T: Send + 'static>(
                     ..common::rank_env(rank, world, port, "init-test")
                 };
                 let config = common::distributed("ring", 20, 10);
-                let comm = dist::init(&env, &config, Device::Cpu).expect("init");
+                let comm = distributed::init(&env, &config, Device::Cpu).expect("init");
                 assert_eq!((comm.rank(), comm.world_size()), (rank, world));
                 f(rank, comm)
             })
@@ -80,7 +80,7 @@ fn grad_sync_sums_in_buckets_during_backward_and_treats_unused_parameters_as_zer
         let completion = [3, 2, 1, 0];
         let mut sync = GradSync::new(&tensors, &opt.grad_layout(), 256, &completion).unwrap();
         assert!(sync.bucket_sizes().len() >= 3, "{:?}", sync.bucket_sizes());
-        dist::broadcast_buffers(comm.as_mut(), &opt.state_buffers(), 64, 0).unwrap();
+        distributed::broadcast_buffers(comm.as_mut(), &opt.state_buffers(), 64, 0).unwrap();
         // Rank 1 does not use parameter 2 this step: its gradient stays zero there.
         let mut loss = Tensor::zeros([], (Kind::Float, Device::Cpu));
         for (i, p) in tensors.iter().enumerate() {
@@ -129,7 +129,7 @@ fn a_rank_that_never_arrives_fails_the_rendezvous_at_the_timeout() {
         serde_json::from_str(r#"{"backend":"ring","rendezvousTimeoutSeconds":2}"#).unwrap();
     let env = common::rank_env(0, 2, port, "t");
     let start = std::time::Instant::now();
-    let err = dist::init(&env, &config, Device::Cpu).err().unwrap();
+    let err = distributed::init(&env, &config, Device::Cpu).err().unwrap();
     assert!(
         start.elapsed() < Duration::from_secs(6),
         "{:?}",

@@ -10,7 +10,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use ferrotrain_trainer::dist;
+use ferrotrain_trainer::distributed;
 use ferrotrain_trainer::error::TrainError;
 use tch::Device;
 
@@ -27,7 +27,7 @@ fn nccl_fails_clearly_without_a_gpu() {
             std::thread::spawn(move || {
                 let env = common::rank_env(rank, 2, port, "nccl-test");
                 let config = common::distributed("nccl", 10, 5);
-                dist::init(&env, &config, Device::Cuda(rank))
+                distributed::init(&env, &config, Device::Cuda(rank))
                     .err()
                     .expect("no GPU here")
             })

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use ferrotrain_launch::auth::Auth;
-use ferrotrain_trainer::dist::ring::{Ring, local_rings};
+use ferrotrain_trainer::distributed::ring::{Ring, local_rings};
 
 fn rings(world: usize, timeout: Duration) -> Vec<Ring> {
     local_rings(world, &Auth::new("ring-test-token", 0), timeout).expect("ring setup")

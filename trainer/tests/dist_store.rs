@@ -9,7 +9,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use ferrotrain_launch::auth::{Auth, Channel};
-use ferrotrain_trainer::dist::{self, RankEnv};
+use ferrotrain_trainer::distributed::{self, RankEnv};
 use tch::{Device, Kind, Tensor};
 
 const TOKEN: &str = "the-real-token";
@@ -26,7 +26,8 @@ fn hostile_connections_do_not_disturb_a_real_rendezvous() {
     let rank0 = {
         let (env, config) = (env(0), config.clone());
         std::thread::spawn(move || -> Result<f32, String> {
-            let mut comm = dist::init(&env, &config, Device::Cpu).map_err(|e| e.to_string())?;
+            let mut comm =
+                distributed::init(&env, &config, Device::Cpu).map_err(|e| e.to_string())?;
             let mut t = Tensor::from_slice(&[1.0f32, 2.0]);
             comm.all_reduce_sum(&mut t).map_err(|e| e.to_string())?;
             // Keep the store up a little longer so late hostile connections reach it.
@@ -57,7 +58,8 @@ fn hostile_connections_do_not_disturb_a_real_rendezvous() {
     let rank1 = {
         let (env, config) = (env(1), config.clone());
         std::thread::spawn(move || -> Result<f32, String> {
-            let mut comm = dist::init(&env, &config, Device::Cpu).map_err(|e| e.to_string())?;
+            let mut comm =
+                distributed::init(&env, &config, Device::Cpu).map_err(|e| e.to_string())?;
             let mut t = Tensor::from_slice(&[10.0f32, 20.0]);
             comm.all_reduce_sum(&mut t).map_err(|e| e.to_string())?;
             Ok(t.sum(Kind::Float).double_value(&[]) as f32)

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::io::{io_err, sync_dir, write_synced};
 use super::layout::TEMP_PREFIX;
-use crate::dist::RankEnv;
+use crate::distributed::RankEnv;
 use crate::error::{Reason, Result, TrainError};
 use crate::rfc3339::{self, Resolution};
 

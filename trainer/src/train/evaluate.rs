@@ -9,7 +9,7 @@ use super::outcome::StepOutcome;
 use crate::bleu::BleuStats;
 use crate::data::{self, Corpus};
 use crate::decode;
-use crate::dist::{self, Collective};
+use crate::distributed::{self, Collective};
 use crate::error::Result;
 use crate::model::{self, Transformer};
 
@@ -142,7 +142,7 @@ pub(super) fn evaluate(
         stats.extend(total.to_vector().into_iter().map(|v| v as f32));
     }
     let summed = if world > 1 {
-        dist::all_reduce_host(comm, &stats)?
+        distributed::all_reduce_host(comm, &stats)?
     } else {
         stats
     };

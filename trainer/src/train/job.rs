@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use ferrotrain_api::{CheckpointInfo, TrainerConfig};
 
-use crate::dist::RankEnv;
+use crate::distributed::RankEnv;
 
 /// File (under the job's checkpoint directory) with one JSON line per optimizer step.
 pub const TRAIN_LOG: &str = "train-log.jsonl";

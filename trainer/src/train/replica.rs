@@ -5,7 +5,7 @@
 //! The optimizer's flat buffers hold every parameter, gradient and moment (`optim`), in the
 //! order backward completes the gradients, which a tiny forward and backward measures at
 //! start (`completion_order`, rank 0's order for every rank). With more than one rank the
-//! gradient exchange (`dist::GradSync`) all-reduces slices of those buffers in that order,
+//! gradient exchange (`distributed::GradSync`) all-reduces slices of those buffers in that order,
 //! the first ones while backward is still computing the rest. On a GPU the buffers come
 //! from the collective (`Collective::zeros`), so NCCL is handed them directly.
 
@@ -18,7 +18,7 @@ use tch::{Device, Kind, Tensor, nn};
 
 use crate::autograd;
 use crate::data::{BOS, EOS, TensorBatch, UNK};
-use crate::dist::{Collective, GradSync, broadcast_u64s};
+use crate::distributed::{Collective, GradSync, broadcast_u64s};
 use crate::error::{Result, TrainError};
 use crate::model::{self, Transformer};
 use crate::optim::AdamW;

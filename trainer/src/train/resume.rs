@@ -10,7 +10,7 @@ use ferrotrain_api::TrainerConfig;
 use tch::Tensor;
 
 use crate::checkpoint::{CheckpointStore, Named, TrainerState};
-use crate::dist::{self, Collective, all_gather_u64s, broadcast_u64s_from};
+use crate::distributed::{self, Collective, all_gather_u64s, broadcast_u64s_from};
 use crate::error::{Reason, Result, TrainError};
 use crate::heal::{self, HealState, Offer, Source};
 use crate::loss_scale::ScaleState;
@@ -277,7 +277,7 @@ pub(super) fn resume(
     }
     if comm.world_size() > 1 {
         // The source's parameters and moments, straight from the optimizer's flat buffers.
-        dist::broadcast_buffers(comm, &buffers, bucket_bytes, root)?;
+        distributed::broadcast_buffers(comm, &buffers, bucket_bytes, root)?;
         same_state_everywhere(comm, &buffers, root)?;
     }
     let resumed = header.status == ResumeStatus::Resumed;
@@ -398,7 +398,7 @@ mod tests {
                 loss_scale,
             };
             assert_eq!(ResumeHeader::decode(&h.encode()).unwrap(), h);
-            let mut comm = dist::Single {
+            let mut comm = distributed::Single {
                 device: Device::Cpu,
             };
             assert_eq!(h.broadcast(&mut comm, 0).unwrap(), h);

@@ -25,7 +25,7 @@ use super::trainer::Trainer;
 use crate::checkpoint::{CheckpointStore, WriterId};
 use crate::data::{self, Corpus, preflight_data};
 use crate::device::{expected_gpus, select_device, startup_line, visible_gpus};
-use crate::dist::{self, Collective, broadcast_bytes};
+use crate::distributed::{self, Collective, broadcast_bytes};
 use crate::error::{Result, TrainError};
 use crate::metrics::Reporter;
 use crate::precision;
@@ -160,7 +160,7 @@ fn open_gang(opts: &RunOptions) -> Result<(Device, Box<dyn Collective>, Precisio
     }
     let doctor = crate::doctor::findings(&crate::doctor::Machine::here());
     tracing::info!(rank = opts.rank.rank, "{}", crate::doctor::summary(&doctor));
-    let mut comm = dist::init(&opts.rank, &config.distributed, device)?;
+    let mut comm = distributed::init(&opts.rank, &config.distributed, device)?;
     let leader = comm.rank() == 0;
     let hardware = precision::Hardware::of(device);
     let choice = precision::decide(config.precision, &hardware);

@@ -22,7 +22,7 @@ use super::save::SaveState;
 use super::scaling::Scaling;
 use super::stop::Stop;
 use crate::data::Corpus;
-use crate::dist::Collective;
+use crate::distributed::Collective;
 use crate::error::{Result, TrainError};
 
 /// One rank's training run: `start`, then `train` (a `step` at a time) until `done`, then

@@ -10,7 +10,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use ferrotrain_api::config::DistributedConfig;
-use ferrotrain_trainer::dist::RankEnv;
+use ferrotrain_trainer::distributed::RankEnv;
 
 /// A small tmpfs, for a disk that fills up (root only; the trainer's unit tests share it).
 #[path = "../../src/tmpfs.rs"]

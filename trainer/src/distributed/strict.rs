@@ -17,7 +17,7 @@
 //! It counts collectives and host reads (`download`, one host synchronisation each on a GPU)
 //! and logs the counts when dropped, so tests can check it was in the path.
 //!
-//! `dist::init` wraps the TCP ring in it when `FERROTRAIN_STRICT_COLLECTIVES=1` (tests only).
+//! `distributed::init` wraps the TCP ring in it when `FERROTRAIN_STRICT_COLLECTIVES=1` (tests only).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,7 +27,7 @@ use tch::{Device, Kind, Tensor};
 use super::collective::Collective;
 use crate::error::{Result, TrainError};
 
-/// Test hook: set to 1, `dist::init` wraps the ring in the strict twin.
+/// Test hook: set to 1, `distributed::init` wraps the ring in the strict twin.
 pub const STRICT_ENV: &str = "FERROTRAIN_STRICT_COLLECTIVES";
 
 /// Whether the strict twin was asked for.
@@ -339,7 +339,7 @@ impl Collective for Loopback {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dist::{GradSync, all_reduce_host, broadcast_host};
+    use crate::distributed::{GradSync, all_reduce_host, broadcast_host};
 
     fn strict() -> Strict {
         Strict::new(Box::new(Loopback { world: 2 }), Device::Cpu)
@@ -455,7 +455,7 @@ mod tests {
             Vec::<f32>::try_from(&tensors[1].grad()).unwrap(),
             vec![2.0; 5]
         );
-        crate::dist::broadcast_buffers(&mut comm, &opt.state_buffers(), 8, 0).unwrap();
+        crate::distributed::broadcast_buffers(&mut comm, &opt.state_buffers(), 8, 0).unwrap();
         assert_eq!(Vec::<f32>::try_from(&tensors[1]).unwrap(), vec![1.0; 5]);
     }
 
