@@ -6,9 +6,13 @@
 # chart as an OCI artifact, oci://REGISTRY/charts/ferrotrain, installable with a pinned
 # version (docs/install.md).
 #
-#   scripts/release.sh VERSION [--check] [--registry REGISTRY] [--cuda]
+#   scripts/release.sh VERSION [--check | --dry-run] [--registry REGISTRY] [--cuda]
 #
-#   --check            only the version checks (no build, no push): what CI runs
+#   --check            only the version checks (no build, no push)
+#   --dry-run          every step but the images and the push, into a temporary directory,
+#                      with the plugin of the last dev build (target/debug) when there is one;
+#                      a version not ready yet is said, not refused; the chart package, the
+#                      plugin archive and the krew manifest are checked: what CI runs
 #   --registry REG     push the images and the chart to REG (e.g. ghcr.io/acme)
 #   --cuda             also build (and push) ferrotrain/trainer-cuda
 #
@@ -18,13 +22,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-VERSION="" CHECK=0 REGISTRY="" CUDA=()
+VERSION="" CHECK=0 DRY=0 REGISTRY="" CUDA=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --check) CHECK=1; shift ;;
+    --dry-run) DRY=1; shift ;;
     --registry) REGISTRY="$2"; shift 2 ;;
     --cuda) CUDA=(--cuda); shift ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "release: unknown flag $1 (see --help)" >&2; exit 2 ;;
     *) VERSION="$1"; shift ;;
   esac
@@ -44,19 +49,29 @@ problems=()
 [[ $(field appVersion) == "$VERSION" ]] || problems+=("charts/ferrotrain/Chart.yaml's appVersion is $(field appVersion)")
 grep -Eq "^## \[$VERSION\] - [0-9]{4}-[0-9]{2}-[0-9]{2}$" CHANGELOG.md \
   || problems+=("CHANGELOG.md has no section '## [$VERSION] - YYYY-MM-DD'")
-if ((${#problems[@]})); then
+if ((${#problems[@]})) && [[ $DRY == 1 ]]; then
+  printf 'release: dry run: %s would be refused:\n' "$VERSION"
+  printf '  - %s\n' "${problems[@]}"
+elif ((${#problems[@]})); then
   printf 'release: %s is not ready:\n' "$VERSION" >&2
   printf '  - %s\n' "${problems[@]}" >&2
   exit 1
+else
+  echo "release: $VERSION is SemVer and named by Cargo.toml, Chart.yaml and a dated CHANGELOG section"
 fi
-echo "release: $VERSION is SemVer and named by Cargo.toml, Chart.yaml and a dated CHANGELOG section"
 [[ $CHECK == 1 ]] && exit 0
 
 HELM="${HELM_BIN:-$(scripts/setup-helm.sh | tail -n1)}"
-scripts/images.sh --tag "$VERSION" --profile release "${CUDA[@]}"
-mkdir -p dist
-"$HELM" package charts/ferrotrain --version "$VERSION" --app-version "$VERSION" -d dist >/dev/null
-echo "release: packaged dist/ferrotrain-$VERSION.tgz"
+dist=dist
+if [[ $DRY == 1 ]]; then
+  dist=$(mktemp -d)
+  trap 'rm -rf "$dist"' EXIT
+else
+  scripts/images.sh --tag "$VERSION" --profile release "${CUDA[@]}"
+fi
+mkdir -p "$dist"
+"$HELM" package charts/ferrotrain --version "$VERSION" --app-version "$VERSION" -d "$dist" >/dev/null
+echo "release: packaged $dist/ferrotrain-$VERSION.tgz"
 
 # The kubectl plugin (docs/cli.md), laid out as krew installs a plugin: the binary and the
 # licence at the archive's top (and its man pages). A krew manifest (plugins/ferrotrain.yaml in
@@ -68,16 +83,22 @@ case "$(uname -m)" in
   aarch64|arm64) arch=arm64 ;;
   *) die "no plugin archive for $(uname -m)" ;;
 esac
-cargo build --release -q -p kubectl-ferrotrain
+if [[ $DRY == 1 && -x target/debug/kubectl-ferrotrain ]]; then
+  binary=target/debug/kubectl-ferrotrain
+else
+  cargo build --release -q -p kubectl-ferrotrain
+  binary=target/release/kubectl-ferrotrain
+fi
 plugin="kubectl-ferrotrain-$VERSION-linux-$arch"
 stage=$(mktemp -d)
-cp target/release/kubectl-ferrotrain LICENSE "$stage/"
-target/release/kubectl-ferrotrain man --dir "$stage/man"
-tar -C "$stage" -czf "dist/$plugin.tar.gz" kubectl-ferrotrain LICENSE man
+cp "$binary" "$stage/kubectl-ferrotrain"
+cp LICENSE "$stage/"
+"$binary" man --dir "$stage/man"
+tar -C "$stage" -czf "$dist/$plugin.tar.gz" kubectl-ferrotrain LICENSE man
 rm -rf "$stage"
-sha=$(sha256sum "dist/$plugin.tar.gz" | cut -d' ' -f1)
+sha=$(sha256sum "$dist/$plugin.tar.gz" | cut -d' ' -f1)
 repository=$(sed -n '/^\[workspace.package\]/,/^\[/ s/^repository = "\(.*\)"/\1/p' Cargo.toml)
-cat > dist/krew-ferrotrain.yaml <<KREW
+cat > "$dist/krew-ferrotrain.yaml" <<KREW
 apiVersion: krew.googlecontainertools.github.com/v1alpha2
 kind: Plugin
 metadata:
@@ -104,7 +125,20 @@ spec:
       to: .
     bin: kubectl-ferrotrain
 KREW
-echo "release: packaged dist/$plugin.tar.gz (sha256 $sha) and its krew manifest dist/krew-ferrotrain.yaml"
+echo "release: packaged $dist/$plugin.tar.gz (sha256 $sha) and its krew manifest $dist/krew-ferrotrain.yaml"
+if [[ $DRY == 1 ]]; then
+  # What a user gets must install: the chart renders, the archive holds what the manifest
+  # names, and the manifest's sha256 is the archive's.
+  "$HELM" template ferrotrain "$dist/ferrotrain-$VERSION.tgz" >/dev/null \
+    || die "the packaged chart does not render"
+  listed=$(tar -tzf "$dist/$plugin.tar.gz" | sort | tr '\n' ' ')
+  for want in kubectl-ferrotrain LICENSE man/; do
+    [[ " $listed" == *" $want"* ]] || die "the plugin archive lacks $want ($listed)"
+  done
+  grep -q "sha256: $sha" "$dist/krew-ferrotrain.yaml" || die "the krew manifest's sha256 is not the archive's"
+  echo "release: dry run of $VERSION passed: chart, plugin archive and krew manifest check out; no image built, nothing pushed"
+  exit 0
+fi
 if [[ -z $REGISTRY ]]; then
   echo "release: no --registry: nothing pushed"
   echo "helm install ferrotrain dist/ferrotrain-$VERSION.tgz --namespace ferrotrain-system --create-namespace"

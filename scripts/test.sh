@@ -61,6 +61,13 @@ tests_status=0
 phase 45 "cargo nextest" cargo nextest run --workspace --no-fail-fast --profile ci \
   || tests_status=$?
 
+# A release of the workspace's version, every step but the images and the push (the tests just
+# built the plugin it packages): the chart renders from its package, the plugin archive holds
+# what its krew manifest names, with the archive's sha256 (docs/install.md, "Releases").
+step "release dry run (scripts/release.sh VERSION --dry-run)"
+version=$(sed -n '/^\[workspace.package\]/,/^\[/ s/^version = "\(.*\)"/\1/p' Cargo.toml)
+scripts/release.sh "$version" --dry-run
+
 # Third-party checks of what the operator creates (docs/security.md), run with the
 # ferrotrain-operator binary the tests just built (no earlier step builds it: clippy builds no
 # binaries): checkov on the chart and on the operator's objects for the example jobs, and
