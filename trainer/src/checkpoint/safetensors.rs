@@ -35,6 +35,14 @@ pub(super) struct Snapshot {
     bytes: Vec<u8>,
 }
 
+/// The tensors themselves (shared storage, no copy), to copy out on another thread.
+pub(super) fn shallow(tensors: &Named) -> Named {
+    tensors
+        .iter()
+        .map(|(name, t)| (name.clone(), t.shallow_clone()))
+        .collect()
+}
+
 pub(super) fn snapshot(tensors: &Named) -> Result<Vec<Snapshot>> {
     let _guard = tch::no_grad_guard();
     let mut out = Vec::with_capacity(tensors.len());

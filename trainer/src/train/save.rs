@@ -145,6 +145,14 @@ impl SaveState {
         Ok(())
     }
 
+    /// Before the training changes the model or the optimizer's state (the update): the save
+    /// in flight must have copied them out (rank 0; at once when it has).
+    pub(super) fn before_update(&mut self) {
+        if let Some(store) = self.store.as_mut() {
+            store.copied();
+        }
+    }
+
     /// Waits for the save in flight; the newest complete checkpoint then (rank 0).
     pub(super) fn wait(&mut self) -> Result<Option<CheckpointInfo>> {
         match self.store.as_mut() {

@@ -55,6 +55,8 @@ impl Trainer<'_> {
             self.clock.time_used(synced.train_seconds),
         );
         if !skipped {
+            // A save of the last step may still be copying the weights and moments out.
+            self.save.before_update();
             let optimizer = &mut self.replica.optimizer;
             optimizer.clip_to(grad_norm, config.optimizer.clip_norm);
             optimizer.unscale(loss_scale);
