@@ -7,29 +7,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{ProcessGroup, copy_config, free_port, http_get, progress, wait_until, write};
-
-/// The pid of the launcher's child whose environment has `RANK=<rank>`.
-fn rank_pid(launcher: i32, rank: usize) -> Option<i32> {
-    let want = format!("RANK={rank}");
-    std::fs::read_dir("/proc").ok()?.find_map(|e| {
-        let pid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let ppid: i32 = stat
-            .rsplit(')')
-            .next()?
-            .split_whitespace()
-            .nth(1)?
-            .parse()
-            .ok()?;
-        let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-        let spare = environ
-            .split(|&b| b == 0)
-            .any(|v| v.starts_with(b"FERROTRAIN_SPARE="));
-        let ranked = environ.split(|&b| b == 0).any(|v| v == want.as_bytes());
-        (ppid == launcher && ranked && !spare).then_some(pid)
-    })
-}
+use common::{
+    ProcessGroup, copy_config, free_port, http_get, progress, rank_pid, wait_until, write,
+};
 
 #[test]
 fn the_launcher_serves_the_gangs_report_through_an_in_place_restart() {

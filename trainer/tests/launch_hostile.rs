@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{ProcessGroup, copy_config, free_port, progress, wait_until, write};
+use common::{ProcessGroup, copy_config, free_port, progress, rank_pid, wait_until, write};
 use ferrotrain_launch::auth::{Auth, Channel};
 use ferrotrain_launch::keys;
 use ferrotrain_launch::store::StoreClient;
@@ -38,24 +38,6 @@ fn refusals(port: u16) -> BTreeMap<String, u64> {
     progress(port)
         .and_then(|p| serde_json::from_value(p["rejectedConnections"].clone()).ok())
         .unwrap_or_default()
-}
-
-/// The pid of the launcher's child with RANK=0 in its environment.
-fn rank0_pid(launcher: i32) -> Option<u32> {
-    std::fs::read_dir("/proc").ok()?.find_map(|e| {
-        let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let ppid: i32 = stat
-            .rsplit(')')
-            .next()?
-            .split_whitespace()
-            .nth(1)?
-            .parse()
-            .ok()?;
-        let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-        let rank0 = environ.split(|&b| b == 0).any(|v| v == b"RANK=0");
-        (ppid == launcher && rank0).then_some(pid)
-    })
 }
 
 fn rss_bytes(pid: u32) -> u64 {
@@ -222,7 +204,7 @@ fn a_training_gang_refuses_and_counts_a_thousand_hostile_connections() {
         "the gang did not train:\n{}",
         gang.log()
     );
-    let pid = rank0_pid(gang.pid()).expect("rank 0's process");
+    let pid = rank_pid(gang.pid(), 0).expect("rank 0's process") as u32;
     let rss_before = rss_bytes(pid);
     let step_before = step(metrics);
     let refused_before: u64 = refusals(metrics).values().sum();

@@ -688,6 +688,30 @@ mod tests {
         assert!(skipped >= 80, "{skipped} skipped, {harmless} harmless");
     }
 
+    /// A model of 64 fp32 tensors of `rows` x 1000 and AdamW's two moments for each: the
+    /// measurements' state.
+    fn large_state(rows: i64) -> (Named, Named) {
+        let opts = (Kind::Float, Device::Cpu);
+        let m: Named = (0..64)
+            .map(|i| {
+                (
+                    format!("layer{i}.weight"),
+                    Tensor::randn([rows, 1000], opts),
+                )
+            })
+            .collect();
+        let o: Named = m
+            .iter()
+            .flat_map(|(n, t)| {
+                [
+                    (format!("exp_avg.{n}"), t.randn_like()),
+                    (format!("exp_avg_sq.{n}"), t.rand_like()),
+                ]
+            })
+            .collect();
+        (m, o)
+    }
+
     /// What a save costs a training step (bench/checkpoint-blocking.sh): a 72 MB state (the
     /// Multi30k recipe's size: 6 M parameters and AdamW's two moments, 192 tensors) saved while
     /// a step's forward and backward (matmuls reading the weights for about `STEP` seconds)
@@ -700,20 +724,8 @@ mod tests {
             tempfile::tempdir_in(std::env::var("CKPT_MEASURE_DIR").unwrap_or_else(|_| ".".into()))
                 .unwrap();
         let mut store = CheckpointStore::new(tmp.path(), policy(2, 1)).unwrap();
-        let opts = (Kind::Float, Device::Cpu);
-        let m: Named = (0..64)
-            .map(|i| (format!("layer{i}.weight"), Tensor::randn([94, 1000], opts)))
-            .collect();
-        let o: Named = m
-            .iter()
-            .flat_map(|(n, t)| {
-                [
-                    (format!("exp_avg.{n}"), t.randn_like()),
-                    (format!("exp_avg_sq.{n}"), t.rand_like()),
-                ]
-            })
-            .collect();
-        let x = Tensor::randn([64, 94], opts);
+        let (m, o) = large_state(94);
+        let x = Tensor::randn([64, 94], (Kind::Float, Device::Cpu));
         let _guard = tch::no_grad_guard();
         for round in 0..5 {
             let step = Instant::now();
@@ -753,19 +765,7 @@ mod tests {
                 .unwrap();
         let mut store = CheckpointStore::new(tmp.path(), policy(2, 1)).unwrap();
         // ~20 MB of weights + 2x that of AdamW moments = ~60 MB, in 64 tensors.
-        let opts = (Kind::Float, Device::Cpu);
-        let m: Named = (0..64)
-            .map(|i| (format!("layer{i}.weight"), Tensor::randn([80, 1000], opts)))
-            .collect();
-        let o: Named = m
-            .iter()
-            .flat_map(|(n, t)| {
-                [
-                    (format!("exp_avg.{n}"), t.randn_like()),
-                    (format!("exp_avg_sq.{n}"), t.rand_like()),
-                ]
-            })
-            .collect();
+        let (m, o) = large_state(80);
         for round in 0..3 {
             let start = Instant::now();
             let blocking = store.save(&m, &o, state(100 * (round + 1), None)).unwrap();

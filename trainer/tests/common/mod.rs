@@ -425,3 +425,27 @@ pub fn http_get(port: u16, path: &str) -> Option<String> {
 pub fn progress(port: u16) -> Option<serde_json::Value> {
     serde_json::from_str(&http_get(port, "/progress")?).ok()
 }
+
+/// The pid of launcher `launcher`'s child that is rank `rank` now (its environment has
+/// `RANK=<rank>` and it is no waiting spare).
+pub fn rank_pid(launcher: i32, rank: usize) -> Option<i32> {
+    let want = format!("RANK={rank}");
+    std::fs::read_dir("/proc").ok()?.find_map(|e| {
+        let pid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let ppid: i32 = stat
+            .rsplit(')')
+            .next()?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+        let mut vars = environ.split(|&b| b == 0);
+        let spare = environ
+            .split(|&b| b == 0)
+            .any(|v| v.starts_with(b"FERROTRAIN_SPARE="));
+        let ranked = vars.any(|v| v == want.as_bytes());
+        (ppid == launcher && ranked && !spare).then_some(pid)
+    })
+}
