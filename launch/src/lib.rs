@@ -29,6 +29,7 @@ mod agent;
 mod args;
 pub mod auth;
 pub mod blame;
+pub mod endpoint;
 pub mod error;
 mod files;
 mod gather;
@@ -60,12 +61,12 @@ pub use args::{DEFAULT_MASTER_PORT, Launch, LaunchArgs};
 pub use error::LaunchError;
 pub use group::{GroupOutcome, RankFailure};
 pub use ledger::recovery_lines;
-pub use report::{Endpoint, GangReport};
+pub use report::GangReport;
 
 /// Runs the local ranks to completion; returns the launcher's exit code (0, a rank's failure
 /// code, or 128 + a signal), or why the launcher could not run them. Node 0's launcher serves
-/// the gang's report on `endpoint` when one is given (the ranks then serve none).
-pub fn run(args: LaunchArgs, endpoint: Option<Endpoint>) -> Result<i32, LaunchError> {
+/// the gang's report on `metrics_port` when one is given (the ranks then serve none).
+pub fn run(args: LaunchArgs, metrics_port: Option<u16>) -> Result<i32, LaunchError> {
     if args.nnodes == 0 || args.nproc_per_node == 0 || args.node_rank >= args.nnodes {
         return Err(LaunchError::InvalidGang {
             nnodes: args.nnodes,
@@ -102,9 +103,9 @@ pub fn run(args: LaunchArgs, endpoint: Option<Endpoint>) -> Result<i32, LaunchEr
         .map_err(LaunchError::io(format!("cannot create {}", logs.display())))?;
     signals::install(signals::Mode::Remember);
     let report = GangReport::new(&logs);
-    let _served = endpoint
+    let _served = metrics_port
         .filter(|_| args.node_rank == 0)
-        .map(|serve| serve(report.clone()));
+        .and_then(|port| endpoint::serve_gang(port, report.clone()));
     let launch = Launch {
         program,
         token,

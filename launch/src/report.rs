@@ -86,10 +86,6 @@ impl GangReport {
     }
 }
 
-/// What serves a [`GangReport`] on the pod's endpoint: given by the binary (the trainer's
-/// HTTP server), kept alive by the launcher of node 0 for its life.
-pub type Endpoint = Box<dyn FnOnce(GangReport) -> Box<dyn std::any::Any> + Send>;
-
 #[cfg(test)]
 mod tests {
     use super::*;

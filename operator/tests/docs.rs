@@ -24,13 +24,10 @@ mod metric_names;
 #[path = "docs/paths.rs"]
 mod paths;
 
-// rank 0's exposition, from the trainer's own code and its own test fixture.
+// The pod's exposition, from the launcher's own code and its own test fixture.
 #[allow(dead_code)]
 #[path = "docs/trainer_metrics.rs"]
 mod metrics;
-#[allow(dead_code)]
-#[path = "../../trainer/src/rfc3339.rs"]
-mod rfc3339;
 
 use corpus::{Doc, docs};
 

@@ -20,7 +20,7 @@ mod crd;
 #[path = "reference/exposition.rs"]
 mod exposition;
 
-// rank 0's exposition, from the trainer's own code and its own test fixture, and the
+// The pod's exposition, from the launcher's own code and its own test fixture, and the
 // operator's with every family in it: what the docs checks read too.
 #[allow(dead_code)]
 #[path = "docs/metric_names.rs"]
@@ -28,9 +28,6 @@ mod metric_names;
 #[allow(dead_code)]
 #[path = "docs/trainer_metrics.rs"]
 mod metrics;
-#[allow(dead_code)]
-#[path = "../../trainer/src/rfc3339.rs"]
-mod rfc3339;
 
 use clap::CommandFactory;
 use ferrotrain_api::reference::generated::current_or_regenerated;

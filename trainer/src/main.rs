@@ -13,8 +13,7 @@ use ferrotrain_launch::termination::write_termination_message;
 use ferrotrain_trainer::ending::{self, exit_now, leave_end_record, report_error};
 use ferrotrain_trainer::error::{Result, TrainError};
 use ferrotrain_trainer::{
-    bleu, checkpoint, checkpoint_selection, data, decode, distributed, metrics, precision, train,
-    translate,
+    bleu, checkpoint, checkpoint_selection, data, decode, distributed, precision, train, translate,
 };
 
 #[derive(Parser, Debug)]
@@ -497,29 +496,6 @@ fn bench_collective(args: &BenchArgs) -> Result<()> {
     ferrotrain_trainer::distributed::bench::run(device, &config, &sizes, args.warmup, args.iters)
 }
 
-/// Where node 0's launcher serves its gang's report: FERROTRAIN_METRICS_PORT, when the pod
-/// has one (the operator sets it); its ranks then serve none.
-fn gang_endpoint() -> Option<ferrotrain_launch::Endpoint> {
-    let port: u16 = std::env::var(ferrotrain_api::env::FERROTRAIN_METRICS_PORT)
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(Box::new(move |report| {
-        let served = metrics::MetricsServer::serve(port, metrics::gang_source(report));
-        match served {
-            Ok(server) => {
-                tracing::info!(addr = %server.local_addr(), "launch: serving the gang's /metrics, /progress, /healthz");
-                Box::new(server)
-            }
-            Err(e) => {
-                tracing::warn!("launch: the gang's /progress is not served: {e}");
-                Box::new(())
-            }
-        }
-    }))
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -531,7 +507,7 @@ fn main() -> ExitCode {
         },
         Command::Launch(args) => {
             init_logging(0);
-            match ferrotrain_launch::run(args, gang_endpoint()) {
+            match ferrotrain_launch::run(args, ferrotrain_launch::endpoint::port_from_env()) {
                 Ok(code) => return ExitCode::from(code.clamp(0, 255) as u8),
                 Err(e) => {
                     tracing::error!("launch: {e}");

@@ -16,7 +16,7 @@ use ferrotrain_api::Progress;
 use ferrotrain_fuzz::Verdict;
 use ferrotrain_trainer::checkpoint::tensors_from_bytes;
 use ferrotrain_trainer::data::Vocabulary;
-use ferrotrain_trainer::metrics::MetricsServer;
+use ferrotrain_trainer::metrics::{MetricsServer, serve_rank};
 use proptest::prelude::*;
 
 /// Seconds per target in the test suite (`FERROTRAIN_FUZZ_SECONDS` overrides).
@@ -89,7 +89,7 @@ fn progress_server() -> SocketAddr {
                 step: 1234,
                 ..Progress::default()
             }));
-            let server = MetricsServer::start(0, progress).unwrap();
+            let server = serve_rank(0, progress).unwrap();
             let addr = SocketAddr::from(([127, 0, 0, 1], server.local_addr().port()));
             (server, addr)
         })

@@ -1,5 +1,5 @@
 //! The metric names that exist: the operator's registry and the trainer's exposition of a
-//! progress report with every field set (trainer/src/metrics/prometheus.rs and its fixture,
+//! progress report with every field set (launch/src/endpoint/prometheus.rs and its fixture,
 //! compiled into this test: the trainer crate links libtorch). And the check: every
 //! `ferrotrain_*` name a page, a dashboard or an alert rule names is one of theirs.
 

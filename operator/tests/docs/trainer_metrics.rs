@@ -1,14 +1,12 @@
-//! The trainer's `metrics` module as far as its exposition goes, compiled into the docs check
-//! as `crate::metrics` (where its own code and tests look for `crate::metrics::fixtures`):
-//! trainer/src/metrics/prometheus.rs needs only the api crate, prometheus-client and
-//! trainer/src/rfc3339.rs, so no libtorch. Its tests run here too.
+//! The pod's exposition (`ferrotrain_launch::endpoint`, which node 0's launcher and a rank run
+//! alone both serve) of the launcher's own fixture: a progress report with every field set.
+//! The fixture is compiled here as it is (`launch/src/endpoint/fixtures.rs`: only the api
+//! crate), so the docs check and the exposition's own tests read the same report.
 
-#[path = "../../../trainer/src/metrics/fixtures.rs"]
+#[path = "../../../launch/src/endpoint/fixtures.rs"]
 mod fixtures;
-#[path = "../../../trainer/src/metrics/prometheus.rs"]
-mod prometheus;
 
-/// Rank 0's exposition of a progress report with every field set (the trainer's own fixture).
+/// The exposition of a progress report with every field set (the launcher's own fixture).
 pub fn full_exposition() -> String {
-    prometheus::prometheus_text(&fixtures::full_progress())
+    ferrotrain_launch::endpoint::prometheus_text(&fixtures::full_progress())
 }

@@ -18,8 +18,8 @@ pub struct Family {
 pub fn page() -> String {
     let mut out = String::from("# Metrics\n\n");
     out.push_str(&prose(
-        "Generated from the operator's metric registry (operator/src/metrics.rs) and rank 0's \
-         exposition (trainer/src/metrics/prometheus.rs) by scripts/gen-reference.sh: do not \
+        "Generated from the operator's metric registry (operator/src/metrics.rs) and the pod's \
+         exposition (launch/src/endpoint/prometheus.rs) by scripts/gen-reference.sh: do not \
          edit. Both are OpenMetrics text; a counter's series end in `_total`, a histogram's \
          in `_bucket`, `_sum` and `_count`. docs/observability.md shows how to use them.",
     ));

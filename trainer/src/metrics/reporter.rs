@@ -187,8 +187,24 @@ impl Reporter {
 
 #[cfg(test)]
 mod tests {
+    use ferrotrain_api::{DataStats, Progress};
+
     use super::*;
-    use crate::metrics::fixtures::*;
+
+    fn full_progress() -> Progress {
+        Progress {
+            step: 1234,
+            loss: Some(3.5),
+            data: Some(DataStats {
+                train_lines: 29_000,
+                train_pairs: 28_990,
+                train_tokens: 750_000,
+                vocabulary_size: 8000,
+                ..DataStats::default()
+            }),
+            ..Progress::default()
+        }
+    }
 
     #[test]
     fn the_reporter_puts_data_stats_in_the_report_and_writes_events_on_rank_0() {

@@ -307,7 +307,7 @@ pub(super) fn serve_progress(
     let progress: SharedProgress = Default::default();
     let server = match (leader, opts.metrics_port) {
         (true, Some(port)) => {
-            let server = MetricsServer::start(port, progress.clone())?;
+            let server = crate::metrics::serve_rank(port, progress.clone())?;
             tracing::info!(addr = %server.local_addr(), "serving /metrics, /progress, /healthz");
             Some(server)
         }

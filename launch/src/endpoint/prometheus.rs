@@ -9,8 +9,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
 
-use crate::rfc3339;
-
 /// The OpenMetrics content type (Prometheus negotiates it; what the operator serves too).
 pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -139,6 +137,12 @@ fn phase_metrics(r: &mut Registry, current: TrainerPhase) {
     );
 }
 
+/// The Unix time (whole seconds) of an RFC 3339 text; None if it is not one, or before 1970.
+fn unix_seconds(text: &str) -> Option<u64> {
+    let t: jiff::Timestamp = text.parse().ok()?;
+    u64::try_from(t.as_second()).ok()
+}
+
 /// A gauge's name, help and value (`None`: not known yet, left out).
 type Entry<T> = (&'static str, &'static str, Option<T>);
 
@@ -182,7 +186,7 @@ fn int_gauges(p: &Progress) -> [Entry<u64>; 13] {
         (
             "last_checkpoint_timestamp_seconds",
             "Unix time the newest checkpoint became complete",
-            ckpt.and_then(|c| rfc3339::unix_seconds(&c.time)),
+            ckpt.and_then(|c| unix_seconds(&c.time)),
         ),
         (
             "durable_checkpoint_step",
@@ -442,7 +446,7 @@ fn data_metrics(r: &mut Registry, d: &DataStats) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::fixtures::*;
+    use crate::endpoint::fixtures::*;
 
     #[test]
     fn metrics_text_has_every_field() {
