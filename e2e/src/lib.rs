@@ -13,7 +13,8 @@
 //! - [`network_policy`]: a NetworkPolicy's egress rules, read as a network plugin would;
 //! - [`plugin`]: `kubectl ferrotrain` run as a person runs it, plainly or in a terminal;
 //! - [`pages`]: the docs pages whose commands run;
-//! - [`hollow`]: hollow nodes, a kubelet simulator; [`fleet`]: the fleet bench's parts.
+//! - [`hollow`]: hollow nodes, a kubelet simulator; [`fleet`]: the fleet bench's parts;
+//! - [`chaos`]: the chaos soak: seeded schedules of real faults in every shape, and its checks.
 //!
 //! The helpers most tests use are also named here (`ferrotrain_e2e::wait_for`, ...).
 //!
@@ -26,6 +27,7 @@
 //!   loads it).
 //! - `FERROTRAIN_E2E_KEEP=1`: keep each test's namespace for a post-mortem.
 
+pub mod chaos;
 pub mod fleet;
 pub mod hollow;
 pub mod jobs;
