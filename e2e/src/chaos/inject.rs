@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams};
 
 use crate::chaos::fault::{Fault, Kind};
-use crate::chaos::kit::{self, Component};
+use crate::chaos::kit::{self, Component, Hold};
 use crate::chaos::observe::{PodView, job_pods, patiently, pod_of};
 use crate::namespace::TestNamespace;
 use crate::partition::Partition;
@@ -35,8 +35,8 @@ pub struct Injected {
     pub detail: String,
     /// Why it could not be injected (no such process at that moment): not a fault of the job.
     pub missed: Option<String>,
-    /// A partition to heal once the gang is whole again.
-    pub partition: Option<Partition>,
+    /// A partition to heal once the gang is whole again, its kubelet held down until then.
+    pub partition: Option<(Partition, Hold)>,
 }
 
 impl Injected {
@@ -222,9 +222,10 @@ fn partition(pods: &[PodView], pod: &PodView) -> Injected {
         ));
     };
     let node = victim.node.clone().expect("placed");
+    let hold = Hold::new();
     let cut = Partition::cut(&victim.uid, &node);
     Injected {
-        partition: Some(cut),
+        partition: Some((cut, hold)),
         node_rank: Some(victim.node_rank),
         ..Injected::done(
             Some(victim),
@@ -288,6 +289,7 @@ async fn delete_operator(ns: &TestNamespace) -> Injected {
 
 /// Kills the kit's API server, keeps it down `hold` seconds, starts it again (up.sh).
 async fn api_server_down(hold: u64) -> Injected {
+    let _held = Hold::new();
     let at = Timestamp::now();
     let pid = match kit::kill(Component::ApiServer) {
         Ok(pid) => pid,
@@ -310,6 +312,7 @@ async fn api_server_down(hold: u64) -> Injected {
 
 /// Kills the kit's DNS server, deletes the pod, keeps DNS down `hold` seconds, starts it again.
 async fn dns_down_replace(ns: &TestNamespace, pod: &PodView, hold: u64) -> Injected {
+    let _held = Hold::new();
     let at = Timestamp::now();
     let pid = match kit::kill(Component::Dns) {
         Ok(pid) => pid,

@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// A process of the kit, as its `run/NAME.pid` names it.
@@ -38,7 +40,12 @@ pub fn kit_dir() -> PathBuf {
 
 /// The pid of `component`, when its pid file names a live process.
 pub fn pid_of(component: Component) -> Option<u32> {
-    let file = kit_dir().join(format!("run/{}.pid", component.pid_file()));
+    pid_named(component.pid_file())
+}
+
+/// The pid of the kit's process `name` (its `run/NAME.pid`), when it lives.
+fn pid_named(name: &str) -> Option<u32> {
+    let file = kit_dir().join(format!("run/{name}.pid"));
     let line = std::fs::read_to_string(file).ok()?;
     let pid: u32 = line.split_whitespace().next()?.parse().ok()?;
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -88,4 +95,72 @@ pub fn up() -> Result<Duration, String> {
 pub fn host_path(volume: &k8s_openapi::api::core::v1::PersistentVolume) -> Option<PathBuf> {
     let path = &volume.spec.as_ref()?.host_path.as_ref()?.path;
     Some(PathBuf::from(path))
+}
+
+/// Faults holding a kit process down on purpose (the API server, DNS, a kubelet): while any
+/// does, [`supervise`] starts nothing.
+static HOLDS: AtomicUsize = AtomicUsize::new(0);
+
+/// A kit process held down on purpose, until dropped.
+pub struct Hold(());
+
+impl Hold {
+    pub fn new() -> Hold {
+        HOLDS.fetch_add(1, Ordering::SeqCst);
+        Hold(())
+    }
+}
+
+impl Default for Hold {
+    fn default() -> Self {
+        Hold::new()
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        HOLDS.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The control plane's processes no fault stops: a real cluster's kubelet restarts them
+/// (static pods) when they crash, as up.sh does here.
+const SUPERVISED: [&str; 5] = [
+    "etcd",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "api-relay",
+    "agent",
+];
+
+/// What [`supervise`] started again, and when.
+static RESTARTED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Every 5 s, while no fault holds a process down: starts again (up.sh) whichever of the
+/// control plane's processes died (the kube-scheduler exits when it finds its cache
+/// corrupted, e.g. after the API server came back); never returns (abort it).
+pub async fn supervise() {
+    loop {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let dead: Vec<&str> = SUPERVISED
+            .into_iter()
+            .filter(|name| pid_named(name).is_none())
+            .collect();
+        if dead.is_empty() || HOLDS.load(Ordering::SeqCst) > 0 {
+            continue;
+        }
+        let up = tokio::task::spawn_blocking(up).await;
+        let note = format!(
+            "{} {dead:?} had died; up.sh started {}: {up:?}",
+            ferrotrain_api::recovery::Timestamp::now(),
+            if dead.len() == 1 { "it" } else { "them" }
+        );
+        eprintln!("  kit: {note}");
+        RESTARTED.lock().expect("restarts").push(note);
+    }
+}
+
+/// What [`supervise`] started again since the last call (taken).
+pub fn restarted() -> Vec<String> {
+    std::mem::take(&mut *RESTARTED.lock().expect("restarts"))
 }

@@ -16,6 +16,8 @@ pub struct ShapeRun {
     pub chaos: ChaosRun,
     pub reference: Option<Reference>,
     pub findings: Vec<Finding>,
+    /// The kit's control-plane processes that died during the run and were started again.
+    pub kit_restarts: Vec<String>,
 }
 
 impl ShapeRun {
@@ -183,6 +185,21 @@ pub fn report(runs: &[ShapeRun], seed: u64, commit: &str) -> String {
         })
         .collect();
     out += &format!("\nfindings: {}\n{}\n", findings.len(), findings.join("\n"));
+    let restarts: Vec<String> = runs
+        .iter()
+        .flat_map(|r| {
+            r.kit_restarts
+                .iter()
+                .map(move |n| format!("- [{}] {n}", r.plan.shape.key()))
+        })
+        .collect();
+    if !restarts.is_empty() {
+        out += &format!(
+            "\nthe kit's control plane (not ferrotrain) restarted: {}\n{}\n",
+            restarts.len(),
+            restarts.join("\n")
+        );
+    }
     out
 }
 

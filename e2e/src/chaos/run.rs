@@ -219,13 +219,14 @@ async fn run_event(
         Ok((key, _)) => Some(driver.seen().await.map_or(*key, |s| s.key())),
         Err(_) => None,
     };
-    for mut partition in partitions {
+    for (mut partition, held) in partitions {
         let healed = tokio::task::spawn_blocking(move || partition.heal())
             .await
             .expect("healing the partition");
         if let Err(e) = healed {
             eprintln!("  healing the partition: {e}");
         }
+        drop(held);
     }
     let status = match after {
         Some(after) => driver.caught_up(before, after).await,

@@ -83,11 +83,11 @@ fn seconds_trained_through(kind: Kind, shape: &Shape) -> u64 {
     let elastic = !shape.is_fixed();
     let without_a_pod = |seconds| if elastic { seconds } else { 0 };
     match kind {
-        // The kubelet sums an emptyDir's use once a minute, then evicts.
-        Kind::KubeletEvict => 130 + without_a_pod(15),
+        // The kubelet sums an emptyDir's use once a minute, then evicts (22-30 s seen).
+        Kind::KubeletEvict => 90 + without_a_pod(15),
         // Kubernetes calls the node lost after about 50 s.
         Kind::Partition => without_a_pod(120),
-        Kind::ApiServerDown => 20 + 20,
+        Kind::ApiServerDown => 20 + 15,
         Kind::DnsDownReplace => without_a_pod(30),
         Kind::OperatorDeleted => 5,
         _ => without_a_pod(15),

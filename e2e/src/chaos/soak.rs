@@ -2,6 +2,7 @@
 //! (fixed shapes) and with them, the checks; and the commit it ran at.
 
 use crate::chaos::checks::check;
+use crate::chaos::kit::{restarted, supervise};
 use crate::chaos::report::ShapeRun;
 use crate::chaos::run::{run_chaos, run_reference};
 use crate::chaos::schedule::{Mix, plan};
@@ -33,7 +34,12 @@ pub async fn soak_shape(seed: u64, shape: Shape, mix: &Mix, compare: bool) -> Sh
     } else {
         None
     };
+    // The control plane's processes restarted when they crash, as a real cluster's kubelet
+    // restarts its static pods (said in the report).
+    let supervisor = tokio::spawn(supervise());
     let chaos = run_chaos(&plan).await;
+    supervisor.abort();
+    let kit_restarts = restarted();
     let findings = check(&chaos, reference.as_ref());
     eprintln!(
         "[{}] with faults: {:?} in {:.0} s, {} finding(s)",
@@ -47,6 +53,7 @@ pub async fn soak_shape(seed: u64, shape: Shape, mix: &Mix, compare: bool) -> Sh
         chaos,
         reference,
         findings,
+        kit_restarts,
     }
 }
 
