@@ -26,8 +26,36 @@ documented! {
     pub const LOCAL_RANK: &str = "LOCAL_RANK";
     /// Ranks on this node (set by the launcher).
     pub const LOCAL_WORLD_SIZE: &str = "LOCAL_WORLD_SIZE";
-    /// torchelastic's name for the attempt number.
+    /// torchelastic's restart count: restarts of any kind so far (the attempt plus the round;
+    /// set by the launcher, and by the operator as the attempt).
     pub const TORCHELASTIC_RESTART_COUNT: &str = "TORCHELASTIC_RESTART_COUNT";
+
+    // The rest of torchrun's worker environment, which `ferrotrain-launch` gives a user's
+    // command (spec.pytorch) as torchrun 2.11's local elastic agent does (launch/src/torchrun.rs).
+
+    /// torchrun: this node's rank among the round's nodes (set by the launcher).
+    pub const GROUP_RANK: &str = "GROUP_RANK";
+    /// torchrun: the round's nodes (set by the launcher).
+    pub const GROUP_WORLD_SIZE: &str = "GROUP_WORLD_SIZE";
+    /// torchrun: the rank among the workers of the same role; one role, so RANK.
+    pub const ROLE_RANK: &str = "ROLE_RANK";
+    /// torchrun: the workers of the same role; one role, so WORLD_SIZE.
+    pub const ROLE_WORLD_SIZE: &str = "ROLE_WORLD_SIZE";
+    /// torchrun: the workers' role (`default`, as torchrun's).
+    pub const ROLE_NAME: &str = "ROLE_NAME";
+    /// torchrun: the restarts the launcher may still make (`--max-restarts`).
+    pub const TORCHELASTIC_MAX_RESTARTS: &str = "TORCHELASTIC_MAX_RESTARTS";
+    /// torchrun: the run's id: the job's name (FERROTRAIN_JOB), else `none` (torchrun's
+    /// default run id).
+    pub const TORCHELASTIC_RUN_ID: &str = "TORCHELASTIC_RUN_ID";
+    /// torchrun: whether the workers' process group uses the agent's store; `False`: rank 0
+    /// serves its own TCPStore on MASTER_PORT, a port of the round's own.
+    pub const TORCHELASTIC_USE_AGENT_STORE: &str = "TORCHELASTIC_USE_AGENT_STORE";
+    /// torchrun: where a worker's `@record` writes its error (JSON); the launcher gives each
+    /// rank one and puts its message into the rank's failure.
+    pub const TORCHELASTIC_ERROR_FILE: &str = "TORCHELASTIC_ERROR_FILE";
+    /// torchrun: NCCL's asynchronous error handling, 1 unless the pod sets it.
+    pub const TORCH_NCCL_ASYNC_ERROR_HANDLING: &str = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
 
     /// Name of the DistributedTraining job (checkpoint subdirectory).
     pub const FERROTRAIN_JOB: &str = "FERROTRAIN_JOB";
@@ -107,6 +135,9 @@ documented! {
     pub const FERROTRAIN_SPARE: &str = "FERROTRAIN_SPARE";
     /// `false` turns spare ranks off (`ferrotrain launch --spare-ranks`; default true).
     pub const FERROTRAIN_SPARE_RANKS: &str = "FERROTRAIN_SPARE_RANKS";
+    /// spec.pytorch.preImport (`ferrotrain-launch --pre-import`): Python modules a spare rank
+    /// of a Python command imports while it waits, besides torch (comma-separated).
+    pub const FERROTRAIN_PRE_IMPORT: &str = "FERROTRAIN_PRE_IMPORT";
     /// Set by the launcher in in-place mode: node 0's launcher hosts the rendezvous store, so
     /// rank 0 connects to it instead of starting one.
     pub const FERROTRAIN_STORE_HOSTED: &str = "FERROTRAIN_STORE_HOSTED";

@@ -206,6 +206,11 @@ pub struct Progress {
     /// The training set as loaded: sizes, lengths, what was filtered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<DataStats>,
+    /// True while rank 0 of a script of your own (spec.pytorch) has reported no step (a
+    /// script that does not call `ferrotrain.report`, or has not yet): the report holds the
+    /// rounds only, and stall detection waits for a first report.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_step_reports: bool,
 }
 
 /// The precision a run trains in: what the config asked for, what the trainer uses and why.
@@ -564,6 +569,40 @@ mod tests {
                 "{message}"
             );
         }
+    }
+
+    /// The report a Python script's rank 0 is checked against (python/tests/test_progress.py
+    /// opens this file, sealed here): what the package reads is what Rust seals. Regenerate
+    /// with FERROTRAIN_REGENERATE=1 after a change to the format.
+    #[test]
+    fn the_python_packages_fixture_is_what_rust_seals() {
+        let report = Progress {
+            phase: TrainerPhase::Training,
+            step: 1234,
+            total_steps: 2000,
+            world_size: 4,
+            steps_per_second: Some(2.5),
+            loss: Some(3.25),
+            eval_loss: Some(3.5),
+            eval_step: Some(1000),
+            eta_seconds: Some(306.4),
+            resumed_from_step: Some(1200),
+            healed_from: Some(crate::recovery::HealedFrom::Peers),
+            ..Default::default()
+        };
+        let sealed = crate::checksummed::seal(&report, crate::checksummed::CRC_FIELD).unwrap();
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../python/tests/fixtures/progress-sealed-by-rust.json");
+        if std::env::var_os("FERROTRAIN_REGENERATE").is_some() {
+            std::fs::write(&path, &sealed).unwrap();
+        }
+        let committed = std::fs::read(&path).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&committed),
+            String::from_utf8_lossy(&sealed),
+            "{} is stale: FERROTRAIN_REGENERATE=1 cargo test -p ferrotrain-api",
+            path.display()
+        );
     }
 
     #[test]

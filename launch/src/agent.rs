@@ -19,6 +19,7 @@
 //!                             a failure anywhere stops every node's ranks within a poll (25 ms)
 //! agent/<r>/report/<node>     what each agent saw (blame::NodeReport), once its ranks stopped
 //! agent/<r>/verdict           node 0's ruling (blame::Verdict): who is blamed, permanent or not
+//! agent/<r>/master_port       a user's command: the port its rank 0 serves its own store on
 //! agent/done                  ADD: nodes whose ranks all finished
 //! agent/finished              SET by node 0 when they did: an agent waiting to join ends too
 //! ```
@@ -46,6 +47,7 @@ use crate::keys;
 use crate::ledger::Ledger;
 use crate::link::Link;
 use crate::members::{self, Members};
+use crate::ports::{self, Listened};
 use crate::rejoin;
 use crate::round::{self, End, Event, Exit, Next, Policy, REPORT_SLACK, Rounds, Stage};
 use crate::run_once::sleep_unless_signalled;
@@ -360,7 +362,8 @@ impl<'a> Agent<'a> {
         if self.host.is_none() {
             self.will = Some(self.leave_will(round, ranks.clone())?);
         }
-        let (outcome, tails) = self.train(round, place)?;
+        let port = self.master_port(round)?;
+        let (outcome, tails) = self.train(round, place, port)?;
         let report =
             NodeReport::after(self.node(), &self.hostname, ranks, &outcome).with_tails(tails);
         match outcome {
@@ -411,12 +414,54 @@ impl<'a> Agent<'a> {
         Ok(())
     }
 
-    /// Trains in round `round` at `place` (position, member nodes) until the local ranks end
-    /// or the round ends elsewhere; returns how, and each local rank's last lines of output.
+    /// The ranks' MASTER_PORT in round `round`: the launcher's store for the trainer; for a
+    /// user's command, a port of the round's own in the job's range (the NetworkPolicy lets
+    /// peers reach only those), free on node 0 when it picks it, where the script's rank 0
+    /// serves its TCPStore: a new round never meets the old round's store, nor waits for its
+    /// port. Node 0 picks it and sets it in the store; the others read it.
+    fn master_port(&mut self, round: u64) -> Result<u16, AgentError> {
+        if !self.launch.program.is_command() {
+            return Ok(self.port);
+        }
+        let key = keys::master_port(round);
+        if self.host.is_none() {
+            let bytes = self.link.client.get(&key, self.rendezvous_timeout())?;
+            let text = String::from_utf8_lossy(&bytes);
+            return text.trim().parse().map_err(|_| {
+                AgentError::Spawn(std::io::Error::other(format!(
+                    "node 0 set MASTER_PORT {text:?} for round {round}"
+                )))
+            });
+        }
+        let range =
+            ports::range_from_env().map_err(|e| AgentError::Spawn(std::io::Error::other(e)))?;
+        // Another start each round: the last round's port may still be held.
+        let start = (round as u32)
+            .wrapping_mul(7919)
+            .wrapping_add(std::process::id());
+        let port = loop {
+            let listened = ports::listen(range, start).map_err(AgentError::Spawn)?;
+            let Listened::Bound(listener) = listened else {
+                let full = ports::full_message(range.unwrap_or_default());
+                return Err(AgentError::Spawn(std::io::Error::other(full)));
+            };
+            let port = listener.local_addr().map_err(AgentError::Spawn)?.port();
+            if port != self.port {
+                break port;
+            }
+        };
+        self.link.client.set(&key, port.to_string().as_bytes())?;
+        Ok(port)
+    }
+
+    /// Trains in round `round` at `place` (position, member nodes), the ranks' MASTER_PORT
+    /// `master_port`, until the local ranks end or the round ends elsewhere; returns how, and each
+    /// local rank's last lines of output.
     fn train(
         &mut self,
         round: u64,
         place: (usize, usize),
+        master_port: u16,
     ) -> Result<(GroupOutcome, Tails), AgentError> {
         let (host, port, auth) = (&self.link.host, self.link.port, &self.link.auth);
         let watcher = Watcher::start(host, port, auth, round)?;
@@ -425,7 +470,7 @@ impl<'a> Agent<'a> {
             .then(|| Grower::start(host, port, auth, round, place.1))
             .transpose()?;
         self.ledger.started(self.launch.base_attempt, Some(round));
-        let spawn = self.spawn(round, place);
+        let spawn = self.spawn(round, place, master_port);
         let mut group = start_group_with(&spawn, self.spares.take()).map_err(AgentError::Spawn)?;
         tracing::info!(
             "agent: round {round}: started {} rank(s), {} of them spares",
@@ -433,8 +478,10 @@ impl<'a> Agent<'a> {
             group.from_spares
         );
         let (fired, lost) = (watcher.fired.clone(), watcher.lost.clone());
-        let next = self.spawn(round + 1, place);
-        let mut spares = SpareStart::new(self.args.spare_ranks && self.launch.own_binary);
+        // The next round's port is not known yet: a spare is handed its real one.
+        let next = self.spawn(round + 1, place, master_port);
+        let wanted = self.args.spare_ranks && self.launch.program.can_have_spares();
+        let mut spares = SpareStart::new(wanted);
         let outcome = group.supervise_with(
             &|| match (fired.load(Ordering::SeqCst), lost.load(Ordering::SeqCst)) {
                 (false, _) => None,
@@ -502,13 +549,14 @@ impl<'a> Agent<'a> {
         }
     }
 
-    /// What this node's ranks of round `round` start with, at `place` (position, nodes).
-    fn spawn(&self, round: u64, place: (usize, usize)) -> Spawn<'a> {
+    /// What this node's ranks of round `round` start with, at `place` (position, nodes),
+    /// with MASTER_PORT `port`.
+    fn spawn(&self, round: u64, place: (usize, usize), port: u16) -> Spawn<'a> {
         Spawn {
             args: self.args,
             program: &self.launch.program,
             attempt: self.launch.base_attempt,
-            port: self.port,
+            port,
             token: &self.launch.token,
             logs: &self.launch.logs,
             omp_threads: self.launch.omp_threads.clone(),

@@ -5,16 +5,15 @@ use std::path::PathBuf;
 
 use ferrotrain_api::{env, exit};
 
+use crate::program::{RankProgram, Trainer, UserCommand};
 use crate::report::GangReport;
 
 /// MASTER_PORT when none is given: torchrun's.
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 
+/// The gang's flags, whatever the ranks run.
 #[derive(clap::Args, Debug, Clone)]
 pub struct LaunchArgs {
-    /// The trainer config (YAML) every rank runs.
-    #[arg(long, env = env::FERROTRAIN_CONFIG)]
-    pub config: PathBuf,
     /// Nodes in the job.
     #[arg(long, env = env::NNODES, default_value_t = 1)]
     pub nnodes: usize,
@@ -72,8 +71,9 @@ pub struct LaunchArgs {
     /// Start a spare trainer per local rank a few seconds into each round, which loads
     /// libtorch and waits; the next round's ranks are those spares, so a restart skips
     /// libtorch's start-up (about 0.4 s of CPU a process). Costs about 120 MB of memory a
-    /// spare. Only for this executable's own ranks (not --rank-program); not on several nodes
-    /// without --restart-in-place (the operator restarts that gang).
+    /// spare. Only for this executable's own ranks (not --rank-program) and for a Python
+    /// command (`ferrotrain-launch python train.py`: a spare has torch imported); not on
+    /// several nodes without --restart-in-place (the operator restarts that gang).
     #[arg(
         long,
         env = env::FERROTRAIN_SPARE_RANKS,
@@ -122,6 +122,16 @@ pub struct LaunchArgs {
     /// that replaces node 0's; the other nodes say where they left off too).
     #[arg(long, env = env::FERROTRAIN_FIRST_ROUND, default_value_t = 0)]
     pub first_round: u64,
+}
+
+/// `ferrotrain launch`: every rank is ferrotrain's trainer.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TrainerLaunchArgs {
+    /// The trainer config (YAML) every rank runs.
+    #[arg(long, env = env::FERROTRAIN_CONFIG)]
+    pub config: PathBuf,
+    #[command(flatten)]
+    pub launch: LaunchArgs,
     /// The program each rank runs (default: this executable). For tests and wrappers.
     #[arg(long, env = env::FERROTRAIN_RANK_PROGRAM, hide = true)]
     pub rank_program: Option<PathBuf>,
@@ -130,10 +140,57 @@ pub struct LaunchArgs {
     pub rank_args: Vec<String>,
 }
 
+impl TrainerLaunchArgs {
+    /// The ranks' program: --rank-program, else this executable.
+    pub fn program(&self) -> std::io::Result<RankProgram> {
+        let program = match &self.rank_program {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()?,
+        };
+        Ok(RankProgram::Trainer(Trainer {
+            program,
+            config: self.config.clone(),
+            args: self.rank_args.clone(),
+            own_binary: self.rank_program.is_none(),
+        }))
+    }
+}
+
+/// `ferrotrain-launch`: every rank is your command, with torchrun's environment.
+#[derive(clap::Parser, Debug, Clone)]
+#[command(
+    name = "ferrotrain-launch",
+    version,
+    about = "Runs your command (a PyTorch script written for torchrun) as the local ranks of a \
+             ferrotrain gang: torchrun's environment, in-place restarts from warm spares, the \
+             gang's /progress and /metrics. No libtorch of its own"
+)]
+pub struct CommandLaunchArgs {
+    #[command(flatten)]
+    pub launch: LaunchArgs,
+    /// Python modules a spare rank imports while it waits, besides torch (comma-separated;
+    /// spec.pytorch.preImport).
+    #[arg(long, env = env::FERROTRAIN_PRE_IMPORT, value_delimiter = ',')]
+    pub pre_import: Vec<String>,
+    /// The command every rank runs, with its arguments (`python train.py --epochs 3`).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<String>,
+}
+
+impl CommandLaunchArgs {
+    /// The ranks' program.
+    pub fn program(&self) -> RankProgram {
+        RankProgram::Command(UserCommand {
+            argv: self.command.clone(),
+            pre_import: self.pre_import.clone(),
+        })
+    }
+}
+
 /// What every attempt or round of this launcher starts its ranks with.
 pub struct Launch {
-    /// The program each rank runs.
-    pub program: PathBuf,
+    /// What each rank runs.
+    pub program: RankProgram,
     /// The rendezvous token.
     pub token: String,
     /// FERROTRAIN_ATTEMPT as given (the operator's attempt).
@@ -142,19 +199,26 @@ pub struct Launch {
     pub omp_threads: Option<String>,
     /// The launcher's scratch directory (termination logs, rank 0's progress file).
     pub logs: PathBuf,
-    /// The ranks are this executable (no --rank-program): they can be spares.
-    pub own_binary: bool,
     /// What node 0's launcher reports of the gang (report.rs).
     pub report: GangReport,
 }
 
 /// After a successful run, global rank 0's termination message is its final progress report
-/// (on node 0 only): with the rounds' ends and the refused connections only the launcher
+/// (on node 0 only; a command's, its last progress report): with the rounds' ends and the refused connections only the launcher
 /// knows, it becomes the launcher's, which is the container's.
 pub fn forward_final_report(l: &Launch) {
     let log = crate::files::RankFiles::of(&l.logs, 0).termination_log;
     let message = std::fs::read_to_string(log).unwrap_or_default();
-    if let Some(report) = ferrotrain_api::Progress::from_termination_message(&message) {
+    let report = ferrotrain_api::Progress::from_termination_message(&message).or_else(|| {
+        // A command's rank 0 leaves no final report: its last progress report is, finished.
+        let last = l.report.now();
+        (l.program.is_command() && last.step > 0).then_some(ferrotrain_api::Progress {
+            phase: ferrotrain_api::TrainerPhase::Finished,
+            eta_seconds: Some(0.0),
+            ..last
+        })
+    });
+    if let Some(report) = report {
         let report = l.report.completed(report);
         crate::termination::write_termination_message(&report.to_termination_message());
     }

@@ -231,8 +231,7 @@ impl Group {
         failures.sort_by_key(|(rank, status, _)| (status.code().is_some(), *rank));
         let (rank, status, files) = failures.into_iter().next()?;
         let seen_at = Timestamp::now();
-        let message = std::fs::read_to_string(&files.termination_log).unwrap_or_default();
-        let message = message.trim();
+        let message = files.message();
         let reason = if message.is_empty() {
             format!("rank {rank} {}", describe_exit(status))
         } else {

@@ -66,6 +66,12 @@ pub fn verdict(round: u64) -> String {
     format!("agent/{round}/verdict")
 }
 
+/// `agent/<r>/master_port`: SET by node 0 before round `r` of a user's command starts: the
+/// port its rank 0 serves the script's own store on (MASTER_PORT; agent.rs).
+pub fn master_port(round: u64) -> String {
+    format!("agent/{round}/master_port")
+}
+
 /// `agent/<r>/resize`: SET by node 0 when round `r` ends so that the gang grows (watch.rs).
 pub fn resize(round: u64) -> String {
     format!("agent/{round}/resize")

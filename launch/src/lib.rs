@@ -1,9 +1,13 @@
-//! `ferrotrain launch`: torchrun's job for ferrotrain. Starts the local ranks, forwards
-//! signals, and when one fails stops the others and restarts them in a new round.
+//! `ferrotrain launch` and `ferrotrain-launch`: torchrun's job for ferrotrain. Starts the
+//! local ranks, forwards signals, and when one fails stops the others and restarts them in a
+//! new round.
 //!
-//! Each rank is the trainer's executable (`run --config <path>`) with the env contract set:
-//! RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
-//! FERROTRAIN_ATTEMPT, FERROTRAIN_RDZV_TOKEN, OMP_NUM_THREADS. Ranks resume on their own; the
+//! Each rank is the trainer's executable (`run --config <path>`, `ferrotrain launch`) or the
+//! user's command (`ferrotrain-launch python train.py`, this crate's own binary, which a
+//! PyTorch image carries: [`program`]) with the env contract set: RANK, LOCAL_RANK,
+//! WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, FERROTRAIN_ATTEMPT,
+//! OMP_NUM_THREADS, the trainer's FERROTRAIN_RDZV_TOKEN, the rest of torchrun's environment
+//! for a command ([`torchrun`]). Ranks resume on their own; the
 //! launcher only restarts them. A permanent exit code (2, 3, 4) is never restarted. One node,
 //! and every node with `--restart-in-place`, is run by the pod's agent ([`agent`]): it
 //! restarts the ranks in a new round (with every other node's agent), ruled and decided the
@@ -22,8 +26,12 @@
 //! `heartbeat` (a node cut off ends the round within the heartbeat timeout), `rejoin` and
 //! `link` (node 0's store, and its replacement's), `ledger` (what each attempt or round cost),
 //! `spawn` (a rank's environment and command), `output` (every rank's output, labelled and
-//! kept per round), `spare` (trainers started ahead of the next round), `keys` (every store key), `store`, `auth`, `listen` and `refused` (the rendezvous
-//! store, its handshake, its port and what it refused), `signals`, `termination`, `error`.
+//! kept per round), `spare` (ranks started ahead of the next round), `program`, `python` and
+//! `torchrun` (what a rank runs: the trainer, or a command with torchrun's environment; a
+//! Python script through a runner that can wait as a spare), `ports` (the port range),
+//! `endpoint` (the pod's /progress and /metrics), `keys` (every store key), `store`, `auth`,
+//! `listen` and `refused` (the rendezvous store, its handshake, its port and what it
+//! refused), `signals`, `termination`, `error`.
 
 mod agent;
 mod args;
@@ -42,6 +50,9 @@ mod link;
 pub mod listen;
 mod members;
 pub mod output;
+pub mod ports;
+pub mod program;
+pub mod python;
 pub mod refused;
 mod rejoin;
 pub mod report;
@@ -52,21 +63,27 @@ pub mod spare;
 mod spawn;
 pub mod store;
 pub mod termination;
+pub mod torchrun;
 mod watch;
 
 use ferrotrain_api::env;
 
 use crate::auth::random_token;
-pub use args::{DEFAULT_MASTER_PORT, Launch, LaunchArgs};
+pub use args::{CommandLaunchArgs, DEFAULT_MASTER_PORT, Launch, LaunchArgs, TrainerLaunchArgs};
 pub use error::LaunchError;
 pub use group::{GroupOutcome, RankFailure};
 pub use ledger::recovery_lines;
+pub use program::RankProgram;
 pub use report::GangReport;
 
 /// Runs the local ranks to completion; returns the launcher's exit code (0, a rank's failure
 /// code, or 128 + a signal), or why the launcher could not run them. Node 0's launcher serves
 /// the gang's report on `metrics_port` when one is given (the ranks then serve none).
-pub fn run(args: LaunchArgs, metrics_port: Option<u16>) -> Result<i32, LaunchError> {
+pub fn run(
+    args: LaunchArgs,
+    program: RankProgram,
+    metrics_port: Option<u16>,
+) -> Result<i32, LaunchError> {
     if args.nnodes == 0 || args.nproc_per_node == 0 || args.node_rank >= args.nnodes {
         return Err(LaunchError::InvalidGang {
             nnodes: args.nnodes,
@@ -78,10 +95,6 @@ pub fn run(args: LaunchArgs, metrics_port: Option<u16>) -> Result<i32, LaunchErr
     if multi_node && args.master_port == 0 {
         return Err(LaunchError::EphemeralPortNeedsOneNode);
     }
-    let program = match &args.rank_program {
-        Some(p) => p.clone(),
-        None => std::env::current_exe().map_err(LaunchError::io("cannot find own binary"))?,
-    };
     let token = match auth::token_from(|k| std::env::var(k).ok())? {
         Some(t) => t,
         None if multi_node => return Err(LaunchError::MissingToken),
@@ -102,7 +115,10 @@ pub fn run(args: LaunchArgs, metrics_port: Option<u16>) -> Result<i32, LaunchErr
     std::fs::create_dir_all(&logs)
         .map_err(LaunchError::io(format!("cannot create {}", logs.display())))?;
     signals::install(signals::Mode::Remember);
-    let report = GangReport::new(&logs);
+    let report = match program.is_command() {
+        true => GangReport::new(&logs).of_command(),
+        false => GangReport::new(&logs),
+    };
     let _served = metrics_port
         .filter(|_| args.node_rank == 0)
         .and_then(|port| endpoint::serve_gang(port, report.clone()));
@@ -112,7 +128,6 @@ pub fn run(args: LaunchArgs, metrics_port: Option<u16>) -> Result<i32, LaunchErr
         base_attempt,
         omp_threads,
         logs,
-        own_binary: args.rank_program.is_none(),
         report,
     };
     let code = if args.restart_in_place || !multi_node {
@@ -137,14 +152,26 @@ mod tests {
     }
 
     fn args(flags: &[&str]) -> LaunchArgs {
-        let mut argv = vec!["launch", "--config", "job.yaml"];
+        let mut argv = vec!["launch"];
         argv.extend_from_slice(flags);
         Cli::try_parse_from(argv).expect("flags parse").launch
     }
 
+    fn program() -> RankProgram {
+        RankProgram::Command(program::UserCommand {
+            argv: vec!["true".into()],
+            pre_import: Vec::new(),
+        })
+    }
+
     #[test]
     fn an_impossible_gang_is_a_typed_permanent_error() {
-        let err = run(args(&["--nnodes", "2", "--node-rank", "2"]), None).unwrap_err();
+        let err = run(
+            args(&["--nnodes", "2", "--node-rank", "2"]),
+            program(),
+            None,
+        )
+        .unwrap_err();
         assert!(
             matches!(err, LaunchError::InvalidGang { node_rank: 2, .. }),
             "{err}"
@@ -152,6 +179,7 @@ mod tests {
         assert_eq!(err.exit_code(), exit::INVALID_CONFIG);
         let err = run(
             args(&["--nnodes", "2", "--node-rank", "0", "--master-port", "0"]),
+            program(),
             None,
         )
         .unwrap_err();

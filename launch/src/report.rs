@@ -19,6 +19,8 @@ use crate::refused;
 pub struct GangReport {
     progress_file: PathBuf,
     shared: Arc<Mutex<Shared>>,
+    /// The ranks are a script of the user's, which may never report a step.
+    command: bool,
 }
 
 #[derive(Debug, Default)]
@@ -36,7 +38,16 @@ impl GangReport {
         GangReport {
             progress_file: logs.join(PROGRESS_FILE),
             shared: Arc::default(),
+            command: false,
         }
+    }
+
+    /// The report of a launcher whose ranks run a user's command: until its rank 0 reports a
+    /// step (`ferrotrain.report`), it says so (`noStepReports`), and the operator does not
+    /// take the unchanging report for a stall.
+    pub fn of_command(mut self) -> Self {
+        self.command = true;
+        self
     }
 
     /// The round the ranks train in now.
@@ -64,6 +75,7 @@ impl GangReport {
             shared.last = Some(report);
         }
         let mut p = shared.last.clone().unwrap_or_default();
+        p.no_step_reports = self.command && shared.last.is_none();
         p.round = shared.round;
         p.round_ends = shared.ends.clone();
         p.rejected_connections = refused::merged(refused::snapshot(), &p.rejected_connections);
@@ -143,6 +155,20 @@ mod tests {
         assert_eq!(report.now().step, 40);
         write(dir.path(), 50);
         assert_eq!(report.now().step, 50);
+    }
+
+    #[test]
+    fn a_commands_report_says_no_step_was_reported_until_rank_0_reports_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let trainer = GangReport::new(dir.path());
+        let command = GangReport::new(dir.path()).of_command();
+        assert!(!trainer.now().no_step_reports);
+        assert!(command.now().no_step_reports);
+        write(dir.path(), 3);
+        assert!(!command.now().no_step_reports);
+        // The report read once stays, and so does what it says.
+        std::fs::remove_file(dir.path().join(PROGRESS_FILE)).unwrap();
+        assert!(!command.now().no_step_reports);
     }
 
     #[test]

@@ -56,7 +56,7 @@ pub fn run_once(args: &LaunchArgs, l: &Launch) -> Result<i32, LaunchError> {
     ledger.started(l.base_attempt, None);
     let mut group = start_group_with(&a, None).map_err(LaunchError::io(format!(
         "cannot start {}",
-        l.program.display()
+        l.program.describe()
     )))?;
     let outcome = group.supervise_with(&|| None, None, &mut || {});
     drop(group);

@@ -287,6 +287,26 @@ pub fn spec_problems(spec: &DistributedTrainingSpec) -> Vec<String> {
         .trainer
         .as_ref()
         .and_then(|t| t.checkpoint.store.as_ref());
+    if spec.pytorch.is_some() {
+        let others = [
+            ("spec.command", spec.command.is_some()),
+            ("spec.args", spec.args.is_some()),
+            ("spec.trainer", spec.trainer.is_some()),
+        ];
+        for (field, set) in others {
+            if set {
+                problems.push(format!(
+                    "spec.pytorch excludes {field}: it runs your command under ferrotrain's launcher"
+                ));
+            }
+        }
+        if spec.image.is_none() {
+            problems.push(
+                "spec.pytorch needs spec.image: an image with Python, torch and ferrotrain-launch"
+                    .into(),
+            );
+        }
+    }
     if secret.is_some() && store.is_none() {
         problems.push(
             "spec.checkpoint.storeSecretName: needs spec.trainer.checkpoint.store, the bucket its credentials are for".into(),
@@ -665,6 +685,28 @@ mod tests {
         assert!(spec_problems(&spec(store.clone(), Some("creds"))).is_empty());
         // Node or IRSA credentials: no Secret.
         assert!(spec_problems(&spec(store, None)).is_empty());
+    }
+
+    #[test]
+    fn spec_pytorch_excludes_command_args_and_trainer_and_needs_an_image() {
+        let spec = |json: serde_json::Value| -> DistributedTrainingSpec {
+            serde_json::from_value(json).unwrap()
+        };
+        let good = spec(serde_json::json!({"replicas": 1, "image": "img",
+            "pytorch": {"command": ["python3", "t.py"]}}));
+        assert!(spec_problems(&good).is_empty());
+        let bad = spec(
+            serde_json::json!({"replicas": 1, "pytorch": {"command": ["python3"]},
+            "command": ["torchrun"], "args": ["t.py"], "trainer": {"task": "copy", "maxSteps": 1}}),
+        );
+        let problems = spec_problems(&bad);
+        assert_eq!(problems.len(), 4, "{problems:?}");
+        for field in ["spec.command", "spec.args", "spec.trainer", "spec.image"] {
+            assert!(
+                problems.iter().any(|p| p.contains(field)),
+                "{field}: {problems:?}"
+            );
+        }
     }
 
     #[test]

@@ -436,7 +436,33 @@ fn rejections() -> Vec<(&'static str, Value, &'static str)> {
         (
             "neither trainer nor command",
             object(json!({"replicas": 1})),
-            "spec.trainer is required unless spec.command",
+            "spec.trainer is required unless spec.pytorch or spec.command",
+        ),
+        (
+            "pytorch with a command",
+            object(
+                json!({"replicas": 1, "image": "img", "pytorch": {"command": ["python3", "t.py"]}, "command": ["torchrun", "t.py"]}),
+            ),
+            "spec.pytorch excludes spec.command, spec.args and spec.trainer",
+        ),
+        (
+            "pytorch with a trainer config",
+            object(with(
+                with(v(), "/pytorch", json!({"command": ["python3", "t.py"]})),
+                "/image",
+                json!("img"),
+            )),
+            "spec.pytorch excludes spec.command, spec.args and spec.trainer",
+        ),
+        (
+            "pytorch without an image",
+            object(json!({"replicas": 1, "pytorch": {"command": ["python3", "t.py"]}})),
+            "spec.pytorch needs spec.image",
+        ),
+        (
+            "pytorch with no command",
+            object(json!({"replicas": 1, "image": "img", "pytorch": {"command": []}})),
+            "spec.pytorch.command",
         ),
         (
             "two checkpoint volumes",
@@ -512,6 +538,8 @@ fn the_schema_accepts_good_objects() {
     assert_eq!(validate(object(valid_spec())), Vec::<String>::new());
     let byo = json!({"replicas": 2, "image": "pytorch/pytorch:2.11.0-cuda12.8-cudnn9-runtime", "command": ["torchrun", "train.py"], "gpusPerReplica": 8});
     assert_eq!(validate(object(byo)), Vec::<String>::new());
+    let pytorch = json!({"replicas": 2, "image": "ferrotrain/pytorch:dev", "pytorch": {"command": ["python3", "train.py", "--epochs", "3"], "preImport": ["numpy"]}});
+    assert_eq!(validate(object(pytorch)), Vec::<String>::new());
     // A store with its Secret, and one without (the node's or the pod's own credentials).
     let store = json!({"url": "s3://ckpt/runs", "endpoint": "http://minio.store.svc:9000"});
     let with_store = with(valid_spec(), "/trainer/checkpoint/store", store);

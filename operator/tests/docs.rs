@@ -185,7 +185,9 @@ fn the_trainer_flags_are_read_completely() {
     // An independent count: every `#[arg(long...)]` field of the two files is some
     // subcommand's flag.
     let root = support::repo_root();
-    let all: std::collections::BTreeSet<&String> = flags.values().flatten().collect();
+    let launcher = flags::command_launcher_flags();
+    let all: std::collections::BTreeSet<&String> =
+        flags.values().flatten().chain(&launcher).collect();
     for file in ["trainer/src/main.rs", "launch/src/args.rs"] {
         let text = std::fs::read_to_string(root.join(file)).unwrap();
         for (at, _) in text.match_indices("#[arg(") {

@@ -63,7 +63,8 @@ fn problems(rows: &[Crossing], spawn_rs: &str, code_of: &dyn Fn(&str) -> String)
         }
     }
     for r in rows {
-        if r.kind == "data" && r.writer == "launcher" && r.reader == "trainer" {
+        let rank = ["trainer", "python"].contains(&r.reader.as_str());
+        if r.kind == "data" && r.writer == "launcher" && rank {
             out.push(format!(
                 "{}: data from a launcher back into a rank",
                 r.variable
@@ -72,6 +73,8 @@ fn problems(rows: &[Crossing], spawn_rs: &str, code_of: &dyn Fn(&str) -> String)
         // The rank's side of the contract that the launch crate holds runs in the trainer.
         let dirs: &[&str] = match r.writer.as_str() {
             "trainer" => &["trainer/src", "launch/src/termination.rs"],
+            // A PyTorch script's side: the runner and the package.
+            "python" => &["python/ferrotrain", "launch/src/python/rank.py"],
             "launcher" => &["launch/src"],
             "operator" => &["operator/src"],
             other => {
@@ -91,7 +94,8 @@ fn problems(rows: &[Crossing], spawn_rs: &str, code_of: &dyn Fn(&str) -> String)
     out
 }
 
-/// Every .rs file's text under `dir` of the repository (or the file `dir` names), concatenated.
+/// Every .rs and .py file's text under `dir` of the repository (or the file `dir` names),
+/// concatenated.
 fn code_of(dir: &str) -> String {
     let path = repo_root().join(dir);
     if path.is_file() {
@@ -104,7 +108,7 @@ fn code_of(dir: &str) -> String {
             let p = e.path();
             if p.is_dir() {
                 dirs.push(p);
-            } else if p.extension().is_some_and(|x| x == "rs") {
+            } else if p.extension().is_some_and(|x| x == "rs" || x == "py") {
                 text += &std::fs::read_to_string(&p).unwrap();
             }
         }

@@ -33,7 +33,7 @@ enum Command {
     Run(RunArgs),
     /// Start the local ranks of a job and restart them on failure, from the state a surviving
     /// rank left (else the latest checkpoint).
-    Launch(ferrotrain_launch::LaunchArgs),
+    Launch(ferrotrain_launch::TrainerLaunchArgs),
     /// Check a config file: exit 0 when valid, 2 when invalid, 3 when a data file is missing.
     Validate {
         #[arg(long, env = env::FERROTRAIN_CONFIG)]
@@ -507,7 +507,12 @@ fn main() -> ExitCode {
         },
         Command::Launch(args) => {
             init_logging(0);
-            match ferrotrain_launch::run(args, ferrotrain_launch::endpoint::port_from_env()) {
+            let port = ferrotrain_launch::endpoint::port_from_env();
+            let launched = args
+                .program()
+                .map_err(ferrotrain_launch::LaunchError::io("cannot find own binary"))
+                .and_then(|program| ferrotrain_launch::run(args.launch, program, port));
+            match launched {
                 Ok(code) => return ExitCode::from(code.clamp(0, 255) as u8),
                 Err(e) => {
                     tracing::error!("launch: {e}");

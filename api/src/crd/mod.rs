@@ -24,7 +24,8 @@ pub use restart::{ElasticSpec, RestartPolicy};
 pub use scheduling::{GangScheduler, SchedulingSpec};
 pub use schema::{custom_resource_definition, custom_resource_definition_yaml};
 pub use spec::{
-    DistributedTraining, DistributedTrainingSpec, GROUP, MAX_NAME_LENGTH, PullPolicy, VERSION,
+    DistributedTraining, DistributedTrainingSpec, GROUP, MAX_NAME_LENGTH, PullPolicy, PyTorchSpec,
+    VERSION,
 };
 pub use status::{
     Departure, DistributedTrainingStatus, FailureInfo, Phase, Placement, TrainingProgress,

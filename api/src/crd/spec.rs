@@ -23,7 +23,8 @@ pub const VERSION: &str = "v1alpha1";
 pub const MAX_NAME_LENGTH: usize = 47;
 
 /// A data-parallel training job: `replicas` pods, each running `procsPerReplica` ranks of the
-/// ferrotrain trainer (or any image following the torchrun environment contract). When a rank
+/// ferrotrain trainer, of your PyTorch script under ferrotrain's launcher (`pytorch`), or of
+/// any image following the torchrun environment contract (`command`). When a rank
 /// fails, ferrotrain's launcher restarts every rank in place (restartPolicy.inPlace, the
 /// default) from the last step the gang completed, which the surviving ranks hand over, and a
 /// pod that goes away is replaced alone; other failures, and every failure of a custom
@@ -55,9 +56,19 @@ pub const MAX_NAME_LENGTH: usize = 47;
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {
-        "rule": "has(self.trainer) || has(self.command)",
-        "message": "spec.trainer is required unless spec.command runs your own training program",
+        "rule": "has(self.trainer) || has(self.command) || has(self.pytorch)",
+        "message": "spec.trainer is required unless spec.pytorch or spec.command runs your own training program",
         "fieldPath": ".trainer"
+    },
+    {
+        "rule": "!has(self.pytorch) || (!has(self.command) && !has(self.args) && !has(self.trainer))",
+        "message": "spec.pytorch excludes spec.command, spec.args and spec.trainer: it runs your command (spec.pytorch.command, with its arguments) under ferrotrain's launcher, which spec.command would replace",
+        "fieldPath": ".pytorch"
+    },
+    {
+        "rule": "!has(self.pytorch) || has(self.image)",
+        "message": "spec.pytorch needs spec.image: an image with Python, torch and ferrotrain-launch (for example ferrotrain/pytorch, scripts/images.sh)",
+        "fieldPath": ".image"
     },
     {
         "rule": "!has(self.procsPerReplica) || self.gpusPerReplica == 0 || self.procsPerReplica <= self.gpusPerReplica",
@@ -128,6 +139,14 @@ pub struct DistributedTrainingSpec {
     /// Arguments appended to the entrypoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub args: Option<Vec<String>>,
+
+    /// Your own PyTorch script, run by ferrotrain's launcher (`ferrotrain-launch`, which
+    /// `image` must carry) as every rank with torchrun's environment: in-place restarts from
+    /// warm spares, the gang's /progress and /metrics, the same restart budget, ledger and
+    /// events as ferrotrain's trainer (docs/pytorch.md). Excludes `command`, `args` and
+    /// `trainer`; needs `image`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pytorch: Option<PyTorchSpec>,
 
     /// Pod-level customisation: labels, annotations, scheduling, extra env and volumes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -207,6 +226,24 @@ pub struct DistributedTrainingSpec {
     pub startup_timeout_seconds: i64,
 }
 
+/// A PyTorch script run by ferrotrain's launcher (spec.pytorch).
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PyTorchSpec {
+    /// The command every rank runs, with its arguments, as torchrun would run it (for example
+    /// ["python3", "/workspace/train.py", "--epochs", "3"]). A Python script or module
+    /// (`python3 script.py`, `python3 -m module`) gets warm spares: the next round's ranks
+    /// have Python started and torch imported.
+    #[schemars(length(min = 1))]
+    pub command: Vec<String>,
+
+    /// Python modules a spare rank imports while it waits, besides torch (for example
+    /// ["transformers", "datasets"]): what the script's first lines import, which a restart
+    /// then does not pay for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pre_import: Vec<String>,
+}
+
 /// Container image pull policy.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
 pub enum PullPolicy {
@@ -242,8 +279,9 @@ impl DistributedTrainingSpec {
     }
 
     /// Whether the pods' launchers restart their ranks in place (restartPolicy.inPlace with
-    /// ferrotrain's own launcher), on one pod as on many: a rank's crash costs the step in
-    /// flight, not the steps since the last checkpoint.
+    /// ferrotrain's launcher: its trainer or spec.pytorch, not a custom command), on one pod
+    /// as on many: a rank's crash costs the step in flight, not the steps since the last
+    /// checkpoint.
     pub fn restarts_in_place(&self) -> bool {
         self.restart_policy.in_place && self.command.is_none()
     }

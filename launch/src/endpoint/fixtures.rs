@@ -96,6 +96,7 @@ pub(super) fn full_progress() -> Progress {
             valid_pairs: 1014,
             valid_truncated: 2,
         }),
+        no_step_reports: false,
     }
 }
 

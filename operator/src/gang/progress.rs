@@ -200,6 +200,14 @@ pub(super) fn stalled(d: &mut Draft<'_, '_>) -> Option<Failure> {
     if timeout <= 0 || !d.status.is_true(condition::PROGRESS_AVAILABLE) {
         return None;
     }
+    // A script of your own that reports no steps: its report changes with the rounds only.
+    if d.status
+        .progress
+        .as_ref()
+        .is_some_and(|p| p.report.no_step_reports)
+    {
+        return None;
+    }
     let running_since = d
         .status
         .condition(condition::RUNNING)

@@ -19,6 +19,25 @@ pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// The trainer image's default entrypoint: the pod's launcher. How it restarts its ranks
 /// comes from the environment ([`restart_env`](super::environment::restart_env)).
 pub const DEFAULT_COMMAND: [&str; 2] = ["ferrotrain", "launch"];
+/// spec.pytorch's entrypoint: the launcher alone (the launch crate's binary), which runs the
+/// script's command, given after `--`, as the ranks.
+pub const PYTORCH_LAUNCHER: &str = "ferrotrain-launch";
+
+/// The container's command and arguments: spec.pytorch's command under the launcher, else
+/// spec.command (or the trainer's launcher) with spec.args.
+fn entrypoint(spec: &DistributedTrainingSpec) -> (Vec<String>, Option<Vec<String>>) {
+    if let Some(p) = &spec.pytorch {
+        let args = std::iter::once("--".to_string())
+            .chain(p.command.iter().cloned())
+            .collect();
+        return (vec![PYTORCH_LAUNCHER.to_string()], Some(args));
+    }
+    let command = spec
+        .command
+        .clone()
+        .unwrap_or_else(|| DEFAULT_COMMAND.iter().map(|s| s.to_string()).collect());
+    (command, spec.args.clone())
+}
 
 /// spec.resources plus gpusPerReplica GPUs (requests = limits); None when empty.
 fn trainer_resources(spec: &DistributedTrainingSpec) -> Option<ResourceRequirements> {
@@ -45,6 +64,7 @@ pub(super) fn trainer_container(
     mounts: Vec<VolumeMount>,
     working_dir: Option<String>,
 ) -> Container {
+    let (command, args) = entrypoint(spec);
     Container {
         name: labels::TRAINER_CONTAINER.into(),
         image: Some(
@@ -53,12 +73,8 @@ pub(super) fn trainer_container(
                 .unwrap_or_else(|| s.trainer_image.clone()),
         ),
         image_pull_policy: spec.image_pull_policy.map(|p| p.as_str().to_string()),
-        command: Some(
-            spec.command
-                .clone()
-                .unwrap_or_else(|| DEFAULT_COMMAND.iter().map(|s| s.to_string()).collect()),
-        ),
-        args: spec.args.clone(),
+        command: Some(command),
+        args,
         env: Some(env),
         ports: Some(vec![
             ContainerPort {

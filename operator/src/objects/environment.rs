@@ -115,6 +115,12 @@ pub fn contract_env(
             spec.gpus_per_replica,
         ));
     }
+    if let Some(p) = spec.pytorch.as_ref().filter(|p| !p.pre_import.is_empty()) {
+        vars.push(env_value(
+            env::FERROTRAIN_PRE_IMPORT,
+            p.pre_import.join(","),
+        ));
+    }
     if spec.trainer.is_some() {
         vars.push(env_value(
             env::FERROTRAIN_CONFIG,

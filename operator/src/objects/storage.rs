@@ -30,10 +30,11 @@ pub(super) fn checkpoint_mount_path(spec: &DistributedTrainingSpec) -> String {
 /// Whether the pod of `node_rank` mounts spec.checkpoint's volume. The ferrotrain trainer
 /// reads and writes checkpoints on global rank 0 alone, which runs in the node-rank-0 pod (it
 /// broadcasts the weights, the optimizer state and the vocabulary to the other ranks), so the
-/// other pods need no access and a ReadWriteOnce claim works. A custom `command` may read
-/// checkpoints on every rank (PyTorch DDP scripts commonly do), so there every pod mounts it.
+/// other pods need no access and a ReadWriteOnce claim works. A script of your own
+/// (`command`, `pytorch`) may read checkpoints on every rank (PyTorch DDP scripts commonly
+/// do), so there every pod mounts it.
 pub fn mounts_checkpoint_volume(spec: &DistributedTrainingSpec, node_rank: i32) -> bool {
-    node_rank == 0 || spec.command.is_some()
+    node_rank == 0 || spec.command.is_some() || spec.pytorch.is_some()
 }
 
 fn pvc(claim: &str, read_only: bool) -> PersistentVolumeClaimVolumeSource {

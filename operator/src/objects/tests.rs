@@ -595,6 +595,53 @@ fn command_default_and_bring_your_own() {
     assert!(config_map(&owner, &byo.spec).is_none());
 }
 
+/// spec.pytorch: the launcher alone is the entrypoint and runs the script's command after
+/// `--`; the spares' pre-imports; no trainer config; every pod mounts the checkpoint volume;
+/// in-place restarts as for the trainer.
+#[test]
+fn a_pytorch_script_runs_under_the_launcher() {
+    let dt = job().with_spec(serde_json::json!({
+        "replicas": 2,
+        "image": "ferrotrain/pytorch:dev",
+        "pytorch": {"command": ["python3", "/workspace/gpt.py", "--steps", "600"], "preImport": ["numpy", "yaml"]},
+        "checkpoint": {"claimName": "ckpt"},
+    }));
+    let owner = Owner::of(&dt).unwrap();
+    let p = pod(&owner, &dt.spec, 0, 1, &build_settings());
+    let c = &p.spec.as_ref().unwrap().containers[0];
+    assert_eq!(
+        c.command.as_deref(),
+        Some(&["ferrotrain-launch".to_string()][..])
+    );
+    let args: Vec<&str> = c
+        .args
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        args,
+        ["--", "python3", "/workspace/gpt.py", "--steps", "600"]
+    );
+    let env = env_of(&p);
+    let value = |name: &str| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+    assert_eq!(value("FERROTRAIN_PRE_IMPORT"), Some("numpy,yaml"));
+    assert_eq!(value("FERROTRAIN_RESTART_IN_PLACE"), Some("true"));
+    assert_eq!(value("FERROTRAIN_CONFIG"), None);
+    assert!(
+        value("FERROTRAIN_PORT_RANGE").is_some(),
+        "MASTER_PORT's range"
+    );
+    assert!(config_map(&owner, &dt.spec).is_none());
+    let volumes = p.spec.unwrap().volumes.unwrap();
+    let ckpt = volumes.iter().find(|v| v.name == "checkpoints").unwrap();
+    assert!(
+        ckpt.persistent_volume_claim.is_some(),
+        "node rank 1 mounts the claim too"
+    );
+}
+
 #[test]
 fn service_is_headless_and_publishes_not_ready_pods() {
     let dt = gpu_job();
@@ -772,6 +819,12 @@ fn the_launchers_restart_in_place_with_their_own_launcher_on_one_pod_as_on_sever
         restart_env(byo, 7),
         (None, Some("0".into())),
         "not our launcher"
+    );
+    let pytorch = serde_json::json!({"replicas": 2, "image": "i", "pytorch": {"command": ["python3", "t.py"]}});
+    assert_eq!(
+        restart_env(pytorch, 7),
+        (Some("true".into()), Some("7".into())),
+        "a script under our launcher restarts in place"
     );
 }
 

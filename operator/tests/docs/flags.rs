@@ -85,6 +85,7 @@ impl Flags {
             commands.insert(format!("ferrotrain {sub}"), flags);
         }
         commands.insert("ferrotrain".into(), BTreeSet::new());
+        commands.insert("ferrotrain-launch".into(), command_launcher_flags());
         commands.extend(plugin_flags());
         for flags in commands.values_mut() {
             flags.extend(["--help".to_string(), "--version".to_string()]);
@@ -280,6 +281,14 @@ fn flag_of_any(word: &str) -> Option<String> {
 }
 
 /// `ferrotrain`'s subcommands and their long flags, read from the derive structs.
+/// `ferrotrain-launch`'s flags, from its clap definition (the launch crate has no libtorch).
+pub fn command_launcher_flags() -> BTreeSet<String> {
+    ferrotrain_launch::CommandLaunchArgs::command()
+        .get_arguments()
+        .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+        .collect()
+}
+
 pub fn trainer_flags() -> BTreeMap<String, BTreeSet<String>> {
     let root = repo_root();
     let main = std::fs::read_to_string(root.join("trainer/src/main.rs")).unwrap();

@@ -1,64 +1,35 @@
-//! Listening ports inside the range the job's NetworkPolicy names (`FERROTRAIN_PORT_RANGE`,
-//! `first-last`; docs/security.md). The operator also pins the pod's ephemeral port range to
-//! it (the sysctl net.ipv4.ip_local_port_range), which covers NCCL's and Gloo's listeners; the
-//! ring binds inside it itself, so it holds even where that sysctl was not applied.
+//! The ring's listeners inside the range the job's NetworkPolicy names (`FERROTRAIN_PORT_RANGE`;
+//! the launch crate's `ports`, which the launcher picks a PyTorch script's MASTER_PORT with):
+//! the ring binds inside it itself, so it holds even where the operator's sysctl
+//! net.ipv4.ip_local_port_range was not applied.
 
-use std::io::ErrorKind;
-use std::net::{Ipv4Addr, TcpListener};
+use std::net::TcpListener;
 
-use ferrotrain_api::env;
+use ferrotrain_launch::ports::{self, Listened};
 
 use crate::error::{Result, TrainError};
 
 /// Parses `first-last` (both ends included, first <= last, neither 0).
 pub fn parse_range(value: &str) -> Result<(u16, u16)> {
-    let bad = || {
-        TrainError::Config(
-            format!(
-                "{}={value:?} is not a port range first-last (e.g. 41000-42999)",
-                env::FERROTRAIN_PORT_RANGE
-            )
-            .into(),
-        )
-    };
-    let (first, last) = value.trim().split_once('-').ok_or_else(bad)?;
-    let first: u16 = first.trim().parse().map_err(|_| bad())?;
-    let last: u16 = last.trim().parse().map_err(|_| bad())?;
-    if first == 0 || first > last {
-        return Err(bad());
-    }
-    Ok((first, last))
+    ports::parse_range(value).map_err(|e| TrainError::Config(e.into()))
 }
 
 /// A listener on every interface: in `range` when given (the first free port from a start
 /// that differs between processes, so that ranks of one pod do not race for the same
 /// port), else wherever the kernel puts it.
 pub fn listen(range: Option<(u16, u16)>) -> Result<TcpListener> {
-    let Some((first, last)) = range else {
-        return Ok(TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0))?);
-    };
-    let span = u32::from(last - first) + 1;
-    let start = std::process::id() % span;
-    for i in 0..span {
-        let port = first + ((start + i) % span) as u16;
-        match TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)) {
-            Ok(listener) => return Ok(listener),
-            Err(e) if e.kind() == ErrorKind::AddrInUse => continue,
-            Err(e) => return Err(e.into()),
-        }
+    match ports::listen(range, std::process::id())? {
+        Listened::Bound(listener) => Ok(listener),
+        Listened::Full => Err(TrainError::Distributed(
+            ports::full_message(range.unwrap_or_default()).into(),
+        )),
     }
-    Err(TrainError::Distributed(
-        format!(
-            "no free port in {}={first}-{last}: the job's NetworkPolicy lets peers reach only \
-             these (widen spec.networkPolicy.portRange)",
-            env::FERROTRAIN_PORT_RANGE
-        )
-        .into(),
-    ))
 }
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
 
     #[test]

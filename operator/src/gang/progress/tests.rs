@@ -115,6 +115,43 @@ fn stall_detection_is_off_without_a_progress_endpoint() {
     assert!(d.events.is_empty());
 }
 
+/// spec.pytorch's script that calls no `ferrotrain.report`: the launcher's report says so and
+/// changes with the rounds only, which is no stall; once a step is reported, it can stall.
+#[test]
+fn a_script_that_reports_no_steps_is_never_taken_for_stalled() {
+    let silent = Progress {
+        no_step_reports: true,
+        ..Progress::default()
+    };
+    let mut s = running_status(0, 0);
+    s.progress = Some(TrainingProgress {
+        report: report::rounded(&silent),
+        updated_at: Some(Time(t(50))),
+        ..TrainingProgress::default()
+    });
+    s.conditions
+        .push(cond(condition::PROGRESS_AVAILABLE, true, 20));
+    let row = Row {
+        spec: |s| s.stall_timeout_seconds = 60,
+        status: s,
+        pods: vec![running(0, 0), running(0, 1)],
+        progress: ProgressObservation::Report(Box::new(silent)),
+        now: 10_000,
+        ..Row::default()
+    };
+    let d = run(&row);
+    assert_eq!(d.status.phase, Phase::Running);
+    assert!(!d.status.is_true(condition::STALLED));
+    let reporting = Row {
+        progress: ProgressObservation::Report(Box::new(report(100, 2.0))),
+        ..row
+    };
+    let d = run(&reporting);
+    assert_eq!(d.status.phase, Phase::Running, "a first report is progress");
+    let stored = d.status.progress.unwrap();
+    assert!(!stored.report.no_step_reports);
+}
+
 #[test]
 fn bring_your_own_image_without_progress_is_reported_once() {
     let row = Row {
