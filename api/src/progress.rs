@@ -412,6 +412,7 @@ impl Progress {
     /// The parts of this report the recovery ledger uses.
     pub fn step_report(&self) -> crate::recovery::StepReport {
         crate::recovery::StepReport {
+            round: self.round,
             step: self.step,
             resumed_from_step: self.resumed_from_step,
             first_step_at: self.attempt_first_step_time,

@@ -314,6 +314,8 @@ impl Retired {
 /// What a supervisor saw of the current attempt's progress (`Progress::step_report`).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StepReport {
+    /// The in-place round the report is of (0 without in-place restarts).
+    pub round: u64,
     pub step: u64,
     pub resumed_from_step: Option<u64>,
     pub first_step_at: Option<Timestamp>,
@@ -424,7 +426,15 @@ impl Recovery {
         let Some(a) = self.current_mut() else {
             return;
         };
-        if a.resumed_from_step.is_none() {
+        // Another round's report (a launcher serves the last round's until the new round's
+        // rank 0 writes one) says nothing of this round.
+        if a.round.unwrap_or(0) != r.round {
+            return;
+        }
+        // Where the round started is known once its rank 0 says so or steps (a fresh start
+        // says nothing): until then, a report is no sign that it started from step 0.
+        let started = r.resumed_from_step.is_some() || r.first_step_at.is_some() || r.step > 0;
+        if a.resumed_from_step.is_none() && started {
             a.resumed_from_step = Some(r.resumed_from_step.unwrap_or(0));
             a.healed_from = r.healed_from;
         }

@@ -63,13 +63,22 @@ pub async fn ended_round(
             .find(|a| a.attempt == 0 && a.round.unwrap_or(0) == r)
             .cloned()
     };
-    let what = format!("round {round}'s record, the next round resumed");
-    // A round that ended before its first step trained nothing: no count of its own.
-    let settled = |r: &AttemptRecord| r.lost_steps.is_some() || r.last_step.is_none();
+    let what = format!("round {round}'s record, a later round resumed");
+    // Its count is exact once a later round of the attempt says where it resumed (rounds
+    // between that ended before their first step say nothing); a round that ended before its
+    // first step trained nothing: no count of its own.
+    let resumed_later = |s: &DistributedTrainingStatus| {
+        s.recovery.as_ref().is_some_and(|l| {
+            l.attempts.iter().any(|a| {
+                a.attempt == 0 && a.round.unwrap_or(0) > round && a.resumed_from_step.is_some()
+            })
+        })
+    };
     let status = wait_status(&ns.jobs(), job, &what, WAIT, |s| {
-        record(s, round).is_some_and(|r| r.end.is_some() && settled(&r))
-            && record(s, round + 1)
-                .is_some_and(|r| r.resumed_from_step.is_some() || r.end.is_some())
+        record(s, round).is_some_and(|r| {
+            r.end.is_some()
+                && (r.last_step.is_none() || (r.lost_steps.is_some() && resumed_later(s)))
+        })
     })
     .await;
     (record(&status, round).expect("checked"), status)

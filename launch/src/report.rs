@@ -74,9 +74,14 @@ impl GangReport {
         if let Some(report) = read {
             shared.last = Some(report);
         }
-        let mut p = shared.last.clone().unwrap_or_default();
+        // A report keeps the round its rank 0 wrote it in (an earlier round's until the new
+        // round's rank 0 writes one): the operator's ledger takes a report for its own round
+        // only. Before any report, the launcher's round.
+        let mut p = shared.last.clone().unwrap_or_else(|| Progress {
+            round: shared.round,
+            ..Progress::default()
+        });
         p.no_step_reports = self.command && shared.last.is_none();
-        p.round = shared.round;
         p.round_ends = shared.ends.clone();
         p.rejected_connections = refused::merged(refused::snapshot(), &p.rejected_connections);
         p
@@ -124,8 +129,14 @@ mod tests {
     }
 
     fn write(dir: &std::path::Path, step: u64) {
+        write_in(dir, 0, step);
+    }
+
+    /// Rank 0's report of `step` in round `round`.
+    fn write_in(dir: &std::path::Path, round: u64, step: u64) {
         let p = Progress {
             step,
+            round,
             ..Progress::default()
         };
         let json = checksummed::seal(&p, checksummed::CRC_FIELD).unwrap();
@@ -136,13 +147,20 @@ mod tests {
     fn the_report_is_rank_0s_with_the_launchers_rounds_and_survives_a_round_start() {
         let dir = tempfile::tempdir().unwrap();
         let report = GangReport::new(dir.path());
-        assert_eq!(report.now().step, 0, "nothing yet: an empty report");
-        write(dir.path(), 40);
-        report.round_ended(end(0));
-        report.round_started(1);
+        report.round_started(2);
+        let empty = report.now();
+        assert_eq!(
+            (empty.step, empty.round),
+            (0, 2),
+            "nothing yet: the launcher's round"
+        );
+        write_in(dir.path(), 2, 40);
+        report.round_ended(end(2));
+        report.round_started(3);
+        // Round 2's report until round 3's rank 0 writes one: it says it is round 2's.
         let now = report.now();
-        assert_eq!((now.step, now.round), (40, 1));
-        assert_eq!(now.round_ends, [end(0)]);
+        assert_eq!((now.step, now.round), (40, 2));
+        assert_eq!(now.round_ends, [end(2)]);
         // A new round removes the file until its rank 0 steps: the last report stays.
         std::fs::remove_file(dir.path().join(PROGRESS_FILE)).unwrap();
         assert_eq!(report.clone().now().step, 40);
@@ -153,8 +171,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(report.now().step, 40);
-        write(dir.path(), 50);
-        assert_eq!(report.now().step, 50);
+        write_in(dir.path(), 3, 50);
+        let now = report.now();
+        assert_eq!((now.step, now.round), (50, 3));
     }
 
     #[test]

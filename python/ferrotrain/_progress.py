@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from ._sealed import seal, write_atomically
 
 PROGRESS_FILE = "FERROTRAIN_PROGRESS_FILE"
+ROUND = "FERROTRAIN_ROUND"
 WINDOW = 20
 # The launcher reads the file about once a second; rank 0 writes it no more often.
 WRITE_EVERY = 1.0
@@ -36,10 +37,12 @@ def now_rfc3339(t=None):
 class Reporter:
     """What rank 0 knows of its run, written to `path` (None: nothing is written)."""
 
-    def __init__(self, path, world_size, clock=time.monotonic, wall=time.time):
+    def __init__(self, path, world_size, clock=time.monotonic, wall=time.time, round=0):
         self.path = path
         self.clock, self.wall = clock, wall
         self.world_size = world_size
+        # The round the report is of (the launcher serves it on after the next round began).
+        self.round = round
         self.total_steps = 0
         self.epoch = 0
         self.samples = 0
@@ -125,6 +128,8 @@ class Reporter:
             p["bestEvalLoss"] = self.best_eval_loss
         if self.learning_rate is not None:
             p["learningRate"] = self.learning_rate
+        if self.round:
+            p["round"] = self.round
         if self.resumed_from_step is not None:
             p["resumedFromStep"] = self.resumed_from_step
         if self.healed_from is not None:
@@ -155,7 +160,8 @@ def reporter_from_env():
     one (its termination message)."""
     rank = int(os.environ.get("RANK", "0") or 0)
     path = os.environ.get(PROGRESS_FILE) if rank == 0 else None
-    reporter = Reporter(path, int(os.environ.get("WORLD_SIZE", "1") or 1))
+    reporter = Reporter(path, int(os.environ.get("WORLD_SIZE", "1") or 1),
+                        round=int(os.environ.get(ROUND, "0") or 0))
     if path:
         atexit.register(reporter.write_last)
     return reporter

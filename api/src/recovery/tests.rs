@@ -6,6 +6,7 @@ fn t(s: i64) -> Timestamp {
 
 fn report(step: u64, resumed: u64, first: i64, ckpt: Option<u64>) -> StepReport {
     StepReport {
+        round: 0,
         step,
         resumed_from_step: Some(resumed),
         first_step_at: Some(t(first)),
@@ -14,6 +15,11 @@ fn report(step: u64, resumed: u64, first: i64, ckpt: Option<u64>) -> StepReport 
         healed_from: None,
         world_size: None,
     }
+}
+
+/// `rep` as a report of round `round`.
+fn in_round(round: u64, rep: StepReport) -> StepReport {
+    StepReport { round, ..rep }
 }
 
 fn failure(at: i64, seen: i64) -> AttemptEnd {
@@ -120,7 +126,7 @@ fn the_steps_trained_again_are_counted_from_the_ranks_own_record_not_the_last_po
     r.start_round(0, 1, t(62));
     let healed = StepReport {
         healed_from: Some(HealedFrom::Peers),
-        ..report(365, 363, 63, Some(300))
+        ..in_round(1, report(365, 363, 63, Some(300)))
     };
     r.report(healed, t(63));
     assert_eq!(r.attempts[0].lost_steps, Some(1), "only the step in flight");
@@ -282,7 +288,7 @@ fn a_round_that_ended_before_its_first_step_leaves_the_loss_to_the_next_that_res
     r.start_round(0, 1, t(21));
     r.end(failure(22, 22));
     r.start_round(0, 2, t(23));
-    r.report(report(85, 84, 24, Some(61)), t(24));
+    r.report(in_round(2, report(85, 84, 24, Some(61))), t(24));
     assert_eq!(
         r.attempts[0].lost_steps,
         Some(0),
@@ -307,7 +313,7 @@ fn each_rounds_world_size_and_the_seconds_trained_at_each_size_are_kept() {
         ..failure(10, 10)
     });
     r.start_round(0, 1, t(10));
-    r.report(at(2, report(300, 100, 11, None)), t(31));
+    r.report(at(2, in_round(1, report(300, 100, 11, None))), t(31));
     assert_eq!(
         (r.attempts[0].world_size, r.attempts[1].world_size),
         (Some(1), Some(2))
@@ -320,7 +326,7 @@ fn each_rounds_world_size_and_the_seconds_trained_at_each_size_are_kept() {
         .collect();
     assert_eq!(sizes, [("1", 10.0), ("2", 20.0)]);
     // A report that does not say keeps what the round said.
-    r.report(report(301, 100, 11, None), t(32));
+    r.report(in_round(1, report(301, 100, 11, None)), t(32));
     assert_eq!(r.attempts[1].world_size, Some(2));
     // Attempts that leave the history keep their seconds in the totals.
     for i in 1..=MAX_ATTEMPTS as i64 {
@@ -380,4 +386,32 @@ fn a_stop_someone_asked_for_costs_no_recovery_time() {
     for cause in [EndCause::Succeeded, EndCause::Stopped] {
         assert!(!cause.is_recovered_from(), "{cause:?}");
     }
+}
+
+#[test]
+fn a_report_of_another_round_or_that_says_nothing_yet_leaves_the_round_alone() {
+    // Round 0 trains to step 40 and is killed; round 1 starts. The launcher still serves
+    // round 0's last report (round 1's rank 0 has not written one): it is not round 1's.
+    let mut r = Recovery::default();
+    r.start(0, t(0));
+    r.report(report(40, 0, 5, None), t(20));
+    r.end(failure(21, 21));
+    r.start_round(0, 1, t(21));
+    r.report(report(40, 0, 5, None), t(22));
+    assert_eq!(r.attempts[1].resumed_from_step, None, "round 0's report");
+    assert_eq!(r.attempts[0].lost_steps, Some(40), "not settled yet");
+    // Round 1's rank 0 before it restored: nothing said of where it starts.
+    let empty = StepReport {
+        round: 1,
+        ..StepReport::default()
+    };
+    r.report(empty, t(22));
+    assert_eq!(r.attempts[1].resumed_from_step, None, "no sign yet");
+    r.report(in_round(1, report(41, 40, 23, None)), t(23));
+    assert_eq!(r.attempts[1].resumed_from_step, Some(40));
+    assert_eq!(
+        r.attempts[0].lost_steps,
+        Some(0),
+        "only its own round's report settles it"
+    );
 }

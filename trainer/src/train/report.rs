@@ -320,6 +320,8 @@ pub(super) fn serve_progress(
         p.total_steps = opts.config.max_steps;
         p.samples = start.samples;
         p.world_size = world as u32;
+        // The round the report is of: the launcher serves it on after the next round began.
+        p.round = opts.rank.round;
         p.resumed_from_step = start.resumed_from_step;
         p.healed_from = start.source.healed_from();
         p.parameters = model::parameter_count(&replica.vs);

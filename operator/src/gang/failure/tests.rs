@@ -268,6 +268,7 @@ fn ledger(saved: [bool; 3]) -> ferrotrain_api::Recovery {
         let from = 100 * attempt as u64;
         r.start(attempt as i64, t(attempt as i64 * 10));
         let report = StepReport {
+            round: 0,
             step: from + 60,
             resumed_from_step: Some(from),
             first_step_at: None,
