@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the container images: ferrotrain/trainer, ferrotrain/operator and (with --cuda)
 # ferrotrain/trainer-cuda, all with one tag. See docs/images.md. Only when named in --only:
-# ferrotrain/s3-e2e, the end-to-end tests' S3 server (s3s-fs; never a product image).
+# ferrotrain/pytorch (the launcher with PyTorch for Python on the CPU, for spec.pytorch; on
+# ferrotrain/pytorch-base, which is tagged by its torch version and built only when missing),
+# and ferrotrain/s3-e2e, the end-to-end tests' S3 server (s3s-fs; never a product image).
 #
 #   scripts/images.sh [--tag TAG] [--mode local|source] [--cuda] [--only LIST]
 #                     [--profile dev|release] [--no-cargo]
@@ -17,7 +19,8 @@
 #                   source)
 #   --cuda          also build ferrotrain/trainer-cuda (the CUDA libtorch from torch's
 #                   nvidia-* wheels: about 3.5 GB to download, a 4 GB image)
-#   --only LIST     comma-separated subset of trainer,operator,trainer-cuda,s3-e2e
+#   --only LIST     comma-separated subset of trainer,operator,trainer-cuda,pytorch,
+#                   pytorch-base,s3-e2e
 #   --profile P     cargo profile of the binaries (env FERROTRAIN_IMAGE_PROFILE; default dev in
 #                   local mode, the tests' build; release in source mode)
 #   --no-cargo      local mode: take the binaries already in target/ as they are
@@ -62,8 +65,8 @@ done
 [[ $CUDA == 1 && ",$ONLY," != *,trainer-cuda,* ]] && ONLY="$ONLY,trainer-cuda"
 IFS=, read -r -a IMAGES <<<"$ONLY"
 for image in "${IMAGES[@]}"; do
-  case "$image" in trainer|operator|trainer-cuda|s3-e2e) ;; *)
-    echo "images.sh: unknown image $image (trainer, operator, trainer-cuda, s3-e2e)" >&2; exit 2 ;;
+  case "$image" in trainer|operator|trainer-cuda|pytorch|pytorch-base|s3-e2e) ;; *)
+    echo "images.sh: unknown image $image (trainer, operator, trainer-cuda, pytorch, pytorch-base, s3-e2e)" >&2; exit 2 ;;
   esac
 done
 if [[ ! "$TAG" =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$ ]]; then
@@ -167,9 +170,13 @@ PY
 }
 
 LOCAL_BASE="ferrotrain-local/debian:$DEBIAN_SUITE-minbase"
+# The pytorch images' base: the same with Debian's Python 3.11 (torch's wheel is cp311).
+LOCAL_PYTHON_BASE="ferrotrain-local/debian:$DEBIAN_SUITE-python3"
 ROOTFS=
 trap '[[ -z "$ROOTFS" ]] || rm -rf "$ROOTFS" "$ROOTFS.log"' EXIT
+# ensure_local_base [IMAGE PACKAGES]: the minbase image, or IMAGE with PACKAGES (comma list).
 ensure_local_base() {
+  local LOCAL_BASE="${1:-$LOCAL_BASE}" include="ca-certificates${2:+,$2}"
   if docker image inspect "$LOCAL_BASE" >/dev/null 2>&1 && [[ "${FERROTRAIN_REBUILD_BASE:-0}" != 1 ]]; then
     log "base image $LOCAL_BASE exists (FERROTRAIN_REBUILD_BASE=1 remakes it)"
     return
@@ -186,8 +193,8 @@ ensure_local_base() {
   rootfs=$(mktemp -d /tmp/ferrotrain-rootfs.XXXXXX)
   ROOTFS="$rootfs"
   started=$SECONDS
-  log "debootstrap $DEBIAN_SUITE (minbase + ca-certificates) from $mirror"
-  debootstrap --variant=minbase --include=ca-certificates "$DEBIAN_SUITE" "$rootfs" "$mirror" \
+  log "debootstrap $DEBIAN_SUITE (minbase + $include) from $mirror"
+  debootstrap --variant=minbase --include="$include" "$DEBIAN_SUITE" "$rootfs" "$mirror" \
     >"$rootfs.log" 2>&1 || { tail -n 30 "$rootfs.log" >&2; rm -f "$rootfs.log"; die "debootstrap failed"; }
   rm -f "$rootfs.log"
   # What debian:*-slim leaves out too: docs, man pages, locales, package caches.
@@ -197,7 +204,7 @@ ensure_local_base() {
   tar --numeric-owner -C "$rootfs" -c . | docker import \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'CMD ["bash"]' \
-    --message "debootstrap --variant=minbase $DEBIAN_SUITE" - "$LOCAL_BASE" >/dev/null
+    --message "debootstrap --variant=minbase --include=$include $DEBIAN_SUITE" - "$LOCAL_BASE" >/dev/null
   rm -rf "$rootfs"
   ROOTFS=
   log "base image $LOCAL_BASE made in $((SECONDS - started)) s"
@@ -225,13 +232,52 @@ cargo_build() {
   cargo build --profile "$PROFILE" "$@" >&2
 }
 
+# ferrotrain/pytorch-base's tag: its torch version and a digest of what lays it out, so a
+# change to either builds it again and nothing else does.
+PYTORCH_BASE_TAG="$(scripts/setup-libtorch.sh --print-version)-py311-$(cat scripts/setup-pytorch.sh \
+  scripts/lib/cuda_stubs.py docker/pytorch-base.Dockerfile docker/versions.env | sha256sum | cut -c1-8)"
+image_ref() {
+  if [[ "$1" == pytorch-base ]]; then echo "ferrotrain/pytorch-base:$PYTORCH_BASE_TAG"; else echo "ferrotrain/$1:$TAG"; fi
+}
+
 declare -A BUILD_SECONDS=()
 build_image() {
   local image="$1"; shift
-  local started=$SECONDS
-  log "building ferrotrain/$image:$TAG"
-  "${BUILD[@]}" "${COMMON_ARGS[@]}" -t "ferrotrain/$image:$TAG" "$@" >&2
+  local started=$SECONDS ref
+  ref=$(image_ref "$image")
+  log "building $ref"
+  "${BUILD[@]}" "${COMMON_ARGS[@]}" -t "$ref" "$@" >&2
   BUILD_SECONDS[$image]=$((SECONDS - started))
+}
+
+# The launcher for any Linux image: static, musl (a glibc build needs glibc 2.34). Built also
+# with --no-cargo when missing: the tests' build (what --no-cargo takes) has no musl target.
+build_static_launcher() {
+  local bin
+  bin="${CARGO_TARGET_DIR:-target}/x86_64-unknown-linux-musl/$(profile_dir "$PROFILE")/ferrotrain-launch"
+  if [[ $CARGO == 1 || ! -x "$bin" ]]; then
+    rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl \
+      || rustup target add x86_64-unknown-linux-musl >&2
+    log "cargo build --profile $PROFILE --target x86_64-unknown-linux-musl -p ferrotrain-launch"
+    cargo build --profile "$PROFILE" --target x86_64-unknown-linux-musl -p ferrotrain-launch \
+      --bin ferrotrain-launch >&2
+  fi
+  echo "$bin"
+}
+
+# The example's text (gpt.py's --data): Multi30k's English training captions, 569 KB, from
+# $FERROTRAIN_MULTI30K_DIR or ../shared/data/multi30k, else downloaded; checked by its sha256.
+MULTI30K_TRAIN_EN_URL=https://github.com/multi30k/dataset/raw/master/data/task1/raw/train.en.gz
+MULTI30K_TRAIN_EN_SHA256=d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f
+example_text() {
+  local src="${FERROTRAIN_MULTI30K_DIR:-$ROOT/../shared/data/multi30k}/train.en.gz"
+  if [[ -f "$src" ]]; then
+    cp "$src" "$1"
+  else
+    log "downloading $MULTI30K_TRAIN_EN_URL (no $src)"
+    curl -fsSL -o "$1" "$MULTI30K_TRAIN_EN_URL" || die "cannot download Multi30k's train.en.gz: set FERROTRAIN_MULTI30K_DIR to a directory holding it"
+  fi
+  echo "$MULTI30K_TRAIN_EN_SHA256  $1" | sha256sum -c --quiet - >&2 || die "$src is not Multi30k's train.en.gz (sha256)"
 }
 
 # Local mode fetches nothing while building (the base and the binaries are made here): its RUN
@@ -273,6 +319,33 @@ build_local() {
       build_image operator -f docker/operator.Dockerfile --build-arg BINARIES=prebuilt \
         --build-arg "BASE_IMAGE=$LOCAL_BASE" "${LOCAL_ARGS[@]}" "$ctx"
       ;;
+    pytorch-base)
+      ensure_local_base "$LOCAL_PYTHON_BASE" python3
+      local site
+      site=$(scripts/setup-pytorch.sh | tail -n1)
+      mkdir -p "$ctx/prebuilt/python"
+      cp -al "$site/." "$ctx/prebuilt/python/" 2>/dev/null || cp -a "$site/." "$ctx/prebuilt/python/"
+      # Headers are for building extensions, which this image does not.
+      rm -rf "$ctx/prebuilt/python/torch/include"
+      build_image pytorch-base -f docker/pytorch-base.Dockerfile --build-arg BINARIES=prebuilt \
+        --build-arg "BASE_IMAGE=$LOCAL_PYTHON_BASE" "${LOCAL_ARGS[@]}" "$ctx"
+      rm -rf "$ctx"
+      ;;
+    pytorch)
+      if ! docker image inspect "$(image_ref pytorch-base)" >/dev/null 2>&1; then
+        build_local pytorch-base
+      fi
+      bin=$(build_static_launcher | tail -n1)
+      stage_binary "$bin" "$ctx/prebuilt/bin/ferrotrain-launch"
+      mkdir -p "$ctx/prebuilt/python" "$ctx/prebuilt/examples"
+      cp -a python/ferrotrain "$ctx/prebuilt/python/ferrotrain"
+      find "$ctx/prebuilt/python" -name __pycache__ -prune -exec rm -rf {} +
+      cp examples/pytorch/gpt.py "$ctx/prebuilt/examples/gpt.py"
+      mkdir -p "$ctx/prebuilt/examples/data"
+      example_text "$ctx/prebuilt/examples/data/train.en.gz"
+      build_image pytorch -f docker/pytorch.Dockerfile --build-arg BINARIES=prebuilt \
+        --build-arg "PYTORCH_BASE=$(image_ref pytorch-base)" "${LOCAL_ARGS[@]}" "$ctx"
+      ;;
     s3-e2e)
       # A tool of the tests, built once into the cache (not from this workspace).
       bin=$(scripts/setup-s3s-fs.sh | tail -n1)
@@ -295,6 +368,12 @@ build_source() {
     operator) build_image operator -f docker/operator.Dockerfile "${args[@]}" . ;;
     s3-e2e) build_image s3-e2e -f docker/s3-e2e.Dockerfile "${args[@]}" \
                --build-arg "S3S_FS_VERSION=$S3S_FS_VERSION" . ;;
+    pytorch-base) build_image pytorch-base -f docker/pytorch-base.Dockerfile --build-arg BINARIES=source \
+               --build-arg "BASE_IMAGE=${FERROTRAIN_PYTHON_BASE_IMAGE:-python:3.11-slim-bookworm}" . ;;
+    pytorch)
+      docker image inspect "$(image_ref pytorch-base)" >/dev/null 2>&1 || build_source pytorch-base
+      build_image pytorch -f docker/pytorch.Dockerfile --build-arg BINARIES=source \
+               --build-arg "CARGO_PROFILE=$PROFILE" --build-arg "PYTORCH_BASE=$(image_ref pytorch-base)" . ;;
   esac
 }
 
@@ -310,12 +389,12 @@ for image in "${IMAGES[@]}"; do
   "build_$MODE" "$image"
 done
 
-printf '\n%-36s %10s %8s\n' IMAGE SIZE BUILD >&2
+printf '\n%-44s %10s %8s\n' IMAGE SIZE BUILD >&2
 refs=()
 for image in "${IMAGES[@]}"; do
-  ref="ferrotrain/$image:$TAG"
+  ref=$(image_ref "$image")
   bytes=$(docker image inspect -f '{{.Size}}' "$ref")
-  printf '%-36s %7d MB %6d s\n' "$ref" $((bytes / 1000000)) "${BUILD_SECONDS[$image]}" >&2
+  printf '%-44s %7d MB %6d s\n' "$ref" $((bytes / 1000000)) "${BUILD_SECONDS[$image]:-0}" >&2
   refs+=("$ref")
 done
 log "done in $((SECONDS - started)) s"

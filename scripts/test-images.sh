@@ -63,6 +63,9 @@ check_static() {
       grep -qx "ARG $name=${!name}" "$f" || fail "$f: ARG $name default differs from docker/versions.env (${!name})"
     done
   done
+  for f in docker/pytorch-base.Dockerfile docker/pytorch.Dockerfile; do
+    grep -qx "ARG RUST_IMAGE=$RUST_IMAGE" "$f" || fail "$f: ARG RUST_IMAGE default differs from docker/versions.env ($RUST_IMAGE)"
+  done
   grep -qx "ARG S3S_FS_VERSION=$S3S_FS_VERSION" docker/s3-e2e.Dockerfile \
     || fail "docker/s3-e2e.Dockerfile: ARG S3S_FS_VERSION differs from docker/versions.env ($S3S_FS_VERSION)"
   # The CUDA image's recipe: setup-libtorch.sh --cuda keeps libtorch_cuda and fetches NCCL
