@@ -187,6 +187,9 @@ documented! {
     pub const CHECKPOINT_SAVE_FAILED: &str = "CheckpointSaveFailed";
     /// CheckpointsSaved=True and Normal event: a save completed again after failing.
     pub const CHECKPOINT_SAVED: &str = "CheckpointSaved";
+    /// Warning event: the API server refused the job's status because the installed CRD
+    /// lacks fields this operator writes (an older CRD: `helm upgrade` never upgrades one).
+    pub const CRD_OUT_OF_DATE: &str = "CrdOutOfDate";
 
     /// A condition's reason when none is given (Kubernetes requires one).
     pub const UNKNOWN: &str = "Unknown";

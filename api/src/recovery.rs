@@ -505,6 +505,13 @@ impl Recovery {
                 .as_ref()
                 .is_some_and(|e| e.cause != EndCause::Succeeded);
             if failed && let Some(last) = prev.last_step {
+                if resumed > last {
+                    // The next record resumed from a step this one's last report had not
+                    // reached (polled before rank 0 got there): it trained up to that step,
+                    // until it ended.
+                    prev.last_step = Some(resumed);
+                    prev.last_step_at = prev.end.as_ref().map(|e| e.failed_at);
+                }
                 prev.lost_steps = Some(last.saturating_sub(resumed));
             }
             if prev.first_step_at.is_some() {

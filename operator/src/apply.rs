@@ -4,6 +4,7 @@
 //! (an object of the same name that another owner controls is left alone and reported).
 
 use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingStatus};
+use ferrotrain_api::reason;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -81,23 +82,69 @@ pub async fn status(
     let (api_version, kind) = objects::type_meta::<DistributedTraining>();
     let body = json!({ "apiVersion": api_version, "kind": kind, "status": status });
     let params = PatchParams::apply(labels::FIELD_MANAGER).force();
-    let written = api
+    let written = match api
         .patch_status(&owner.name, &params, &Patch::Apply(&body))
         .await
-        .map_err(api_err(
-            "patch status of",
-            "DistributedTraining",
-            &owner.name,
-        ))?;
+    {
+        Ok(written) => written,
+        Err(source) => {
+            crd_out_of_date(ctx, dt, &source).await;
+            return Err(api_err(
+                "patch status of",
+                "DistributedTraining",
+                &owner.name,
+            )(source));
+        }
+    };
     ctx.remember_write(dt, written, now);
     Ok(())
+}
+
+/// The action an event is filed under: its attempt, and its in-place round after the first.
+fn event_action(attempt: i32, round: i32) -> String {
+    match round {
+        0 => format!("Attempt{attempt}"),
+        _ => format!("Attempt{attempt}Round{round}"),
+    }
+}
+
+/// A status the API server refused because the installed CRD lacks fields this operator
+/// writes: a Warning event on the job says so and how to fix it (best effort; the reconcile
+/// fails and is retried with backoff either way).
+async fn crd_out_of_date(ctx: &Context, dt: &DistributedTraining, source: &kube::Error) {
+    let fields = crate::error::fields_not_in_schema(source);
+    if fields.is_empty() {
+        return;
+    }
+    let note = gang::EventNote {
+        warning: true,
+        reason: reason::CRD_OUT_OF_DATE,
+        note: crd_out_of_date_note(&fields),
+    };
+    let at = dt.status.as_ref().map_or((0, 0), |s| (s.attempt, s.round));
+    if let Err(e) = events(ctx, dt, at, &[note]).await {
+        tracing::warn!(job = %dt.name_any(), error = %e, "the CrdOutOfDate event was not published");
+    }
+}
+
+/// What the event says: the fields, the cause and the fix.
+fn crd_out_of_date_note(fields: &[String]) -> String {
+    format!(
+        "the installed DistributedTraining CRD is older than this operator ({}): it does not \
+         declare {}, so the job's status cannot be written (training goes on); apply this \
+         version's CRD: kubectl apply --server-side --force-conflicts -f \
+         crds/distributedtrainings.yaml (helm upgrade never upgrades a chart's CRDs; \
+         docs/install.md#upgrade)",
+        env!("CARGO_PKG_VERSION"),
+        fields.join(", ")
+    )
 }
 
 /// Publishes events on the job.
 pub async fn events(
     ctx: &Context,
     dt: &DistributedTraining,
-    attempt: i32,
+    (attempt, round): (i32, i32),
     notes: &[gang::EventNote],
 ) -> Result<()> {
     let reference = dt.object_ref(&());
@@ -111,8 +158,8 @@ pub async fn events(
             reason: note.reason.into(),
             note: Some(note.note.chars().take(1000).collect()),
             // The recorder folds repeats of (reason, action) into a series that keeps the
-            // first note; keying by attempt keeps each attempt's failure message.
-            action: format!("Attempt{attempt}"),
+            // first note; keying by attempt and round keeps each one's failure message.
+            action: event_action(attempt, round),
             secondary: None,
         };
         ctx.recorder
@@ -482,6 +529,30 @@ mod tests {
                 message.contains("is not controlled by DistributedTraining"),
                 "{message}"
             );
+        }
+    }
+
+    #[test]
+    fn each_round_files_its_events_apart_so_a_series_keeps_its_own_note() {
+        // The recorder folds (reason, action) repeats into one series with the first note.
+        assert_eq!(event_action(0, 0), "Attempt0");
+        assert_eq!(event_action(2, 0), "Attempt2");
+        let rounds: std::collections::BTreeSet<String> =
+            (1..=7).map(|r| event_action(0, r)).collect();
+        assert_eq!(rounds.len(), 7, "{rounds:?}");
+        assert!(!rounds.contains(&event_action(1, 0)));
+    }
+
+    #[test]
+    fn the_crd_out_of_date_note_names_the_fields_and_the_fix() {
+        let note = crd_out_of_date_note(&[".status.recovery.secondsByWorldSize".into()]);
+        for part in [
+            ".status.recovery.secondsByWorldSize",
+            "kubectl apply --server-side --force-conflicts -f crds/distributedtrainings.yaml",
+            "docs/install.md#upgrade",
+            env!("CARGO_PKG_VERSION"),
+        ] {
+            assert!(note.contains(part), "{part} in {note}");
         }
     }
 }

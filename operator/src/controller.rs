@@ -238,7 +238,13 @@ async fn carry_out(
         requeue = carry_out::after_launch(&mut events, launched.stop.as_ref(), requeue);
         ctx.launch_went(&uid, launched.stop, now);
     }
-    apply::events(ctx, dt, decision.status.attempt, &events).await?;
+    apply::events(
+        ctx,
+        dt,
+        (decision.status.attempt, decision.status.round),
+        &events,
+    )
+    .await?;
     if decision.actions.contains(&gang::Action::DeleteJob) {
         apply::delete_job(ctx, dt, owner).await?;
         return Ok(Action::await_change());

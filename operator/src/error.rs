@@ -63,6 +63,28 @@ impl Error {
     }
 }
 
+/// The fields of a write the API server refused because the installed CRD's schema does not
+/// declare them (server-side apply's 500 "field not declared in schema", one line per field):
+/// the CRD is older than this operator. Empty for any other error.
+pub fn fields_not_in_schema(e: &kube::Error) -> Vec<String> {
+    const NOT_DECLARED: &str = ": field not declared in schema";
+    let kube::Error::Api(s) = e else {
+        return Vec::new();
+    };
+    if s.code != 500 {
+        return Vec::new();
+    }
+    let mut fields: Vec<String> = s
+        .message
+        .split('\n')
+        .filter_map(|line| line.split_once(NOT_DECLARED))
+        .filter_map(|(before, _)| before.split_whitespace().last())
+        .map(str::to_string)
+        .collect();
+    fields.dedup();
+    fields
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Wraps a kube error with what was being done to which object.
@@ -118,5 +140,40 @@ mod tests {
         );
         assert!(!quota.is_namespace_terminating());
         assert!(quota.is_refused_create());
+    }
+
+    #[test]
+    fn the_fields_an_older_crd_lacks_are_read_from_the_api_servers_refusal() {
+        // What a v1.36 API server answered an apply of this operator's status under 0.1.0's
+        // CRD (two fields, then one).
+        let status = |message: &str| {
+            let body = serde_json::json!({"status": "Failure", "message": message});
+            let status: kube::core::Status = serde_json::from_value(body).unwrap();
+            kube::Error::Api(Box::new(status.with_code(500)))
+        };
+        let two = status(
+            "failed to create typed patch object (/; ferrotrain.dev/v1alpha1, \
+             Kind=DistributedTraining): errors:\n  .status.recovery.attempts[0].worldSize: \
+             field not declared in schema\n  .status.recovery.secondsByWorldSize: field not \
+             declared in schema",
+        );
+        assert_eq!(
+            fields_not_in_schema(&two),
+            [
+                ".status.recovery.attempts[0].worldSize",
+                ".status.recovery.secondsByWorldSize"
+            ]
+        );
+        let one = status(
+            "failed to create typed patch object (/; ferrotrain.dev/v1alpha1, \
+             Kind=DistributedTraining): .status.recovery.secondsByWorldSize: field not \
+             declared in schema",
+        );
+        assert_eq!(
+            fields_not_in_schema(&one),
+            [".status.recovery.secondsByWorldSize"]
+        );
+        let other = status("etcdserver: request timed out");
+        assert!(fields_not_in_schema(&other).is_empty());
     }
 }

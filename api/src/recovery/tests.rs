@@ -415,3 +415,27 @@ fn a_report_of_another_round_or_that_says_nothing_yet_leaves_the_round_alone() {
         "only its own round's report settles it"
     );
 }
+
+#[test]
+fn a_round_polled_behind_its_ranks_is_counted_to_the_step_the_next_resumed_from() {
+    // Round 0 was last polled at step 421 (t=20); rank 0's pod then went away (t=28) and the
+    // next round resumed from its peers at 697: round 0 trained to 697, until it ended.
+    let mut r = Recovery::default();
+    r.start(0, t(0));
+    r.report(report(421, 0, 2, None), t(20));
+    r.end(failure(28, 28));
+    r.start_round(0, 1, t(28));
+    let healed = StepReport {
+        healed_from: Some(HealedFrom::Peers),
+        ..in_round(1, report(698, 697, 31, None))
+    };
+    r.report(healed, t(31));
+    let round0 = &r.attempts[0];
+    assert_eq!(round0.last_step, Some(697));
+    assert_eq!(round0.last_step_at, Some(t(28)));
+    assert_eq!(round0.lost_steps, Some(0));
+    assert_eq!(
+        round0.productive_seconds, 26.0,
+        "from its first step (2) to its end (28)"
+    );
+}
