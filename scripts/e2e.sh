@@ -2,8 +2,8 @@
 # The end-to-end suite on a real Kubernetes cluster on this machine (../shared/cluster: a
 # v1.36 control plane and real kubelets), in one command: builds the cluster's binaries once
 # (or finds them cached), starts it if it does not run, builds the images and loads them into
-# the nodes (and the S3 server of e2e/tests/store.rs, once per version: ferrotrain/s3-e2e),
-# installs the CRD and the chart as the README tells users, runs e2e/ and prints a table of
+# the nodes (and the S3 server of e2e/tests/store.rs, once per version: ferrotrain/s3-e2e; the
+# PyTorch image of e2e/tests/pytorch.rs, once per content: ferrotrain/pytorch), installs the CRD and the chart as the README tells users, runs e2e/ and prints a table of
 # tests and seconds. The cluster stays up afterwards unless --down is given.
 #
 #   scripts/e2e.sh [--microshift GIT_DIR] [--repeat N] [--filter EXPR] [--down]
@@ -190,25 +190,61 @@ if ! docker image inspect "$S3_IMAGE" >/dev/null 2>&1; then
   fi
   s3_did="built"
 fi
-# The nodes whose containerd lacks the image (all of them after a build: a node may hold an
-# image of that tag from before it).
-s3_missing=0
-for node_dir in "$FTC_DIR"/nodes/*/; do
-  running "containerd-$(basename "$node_dir")" || continue
-  if [[ -n $s3_did ]] || ! ctr --address "$node_dir/containerd.sock" -n k8s.io images ls -q \
-      "name==docker.io/$S3_IMAGE" | grep -q .; then
-    s3_missing=1
-  fi
-done
-if [[ $s3_missing == 1 ]]; then
+# Whether every running node's containerd holds IMAGE (after a build, load it anyway: a node
+# may hold an image of that tag from before it).
+images_on_nodes() {
+  local node_dir
+  for node_dir in "$FTC_DIR"/nodes/*/; do
+    running "containerd-$(basename "$node_dir")" || continue
+    ctr --address "$node_dir/containerd.sock" -n k8s.io images ls -q "name==docker.io/$1" \
+      | grep -q . || return 1
+  done
+}
+if [[ -n $s3_did ]] || ! images_on_nodes "$S3_IMAGE"; then
   "$KIT/load-image.sh" "$S3_IMAGE" 2>/dev/null
   s3_did="${s3_did:+$s3_did and }loaded"
 fi
 export FERROTRAIN_E2E_S3_IMAGE="$S3_IMAGE"
 say "S3 server image $S3_IMAGE ${s3_did:-already built and loaded} in $((SECONDS - s3_started)) s"
 
+# --- ferrotrain/pytorch, the image of e2e/tests/pytorch.rs ------------------------------------
+# Tagged by what goes into it (the launcher's crates, the Python package, the example, the
+# Dockerfiles and the torch layout's scripts, the profile), not by the whole tree: built only
+# when missing, also with --no-images (its 1.4 GB base once per torch version, about 3
+# minutes; then the launcher's layer, seconds), and loaded into the nodes that lack it (about
+# 50 s for 1.4 GB). A run that changed none of it costs about a second.
+pytorch_tag() {
+  { echo "$PROFILE"
+    git ls-files -co --exclude-standard -- launch api python examples/pytorch Cargo.lock Cargo.toml \
+      docker/pytorch.Dockerfile docker/pytorch-base.Dockerfile docker/versions.env \
+      scripts/setup-pytorch.sh scripts/setup-libtorch.sh scripts/lib/cuda_stubs.py scripts/images.sh \
+      | sort | while read -r f; do [[ -f $f ]] && sha256sum "$f"; done
+  } | sha256sum | cut -c1-8
+}
+PYTORCH_IMAGE="ferrotrain/pytorch:e2e-$(pytorch_tag)"
+pytorch_started=$SECONDS
+pytorch_did=""
+if ! docker image inspect "$PYTORCH_IMAGE" >/dev/null 2>&1; then
+  pytorch_log="$FTC_DIR/logs/ferrotrain-e2e-pytorch-image.log"
+  # Cargo builds the launcher for musl (target/x86_64-unknown-linux-musl, which the tests'
+  # build does not make), also under FERROTRAIN_E2E_PREBUILT: a binary left there by an
+  # earlier tree would not be what the tag says.
+  if ! scripts/images.sh --mode local --only pytorch --tag "${PYTORCH_IMAGE#*:}" --profile "$PROFILE" \
+      >"$pytorch_log" 2>&1; then
+    tail -n 40 "$pytorch_log" >&2
+    die "building $PYTORCH_IMAGE failed (log: $pytorch_log)"
+  fi
+  pytorch_did="built"
+fi
+if [[ -n $pytorch_did ]] || ! images_on_nodes "$PYTORCH_IMAGE"; then
+  "$KIT/load-image.sh" "$PYTORCH_IMAGE" 2>/dev/null
+  pytorch_did="${pytorch_did:+$pytorch_did and }loaded"
+fi
+export FERROTRAIN_E2E_PYTORCH_IMAGE="$PYTORCH_IMAGE"
+say "PyTorch image $PYTORCH_IMAGE ${pytorch_did:-already built and loaded} in $((SECONDS - pytorch_started)) s"
+
 . scripts/lib/keep-images.sh
-keep_images "$TAG" "$S3_IMAGE"
+keep_images "$TAG" "$S3_IMAGE" "$PYTORCH_IMAGE"
 
 # --- the CRD and the chart, as the README installs them --------------------------------------
 install_started=$SECONDS

@@ -16,6 +16,39 @@ pub fn trainer_image() -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+/// The image of the spec.pytorch jobs: $FERROTRAIN_E2E_PYTORCH_IMAGE, which scripts/e2e.sh
+/// builds and loads (`ferrotrain/pytorch:e2e-<digest of what goes into it>`).
+pub fn pytorch_image() -> String {
+    std::env::var("FERROTRAIN_E2E_PYTORCH_IMAGE")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .expect(
+            "set FERROTRAIN_E2E_PYTORCH_IMAGE to a ferrotrain/pytorch image the nodes hold \
+             (scripts/e2e.sh builds and loads one)",
+        )
+}
+
+/// The spec of examples/pytorch-dt.yaml's job, as users get it (its gpt.py on 2 pods of one
+/// rank, gloo on the CPU, its resources, restart policy and timeouts), in
+/// [`pytorch_image`], for `steps` steps. Tests change only what they are about.
+pub fn pytorch_job(steps: u64) -> Value {
+    pytorch_spec(&pytorch_image(), steps)
+}
+
+fn pytorch_spec(image: &str, steps: u64) -> Value {
+    let mut spec = spec_of(include_str!("../../examples/pytorch-dt.yaml"));
+    spec["image"] = json!(image);
+    let command = spec["pytorch"]["command"]
+        .as_array_mut()
+        .expect("spec.pytorch.command");
+    let at = command
+        .iter()
+        .position(|w| w.as_str().is_some_and(|w| w.starts_with("--steps=")))
+        .expect("the example names its --steps");
+    command[at] = json!(format!("--steps={steps}"));
+    spec
+}
+
 /// A DistributedTraining object.
 pub fn distributed_training(name: &str, ns: &str, spec: Value) -> DistributedTraining {
     serde_json::from_value(json!({
@@ -49,12 +82,16 @@ pub fn copy_job(replicas: i32, max_steps: u64, claim: Option<&str>) -> Value {
 
 /// The spec of the DistributedTraining in examples/copy-dt.yaml.
 fn example_spec() -> Value {
-    let text = include_str!("../../examples/copy-dt.yaml");
+    spec_of(include_str!("../../examples/copy-dt.yaml"))
+}
+
+/// The spec of the DistributedTraining in an example manifest's `text`.
+fn spec_of(text: &str) -> Value {
     let job = text
         .split("\n---\n")
         .find(|doc| doc.contains("kind: DistributedTraining"))
-        .expect("examples/copy-dt.yaml has a DistributedTraining");
-    let object: Value = serde_saphyr::from_str(job).expect("examples/copy-dt.yaml parses");
+        .expect("the example has a DistributedTraining");
+    let object: Value = serde_saphyr::from_str(job).expect("the example parses");
     object["spec"].clone()
 }
 
@@ -121,6 +158,26 @@ mod tests {
             assert_eq!(config.validate(), Vec::new(), "{spec}");
             assert_eq!(config.checkpoint.every_steps, CHECKPOINT_EVERY);
         }
+    }
+
+    #[test]
+    fn the_pytorch_job_is_the_example_as_shipped_but_for_its_length_and_image() {
+        let spec = pytorch_spec("ferrotrain/pytorch:t", 77);
+        let mut example = spec_of(include_str!("../../examples/pytorch-dt.yaml"));
+        let steps = example["pytorch"]["command"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|w| w == "--steps=1200")
+            .expect("the example's --steps");
+        example["pytorch"]["command"][steps] = json!("--steps=77");
+        example["image"] = json!("ferrotrain/pytorch:t");
+        assert_eq!(spec, example);
+        let dt = distributed_training("gpt", "ns", spec);
+        assert_eq!(
+            dt.spec.pytorch.expect("spec.pytorch").command[..2],
+            ["python3", "/opt/ferrotrain/examples/gpt.py"]
+        );
     }
 
     #[test]

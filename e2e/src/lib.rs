@@ -22,6 +22,8 @@
 //! - `KUBECONFIG`: the cluster, with the operator installed (e2e/kind.sh sets both up).
 //! - `FERROTRAIN_E2E_IMAGE`: the trainer image; unset, jobs use the operator's default
 //!   (`--trainer-image`, the chart's `trainerImage`).
+//! - `FERROTRAIN_E2E_PYTORCH_IMAGE`: the `ferrotrain/pytorch` image of the spec.pytorch jobs
+//!   ([`jobs::pytorch_job`]; scripts/e2e.sh builds and loads it).
 //! - `FERROTRAIN_E2E_S3_IMAGE`: the S3 server of the checkpoint-bucket tests ([`s3`]); unset,
 //!   `ferrotrain/s3-e2e:<S3S_FS_VERSION of docker/versions.env>` (scripts/e2e.sh builds and
 //!   loads it).
@@ -45,13 +47,13 @@ pub mod wait;
 
 pub use jobs::{
     CHECKPOINT_EVERY, at_json_path, config_error_job, copy_job, distributed_training,
-    missing_data_job, trainer_image,
+    missing_data_job, pytorch_image, pytorch_job, trainer_image,
 };
 pub use namespace::TestNamespace;
 pub use pods::{exec, exec_bytes, exec_in, pod_names, pods_of, volume_at};
 pub use processes::{
-    kill_launcher_from_host, launcher_pid, launchers_of, signal_local_rank, signal_trainer,
-    trainers_of, wait_spare,
+    kill_launcher_from_host, launcher_pid, launchers_of, signal_local_rank, signal_python_rank,
+    signal_trainer, trainers_of, wait_spare,
 };
 pub use rank0::{rank0_get, rank0_progress, wait_rank0};
 pub use wait::{TRAIN_WAIT, WAIT, wait_first_checkpoint, wait_for, wait_phase, wait_status};

@@ -131,3 +131,26 @@ pub async fn signal_local_rank(
         .and_then(|l| l.trim().parse().ok())
         .unwrap_or_else(|| panic!("no trainer process to signal in {pod}: {out:?}"))
 }
+
+/// Sends `signal` to the rank of a Python script that `ferrotrain-launch` runs in `pod`
+/// (spec.pytorch: `python3 -c <runner> path script.py ...`, launch/src/python/rank.py), not to
+/// the launcher nor to a spare waiting for the next round (process name ft-spare); returns
+/// the pid it signalled: the first rank found (the pod's one rank, with one per pod).
+pub async fn signal_python_rank(pods: &Api<Pod>, pod: &str, signal: &str) -> u32 {
+    // argv[0] a Python interpreter and argv[1] `-c` (the runner): this shell and the launcher
+    // are left alone; a round's rank that was a spare took its interpreter's name back.
+    let script = format!(
+        "for d in /proc/[0-9]*; do \
+           a0=$(tr '\\0' '\\n' < $d/cmdline 2>/dev/null | head -n 2 | tr '\\n' ' '); \
+           case \"${{a0##*/}}\" in python*' -c ') ;; *) continue ;; esac; \
+           [ \"$(cat $d/comm 2>/dev/null)\" = ft-spare ] && continue; \
+           kill -{signal} ${{d#/proc/}} && echo ${{d#/proc/}} && break; \
+         done"
+    );
+    let out = exec(pods, pod, &script).await;
+    out.trim()
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no Python rank to signal in {pod}: {out:?}"))
+}

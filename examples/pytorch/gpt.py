@@ -13,7 +13,8 @@ each a no-op outside ferrotrain's launcher; --no-ferrotrain leaves them out):
 
 Batches and dropout are functions of (seed, step), so a run that resumes at step N trains what
 an uninterrupted run trains from N, and rank 0's loss curve is the same under torchrun and
-under ferrotrain. Rank 0 appends a JSON line per step to --log-file: step, loss, time.
+under ferrotrain. Rank 0 appends a JSON line per step to --log-file: step, loss, time, and the
+restart it ran in (TORCHELASTIC_RESTART_COUNT, which torchrun and ferrotrain both set).
 """
 
 import argparse
@@ -156,6 +157,7 @@ def main():
         print(f"gpt: {params} parameters, vocabulary {len(chars)}, world {world}, "
               f"from step {start}", flush=True)
     log = open(args.log_file, "a") if (rank == 0 and args.log_file) else None
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
     for step in range(start, args.steps):
         torch.manual_seed(args.seed + step * world + rank)  # dropout: a function of the step
@@ -177,7 +179,8 @@ def main():
                          samples=world * args.batch, eval_loss=eval_loss, total_steps=args.steps,
                          learning_rate=scheduler.get_last_lr()[0])
         if log:
-            log.write(json.dumps({"step": step + 1, "loss": value, "time": time.time()}) + "\n")
+            log.write(json.dumps({"step": step + 1, "loss": value, "time": time.time(),
+                                  "restart": restart}) + "\n")
             log.flush()
         if rank == 0 and ((step + 1) % args.log_every == 0 or eval_loss is not None):
             extra = f" eval {eval_loss:.4f}" if eval_loss is not None else ""

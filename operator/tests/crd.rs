@@ -553,11 +553,13 @@ fn the_schema_accepts_good_objects() {
 }
 
 /// Every DistributedTraining in the example manifests of examples/ passes the schema and
-/// parses into the Rust type (a manifest may also hold other objects, say its claim).
+/// parses into the Rust type (a manifest may also hold other objects, say its claim); each
+/// `*-dt.yaml` holds one at least, and the examples named here are among them.
 #[test]
 fn examples_are_valid() {
     let dir = repo_root().join("examples");
     let mut seen = 0;
+    let mut files = Vec::new();
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_string_lossy().to_string();
@@ -567,6 +569,7 @@ fn examples_are_valid() {
         let text = std::fs::read_to_string(&path).unwrap();
         let documents: Vec<Value> =
             serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let before = seen;
         for object in documents {
             if object["kind"] != "DistributedTraining" {
                 continue;
@@ -581,8 +584,22 @@ fn examples_are_valid() {
             );
             seen += 1;
         }
+        assert!(seen > before, "{name} holds no DistributedTraining");
+        files.push(name);
     }
-    assert!(seen >= 2, "expected example manifests in {}", dir.display());
+    files.sort();
+    for example in [
+        "copy-dt.yaml",
+        "pytorch-dt.yaml",
+        "torchrun-byo-dt.yaml",
+        "translation-gpu-dt.yaml",
+    ] {
+        assert!(
+            files.iter().any(|f| f == example),
+            "{example} not among {files:?} in {}",
+            dir.display()
+        );
+    }
 }
 
 /// The validator itself: a row that must be accepted is, and each check fires.

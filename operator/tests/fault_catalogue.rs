@@ -56,11 +56,11 @@ fn sources() -> Vec<(String, String)> {
     out
 }
 
-/// Whether `name` names something of the repository: a file (`bench/chaos.sh`,
+/// Whether `name` names something of the repository: a file (`bench/chaos.sh`, `bench/x.py`,
 /// `tests/launch_disk_full.rs`), or a test `module::function` (`*`: any ending; `module::*`:
 /// a module of that name).
 fn exists(name: &str, sources: &[(String, String)], root: &Path) -> bool {
-    if name.ends_with(".rs") || name.ends_with(".sh") {
+    if [".rs", ".sh", ".py"].iter().any(|e| name.ends_with(e)) {
         return root.join(name).exists() || sources.iter().any(|(p, _)| p.ends_with(name));
     }
     let segments: Vec<&str> = name.split("::").collect();
