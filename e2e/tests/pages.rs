@@ -1,6 +1,6 @@
 //! Pages whose commands run: docs/getting-started.md and docs/recovery.md, their ```sh blocks
 //! taken from the markdown as written and run in order against the cluster, each block's
-//! output compared with the ```console block the page shows after it (e2e/src/pages.rs says
+//! output compared with the ```console block the page shows after it (e2e/src/pages/ says
 //! how). Each page runs in a namespace of its own, through a copy of the kubeconfig whose
 //! context's namespace is the test's, so the pages' `kubectl` commands need no `-n`; the
 //! output shows that namespace as `default` and the image tag as `dev`, as the pages do.
@@ -17,6 +17,7 @@ async fn run(path: &str, prefix: &str) {
     let tag = image_tag();
     let page = Page {
         path: path.to_string(),
+        section: None,
         env: vec![
             (
                 "KUBECONFIG".into(),
