@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, generated-file drift, Helm chart, every Rust test
 # (unit, cross-process, mocked Kubernetes API), the alert rules (promtool), then the container
-# images built and run (scripts/test-images.sh). Installs what it needs (libtorch, helm;
+# images built and run (scripts/test-images.sh). Installs what it needs (libtorch, torch for Python, helm;
 # docker.io, debootstrap and prometheus's promtool as root on Debian) on first use. CI runs exactly this (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
+# Torch for Python, laid out for the CPU from the wheel setup-libtorch.sh caches: the launcher's
+# Python tests (launch/tests/launch_python.rs: torchrun's environment and loss curve, the
+# example's recovery) skip without it.
+FERROTRAIN_PYTORCH="$(scripts/setup-pytorch.sh | tail -n1)"
+export FERROTRAIN_PYTORCH
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 # A CI run builds once from a clean clone: incremental caches would only cost disk (GBs).
 if [[ -n "${CI:-}" ]]; then export CARGO_INCREMENTAL=0; fi
