@@ -143,7 +143,7 @@ export PATH="$FTC_BIN:$(dirname "$HELM"):$PATH"
 # otherwise run what an earlier run loaded), an unchanged one reuses the loaded images.
 tree_tag() {
   local diff
-  diff=$( (echo "$PROFILE"; git diff HEAD -- operator api trainer Cargo.lock docker; git ls-files --others --exclude-standard -- operator api trainer docker | xargs -r cat) 2>/dev/null | sha256sum | cut -c1-8)
+  diff=$( (echo "$PROFILE"; git diff HEAD -- operator api launch trainer Cargo.lock docker; git ls-files --others --exclude-standard -- operator api launch trainer docker | xargs -r cat) 2>/dev/null | sha256sum | cut -c1-8)
   echo "e2e-$(git rev-parse --short HEAD)-$diff"
 }
 TAG_FILE="$FTC_DIR/run/ferrotrain-e2e-tag"
