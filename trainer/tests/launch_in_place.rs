@@ -299,8 +299,10 @@ esac"#,
 
 #[test]
 fn the_backoff_doubles_only_while_rounds_keep_failing_before_they_save_a_checkpoint() {
-    // Rank 0's report of a round that saved step 50 past its start at 0.
+    // Rank 0's report of round 2, which saved step 50 past its start at 0 (a report says its
+    // round: the ledger takes a round's own report only).
     let saved = ferrotrain_api::Progress {
+        round: 2,
         step: 60,
         resumed_from_step: Some(0),
         last_checkpoint: Some(ferrotrain_api::progress::CheckpointInfo {
