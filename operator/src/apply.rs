@@ -120,6 +120,7 @@ async fn crd_out_of_date(ctx: &Context, dt: &DistributedTraining, source: &kube:
         warning: true,
         reason: reason::CRD_OUT_OF_DATE,
         note: crd_out_of_date_note(&fields),
+        round: None,
     };
     let at = dt.status.as_ref().map_or((0, 0), |s| (s.attempt, s.round));
     if let Err(e) = events(ctx, dt, at, &[note]).await {
@@ -158,8 +159,9 @@ pub async fn events(
             reason: note.reason.into(),
             note: Some(note.note.chars().take(1000).collect()),
             // The recorder folds repeats of (reason, action) into a series that keeps the
-            // first note; keying by attempt and round keeps each one's failure message.
-            action: event_action(attempt, round),
+            // first note; keying by attempt and the round the note tells of keeps each one's
+            // failure message (one reconcile may count several rounds).
+            action: event_action(attempt, note.round.unwrap_or(round)),
             secondary: None,
         };
         ctx.recorder

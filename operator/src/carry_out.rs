@@ -67,6 +67,7 @@ pub fn created(result: crate::error::Result<Applied>, attempt: i32, now: Timesta
             warning: true,
             reason: reason::SCHEDULING_GROUP_DROPPED,
             note: message,
+            round: None,
         })),
         Ok(Applied::NameConflict(message)) => stop(reason::NAME_CONFLICT, message),
         Err(error) if error.is_refused_create() && !error.is_namespace_terminating() => {
@@ -118,6 +119,7 @@ mod tests {
             warning: false,
             reason,
             note: String::new(),
+            round: None,
         }
     }
 

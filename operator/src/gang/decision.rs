@@ -23,6 +23,9 @@ pub struct EventNote {
     pub warning: bool,
     pub reason: &'static str,
     pub note: String,
+    /// The in-place round it tells of (the status's round when it was made), so that the
+    /// rounds one reconcile counts file their events apart; None: the status's round.
+    pub round: Option<i32>,
 }
 
 /// What to do.

@@ -81,6 +81,7 @@ impl<'a, 'o> Draft<'a, 'o> {
             warning,
             reason,
             note,
+            round: Some(self.status.round),
         });
     }
 

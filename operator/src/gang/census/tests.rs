@@ -255,6 +255,7 @@ fn an_unpullable_image_is_shown_then_fails_the_job_at_the_startup_timeout() {
             warning: true,
             reason: "ImagePullBackOff",
             note: c.message.clone(),
+            round: Some(0),
         }]
     );
     // The kubelet alternates ErrImagePull and ImagePullBackOff: one reason, one event.

@@ -224,6 +224,21 @@ fn a_round_is_counted_once_however_often_rank_0_reports_it() {
 }
 
 #[test]
+fn rounds_counted_in_one_look_tell_their_events_apart() {
+    // Rounds 0 and 1 ended between two polls: each restart's event names its own round, so
+    // that Kubernetes does not fold the second into the first's series.
+    let d = polled(ran_with_both_pods_seen(), after_kill(90, 1, 80), 82);
+    assert_eq!(d.status.round, 2);
+    let rounds: Vec<Option<i32>> = d
+        .events
+        .iter()
+        .filter(|e| e.reason == reason::RESTARTED_IN_PLACE)
+        .map(|e| e.round)
+        .collect();
+    assert_eq!(rounds, [Some(1), Some(2)], "{:?}", d.events);
+}
+
+#[test]
 fn a_new_attempt_starts_at_round_0() {
     let d = polled(ran_with_both_pods_seen(), after_kill(60, 0, 50), 52);
     let mut restarting = crate::fixtures::restarting_status(0, d.status.restarts, 60);
