@@ -124,12 +124,7 @@ pub async fn signal_local_rank(
            fi; \
          done"
     );
-    let out = exec(pods, pod, &script).await;
-    out.trim()
-        .lines()
-        .next()
-        .and_then(|l| l.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no trainer process to signal in {pod}: {out:?}"))
+    signalled_pid(pods, pod, &script, "trainer process").await
 }
 
 /// Sends `signal` to the rank of a Python script that `ferrotrain-launch` runs in `pod`
@@ -147,10 +142,16 @@ pub async fn signal_python_rank(pods: &Api<Pod>, pod: &str, signal: &str) -> u32
            kill -{signal} ${{d#/proc/}} && echo ${{d#/proc/}} && break; \
          done"
     );
-    let out = exec(pods, pod, &script).await;
+    signalled_pid(pods, pod, &script, "Python rank").await
+}
+
+/// Runs `script` (which prints the pid of each process it signalled) in `pod`; the first pid,
+/// or a panic naming `what` was not found.
+async fn signalled_pid(pods: &Api<Pod>, pod: &str, script: &str, what: &str) -> u32 {
+    let out = exec(pods, pod, script).await;
     out.trim()
         .lines()
         .next()
         .and_then(|l| l.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no Python rank to signal in {pod}: {out:?}"))
+        .unwrap_or_else(|| panic!("no {what} to signal in {pod}: {out:?}"))
 }
