@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-internals=" docs/architecture.md docs/distributed.md docs/performance.md docs/performance-history.md docs/security-checks.md "
+internals=" docs/architecture.md docs/distributed.md docs/rendezvous.md docs/nccl.md docs/launcher.md docs/in-place-restarts.md docs/losing-nothing.md docs/job-shapes.md docs/performance.md docs/performance-history.md docs/security-checks.md "
 
 # A word of 7 to 40 hex digits with a letter and a digit that git knows as a commit; with a
 # second argument, only outside table rows.

@@ -5,7 +5,7 @@
 # (never a waiting spare: spares are named `ft-spare`) and lets the launcher restart the ranks
 # in place, as a new round. Rank 0 survives and leaves the state of the last step it
 # completed, so the restarted ranks start from that step, not from the checkpoint
-# (docs/distributed.md, "Losing nothing"). It prints the launcher's account of the restart
+# (docs/losing-nothing.md). It prints the launcher's account of the restart
 # from its recovery ledger (--recovery-file): the rank it blamed, the step the ranks resumed
 # from and where that state came from, the time from the kill to the next step and the steps
 # trained twice. It exits 1 when no restart happened, so what it prints is what it did.

@@ -82,7 +82,7 @@ documented! {
     /// Path of libnccl to load (default: `libnccl.so.2` from the library path, then libnccl.so).
     pub const FERROTRAIN_NCCL_LIBRARY: &str = "FERROTRAIN_NCCL_LIBRARY";
 
-    // `ferrotrain launch`'s settings (each also a flag; see docs/distributed.md).
+    // `ferrotrain launch`'s settings (each also a flag; see docs/launcher.md).
 
     /// How many rounds the launcher restarts the ranks in after retryable failures (one node, or
     /// several in place); the operator hands its pods what is left of restartPolicy.maxRestarts.
@@ -162,8 +162,8 @@ documented! {
     /// atomically about once a second), for the launcher's recovery ledger.
     pub const FERROTRAIN_PROGRESS_FILE: &str = "FERROTRAIN_PROGRESS_FILE";
     /// Set by `ferrotrain launch`: the directory the ranks of one pod (or machine) share for
-    /// their state at a round's end, which the next round's ranks start from (docs/distributed.md,
-    /// "Losing nothing"). Unset: a rank leaves nothing, and starts from a checkpoint.
+    /// their state at a round's end, which the next round's ranks start from
+    /// (docs/losing-nothing.md). Unset: a rank leaves nothing, and starts from a checkpoint.
     pub const FERROTRAIN_HEAL_DIR: &str = "FERROTRAIN_HEAL_DIR";
     /// `ferrotrain launch --recovery-file`: where the launcher keeps its recovery ledger (JSON).
     pub const FERROTRAIN_RECOVERY_FILE: &str = "FERROTRAIN_RECOVERY_FILE";

@@ -64,7 +64,7 @@ pub struct LaunchArgs {
     pub recovery_file: Option<PathBuf>,
     /// Several nodes: restart the ranks in place (a new round, every node's ranks together)
     /// after a retryable failure instead of exiting; up to --max-restarts rounds. Node 0's
-    /// launcher then hosts the rendezvous store (docs/distributed.md, "In-place restarts").
+    /// launcher then hosts the rendezvous store (docs/in-place-restarts.md).
     /// One node always does.
     #[arg(long, env = env::FERROTRAIN_RESTART_IN_PLACE, default_value_t = false)]
     pub restart_in_place: bool,

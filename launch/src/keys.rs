@@ -1,6 +1,6 @@
 //! Every key of the rendezvous store, spelled once: the agents' (under `agent/`) and the
 //! ranks' (under `round/<r>/` in an in-place round, else at the top). Each constructor names
-//! the key's writer and readers; docs/distributed.md shows the protocol they make.
+//! the key's writer and readers; docs/rendezvous.md and docs/in-place-restarts.md show the protocol they make.
 
 /// `agent/round`: the round node 0 started last (SET by node 0; read by joining agents).
 pub const ROUND: &str = "agent/round";

@@ -266,7 +266,7 @@ fn a_path_or_link_to_nowhere_fails_the_check() {
         assert_eq!(problems.len(), 1, "{text}: {problems:?}");
     }
     let right = "`launch/src/spare.rs`, `operator/src/gang/*/tests.rs`, `census.rs`, \
-                 [x](distributed.md#in-place-restarts-one-node-or---restart-in-place-on-several), \
+                 [x](in-place-restarts.md#in-place-restarts-one-node-or---restart-in-place-on-several), \
                  docs/operator.md:74, `../shared/cluster`, [r](../README.md)\n";
     assert_eq!(tree.check(&planted(right), &docs()), Vec::<String>::new());
 }

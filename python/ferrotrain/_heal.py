@@ -1,5 +1,5 @@
-"""Losing only the step in flight, for a PyTorch script (docs/pytorch.md, docs/distributed.md's
-"Losing nothing"): between steps a rank's model and optimizer hold the state of the last step
+"""Losing only the step in flight, for a PyTorch script (docs/pytorch.md,
+docs/losing-nothing.md): between steps a rank's model and optimizer hold the state of the last step
 the gang completed, so when a round ends before the job does, a surviving rank writes that
 state to its pod's heal directory (FERROTRAIN_HEAL_DIR), and the next round's ranks agree on
 the freshest one any of them holds and receive it from that rank over the script's own process

@@ -4,7 +4,7 @@
 //! of 120; the launcher restarts both ranks in place from rank 0's state of that step. Two
 //! shapes: one launcher of two ranks (a pod of two GPUs) and two launchers of one rank each
 //! (two pods). It cannot hold where the world size changes (an elastic round trains at a
-//! smaller size: the same global batch, summed in another order); docs/distributed.md says so.
+//! smaller size: the same global batch, summed in another order); docs/job-shapes.md ("Bit for bit") says so.
 
 mod common;
 

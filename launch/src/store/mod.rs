@@ -18,7 +18,7 @@
 //! A WILL is this connection's last word: when the connection ends, for whatever reason (its
 //! process exits or is killed, its host is gone), the server sets `key` to `value` unless the
 //! key is set by then; an empty key takes the will back. An agent's will is its report of a
-//! round it did not live to report (docs/distributed.md): node 0 knows at once that the
+//! round it did not live to report (docs/in-place-restarts.md, "Wills"): node 0 knows at once that the
 //! agent is gone, instead of waiting for its report. A connection with a will is kept while
 //! it idles; TCP keepalive ends it when its peer vanishes.
 //!

@@ -1,5 +1,5 @@
 //! In-place restarts (`restartPolicy.inPlace`): the pods' launchers restart every rank in a new
-//! round of the same attempt without any pod ending (docs/distributed.md). Rank 0's report
+//! round of the same attempt without any pod ending (docs/in-place-restarts.md). Rank 0's report
 //! says how each earlier round ended (`roundEnds`); each one not yet counted becomes a restart
 //! here: `restarts` (against maxRestarts), `restartsByCause`, `lastFailure`, a record of its
 //! own in the recovery ledger, and a Warning event. The pods are not touched.

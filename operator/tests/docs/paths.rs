@@ -1,6 +1,6 @@
 //! Repository paths a page names (`launch/src/spare.rs`, `scripts/e2e.sh`,
 //! `gang/*/tests.rs`), source files named alone (`census.rs`), and links with their anchors
-//! (`[distributed.md](distributed.md#in-place-restarts)`): each must exist.
+//! (`[rendezvous.md](rendezvous.md#store-protocol-and-limits)`): each must exist.
 
 use std::collections::BTreeSet;
 use std::path::Path;

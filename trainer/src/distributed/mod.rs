@@ -2,7 +2,7 @@
 //!
 //! `init` reads the rank environment, meets the other ranks through rank 0's key-value store
 //! and returns the collective backend: a no-op for one rank, the TCP ring on CPU, NCCL on GPU.
-//! See docs/distributed.md for the protocol, the ring algorithm and the timeouts.
+//! See docs/rendezvous.md for the protocol, docs/distributed.md for the ring algorithm and the timeouts.
 //!
 //! Files: `rank` (the env contract), `collective` (the `Collective` trait every backend
 //! implements, the single rank's, and host-value helpers), `rendezvous` (rank 0's store and

@@ -3,7 +3,7 @@
 //! ([`snapshot`]), and the next round starts from the freshest state any rank holds
 //! ([`plan`]): only the step in flight is trained again. Checkpoint files are for durability,
 //! read when no rank holds a state as new (the whole gang lost, a suspend, a new attempt).
-//! docs/distributed.md, "Losing nothing", says why this design.
+//! docs/losing-nothing.md says why this design.
 
 mod plan;
 mod snapshot;
