@@ -9,8 +9,8 @@
 //!   (and the console block after it), for the few commands the test cluster cannot run.
 //! - `<!-- state: NAME -->` on the last line before a block's fence: before the block runs,
 //!   the page's test puts the page's job in state NAME ([`States`]; the troubleshooting
-//!   pages' `Look` blocks: a job `mt` with a configuration error, unschedulable, ...; their
-//!   test, e2e/tests/pages.rs, lists the states). The block then runs as written.
+//!   pages' `Look` blocks: a job `mt` with a configuration error, unschedulable, ...;
+//!   [`states`] lists them and makes each). The block then runs as written.
 //! - A block followed by no console block must print nothing.
 //! - Comparison ([`compare`]): every line of the console block must be in the output, in
 //!   order; a line `...` stands for any number of output lines, and `...` inside a line for
@@ -29,16 +29,18 @@
 //!
 //! One concern a file: [`parse`] (the blocks and markers), [`compare`] (the output against
 //! the page), [`script`] (a block run with bash), [`cluster`] (the kubeconfig, the image
-//! tag), [`page`] (a page run).
+//! tag), [`page`] (a page run), [`states`] (the troubleshooting pages' job in each state).
 
 pub mod cluster;
 pub mod compare;
 pub mod page;
 pub mod parse;
 pub mod script;
+pub mod states;
 
 pub use cluster::{NamespacedKubeconfig, image_tag, repo_root};
 pub use compare::{compare, is_klog, normalize, shown_as};
 pub use page::{BLOCK_LIMIT, NoStates, PAGES, Page, States, run_page, run_page_in};
 pub use parse::{Step, section, steps};
 pub use script::{Ran, run_script};
+pub use states::{STATES, TroubledJob};
