@@ -7,16 +7,25 @@
 //! CRD step leaves: a new operator under the old CRD. The test asserts what a user sees then
 //! (the ranks train, the status is refused, a CrdOutOfDate event names the fix).
 //!
+//! Then the page's Uninstall, its first block run as written (`helm uninstall`), its output
+//! compared with the page's: what the page says stays does (the CRD, the job, its pods
+//! training on with no operator, the Lease). The page's other uninstall blocks delete every
+//! job of the cluster and the CRD: not run.
+//!
 //! It takes the operator away (uninstalls the suite's release), so it runs alone
 //! (.config/nextest.toml); however it ends, the suite's release is put back as scripts/e2e.sh
-//! installs it.
+//! installs it (the CRD applied again, the chart installed: the uninstall keeps the CRD and
+//! the namespace).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ferrotrain_api::crd::Phase;
-use ferrotrain_e2e::pages::{image_tag, repo_root};
+use ferrotrain_e2e::pages::{compare, image_tag, repo_root, section, steps};
 use ferrotrain_e2e::{TestNamespace, WAIT, pods_of, wait_for, wait_rank0, wait_status};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
 
 /// Runs `script` with bash from the repository's root; its output, or a panic saying `what`.
 fn sh(what: &str, script: &str) -> String {
@@ -53,6 +62,48 @@ fn upgrade_block() -> String {
         .expect("a closed block")
         .0
         .to_string()
+}
+
+/// docs/install.md's Uninstall: its first block and the output the page shows for it.
+fn uninstall_block() -> (String, String) {
+    let page = std::fs::read_to_string(repo_root().join("docs/install.md")).unwrap();
+    let uninstall = section(&page, "Uninstall").expect("docs/install.md has an Uninstall");
+    let first = steps(&uninstall).into_iter().next().expect("its commands");
+    assert!(first.script.contains("helm uninstall"), "{first:?}");
+    (first.script, first.expected.expect("its output").1)
+}
+
+/// The page's Uninstall as written; then what it says stays: the CRD, the job and its pods,
+/// training on with no operator, and the operator's Lease.
+async fn uninstall_keeps_what_the_page_says(ns: &TestNamespace, gang: &[String]) {
+    let step = wait_rank0(ns, "copy-0-0", "rank 0's step", |p| Some(p.step)).await;
+    let (script, shown) = uninstall_block();
+    let said = sh("docs/install.md's Uninstall", &script);
+    println!("{said}");
+    if let Err(e) = compare(&shown, &said) {
+        panic!("docs/install.md's Uninstall: {e}\n--- printed\n{said}\n--- the page\n{shown}");
+    }
+    let crds: Api<CustomResourceDefinition> = Api::all(ns.client.clone());
+    let crd = crds.get_opt("distributedtrainings.ferrotrain.dev").await;
+    assert!(matches!(crd, Ok(Some(_))), "the CRD stays: {crd:?}");
+    let leases: Api<Lease> = Api::namespaced(ns.client.clone(), "ferrotrain-system");
+    let lease = leases.get_opt("ferrotrain-operator").await;
+    assert!(matches!(lease, Ok(Some(_))), "the Lease stays: {lease:?}");
+    let on = wait_rank0(ns, "copy-0-0", "training on without the operator", |p| {
+        (p.step > step + 100).then_some(p.step)
+    })
+    .await;
+    println!("after the uninstall rank 0 trained on from step {step} to {on}");
+    let pods: Vec<String> = pods_of(&ns.pods(), "copy")
+        .await
+        .into_iter()
+        .filter_map(|p| p.metadata.uid)
+        .collect();
+    assert_eq!(pods, gang, "the same pods");
+    assert!(
+        ns.jobs().get_opt("copy").await.unwrap().is_some(),
+        "the job stays"
+    );
 }
 
 /// Puts the suite's release back as scripts/e2e.sh installs it, however the test ends.
@@ -156,4 +207,5 @@ async fn a_job_started_under_0_1_0_trains_on_through_the_upgrade_to_this_tree() 
         gang,
         "the same pods"
     );
+    uninstall_keeps_what_the_page_says(&ns, &gang).await;
 }
