@@ -171,9 +171,14 @@ impl TroubledJob<'_> {
         let jobs = self.ns.jobs();
         self.first_checkpoint().await;
         signal_local_rank(&self.ns.pods(), "mt-0-1", None, "KILL").await;
+        // Round 1 trains, and rank 0 has sampled the gang's resources since (every
+        // logEverySteps): the pages read them.
         wait_status(&jobs, JOB, "round 1 training", TRAIN_WAIT, |s| {
             s.round == 1
                 && s.last_failure.is_some()
+                && s.progress
+                    .as_ref()
+                    .is_some_and(|p| p.report.gang_resources.is_some())
                 && s.recovery
                     .as_ref()
                     .and_then(|r| r.attempts.last())
