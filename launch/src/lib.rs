@@ -48,6 +48,7 @@ pub mod keys;
 mod ledger;
 mod link;
 pub mod listen;
+pub mod logging;
 mod members;
 pub mod output;
 pub mod ports;

@@ -6,7 +6,6 @@
 //! FERROTRAIN_METRICS_PORT. The operator makes it the entrypoint of spec.pytorch's pods.
 //! No libtorch: it is this crate and its small dependencies (docs/pytorch.md).
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -15,14 +14,7 @@ use ferrotrain_launch::{CommandLaunchArgs, endpoint};
 
 fn main() -> ExitCode {
     let args = CommandLaunchArgs::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .try_init();
+    ferrotrain_launch::logging::init("info");
     let program = args.program();
     match ferrotrain_launch::run(args.launch, program, endpoint::port_from_env()) {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

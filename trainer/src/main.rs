@@ -1,7 +1,7 @@
 //! `ferrotrain`: train (`run`, one rank; `launch`, a local gang), check a config
 //! (`validate`), translate with a checkpoint (`translate`) and score translations (`bleu`).
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -199,16 +199,7 @@ fn parse_length_penalty(s: &str) -> std::result::Result<f64, String> {
 }
 
 fn init_logging(rank: usize) {
-    let default = if rank == 0 { "info" } else { "warn" };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal: not in pod logs, files or pipes.
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .try_init();
+    ferrotrain_launch::logging::init(if rank == 0 { "info" } else { "warn" });
 }
 
 /// Threads per rank: the config's, else OMP_NUM_THREADS, else the cores shared by the
