@@ -409,6 +409,38 @@ fn an_elastic_gang_placed_one_by_one_creates_node_0s_pod_first() {
 }
 
 #[test]
+fn an_elastic_gang_of_two_waits_for_node_0s_node_before_its_other_pod() {
+    let two = |s: &mut ferrotrain_api::crd::DistributedTrainingSpec| {
+        crate::fixtures::elastic(s, 2, 1, None);
+        s.startup_timeout_seconds = 600;
+    };
+    let first = run(&Row {
+        spec: two,
+        ..Row::default()
+    });
+    assert_eq!(first.actions, vec![launch(0, &[0])]);
+    // One pod missing, and node 0's has no node yet: the other still waits.
+    let waits = run(&Row {
+        spec: two,
+        status: first.status.clone(),
+        pods: vec![unplaced_node_0()],
+        now: 130,
+        ..Row::default()
+    });
+    assert!(waits.actions.is_empty(), "{:?}", waits.actions);
+    let created = waits.status.condition(condition::CREATED).expect("Created");
+    assert_eq!(created.reason, "Node0First");
+    let placed = run(&Row {
+        spec: two,
+        status: waits.status.clone(),
+        pods: vec![pending(0, 0)],
+        now: 131,
+        ..Row::default()
+    });
+    assert_eq!(placed.actions, vec![launch(0, &[1])]);
+}
+
+#[test]
 fn node_0s_pod_that_finds_no_node_within_the_startup_timeout_ends_the_attempt() {
     let late = run(&Row {
         spec: elastic,
