@@ -94,6 +94,12 @@ async fn the_troubleshooting_look_blocks_of_a_job_that_runs_badly_run_in_its_sta
     run("docs/troubleshooting-run.md", "page-trun", Vec::new(), true).await;
 }
 
+#[tokio::test]
+#[ignore = "needs a cluster with the operator and the trainer image (e2e/kind.sh)"]
+async fn the_troubleshooting_look_blocks_of_a_job_that_has_stopped_or_ended_run_in_its_states() {
+    run("docs/troubleshooting-end.md", "page-tend", Vec::new(), true).await;
+}
+
 /// Deletes a namespace a page creates itself, however the test ends.
 struct DeleteNamespace(String);
 

@@ -14,13 +14,14 @@ use super::script::run_script;
 pub const BLOCK_LIMIT: Duration = Duration::from_secs(660);
 
 /// The pages CI runs (e2e/tests/pages.rs; install.md's Verify section alone).
-pub const PAGES: [&str; 6] = [
+pub const PAGES: [&str; 7] = [
     "docs/getting-started.md",
     "docs/recovery.md",
     "docs/cli.md",
     "docs/troubleshooting.md",
     "docs/troubleshooting-start.md",
     "docs/troubleshooting-run.md",
+    "docs/troubleshooting-end.md",
 ];
 
 /// A page to run: its path in the repository and what its blocks run with.
