@@ -1,6 +1,6 @@
-//! Pages whose commands run: docs/getting-started.md, docs/recovery.md, docs/cli.md, the
-//! troubleshooting pages and docs/install.md's Verify section, their ```sh blocks taken from
-//! the markdown as written and run in order against the cluster, each block's output compared
+//! Pages whose commands run: docs/getting-started.md, docs/recovery-walkthrough.md,
+//! docs/cli.md, the troubleshooting pages and docs/install.md's Verify section, their ```sh
+//! blocks taken from the markdown as written and run in order against the cluster, each block's output compared
 //! with the ```console block the page shows after it (e2e/src/pages/ says how). Each page
 //! runs in a namespace of its own, through a copy of the kubeconfig whose context's namespace
 //! is the test's, so the pages' `kubectl` commands need no `-n`; the output shows that
@@ -54,7 +54,13 @@ async fn the_getting_started_page_runs_as_written() {
 #[tokio::test]
 #[ignore = "needs a cluster with the operator and the trainer image (e2e/kind.sh)"]
 async fn the_recovery_guide_runs_as_written() {
-    run("docs/recovery.md", "page-recovery", Vec::new(), false).await;
+    run(
+        "docs/recovery-walkthrough.md",
+        "page-recovery",
+        Vec::new(),
+        false,
+    )
+    .await;
 }
 
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! The fault catalogue of docs/recovery.md holds each row to a test: the last column names
+//! The fault catalogue of docs/fault-catalogue.md holds each row to a test: the last column names
 //! tests (`in_place::a_killed_trainer_*`: a module and a function, `*` for any ending), test
 //! files (`tests/launch_disk_full.rs`) or benches (`bench/chaos.sh`). Each must exist, so a
 //! row cannot outlive the test that keeps it true, nor name one that never was.
@@ -14,7 +14,7 @@ fn rows(recovery_md: &str) -> Vec<(String, String)> {
     let section = recovery_md
         .split("\n## ")
         .find(|s| s.starts_with("The fault catalogue"))
-        .expect("docs/recovery.md has a section `## The fault catalogue`");
+        .expect("docs/fault-catalogue.md has a section `## The fault catalogue`");
     section
         .lines()
         .filter(|l| l.starts_with("| ") && !l.starts_with("| fault "))
@@ -111,7 +111,7 @@ fn unheld(recovery_md: &str) -> Vec<String> {
 
 #[test]
 fn every_row_of_the_fault_catalogue_is_held_by_a_test_that_exists() {
-    let text = std::fs::read_to_string(repo_root().join("docs/recovery.md")).unwrap();
+    let text = std::fs::read_to_string(repo_root().join("docs/fault-catalogue.md")).unwrap();
     let rows = rows(&text);
     assert!(rows.len() >= 18, "{} rows", rows.len());
     let problems = unheld(&text);

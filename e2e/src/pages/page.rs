@@ -16,7 +16,7 @@ pub const BLOCK_LIMIT: Duration = Duration::from_secs(660);
 /// The pages CI runs (e2e/tests/pages.rs; install.md's Verify section alone).
 pub const PAGES: [&str; 7] = [
     "docs/getting-started.md",
-    "docs/recovery.md",
+    "docs/recovery-walkthrough.md",
     "docs/cli.md",
     "docs/troubleshooting.md",
     "docs/troubleshooting-start.md",
@@ -171,7 +171,11 @@ mod tests {
             );
         }
         // The pages that start their own job clean it up themselves.
-        for page in ["docs/getting-started.md", "docs/recovery.md", "docs/cli.md"] {
+        for page in [
+            "docs/getting-started.md",
+            "docs/recovery-walkthrough.md",
+            "docs/cli.md",
+        ] {
             let text = std::fs::read_to_string(repo_root().join(page)).unwrap();
             let steps = steps(&text);
             // A block deletes what the last block that creates a job created (cli.md ends
