@@ -106,6 +106,18 @@ async fn the_troubleshooting_look_blocks_of_a_job_that_has_stopped_or_ended_run_
     run("docs/troubleshooting-end.md", "page-tend", Vec::new(), true).await;
 }
 
+#[tokio::test]
+#[ignore = "needs a cluster with the operator and the trainer image (e2e/kind.sh)"]
+async fn the_troubleshooting_look_blocks_of_the_operator_and_its_crd_run_as_written() {
+    run(
+        "docs/troubleshooting-operator.md",
+        "page-toper",
+        Vec::new(),
+        false,
+    )
+    .await;
+}
+
 /// Deletes a namespace a page creates itself, however the test ends.
 struct DeleteNamespace(String);
 

@@ -14,7 +14,7 @@ use super::script::run_script;
 pub const BLOCK_LIMIT: Duration = Duration::from_secs(660);
 
 /// The pages CI runs (e2e/tests/pages.rs; install.md's Verify section alone).
-pub const PAGES: [&str; 7] = [
+pub const PAGES: [&str; 8] = [
     "docs/getting-started.md",
     "docs/recovery-walkthrough.md",
     "docs/cli.md",
@@ -22,6 +22,7 @@ pub const PAGES: [&str; 7] = [
     "docs/troubleshooting-start.md",
     "docs/troubleshooting-run.md",
     "docs/troubleshooting-end.md",
+    "docs/troubleshooting-operator.md",
 ];
 
 /// A page to run: its path in the repository and what its blocks run with.
