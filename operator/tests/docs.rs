@@ -1,6 +1,6 @@
 //! Docs that cannot drift. Every CLI flag, config field, CRD field, metric name, event reason
 //! and repository path that README.md, docs/, examples/ and the chart's README name exists in
-//! the code, and every event reason the operator emits is in docs/operator.md's events table.
+//! the code, and every event reason the operator emits is in docs/operator-events.md's table.
 //! The truth comes from the code: clap's `Command` of the operator, the trainer's clap derive
 //! structs, the CRD's and the trainer config's JSON schemas, the chart's values.yaml, the
 //! operator's metric registry and the trainer's exposition, the operator's event calls.
@@ -76,21 +76,21 @@ fn every_repository_path_and_link_in_the_docs_exists() {
 fn every_event_the_operator_emits_is_documented_and_no_other() {
     let emitted = events::emitted().unwrap_or_else(|e| panic!("{}", e.join("\n")));
     assert!(emitted.len() > 25, "{emitted:?}");
-    let operator_md =
-        std::fs::read_to_string(support::repo_root().join("docs/operator.md")).unwrap();
-    let documented = events::documented(&operator_md);
+    let events_md =
+        std::fs::read_to_string(support::repo_root().join("docs/operator-events.md")).unwrap();
+    let documented = events::documented(&events_md);
     let mut problems = Vec::new();
     for reason in &emitted {
         if !documented.iter().any(|(_, d)| d == reason) {
             problems.push(format!(
-                "docs/operator.md: the events table lacks `{reason}`, which the operator emits"
+                "docs/operator-events.md: the events table lacks `{reason}`, which the operator emits"
             ));
         }
     }
     for (line, reason) in &documented {
         if !emitted.contains(reason) {
             problems.push(format!(
-                "docs/operator.md:{line}: `{reason}` is in the events table but the operator emits no such event"
+                "docs/operator-events.md:{line}: `{reason}` is in the events table but the operator emits no such event"
             ));
         }
     }

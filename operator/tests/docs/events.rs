@@ -232,7 +232,7 @@ pub fn emitted() -> Result<BTreeSet<String>, Vec<String>> {
         .collect()
 }
 
-/// The reasons of the events table of docs/operator.md (first column, in backticks).
+/// The reasons of the events table of docs/operator-events.md (first column, in backticks).
 pub fn documented(operator_md: &str) -> Vec<(usize, String)> {
     let mut out = Vec::new();
     let mut in_section = false;
