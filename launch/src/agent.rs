@@ -65,6 +65,10 @@ const FAREWELL: Duration = Duration::from_secs(30);
 /// process in state T (a tracer's stop is `t`, a frozen cgroup's `D`), and nothing trains
 /// while it lasts, so a second is enough to be sure.
 const FROZEN_AFTER: Duration = Duration::from_secs(1);
+/// How long a late node waits for its spare ranks to load before it arrives anyway.
+const SPARES_READY_WITHIN: Duration = Duration::from_secs(20);
+/// How often a late node looks for the round that takes it in.
+const JOIN_POLL: Duration = Duration::from_millis(50);
 /// How long an agent whose gang another node failed for good waits before its pod ends.
 const COLLATERAL_PAUSE: Duration = Duration::from_secs(2);
 
@@ -115,6 +119,8 @@ struct Agent<'a> {
     waiting_since: Option<Instant>,
     /// Node 0: the last round it gathered (whose arrivals say which nodes exist at all).
     gathered: Option<u64>,
+    /// Node 0, its first round: the nodes that said where they left off (members::Wait).
+    coming: Vec<usize>,
     /// Trainers started during the last round, waiting to be the next round's ranks.
     spares: Option<Spares>,
     /// Every node but 0: a connection to node 0's store whose will is this node's report of
@@ -185,6 +191,7 @@ impl<'a> Agent<'a> {
             waiting_since: None,
             gathered: None,
             spares: None,
+            coming: Vec::new(),
             will: None,
         })
     }
@@ -260,8 +267,9 @@ impl<'a> Agent<'a> {
             } else {
                 self.rendezvous_timeout()
             };
-            let posted = rejoin::first_round(&mut self.link.client, self.args.nnodes, wait)?;
-            return Ok(posted.max(self.args.first_round));
+            let first = rejoin::first_round(&mut self.link.client, self.args.nnodes, wait)?;
+            self.coming = first.coming;
+            return Ok(first.round.max(self.args.first_round));
         }
         let timeout = self.rendezvous_timeout();
         let client = &mut self.link.client;
@@ -309,7 +317,7 @@ impl<'a> Agent<'a> {
                     what: "a round to join",
                 });
             }
-            std::thread::sleep(Duration::from_millis(200));
+            std::thread::sleep(JOIN_POLL);
         };
         match waited {
             Ok(next) => Event::Joined(next),
@@ -354,6 +362,7 @@ impl<'a> Agent<'a> {
         if let Some(owner) = self.replaced_by()? {
             return Ok(End::Replaced { owner });
         }
+        self.warm_up_if_late(round)?;
         let Some(place) = self.assemble(round)? else {
             return Ok(End::NotAdmitted);
         };
@@ -583,6 +592,7 @@ impl<'a> Agent<'a> {
                 wait: Duration::from_secs_f64(self.args.elastic_wait_seconds.max(0.0)),
                 lost,
                 since: self.waiting_since.take().unwrap_or_else(Instant::now),
+                coming: std::mem::take(&mut self.coming),
                 timeout,
             };
             members::gather(&mut self.link.client, round, nnodes, &wait)?;
@@ -596,8 +606,45 @@ impl<'a> Agent<'a> {
                 m.len() * self.args.nproc_per_node
             );
         }
+        if place.is_none() && self.host.is_none() {
+            // Late: node 0's grower wakes on this and ends the round so that the gang grows.
+            self.link
+                .client
+                .set(&keys::knock(round), self.id.as_bytes())?;
+        }
         self.members = Some(m);
         Ok(place)
+    }
+
+    /// A node arriving at round `round` after node 0 decided its members (a pod placed once
+    /// capacity freed up, a replacement) joins the next round, which starts as soon as it
+    /// arrives: it starts its spare ranks first and arrives once they are ready (libtorch
+    /// loaded), so that the gang's pause for it is a round switch, not a trainer's start.
+    fn warm_up_if_late(&mut self, round: u64) -> Result<(), AgentError> {
+        let wanted = self.args.spare_ranks && self.launch.program.can_have_spares();
+        if self.host.is_some() || self.spares.is_some() || !wanted {
+            return Ok(());
+        }
+        if !members::decided(&mut self.link.client, round)? {
+            return Ok(());
+        }
+        let next = self.spawn(round + 1, (self.node(), self.args.nnodes), self.port);
+        let started = Instant::now();
+        match Spares::start(&next) {
+            Ok(mut spares) => {
+                // A script's spare names itself before its imports: it is not waited for.
+                let ready = !self.launch.program.is_command()
+                    && spares.wait_ready(started + SPARES_READY_WITHIN);
+                tracing::info!(
+                    "agent: round {round} runs without this node; its spare ranks {} after {:.2} s",
+                    if ready { "are ready" } else { "load" },
+                    started.elapsed().as_secs_f64()
+                );
+                self.spares = Some(spares);
+            }
+            Err(e) => tracing::warn!("launch: no spare ranks to join with: {e}"),
+        }
+        Ok(())
     }
 
     /// This node's launcher was signalled (its pod is being deleted, evicted or drained): the

@@ -38,6 +38,12 @@ pub fn arrived(round: u64) -> String {
     format!("agent/{round}/arrived")
 }
 
+/// `agent/<r>/knock`: SET by an agent that arrived at round `r` after its members were
+/// decided (late), once its spare ranks are ready: node 0's grower wakes on it (watch.rs).
+pub fn knock(round: u64) -> String {
+    format!("agent/{round}/knock")
+}
+
 /// `agent/<r>/members`: SET by node 0: who trains in round `r` (members.rs).
 pub fn members(round: u64) -> String {
     format!("agent/{round}/members")

@@ -12,6 +12,8 @@
 //! agent/<r>/here/<node>    SET by each arriving agent: its identity (the pod's UID)
 //! agent/<r>/arrived        ADD by each arriving agent (node 0 compares it to the members)
 //! agent/<r>/members        SET by node 0: Members
+//! agent/<r>/knock          SET by a late agent once it arrived (and its spares are ready):
+//!                          node 0's grower wakes on it instead of polling
 //! agent/owner/<node>       SET by each node's agent as it starts: its identity. An agent
 //!                          that finds another's there was replaced while cut off (a pod
 //!                          behind a partition) and leaves the gang instead of joining
@@ -99,6 +101,10 @@ pub struct Wait {
     /// for the others to say where they left off: a new gang starts on the pods that were
     /// placed one wait after node 0's, not two), else the round's gathering.
     pub since: Instant,
+    /// Nodes whose agents said they are coming (the first round: they posted where they
+    /// left off): waited for up to [`COMING_WITHIN`] even once the elastic wait passed, so
+    /// that a node a moment behind node 0 is a member, not a late node that ends the round.
+    pub coming: Vec<usize>,
     /// Nodes not waited for, though taken if they come in time: those the last round was
     /// ended without (no heartbeat), and those that did not come to it at all.
     pub lost: Vec<usize>,
@@ -126,7 +132,9 @@ pub fn gather(
                 nodes.push((node, String::from_utf8_lossy(&id).into_owned()));
             }
         }
-        if enough(nodes.len(), (nnodes, expected), min_nodes, waited, wait) {
+        let on_the_way = started.elapsed() < COMING_WITHIN
+            && w.coming.iter().any(|c| nodes.iter().all(|(m, _)| m != c));
+        if !on_the_way && enough(nodes.len(), (nnodes, expected), min_nodes, waited, wait) {
             let members = Members { nodes };
             let json = serde_json::to_vec(&members).expect("members serialize");
             client.set(&keys::members(round), &json)?;
@@ -143,10 +151,13 @@ pub fn gather(
         }
         // A blocking GET on a node still missing (the store answers when it arrives): no
         // polling delay on a restart's path; woken at least every GATHER_WAKE to decide again.
-        let missing = (0..nnodes)
-            .find(|n| nodes.iter().all(|(m, _)| m != n))
+        let absent = |n: &usize| nodes.iter().all(|(m, _)| m != n);
+        let missing = (w.coming.iter().copied().find(absent).filter(|_| on_the_way))
+            .or_else(|| (0..nnodes).find(absent))
             .expect("a node is missing");
-        let block = if waited < wait {
+        let block = if on_the_way {
+            COMING_WITHIN.saturating_sub(started.elapsed())
+        } else if waited < wait {
             wait - waited
         } else {
             timeout.saturating_sub(started.elapsed())
@@ -156,6 +167,8 @@ pub fn gather(
     }
 }
 
+/// How long node 0's first round waits for the nodes that said they are coming.
+pub const COMING_WITHIN: Duration = Duration::from_secs(2);
 /// The longest node 0 waits for a missing node before it looks at every node again.
 const GATHER_WAKE: Duration = Duration::from_secs(1);
 
@@ -169,6 +182,13 @@ pub fn read(
     serde_json::from_slice(&bytes).map_err(AgentError::malformed("members"))
 }
 
+/// Whether node 0 decided round `round`'s members already: an agent arriving now is late.
+pub fn decided(client: &mut StoreClient, round: u64) -> store::Result<bool> {
+    Ok(client
+        .try_get(&keys::members(round), Duration::ZERO)?
+        .is_some())
+}
+
 /// Nodes that arrived at round `round` beyond its members: late ones waiting to join.
 pub fn late(client: &mut StoreClient, round: u64, members: usize) -> store::Result<usize> {
     let arrived = client.add(&keys::arrived(round), 0)?;
@@ -178,6 +198,43 @@ pub fn late(client: &mut StoreClient, round: u64, members: usize) -> store::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth::Auth;
+    use crate::store::StoreServer;
+    use std::net::TcpListener;
+
+    #[test]
+    fn a_node_that_said_it_is_coming_is_a_member_though_the_elastic_wait_passed() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let auth = Auth::new("tok", 1);
+        let _srv = StoreServer::start(l, auth.clone(), Duration::from_secs(2)).unwrap();
+        let connect = move || {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            StoreClient::connect("127.0.0.1", port, &auth, deadline).unwrap()
+        };
+        let mut c = connect();
+        arrive(&mut c, 0, 0, "n0").unwrap();
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            arrive(&mut connect(), 0, 1, "n1").unwrap();
+        });
+        // Node 2 never comes; node 1 posted where it left off and arrives 0.3 s after node
+        // 0 gathers, the elastic wait long over.
+        let w = Wait {
+            min_nodes: 1,
+            wait: Duration::from_secs(3),
+            since: Instant::now() - Duration::from_secs(3),
+            coming: vec![1],
+            lost: Vec::new(),
+            timeout: Duration::from_secs(10),
+        };
+        let members = gather(&mut c, 0, 3, &w).unwrap();
+        late.join().unwrap();
+        assert_eq!(
+            members.nodes,
+            vec![(0, "n0".to_string()), (1, "n1".to_string())]
+        );
+    }
 
     #[test]
     fn node_0_waits_for_everyone_or_after_the_elastic_wait_for_enough() {

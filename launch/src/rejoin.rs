@@ -29,15 +29,30 @@ pub fn post(client: &mut StoreClient, node: usize, next: u64) -> store::Result<(
     client.set(&keys::resume(node), next.to_string().as_bytes())
 }
 
+/// Where node 0's first round starts, and who is coming to it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct First {
+    /// The highest round posted, 0 when none did.
+    pub round: u64,
+    /// The nodes that posted: their agents run and arrive in a moment.
+    pub coming: Vec<usize>,
+}
+
 /// Node 0: the round to start, once every other node said where it left off or `wait`
-/// passed (the highest posted, 0 when none did).
-pub fn first_round(client: &mut StoreClient, nnodes: usize, wait: Duration) -> store::Result<u64> {
+/// passed.
+pub fn first_round(
+    client: &mut StoreClient,
+    nnodes: usize,
+    wait: Duration,
+) -> store::Result<First> {
     let deadline = Instant::now() + wait;
     loop {
         let mut posted = Vec::new();
+        let mut coming = Vec::new();
         for node in 1..nnodes {
             if let Some(b) = client.try_get(&keys::resume(node), Duration::ZERO)? {
                 posted.push(String::from_utf8_lossy(&b).parse::<u64>().unwrap_or(0));
+                coming.push(node);
             }
         }
         if posted.len() + 1 >= nnodes || Instant::now() >= deadline {
@@ -49,7 +64,8 @@ pub fn first_round(client: &mut StoreClient, nnodes: usize, wait: Duration) -> s
                     wait.as_secs_f64()
                 );
             }
-            return Ok(posted.into_iter().max().unwrap_or(0));
+            let round = posted.into_iter().max().unwrap_or(0);
+            return Ok(First { round, coming });
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -118,7 +134,14 @@ mod tests {
         let mut c = StoreClient::connect("127.0.0.1", port, &auth, deadline).unwrap();
         post(&mut c, 1, 4).unwrap();
         post(&mut c, 2, 6).unwrap();
-        assert_eq!(first_round(&mut c, 3, Duration::from_secs(5)).unwrap(), 6);
+        let first = first_round(&mut c, 3, Duration::from_secs(5)).unwrap();
+        assert_eq!(
+            first,
+            First {
+                round: 6,
+                coming: vec![1, 2]
+            }
+        );
     }
 
     #[test]
@@ -128,10 +151,10 @@ mod tests {
         let mut c = StoreClient::connect("127.0.0.1", port, &auth, deadline).unwrap();
         post(&mut c, 2, 3).unwrap();
         let started = Instant::now();
-        let round = first_round(&mut c, 3, Duration::from_millis(300)).unwrap();
-        assert_eq!(round, 3);
+        let first = first_round(&mut c, 3, Duration::from_millis(300)).unwrap();
+        assert_eq!((first.round, first.coming), (3, vec![2]));
         assert!(started.elapsed() >= Duration::from_millis(300));
-        assert_eq!(first_round(&mut c, 1, Duration::ZERO).unwrap(), 0);
+        assert_eq!(first_round(&mut c, 1, Duration::ZERO).unwrap().round, 0);
     }
 
     #[test]

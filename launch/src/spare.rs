@@ -99,6 +99,20 @@ impl Spares {
         Ok(Spares(spares))
     }
 
+    /// Waits until every spare trainer is ready (it names itself [`SPARE_NAME`] once libtorch
+    /// is loaded; a script's spare does so before its imports) or `deadline`; whether they
+    /// all were.
+    /// A spare that ended counts as ready: the round starts a fresh process for it.
+    pub fn wait_ready(&mut self, deadline: Instant) -> bool {
+        loop {
+            let ready = self.0.iter_mut().flatten().all(Spare::ready);
+            if ready || Instant::now() >= deadline || crate::signals::received() != 0 {
+                return ready;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The spare of local rank `local_rank`, if there is one.
     pub fn take(&mut self, local_rank: usize) -> Option<Spare> {
         self.0.get_mut(local_rank).and_then(Option::take)
@@ -106,6 +120,18 @@ impl Spares {
 }
 
 impl Spare {
+    /// Done starting: waiting on its stdin under [`SPARE_NAME`], or gone.
+    fn ready(&mut self) -> bool {
+        let Some(child) = self.child.as_mut() else {
+            return true;
+        };
+        if !matches!(child.try_wait(), Ok(None)) {
+            return true;
+        }
+        std::fs::read(format!("/proc/{}/comm", child.id()))
+            .map_or(true, |comm| comm.trim_ascii_end() == SPARE_NAME.as_bytes())
+    }
+
     /// Hands the spare the round's environment (`vars`): it becomes the rank, whose output
     /// the caller assigns to its round. An error when it is gone (it exited, or its stdin is
     /// closed); it is killed then.

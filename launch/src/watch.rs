@@ -117,8 +117,12 @@ impl Grower {
             .name("agent-grow".into())
             .spawn(move || {
                 while !s.load(Ordering::SeqCst) {
-                    std::thread::sleep(GROW_POLL);
+                    // Woken by a late agent's knock (at once), else a look every GROW_POLL.
+                    let knocked = client.try_get(&keys::knock(round), GROW_POLL);
                     if members::late(&mut client, round, members).unwrap_or(0) == 0 {
+                        if matches!(knocked, Ok(Some(_)) | Err(_)) {
+                            std::thread::sleep(GROW_POLL);
+                        }
                         continue;
                     }
                     let marked = client
