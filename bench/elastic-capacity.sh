@@ -17,7 +17,7 @@ echo "commit $(git rev-parse --short HEAD), $(date -u +%Y-%m-%d), $(nproc) cores
 FERROTRAIN_E2E_CYCLES="$cycles" scripts/e2e.sh --no-images --filter 'binary(capacity)' >"$log" 2>&1 \
   || { tail -n 40 "$log" >&2; echo "elastic-capacity: the test failed (above)" >&2; exit 1; }
 # The test's lines (nextest prints a passing test's output once more at the end: once here).
-grep -E "^ +(created|blocker|cycle|round|seconds by)" "$log" | awk '!seen[$0]++' || true
+grep -E "^ +(created|blocker|cycle|round|seconds by|growth)" "$log" | awk '!seen[$0]++' || true
 python3 - "$log" <<'PY'
 import re, statistics, sys
 text = open(sys.argv[1]).read()
@@ -25,9 +25,10 @@ def series(label):
     m = re.search(re.escape(label) + r" \(s\): \[([^\]]*)\]", text)
     return [float(x) for x in m.group(1).split(",")] if m else []
 for label, what in [("capacity freed -> first step on it", "node freed -> training on it"),
+                    ("new launcher up -> first step on it", "of it ours: the new pod's launcher up -> training on it"),
                     ("preempted -> pod gone", "preemption -> pod gone"),
                     ("preempted -> first step at the smaller size", "preemption -> training at the smaller size")]:
-    xs = series(label)
+    xs = [x for x in series(label) if x == x]  # NaN: a breakdown not found in the logs
     if xs:
-        print(f"{what}: p50 {statistics.median(xs):.1f} s, max {max(xs):.1f} s over {len(xs)}")
+        print(f"{what}: p50 {statistics.median(xs):.2f} s, max {max(xs):.2f} s over {len(xs)}")
 PY

@@ -23,7 +23,7 @@ use ferrotrain_e2e::{
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use serde_json::json;
 
 const JOB: &str = "grow";
@@ -225,17 +225,56 @@ async fn grows_when_it_ends(
     world: u32,
     after: u64,
     what: &str,
-) -> (u64, f64) {
+) -> (u64, f64, Option<f64>) {
     let freed = finish(&ns.pods(), holder).await;
     let (round, grown, healed) = stepping_at(ns, world, Some(after)).await;
     let took = seconds(freed, grown);
     eprintln!("{what} -> round {round} steps at world size {world} {took:.1} s later");
+    let ours = growth_breakdown(&ns.pods(), freed, round, grown).await;
     assert_eq!(
         healed,
         Some(HealedFrom::Peers),
         "grown from peers, no checkpoint read"
     );
-    (round, took)
+    (round, took, ours)
+}
+
+/// Where a growth's time went, from the launchers' own log lines: the holder's end
+/// (`freed`, whole seconds) to the new pod's launcher up (scheduling, container start: the
+/// cluster's), its spares ready, node 0 ending the round before `round`, and `round`'s first
+/// step at `grown`. Returns ours: the new launcher up to that first step.
+async fn growth_breakdown(
+    pods: &Api<Pod>,
+    freed: Timestamp,
+    round: u64,
+    grown: Timestamp,
+) -> Option<f64> {
+    let up = logged_at(pods, POD_1, "agent: node 1 of").await?;
+    let ready = logged_at(pods, POD_1, "its spare ranks").await;
+    let ended = format!("round {} ends so that the gang grows", round - 1);
+    let ended = logged_at(pods, POD_0, &ended).await;
+    let since = |from: Option<Timestamp>, to: Option<Timestamp>| {
+        from.zip(to)
+            .map_or("-".to_string(), |(f, t)| format!("{:.2} s", seconds(f, t)))
+    };
+    eprintln!(
+        "  growth: holder's end -> new launcher up {}; -> its spares ready {}; -> node 0 ends \
+         round {} {}; -> first step {}",
+        since(Some(freed), Some(up)),
+        since(Some(up), ready),
+        round - 1,
+        since(ready.or(Some(up)), ended),
+        since(ended, Some(grown)),
+    );
+    Some(seconds(up, grown))
+}
+
+/// The time of the first line of `pod`'s log that contains `needle` (the launcher's own
+/// timestamp, which starts each of its lines).
+async fn logged_at(pods: &Api<Pod>, pod: &str, needle: &str) -> Option<Timestamp> {
+    let log = pods.logs(pod, &LogParams::default()).await.ok()?;
+    let line = log.lines().find(|l| l.contains(needle))?;
+    line.split_whitespace().next()?.parse().ok()
 }
 
 /// The phase of rank `pod`'s current pod and its UID.
@@ -317,8 +356,9 @@ async fn an_elastic_job_starts_on_what_fits_grows_into_freed_capacity_and_gives_
     );
 
     // The other workload finishes: the job grows into its node.
-    let (mut round, took) = grows_when_it_ends(&ns, "blocker", 2, round, "blocker finished").await;
-    let mut to_grow = vec![took];
+    let (mut round, took, ours) =
+        grows_when_it_ends(&ns, "blocker", 2, round, "blocker finished").await;
+    let (mut to_grow, mut ours_to_grow) = (vec![took], vec![ours.unwrap_or(f64::NAN)]);
 
     let cycles: usize = std::env::var("FERROTRAIN_E2E_CYCLES")
         .ok()
@@ -349,9 +389,10 @@ async fn an_elastic_job_starts_on_what_fits_grows_into_freed_capacity_and_gives_
         );
         // The preemptor finishes: rank 1's replacement gets its place back.
         let what = format!("cycle {cycle}: preemptor finished");
-        let (r, took) = grows_when_it_ends(&ns, &preemptor_name, 2, r, &what).await;
+        let (r, took, ours) = grows_when_it_ends(&ns, &preemptor_name, 2, r, &what).await;
         round = r;
         to_grow.push(took);
+        ours_to_grow.push(ours.unwrap_or(f64::NAN));
         pods.delete(&preemptor_name, &DeleteParams::default())
             .await
             .expect("the preemptor");
@@ -364,6 +405,7 @@ async fn an_elastic_job_starts_on_what_fits_grows_into_freed_capacity_and_gives_
         recovery.seconds_by_world_size
     );
     eprintln!("capacity freed -> first step on it (s): {to_grow:.1?}");
+    eprintln!("new launcher up -> first step on it (s): {ours_to_grow:.2?}");
     eprintln!("preempted -> pod gone (s): {to_leave:.1?}");
     eprintln!("preempted -> first step at the smaller size (s): {to_shrink:.1?}");
     assert_eq!(
@@ -439,7 +481,7 @@ async fn a_job_grows_beyond_replicas_into_an_idle_node_and_gives_it_back() {
     );
 
     let what = "idle node freed (1 pod of 2 ranks asked for)";
-    let (round, _) = grows_when_it_ends(&ns, "blocker", 4, round, what).await;
+    let (round, _, _) = grows_when_it_ends(&ns, "blocker", 4, round, what).await;
     let status = wait_status(&ns.jobs(), JOB, "Resized Grown", WAIT, |s| {
         s.current_world_size == Some(4)
     })
@@ -513,7 +555,7 @@ async fn a_higher_priority_pod_preempts_two_pods_and_the_gang_shrinks_from_peers
     assert_eq!(healed, Some(HealedFrom::Peers), "no checkpoint read");
 
     let what = "preemptor finished";
-    let (round, _) = grows_when_it_ends(&ns, "preemptor", 4, shrunk_round, what).await;
+    let (round, _, _) = grows_when_it_ends(&ns, "preemptor", 4, shrunk_round, what).await;
     let done = ledger_at(&ns, round, |s| s.current_world_size.is_none()).await;
     let recovery = done.recovery.clone().expect("the ledger");
     assert_eq!((done.attempt, done.restarts), (0, 0), "{done:?}");
