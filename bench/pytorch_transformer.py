@@ -46,11 +46,13 @@ class Model(nn.Module):
     def emb(self, x):
         return self.drop(self.embed(x) * self.scale + self.pe[: x.size(1)])
 
-    def forward(self, src, tgt):
+    def states(self, src, tgt):
         mask = self.core.generate_square_subsequent_mask(tgt.size(1), device=src.device)
-        h = self.core(self.emb(src), self.emb(tgt), tgt_mask=mask, tgt_is_causal=True,
-                      src_key_padding_mask=src.eq(PAD), memory_key_padding_mask=src.eq(PAD))
-        return h @ self.embed.weight.t()
+        return self.core(self.emb(src), self.emb(tgt), tgt_mask=mask, tgt_is_causal=True,
+                         src_key_padding_mask=src.eq(PAD), memory_key_padding_mask=src.eq(PAD))
+
+    def forward(self, src, tgt):
+        return self.states(src, tgt) @ self.embed.weight.t()
 
 
 # ferrotrain's `model:` keys and the Model arguments they set.
@@ -109,6 +111,13 @@ def main():
     ap.add_argument("--cudnn-sdp", action="store_true",
                     help="leave cuDNN attention on (PyTorch's default on Hopper; it compiles a "
                          "graph per batch shape, so by default it is off, as in ferrotrain)")
+    ap.add_argument("--phases", action="store_true",
+                    help="print one line a step with the milliseconds of each phase (data, "
+                         "forward, loss = output projection and loss forward and backward, "
+                         "backward, optimizer), as FERROTRAIN_PHASE_TIMES=1 does (bench/profile.sh)")
+    ap.add_argument("--torch-profile", metavar="FILE",
+                    help="write torch.profiler's ops table (key_averages, by self CPU time) of "
+                         "the timed steps to FILE")
     args = ap.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -127,11 +136,16 @@ def main():
     plan = batches(pairs, args.max_tokens, 1)
     tokens = 0
     start = None
+    profiler = None
     for step, b in enumerate(plan[: args.steps + args.warmup_steps], 1):
         if step == args.warmup_steps + 1:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             start, tokens = time.perf_counter(), 0
+            if args.torch_profile:
+                profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                profiler.__enter__()
+        t0 = time.perf_counter()
         ls = max(len(pairs[i][0]) for i in b) + 1
         lt = max(len(pairs[i][1]) for i in b) + 1
         src = torch.tensor([pairs[i][0] + [EOS] + [PAD] * (ls - len(pairs[i][0]) - 1) for i in b])
@@ -141,14 +155,51 @@ def main():
         src, tin, tout = src.to(device), tin.to(device), tout.to(device)
         for g in opt.param_groups:
             g["lr"] = 2e-3 * min(step / 300, math.sqrt(300 / step))
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
-            logits = model(src, tin)
-            loss = loss_fn(logits.view(-1, logits.size(-1)).float(), tout.view(-1)) / ntgt
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        if args.phases:
+            # The same computation, cut where ferrotrain's phases are: the decoder's states,
+            # then the output projection and loss differentiated on their own, then the rest
+            # of backward from the states' gradient.
+            marks = [("data", time.perf_counter())]
+            opt.zero_grad()
+            marks.append(("optimizer", time.perf_counter()))
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+                h = model.states(src, tin)
+            marks.append(("forward", time.perf_counter()))
+            hd = h.detach().requires_grad_()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+                logits = hd @ model.embed.weight.t()
+                loss = loss_fn(logits.view(-1, logits.size(-1)).float(), tout.view(-1)) / ntgt
+            loss.backward()
+            marks.append(("loss", time.perf_counter()))
+            h.backward(hd.grad)
+            marks.append(("backward", time.perf_counter()))
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            loss_value = loss.item()
+            marks.append(("optimizer", time.perf_counter()))
+            spent, last = {}, t0
+            for name, t in marks:
+                spent[name] = spent.get(name, 0.0) + (t - last) * 1e3
+                last = t
+            real = int(tout.ne(PAD).sum())
+            ntok = sum(len(pairs[i][0]) + len(pairs[i][1]) + 2 for i in b)
+            print(f"phases step={step} src={len(b)}x{ls} tgt={len(b)}x{lt} real={real} tokens={ntok} "
+                  + " ".join(f"{k}={v:.2f}" for k, v in spent.items())
+                  + f" total={(last - t0) * 1e3:.2f}", flush=True)
+        else:
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+                logits = model(src, tin)
+                loss = loss_fn(logits.view(-1, logits.size(-1)).float(), tout.view(-1)) / ntgt
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
         tokens += sum(len(pairs[i][0]) + len(pairs[i][1]) + 2 for i in b)
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        with open(args.torch_profile, "w", encoding="utf-8") as f:
+            f.write(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=60,
+                                                  max_name_column_width=60))
     if device.type == "cuda":
         torch.cuda.synchronize()
     secs = time.perf_counter() - start

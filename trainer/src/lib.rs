@@ -33,6 +33,7 @@ pub mod metrics;
 pub mod model;
 pub mod omp;
 pub mod optim;
+pub mod phases;
 pub mod precision;
 pub mod resources;
 pub mod rfc3339;

@@ -159,6 +159,7 @@ impl Transformer {
         grad_scale: f64,
     ) -> Tensor {
         let states = self.decoder_states(&batch.src, &batch.tgt_in, true);
+        crate::phases::mark("forward");
         let (h, targets) = real_positions(&states, &batch.tgt_out, &batch.real);
         let rows = loss_chunk_rows(h.device());
         self.projection_loss_backward(&h, &targets, label_smoothing, grad_scale, rows)
@@ -189,6 +190,7 @@ impl Transformer {
                 rows,
             )
         });
+        crate::phases::mark("loss");
         // A scalar whose gradient is exactly the hand-computed one: d/dh (h . dh) = dh.
         let mut surrogate =
             (h * &fused.d_h).sum(Kind::Float) + (weight * &fused.d_weight).sum(Kind::Float);
@@ -196,6 +198,7 @@ impl Transformer {
             surrogate += (b * &fused.d_bias).sum(Kind::Float);
         }
         (surrogate * grad_scale).backward();
+        crate::phases::mark("backward");
         fused.loss
     }
 

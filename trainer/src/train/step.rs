@@ -25,6 +25,7 @@ impl Trainer<'_> {
             self.evaluate_if_due(&s)?;
             self.checkpoint_if_due(&s)?;
             self.report(&s);
+            crate::phases::end(s.step, s.tokens);
         }
         Ok(())
     }
@@ -34,12 +35,16 @@ impl Trainer<'_> {
     /// is not finite ends the run here; the step is recorded only once it passed.
     pub(super) fn step(&mut self) -> Result<StepOutcome> {
         let t0 = Instant::now();
+        crate::phases::begin();
         let config = self.config;
         let batch = self.batches.next(&self.corpus.train);
+        crate::phases::mark("data");
         let loss_scale = self.scaling.factor();
         let loss_local = self.forward_backward(&batch, loss_scale);
         crate::fault::rank_fault(self.rank, self.position.step());
         let synced = self.exchange(&loss_local, batch.target_tokens)?;
+        // The gradient norm and the step's host read (the all-reduce with several ranks).
+        crate::phases::mark("optimizer");
         let over_budget = self.clock.over_budget(synced.train_seconds);
         self.stop.after_step(over_budget, synced.interrupted_by);
         let grad_norm = synced.grad_norm / loss_scale;
@@ -62,6 +67,7 @@ impl Trainer<'_> {
             optimizer.unscale(loss_scale);
             optimizer.step(lr);
         }
+        crate::phases::mark("optimizer");
         self.position.advance(batch.samples);
         self.clock.sync(synced.train_seconds);
         let outcome = StepOutcome {
@@ -168,6 +174,7 @@ impl Trainer<'_> {
         let config = self.config;
         let train = &self.corpus.train;
         self.replica.optimizer.zero_grad();
+        crate::phases::mark("optimizer");
         let (rank, world, virtual_world) = (self.rank, self.world, self.virtual_world);
         let shards: Vec<(usize, usize, Vec<usize>)> = batch
             .micro
@@ -194,6 +201,11 @@ impl Trainer<'_> {
                 continue;
             }
             let tb = data::to_tensors(train, mine, self.device);
+            if crate::phases::enabled() {
+                let (src, tgt) = (tb.src.size(), tb.tgt_in.size());
+                crate::phases::shape(src[0], src[1], tgt[1], tb.real.size()[0]);
+                crate::phases::mark("data");
+            }
             if Some(k) == last
                 && let Some(sync) = self.replica.grad_sync.as_mut()
             {
