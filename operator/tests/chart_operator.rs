@@ -214,10 +214,19 @@ async fn the_operator_started_as_the_chart_starts_it_runs_the_copy_example() {
     }
 
     let deadline = Instant::now() + Duration::from_secs(30);
+    let mut placed = false;
     let pods = loop {
         let pods = fake.list("api/v1/pods");
         if pods.len() == 2 {
             break pods;
+        }
+        // The example is elastic and the fake serves no gang scheduler: node 0's pod comes
+        // first (Node0First), the other once it has a node. The scheduler's part:
+        if !placed && pods.len() == 1 {
+            fake.update("api/v1/pods", JOBS_NAMESPACE, "copy-0-0", |p| {
+                p["spec"]["nodeName"] = "kind-worker".into();
+            });
+            placed = true;
         }
         assert!(
             Instant::now() < deadline,
