@@ -3,7 +3,7 @@
 # parameters and AdamW's two moments) saved five times, each while a step's forward and
 # backward run (0.4 s of matmuls reading the weights), then the update, which waits for the
 # save to have copied the state out. Prints, per save, the seconds the step was blocked (the
-# save call plus the update's wait) and their share of the step (docs/checkpoints.md keeps
+# save call plus the update's wait) and their share of the step (docs/checkpoint-saves.md#measured-cost-of-a-save keeps
 # the numbers; the goal is well under 1%).
 #
 #   bench/checkpoint-blocking.sh

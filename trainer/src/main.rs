@@ -131,7 +131,7 @@ struct SelectArgs {
     /// Length penalties to choose among (comma-separated, e.g. `0.6,0.8,1,1.2,1.6,2`; see
     /// `translate --length-penalty`): one beam search per candidate is scored under each, at
     /// no extra decoding. Default 1 only: on Multi30k a penalty chosen on val gained 0.4 val
-    /// BLEU and lost 1.0 on test (docs/checkpoints.md).
+    /// BLEU and lost 1.0 on test (docs/translate.md).
     #[arg(long, value_delimiter = ',', default_value = "1", value_parser = parse_length_penalty)]
     length_penalties: Vec<f64>,
     /// Average at most this many checkpoints (the last K and the best K by validation loss).

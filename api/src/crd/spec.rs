@@ -174,7 +174,7 @@ pub struct DistributedTrainingSpec {
     pub restart_policy: RestartPolicy,
 
     /// Elastic world size: train on with fewer pods when some are lost and cannot be placed
-    /// again (docs/operator.md, "Elastic world size"). Needs in-place restarts.
+    /// again (docs/elastic.md). Needs in-place restarts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub elastic: Option<ElasticSpec>,
 

@@ -2,7 +2,7 @@
 //! to a temporary directory off the training thread, fsynced and renamed, so a directory
 //! named step-* is always complete. Retention keeps the newest K and the best N.
 //!
-//! The protocol, in order (docs/checkpoints.md says the same for users):
+//! The protocol, in order (docs/checkpoint-saves.md says the same for users):
 //! 1. `save` copies every tensor into plain CPU bytes on the calling thread (the only part
 //!    that blocks training) and hands them to a background thread.
 //! 2. The background thread writes `.tmp-step-XXXXXXXX-<pid>/` in the same parent, fsyncs
