@@ -104,8 +104,12 @@ impl Attention {
         causal: bool,
         train: bool,
     ) -> Tensor {
-        let p = if train { self.dropout } else { 0.0 };
-        let y = Tensor::scaled_dot_product_attention(q, k, v, mask, p, causal, None, false);
+        let y = if train && self.dropout > 0.0 && q.device() == tch::Device::Cpu {
+            attention_with_dropout(q, k, v, mask, causal, self.dropout)
+        } else {
+            let p = if train { self.dropout } else { 0.0 };
+            Tensor::scaled_dot_product_attention(q, k, v, mask, p, causal, None, false)
+        };
         dense(&Self::merge_heads(&y), &self.out, self.kind)
     }
 
@@ -159,6 +163,36 @@ impl Attention {
         let q = self.split_heads(&self.project(x, &self.q));
         self.attend(&q, &kv.0, &kv.1, Some(mask), false, train)
     }
+}
+
+/// Attention with dropout on its weights, written out, for training on a CPU. libtorch's fused
+/// CPU kernel takes no dropout, so `scaled_dot_product_attention` with dropout falls back to
+/// its math path, which casts bf16 inputs to fp32 (fp32 matrix multiplies) and draws one
+/// Bernoulli sample per weight. Here the products run in the inputs' dtype, the softmax in
+/// fp32 (as autocast does), and the dropout is `Drop16`'s. `mask` [B, 1, 1, S]: true =
+/// attend; `causal`: no attending to later positions.
+pub(super) fn attention_with_dropout(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    causal: bool,
+    p: f64,
+) -> Tensor {
+    let (lq, lk, dh) = (q.size()[2], k.size()[2], q.size()[3]);
+    let mut scores = (q * (1.0 / (dh as f64).sqrt())).matmul(&k.transpose(-2, -1));
+    if let Some(m) = mask {
+        scores = scores.masked_fill(&m.logical_not(), f64::NEG_INFINITY);
+    }
+    if causal {
+        let later = Tensor::ones([lq, lk], (Kind::Bool, q.device())).triu(1);
+        scores = scores.masked_fill(&later, f64::NEG_INFINITY);
+    }
+    scores
+        .softmax(-1, Kind::Float)
+        .to_kind(q.kind())
+        .drop(p, true)
+        .matmul(v)
 }
 
 #[derive(Debug)]
@@ -333,6 +367,34 @@ mod tests {
     use tch::Device;
 
     use super::*;
+
+    #[test]
+    fn written_out_attention_is_libtorchs_without_dropout_and_drops_with_it() {
+        tch::manual_seed(3);
+        let (b, h, l, s, dh) = (3, 2, 5, 7, 8);
+        let q = Tensor::randn([b, h, l, dh], (Kind::Float, Device::Cpu));
+        let k = Tensor::randn([b, h, s, dh], (Kind::Float, Device::Cpu));
+        let v = Tensor::randn([b, h, s, dh], (Kind::Float, Device::Cpu));
+        let mask = Tensor::from_slice(&[1i64, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0])
+            .repeat([2])
+            .narrow(0, 0, b * s)
+            .view([b, 1, 1, s])
+            .ne(0);
+        let kq = Tensor::randn([b, h, l, dh], (Kind::Float, Device::Cpu));
+        let kv = Tensor::randn([b, h, l, dh], (Kind::Float, Device::Cpu));
+        // A drop probability that rounds to 0 (a multiple of 2^-16) keeps every weight.
+        for (key, value, m, causal) in [(&k, &v, Some(&mask), false), (&kq, &kv, None, true)] {
+            let ours = attention_with_dropout(&q, key, value, m, causal, 1e-9);
+            let theirs =
+                Tensor::scaled_dot_product_attention(&q, key, value, m, 0.0, causal, None, false);
+            let diff = (ours - theirs).abs().max().double_value(&[]);
+            assert!(diff < 1e-5, "{diff}");
+        }
+        let dropped = attention_with_dropout(&q, &k, &v, Some(&mask), false, 0.5);
+        let kept = attention_with_dropout(&q, &k, &v, Some(&mask), false, 1e-9);
+        assert_eq!(dropped.size(), kept.size());
+        assert!((dropped - kept).abs().max().double_value(&[]) > 1e-3);
+    }
 
     #[test]
     fn dropout_keeps_the_expected_fraction_and_scales_the_rest() {
