@@ -40,12 +40,14 @@ fn main() {
     println!("cargo:rustc-env=FERROTRAIN_LIBTORCH_BUILD={build}");
 }
 
-/// Compiles csrc/autograd.cpp, csrc/memory.cpp and csrc/attention.cpp (see their headers) against
+/// Compiles csrc/autograd.cpp, csrc/memory.cpp, csrc/attention.cpp and csrc/optim.cpp (see their
+/// headers) against
 /// `lib`/../include.
 fn compile_shims(lib: &str) {
     println!("cargo:rerun-if-changed=csrc/autograd.cpp");
     println!("cargo:rerun-if-changed=csrc/memory.cpp");
     println!("cargo:rerun-if-changed=csrc/attention.cpp");
+    println!("cargo:rerun-if-changed=csrc/optim.cpp");
     println!("cargo:rerun-if-changed=csrc/guarded.h");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     let include = std::path::Path::new(lib).join("../include");
@@ -62,5 +64,6 @@ fn compile_shims(lib: &str) {
         .file("csrc/autograd.cpp")
         .file("csrc/memory.cpp")
         .file("csrc/attention.cpp")
+        .file("csrc/optim.cpp")
         .compile("ferrotrain_shims");
 }

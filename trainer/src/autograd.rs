@@ -29,7 +29,7 @@ unsafe extern "C" {
     fn ft_free_error(error: *mut c_char);
 }
 
-fn check(error: *mut c_char, what: &str) -> Result<()> {
+pub(crate) fn check(error: *mut c_char, what: &str) -> Result<()> {
     if error.is_null() {
         return Ok(());
     }

@@ -56,6 +56,53 @@ pub struct AdamW {
     grad_scale: f64,
     /// Updates applied so far (PyTorch's `state["step"]`).
     pub steps: u64,
+    /// Whether `step` uses libtorch's fused kernel (until it fails once).
+    fused: bool,
+}
+
+unsafe extern "C" {
+    #[allow(clippy::too_many_arguments)]
+    fn ft_fused_adamw(
+        param: *mut std::ffi::c_void,
+        grad: *const std::ffi::c_void,
+        exp_avg: *mut std::ffi::c_void,
+        exp_avg_sq: *mut std::ffi::c_void,
+        step: f64,
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        weight_decay: f64,
+        eps: f64,
+    ) -> *mut std::ffi::c_char;
+}
+
+/// One AdamW update of group `g` by libtorch's `_fused_adamw_` (csrc/optim.cpp).
+fn fused_adamw(
+    g: &Group,
+    step: u64,
+    lr: f64,
+    beta1: f64,
+    beta2: f64,
+    weight_decay: f64,
+    eps: f64,
+) -> Result<()> {
+    // SAFETY: the four pointers are live tensors of this group, used only for the call; the
+    // shim catches every C++ exception.
+    let error = unsafe {
+        ft_fused_adamw(
+            g.param.as_ptr() as *mut _,
+            g.grad.as_ptr() as *const _,
+            g.exp_avg.as_ptr() as *mut _,
+            g.exp_avg_sq.as_ptr() as *mut _,
+            step as f64,
+            lr,
+            beta1,
+            beta2,
+            weight_decay,
+            eps,
+        )
+    };
+    crate::autograd::check(error, "fused AdamW")
 }
 
 /// Biases and layer norms are not decayed (the usual transformer recipe).
@@ -162,6 +209,7 @@ impl AdamW {
             weight_decay: c.weight_decay,
             grad_scale: 1.0,
             steps: 0,
+            fused: true,
         })
     }
 
@@ -201,35 +249,52 @@ impl AdamW {
     /// One update at learning rate `lr` from the gradient buffers (a parameter no backward
     /// reached has a zero gradient, like PyTorch's `zero_grad(set_to_none=False)`), scaled
     /// by what `clip_to` decided. PyTorch's AdamW, element by element, on each group's
-    /// buffers.
+    /// buffers: libtorch's fused kernel (`_fused_adamw_`, one pass over the buffers), or the
+    /// same arithmetic op by op where the fused kernel fails (logged once).
     pub fn step(&mut self, lr: f64) {
         self.steps += 1;
+        let scale = std::mem::replace(&mut self.grad_scale, 1.0);
+        tch::no_grad(|| {
+            for g in &self.groups {
+                if scale != 1.0 {
+                    let _ = g.grad.shallow_clone().g_mul_scalar_(scale);
+                }
+                let decay = if g.decay { self.weight_decay } else { 0.0 };
+                if self.fused {
+                    if let Err(e) =
+                        fused_adamw(g, self.steps, lr, self.beta1, self.beta2, decay, self.eps)
+                    {
+                        tracing::warn!("AdamW: the fused kernel failed ({e}); updating op by op");
+                        self.fused = false;
+                        self.step_by_ops(g, lr, decay);
+                    }
+                } else {
+                    self.step_by_ops(g, lr, decay);
+                }
+            }
+        });
+    }
+
+    /// `step`'s arithmetic for group `g`, one op at a time (PyTorch's unfused AdamW).
+    fn step_by_ops(&self, g: &Group, lr: f64, decay: f64) {
         let t = self.steps as i32;
         let bias1 = 1.0 - self.beta1.powi(t);
         let bias2_sqrt = (1.0 - self.beta2.powi(t)).sqrt();
         let step_size = lr / bias1;
-        let scale = std::mem::replace(&mut self.grad_scale, 1.0);
-        tch::no_grad(|| {
-            for g in &self.groups {
-                let (mut grad, mut param, mut exp_avg, mut exp_avg_sq) = (
-                    g.grad.shallow_clone(),
-                    g.param.shallow_clone(),
-                    g.exp_avg.shallow_clone(),
-                    g.exp_avg_sq.shallow_clone(),
-                );
-                if scale != 1.0 {
-                    let _ = grad.g_mul_scalar_(scale);
-                }
-                if g.decay && self.weight_decay != 0.0 {
-                    let _ = param.g_mul_scalar_(1.0 - lr * self.weight_decay);
-                }
-                let _ = exp_avg.lerp_(&grad, 1.0 - self.beta1);
-                let _ = exp_avg_sq.g_mul_scalar_(self.beta2);
-                let _ = exp_avg_sq.addcmul_(&(&grad * (1.0 - self.beta2)), &grad);
-                let denom = (exp_avg_sq.sqrt() / bias2_sqrt) + self.eps;
-                let _ = param.addcdiv_(&(&exp_avg * -step_size), &denom);
-            }
-        });
+        let (grad, mut param, mut exp_avg, mut exp_avg_sq) = (
+            g.grad.shallow_clone(),
+            g.param.shallow_clone(),
+            g.exp_avg.shallow_clone(),
+            g.exp_avg_sq.shallow_clone(),
+        );
+        if decay != 0.0 {
+            let _ = param.g_mul_scalar_(1.0 - lr * decay);
+        }
+        let _ = exp_avg.lerp_(&grad, 1.0 - self.beta1);
+        let _ = exp_avg_sq.g_mul_scalar_(self.beta2);
+        let _ = exp_avg_sq.addcmul_(&(&grad * (1.0 - self.beta2)), &grad);
+        let denom = (exp_avg_sq.sqrt() / bias2_sqrt) + self.eps;
+        let _ = param.addcdiv_(&(&exp_avg * -step_size), &denom);
     }
 
     /// Sets every gradient to zero: one kernel per group buffer, no re-allocation.
@@ -502,6 +567,42 @@ mod tests {
             );
         }
         assert_eq!(opt.steps, 3);
+        assert!(opt.fused, "libtorch's fused kernel made the updates");
+    }
+
+    #[test]
+    fn the_fused_update_is_the_op_by_op_one_in_fp32() {
+        let config = OptimizerConfig {
+            lr: 0.003,
+            beta1: 0.9,
+            beta2: 0.98,
+            eps: 1e-9,
+            weight_decay: 0.2,
+            clip_norm: 0.0,
+        };
+        tch::manual_seed(5);
+        let start = Tensor::randn([1000], (Kind::Float, tch::Device::Cpu));
+        let run = |fused: bool| {
+            let w = start.copy().set_requires_grad(true);
+            let b = start.narrow(0, 0, 10).copy().set_requires_grad(true);
+            let params = vec![
+                ("w.weight".to_string(), w.shallow_clone()),
+                ("w.bias".to_string(), b.shallow_clone()),
+            ];
+            let mut opt = AdamW::new(&params, &config);
+            opt.fused = fused;
+            for step in 0..5 {
+                opt.zero_grad();
+                ((&w * &w).sum(Kind::Float) * (step as f64 + 1.0) + (&b * 3.0).sum(Kind::Float))
+                    .backward();
+                opt.clip_to(10.0, 1.0);
+                opt.step(0.003);
+            }
+            assert_eq!(opt.fused, fused);
+            Tensor::cat(&[w.detach(), b.detach()], 0)
+        };
+        let diff = (run(true) - run(false)).abs().max().double_value(&[]);
+        assert!(diff < 1e-6, "{diff}");
     }
 
     // Printed by `python scripts/reference/adamw_reference.py` with torch 2.11.0+cu130 on CPU.
