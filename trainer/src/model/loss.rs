@@ -97,11 +97,16 @@ pub(super) fn fused_projection_loss(
             None => hc.matmul(&wk.tr()),
         }
         .to_kind(Kind::Float);
-        let lse = z.logsumexp([-1], true);
+        // p = softmax(z) and lse = logsumexp(z) with one exp over the chunk: e = exp(z - max),
+        // lse = max + log(sum e), p = e / sum e (logsumexp, then exp(z - lse), took two).
+        let max = z.amax([-1], true);
+        let mut g = (&z - &max).exp_();
+        let total = g.sum_dim_intlist(-1, true, Kind::Float);
+        let lse = max + total.log();
+        let _ = g.g_div_(&total);
         loss += lse.sum(Kind::Double)
             - z.gather(1, &y, false).sum(Kind::Double) * (1.0 - eps)
             - z.sum(Kind::Double) * (eps / v as f64);
-        let mut g = (z - lse).exp_();
         if eps != 0.0 {
             let _ = g.g_sub_scalar_(eps / v as f64);
         }
