@@ -561,7 +561,14 @@ impl<'a> Agent<'a> {
     /// What this node's ranks of round `round` start with, at `place` (position, nodes),
     /// with MASTER_PORT `port`.
     fn spawn(&self, round: u64, place: (usize, usize), port: u16) -> Spawn<'a> {
+        // The address this agent's link reached node 0 at (node 0's own: its loopback).
+        let master_addr = self
+            .link
+            .client
+            .peer_ip()
+            .map_or_else(|_| self.args.master_addr.clone(), |ip| ip.to_string());
         Spawn {
+            master_addr,
             args: self.args,
             program: &self.launch.program,
             attempt: self.launch.base_attempt,

@@ -34,6 +34,7 @@ pub fn sleep_unless_signalled(d: Duration) -> Option<i32> {
 pub fn run_once(args: &LaunchArgs, l: &Launch) -> Result<i32, LaunchError> {
     let mut ledger = Ledger::new(&l.logs, args.recovery_file.iter().cloned().collect());
     let a = Spawn {
+        master_addr: args.master_addr.clone(),
         args,
         program: &l.program,
         attempt: l.base_attempt,

@@ -19,6 +19,10 @@ pub struct Spawn<'a> {
     pub args: &'a LaunchArgs,
     pub program: &'a RankProgram,
     pub attempt: u64,
+    /// MASTER_ADDR: node 0 as this launcher reaches it. In place, the address its store
+    /// connection is connected to: a round's ranks look up no name, so a DNS outage does
+    /// not stop a restart.
+    pub master_addr: String,
     /// MASTER_PORT: the launcher's store for the trainer; for a command, the port its rank 0
     /// serves its own store on (a port of each round's own).
     pub port: u16,
@@ -52,7 +56,7 @@ pub fn rank_env(
         local_world_size: args.nproc_per_node,
         group_rank: position,
         group_world_size: nodes,
-        master_addr: args.master_addr.clone(),
+        master_addr: a.master_addr.clone(),
         master_port: a.port,
         restart_count: a.attempt + a.round.unwrap_or(0),
         max_restarts: args.max_restarts,
@@ -72,7 +76,7 @@ pub fn rank_env(
             (env::LOCAL_RANK, local_rank.to_string()),
             (env::WORLD_SIZE, world.to_string()),
             (env::LOCAL_WORLD_SIZE, args.nproc_per_node.to_string()),
-            (env::MASTER_ADDR, args.master_addr.clone()),
+            (env::MASTER_ADDR, a.master_addr.clone()),
             (env::MASTER_PORT, a.port.to_string()),
             (
                 env::TORCHELASTIC_RESTART_COUNT,
