@@ -121,6 +121,9 @@ struct Agent<'a> {
     gathered: Option<u64>,
     /// Node 0, its first round: the nodes that said where they left off (members::Wait).
     coming: Vec<usize>,
+    /// Node 0: its own address (its name, --master-addr, resolved once: a pod keeps its IP),
+    /// what its ranks get as MASTER_ADDR so that a round looks up no name.
+    own_ip: Option<std::net::IpAddr>,
     /// Trainers started during the last round, waiting to be the next round's ranks.
     spares: Option<Spares>,
     /// Every node but 0: a connection to node 0's store whose will is this node's report of
@@ -192,6 +195,7 @@ impl<'a> Agent<'a> {
             gathered: None,
             spares: None,
             coming: Vec::new(),
+            own_ip: None,
             will: None,
         })
     }
@@ -358,6 +362,9 @@ impl<'a> Agent<'a> {
         self.link.fresh()?;
         if let Some(host) = &self.host {
             host.announce(&mut self.link.client, round)?;
+            if self.own_ip.is_none() {
+                self.own_ip = resolve(&self.args.master_addr, self.port);
+            }
         }
         if let Some(owner) = self.replaced_by()? {
             return Ok(End::Replaced { owner });
@@ -561,12 +568,14 @@ impl<'a> Agent<'a> {
     /// What this node's ranks of round `round` start with, at `place` (position, nodes),
     /// with MASTER_PORT `port`.
     fn spawn(&self, round: u64, place: (usize, usize), port: u16) -> Spawn<'a> {
-        // The address this agent's link reached node 0 at (node 0's own: its loopback).
-        let master_addr = self
-            .link
-            .client
-            .peer_ip()
-            .map_or_else(|_| self.args.master_addr.clone(), |ip| ip.to_string());
+        // Node 0 as an address, not a name: where this agent's link reached it; on node 0
+        // (whose link is its loopback), its own name resolved once.
+        let reached = match self.host {
+            Some(_) => self.own_ip,
+            None => self.link.client.peer_ip().ok(),
+        };
+        let master_addr =
+            reached.map_or_else(|| self.args.master_addr.clone(), |ip| ip.to_string());
         Spawn {
             master_addr,
             args: self.args,
@@ -723,4 +732,10 @@ impl<'a> Agent<'a> {
         }
         tracing::info!("agent: done (exit {code})");
     }
+}
+
+/// `name`'s first address, if it resolves now.
+fn resolve(name: &str, port: u16) -> Option<std::net::IpAddr> {
+    use std::net::ToSocketAddrs;
+    (name, port).to_socket_addrs().ok()?.next().map(|a| a.ip())
 }

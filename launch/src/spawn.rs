@@ -19,9 +19,9 @@ pub struct Spawn<'a> {
     pub args: &'a LaunchArgs,
     pub program: &'a RankProgram,
     pub attempt: u64,
-    /// MASTER_ADDR: node 0 as this launcher reaches it. In place, the address its store
-    /// connection is connected to: a round's ranks look up no name, so a DNS outage does
-    /// not stop a restart.
+    /// MASTER_ADDR: node 0. In place, an address: the one this launcher's store connection
+    /// reached (node 0's own name resolved once, on node 0): a round's ranks look up no
+    /// name, so a DNS outage does not stop a restart.
     pub master_addr: String,
     /// MASTER_PORT: the launcher's store for the trainer; for a command, the port its rank 0
     /// serves its own store on (a port of each round's own).
