@@ -358,15 +358,19 @@ fn unplaced_node_0() -> PodView {
     crate::fixtures::unplaced(0, 0)
 }
 
-#[test]
-fn an_elastic_gang_placed_one_by_one_creates_node_0s_pod_first() {
+/// An elastic gang of `spec` placed one by one: node 0's pod first, nothing more while it
+/// has no node, pods `others` once it has one. The decision while it waits.
+fn node_0_first(
+    spec: fn(&mut ferrotrain_api::crd::DistributedTrainingSpec),
+    others: &[i32],
+) -> Decision {
     let first = run(&Row {
-        spec: elastic,
+        spec,
         ..Row::default()
     });
     assert_eq!(first.actions, vec![launch(0, &[0])]);
     let waits = run(&Row {
-        spec: elastic,
+        spec,
         status: first.status.clone(),
         pods: vec![unplaced_node_0()],
         now: 130,
@@ -374,6 +378,20 @@ fn an_elastic_gang_placed_one_by_one_creates_node_0s_pod_first() {
     });
     assert!(waits.actions.is_empty(), "{:?}", waits.actions);
     assert_eq!(waits.status.phase, Phase::Pending);
+    let placed = run(&Row {
+        spec,
+        status: waits.status.clone(),
+        pods: vec![pending(0, 0)],
+        now: 131,
+        ..Row::default()
+    });
+    assert_eq!(placed.actions, vec![launch(0, others)]);
+    waits
+}
+
+#[test]
+fn an_elastic_gang_placed_one_by_one_creates_node_0s_pod_first() {
+    let waits = node_0_first(elastic, &[1, 2]);
     let created = waits.status.condition(condition::CREATED).expect("Created");
     assert_eq!(
         (
@@ -388,15 +406,6 @@ fn an_elastic_gang_placed_one_by_one_creates_node_0s_pod_first() {
              (Unschedulable: 0/2 nodes are available); the other 2 pods are created once it has one"
         )
     );
-    // Placed: the others follow.
-    let placed = run(&Row {
-        spec: elastic,
-        status: waits.status.clone(),
-        pods: vec![pending(0, 0)],
-        now: 131,
-        ..Row::default()
-    });
-    assert_eq!(placed.actions, vec![launch(0, &[1, 2])]);
     // With a gang scheduler the group is placed together: every pod at once.
     let grouped = crate::gang::tests::run_with(
         &Row {
@@ -410,34 +419,16 @@ fn an_elastic_gang_placed_one_by_one_creates_node_0s_pod_first() {
 
 #[test]
 fn an_elastic_gang_of_two_waits_for_node_0s_node_before_its_other_pod() {
-    let two = |s: &mut ferrotrain_api::crd::DistributedTrainingSpec| {
-        crate::fixtures::elastic(s, 2, 1, None);
-        s.startup_timeout_seconds = 600;
-    };
-    let first = run(&Row {
-        spec: two,
-        ..Row::default()
-    });
-    assert_eq!(first.actions, vec![launch(0, &[0])]);
     // One pod missing, and node 0's has no node yet: the other still waits.
-    let waits = run(&Row {
-        spec: two,
-        status: first.status.clone(),
-        pods: vec![unplaced_node_0()],
-        now: 130,
-        ..Row::default()
-    });
-    assert!(waits.actions.is_empty(), "{:?}", waits.actions);
+    let waits = node_0_first(
+        |s| {
+            crate::fixtures::elastic(s, 2, 1, None);
+            s.startup_timeout_seconds = 600;
+        },
+        &[1],
+    );
     let created = waits.status.condition(condition::CREATED).expect("Created");
     assert_eq!(created.reason, "Node0First");
-    let placed = run(&Row {
-        spec: two,
-        status: waits.status.clone(),
-        pods: vec![pending(0, 0)],
-        now: 131,
-        ..Row::default()
-    });
-    assert_eq!(placed.actions, vec![launch(0, &[1])]);
 }
 
 #[test]
