@@ -6,8 +6,10 @@
 # FLOP/s as a fraction of what this machine's GEMMs do at the recipe's shapes, and the CPU
 # time by kind (GEMM, attention, other ATen kernels, allocator, kernel, OpenMP, Rust,
 # Python) from `perf record` (attached after the warm-up steps). Also writes
-# torch.profiler's ops tables. Results, logs and perf data: runs/bench-profile/.
-#   bench/profile.sh [--config CONFIG] [--steps 70] [--precisions fp32,bf16] [--no-perf]
+# torch.profiler's ops tables. Results, logs and perf data: runs/bench-profile/ (or --out).
+#   bench/profile.sh [--config CONFIG] [--binary BIN] [--out DIR] [--steps 70] [--precisions fp32,bf16] [--no-perf]
+# BIN: another ferrotrain build to profile (an older commit's, for a before/after); default
+# this checkout's dev build. DIR: where results go (default runs/bench-profile).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
@@ -21,6 +23,9 @@ fi
 command -v perf >/dev/null || { echo "perf not found (apt-get install linux-perf), or pass --no-perf" >&2; exit 1; }
 cargo build -p ferrotrain-trainer
 runs=runs/bench-profile
+for ((i = 1; i <= $#; i++)); do
+  if [[ ${!i} == --out ]]; then j=$((i + 1)); runs=${!j}; fi
+done
 rm -rf "$runs"
 mkdir -p "$runs"
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) cores;" \
@@ -33,10 +38,13 @@ for precision in fp32 bf16; do
       -e 's/everySteps: 1000/everySteps: 0/' -e 's/bleu: true/bleu: false/' "$config" > "$runs/$precision.yaml"
 done
 steps=70
+binary=$(command -v ferrotrain)
 args=()
 while (($#)); do
   case "$1" in
     --steps) steps="$2"; args+=(--steps "$2"); shift 2 ;;
+    --binary) binary=$(realpath "$2"); shift 2 ;;
+    --out) shift 2 ;;
     *) args+=("$1"); shift ;;
   esac
 done
@@ -48,5 +56,6 @@ if [[ ! -f $tokenizer ]]; then
   ferrotrain run --config "$runs/bpe.yaml" --checkpoint-dir "$runs" --job bpe >/dev/null 2>&1
   tokenizer=$runs/bpe/tokenizer.json
 fi
-"$venv/bin/python" bench/step_profile.py --ferrotrain "$(command -v ferrotrain)" --runs "$runs" \
+echo "binary $binary"
+"$venv/bin/python" bench/step_profile.py --ferrotrain "$binary" --runs "$runs" \
   --tokenizer "$tokenizer" --config "$config" "${args[@]}"
