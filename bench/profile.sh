@@ -15,11 +15,7 @@ cd "$(dirname "$0")/.."
 . scripts/env.sh
 config=examples/multi30k.yaml
 if [[ "${1:-}" == --config ]]; then config="$2"; shift 2; fi
-venv="${FERROTRAIN_CACHE:-$HOME/.cache/ferrotrain}/venv-torch"
-if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c "import torch, tokenizers" 2>/dev/null; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q torch==2.11.0 tokenizers
-fi
+. bench/torch-venv.sh
 command -v perf >/dev/null || { echo "perf not found (apt-get install linux-perf), or pass --no-perf" >&2; exit 1; }
 cargo build -p ferrotrain-trainer
 runs=runs/bench-profile

@@ -20,6 +20,8 @@ import sys
 import threading
 import time
 
+from pytorch_transformer import model_sizes  # the baseline's reading of the config's model:
+
 PHASES = ["data", "forward", "loss", "backward", "optimizer", "other"]
 PHASE_NAMES = {
     "data": "data / batching",
@@ -29,20 +31,6 @@ PHASE_NAMES = {
     "optimizer": "optimizer (zero, grad norm, clip, AdamW)",
     "other": "other (logging, bookkeeping)",
 }
-
-
-def model_sizes(config):
-    keys = {"dModel": "d", "heads": "heads", "encoderLayers": "enc", "decoderLayers": "dec",
-            "ffnDim": "ffn"}
-    sizes, in_model = {}, False
-    with open(config, encoding="utf-8") as f:
-        for line in f:
-            if re.match(r"^\S", line):
-                in_model = line.startswith("model:")
-            m = re.match(r"^  (\w+): (\d+)\s*(#.*)?$", line)
-            if in_model and m and m.group(1) in keys:
-                sizes[keys[m.group(1)]] = int(m.group(2))
-    return sizes
 
 
 def vocab_size(tokenizer):
@@ -55,7 +43,7 @@ def step_flops(m, shapes, real):
     of the forward's) for micro-batches `shapes` [(B, Ls, Lt)] and `real` scored target
     tokens: every linear layer on the padded tokens, attention scores and values over full
     (not causally halved) squares, the output projection on the scored tokens only."""
-    d, f, enc, dec = m["d"], m["ffn"], m["enc"], m["dec"]
+    d, f, enc, dec = m["d"], m["ffn"], m["enc_layers"], m["dec_layers"]
     fwd = 0
     for b, ls, lt in shapes:
         s, t = b * ls, b * lt
@@ -215,7 +203,7 @@ def main():
     report = []
     say = lambda s="": (print(s, flush=True), report.append(s))
     load = lambda: open("/proc/loadavg").read().split()[:3]
-    say(f"model d={m['d']} heads={m['heads']} layers={m['enc']}+{m['dec']} ffn={m['ffn']} "
+    say(f"model d={m['d']} heads={m['heads']} layers={m['enc_layers']}+{m['dec_layers']} ffn={m['ffn']} "
         f"vocab={m['vocab']}; {args.threads} threads; OMP_WAIT_POLICY="
         f"{env.get('OMP_WAIT_POLICY', '(unset)')}; steps {args.warmup + 1}-{args.steps} timed; "
         f"load average at start {' '.join(load())}")
