@@ -734,8 +734,23 @@ impl<'a> Agent<'a> {
     }
 }
 
-/// `name`'s first address, if it resolves now.
+/// Node 0's own `name` resolved to an address of this pod's, if it resolves so now (a
+/// replacement's name may still give the pod it replaced: an address not its own is not
+/// kept).
 fn resolve(name: &str, port: u16) -> Option<std::net::IpAddr> {
     use std::net::ToSocketAddrs;
-    (name, port).to_socket_addrs().ok()?.next().map(|a| a.ip())
+    let ip = (name, port).to_socket_addrs().ok()?.next()?.ip();
+    std::net::UdpSocket::bind((ip, 0)).ok().map(|_| ip)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn node_0_keeps_only_an_address_of_its_own_for_its_name() {
+        let loopback = std::net::IpAddr::from([127, 0, 0, 1]);
+        assert_eq!(super::resolve("127.0.0.1", 29500), Some(loopback));
+        // A documentation address (RFC 5737) is no address of this machine's: what a stale
+        // record of the replaced pod gives.
+        assert_eq!(super::resolve("192.0.2.7", 29500), None);
+    }
 }
