@@ -109,6 +109,8 @@ async fn an_unschedulable_gang_shows_the_schedulers_message_and_restarts_at_the_
     let mut spec = copy_job(2, 100, None);
     spec["resources"]["requests"]["cpu"] = json!("1000");
     spec["startupTimeoutSeconds"] = json!(STARTUP_TIMEOUT_SECONDS);
+    // A fixed gang: every pod is created at once (an elastic job's is the test below).
+    spec.as_object_mut().unwrap().remove("elastic");
     ns.create_job("huge", spec).await;
 
     let waiting = wait_status(&jobs, "huge", "Running=False/Unschedulable", WAIT, |s| {
@@ -139,4 +141,48 @@ async fn an_unschedulable_gang_shows_the_schedulers_message_and_restarts_at_the_
         .expect("the failure that ended attempt 0");
     assert_eq!(failure.reason, "Unschedulable", "{failure:?}");
     assert_eq!(restarted.restarts_by_cause.get("Unschedulable"), Some(&1));
+}
+
+#[tokio::test]
+#[ignore = "needs a cluster with the operator (e2e/kind.sh)"]
+async fn an_elastic_job_whose_node_0_cannot_be_placed_creates_no_other_pod_and_restarts_at_the_startup_timeout()
+ {
+    let ns = TestNamespace::create("node0first").await;
+    let jobs = ns.jobs();
+    let mut spec = copy_job(2, 100, None);
+    assert!(spec.get("elastic").is_some(), "the example is elastic");
+    spec["resources"]["requests"]["cpu"] = json!("1000");
+    spec["startupTimeoutSeconds"] = json!(STARTUP_TIMEOUT_SECONDS);
+    ns.create_job("huge", spec).await;
+
+    // The kit serves no gang scheduler: node 0's pod first, the other once it has a node.
+    let waiting = wait_status(&jobs, "huge", "Created=False/Node0First", WAIT, |s| {
+        s.condition("Created")
+            .is_some_and(|c| c.status == "False" && c.reason == "Node0First")
+    })
+    .await;
+    let message = waiting.condition("Created").unwrap().message.clone();
+    eprintln!("Created False Node0First: {message}");
+    assert!(message.contains("huge-0-0"), "{message}");
+    assert!(message.contains("Insufficient cpu"), "{message}");
+    assert_eq!(waiting.phase, Phase::Pending);
+    let pods: Vec<_> = ferrotrain_e2e::pods_of(&ns.pods(), "huge")
+        .await
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    assert_eq!(pods, ["huge-0-0"], "only node 0's pod");
+
+    let restarted = wait_status(
+        &jobs,
+        "huge",
+        "a restart for Unschedulable",
+        WAIT + Duration::from_secs(STARTUP_TIMEOUT_SECONDS),
+        |s| s.restarts >= 1,
+    )
+    .await;
+    let failure = restarted
+        .last_failure
+        .expect("the failure that ended attempt 0");
+    assert_eq!(failure.reason, "Unschedulable", "{failure:?}");
 }
