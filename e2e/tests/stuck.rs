@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use ferrotrain_api::crd::{DistributedTrainingStatus, Phase};
+use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingStatus, Phase};
 use ferrotrain_e2e::{TestNamespace, WAIT, copy_job, wait_for, wait_status};
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams};
@@ -44,6 +44,25 @@ async fn wait_warning(ns: &TestNamespace, job: &str, reasons: &[&str]) -> String
         (found, format!("{seen:?}"))
     })
     .await
+}
+
+/// Job `huge` once its attempt 0 ended at the start-up timeout: a restart blaming
+/// Unschedulable.
+async fn restarted_for_unschedulable(jobs: &Api<DistributedTraining>) -> DistributedTrainingStatus {
+    let restarted = wait_status(
+        jobs,
+        "huge",
+        "a restart for Unschedulable",
+        WAIT + Duration::from_secs(STARTUP_TIMEOUT_SECONDS),
+        |s| s.restarts >= 1,
+    )
+    .await;
+    let failure = restarted
+        .last_failure
+        .as_ref()
+        .expect("the failure that ended attempt 0");
+    assert_eq!(failure.reason, "Unschedulable", "{failure:?}");
+    restarted
 }
 
 fn running_condition(s: &DistributedTrainingStatus) -> (String, String, String) {
@@ -128,18 +147,7 @@ async fn an_unschedulable_gang_shows_the_schedulers_message_and_restarts_at_the_
     assert!(event.contains("Insufficient cpu"), "{event}");
 
     // Past the start-up timeout the gang is restarted afresh (a new attempt may fit).
-    let restarted = wait_status(
-        &jobs,
-        "huge",
-        "a restart for Unschedulable",
-        WAIT + Duration::from_secs(STARTUP_TIMEOUT_SECONDS),
-        |s| s.restarts >= 1,
-    )
-    .await;
-    let failure = restarted
-        .last_failure
-        .expect("the failure that ended attempt 0");
-    assert_eq!(failure.reason, "Unschedulable", "{failure:?}");
+    let restarted = restarted_for_unschedulable(&jobs).await;
     assert_eq!(restarted.restarts_by_cause.get("Unschedulable"), Some(&1));
 }
 
@@ -173,16 +181,5 @@ async fn an_elastic_job_whose_node_0_cannot_be_placed_creates_no_other_pod_and_r
         .collect();
     assert_eq!(pods, ["huge-0-0"], "only node 0's pod");
 
-    let restarted = wait_status(
-        &jobs,
-        "huge",
-        "a restart for Unschedulable",
-        WAIT + Duration::from_secs(STARTUP_TIMEOUT_SECONDS),
-        |s| s.restarts >= 1,
-    )
-    .await;
-    let failure = restarted
-        .last_failure
-        .expect("the failure that ended attempt 0");
-    assert_eq!(failure.reason, "Unschedulable", "{failure:?}");
+    restarted_for_unschedulable(&jobs).await;
 }
