@@ -3,6 +3,8 @@
 //! decoder layers built from them. Matrix multiplies run in the compute dtype (`dense`).
 
 use ferrotrain_api::config::{ModelConfig, Precision};
+
+use super::onednn;
 use tch::nn;
 use tch::{Kind, Tensor};
 
@@ -30,9 +32,13 @@ pub(super) fn compute_kind(precision: Precision) -> Kind {
 }
 
 /// `x W^T + b` in `kind`: input and weights are cast (autograd carries the gradient back to
-/// the fp32 weights) and the result stays in `kind`.
+/// the fp32 weights) and the result stays in `kind`. fp32 on a CPU goes through oneDNN
+/// (`onednn.rs`: twice MKL's speed where MKL takes its generic path).
 pub(super) fn dense(x: &Tensor, layer: &nn::Linear, kind: Kind) -> Tensor {
     if kind == Kind::Float && x.kind() == Kind::Float {
+        if onednn::applies(x) {
+            return onednn::linear(x, layer);
+        }
         return x.apply(layer);
     }
     let bias = layer.bs.as_ref().map(|b| b.to_kind(kind));

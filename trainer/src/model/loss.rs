@@ -4,6 +4,7 @@
 
 use tch::{Kind, Tensor};
 
+use super::onednn;
 use crate::data::PAD;
 
 /// Label-smoothed cross-entropy summed over real target tokens (PAD ignored); with
@@ -83,6 +84,9 @@ pub(super) fn fused_projection_loss(
     let hk = h.to_kind(kind);
     let wk = weight.to_kind(kind);
     let bk = bias.map(|b| b.to_kind(kind));
+    // fp32 on a CPU: the three products through oneDNN (onednn.rs), W^T copied once.
+    let onednn = onednn::applies(&hk);
+    let wk_t = onednn.then(|| wk.tr().contiguous());
     let d_h = Tensor::empty([n, d], (Kind::Float, device));
     let mut d_weight = Tensor::zeros([v, d], (Kind::Float, device));
     let mut d_bias = Tensor::zeros([v], (Kind::Float, device));
@@ -92,9 +96,10 @@ pub(super) fn fused_projection_loss(
         let len = rows.min(n - start);
         let hc = hk.narrow(0, start, len);
         let y = targets.narrow(0, start, len).unsqueeze(1);
-        let z = match &bk {
-            Some(b) => hc.linear(&wk, Some(b)),
-            None => hc.matmul(&wk.tr()),
+        let z = if onednn {
+            onednn::product_t(&hc, &wk, bk.as_ref())
+        } else {
+            hc.linear(&wk, bk.as_ref())
         }
         .to_kind(Kind::Float);
         // p = softmax(z) and lse = logsumexp(z) with one exp over the chunk: e = exp(z - max),
@@ -114,8 +119,15 @@ pub(super) fn fused_projection_loss(
         let _ = g.scatter_add_(1, &y, &hit);
         let gk = g.to_kind(kind);
         let mut rows_d_h = d_h.narrow(0, start, len);
-        rows_d_h.copy_(&gk.matmul(&wk).to_kind(Kind::Float));
-        d_weight += gk.tr().matmul(&hc).to_kind(Kind::Float);
+        let (rows_of_d_h, chunk_d_weight) = match &wk_t {
+            Some(w_t) => (
+                onednn::product_t(&gk, w_t, None),
+                onednn::product_t(&gk.tr(), &hc.tr(), None),
+            ),
+            None => (gk.matmul(&wk), gk.tr().matmul(&hc)),
+        };
+        rows_d_h.copy_(&rows_of_d_h.to_kind(Kind::Float));
+        d_weight += chunk_d_weight.to_kind(Kind::Float);
         if bias.is_some() {
             d_bias += g.sum_dim_intlist(0, false, Kind::Float);
         }

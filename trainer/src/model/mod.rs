@@ -12,6 +12,7 @@
 
 mod layers;
 mod loss;
+mod onednn;
 mod transformer;
 
 #[cfg(test)]
