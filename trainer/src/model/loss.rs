@@ -90,7 +90,17 @@ pub(super) fn fused_projection_loss(
     let d_h = Tensor::empty([n, d], (Kind::Float, device));
     let mut d_weight = Tensor::zeros([v, d], (Kind::Float, device));
     let mut d_bias = Tensor::zeros([v], (Kind::Float, device));
-    let mut loss = Tensor::zeros([], (Kind::Double, device));
+    // The smoothing term's sum over every logit, sum(z) = sum_rows(h) . sum_vocab(W) + n sum(b),
+    // from the inputs instead of a pass over the [n, V] logits.
+    let f64_of = |t: &Tensor| t.to_kind(Kind::Double);
+    let mut z_total = f64_of(&hk)
+        .sum_dim_intlist(0, false, Kind::Double)
+        .dot(&f64_of(&wk).sum_dim_intlist(0, false, Kind::Double));
+    if let Some(b) = &bk {
+        z_total += f64_of(b).sum(Kind::Double) * n as f64;
+    }
+    let mut loss = -z_total * (eps / v as f64);
+    let offset = Tensor::from(-(eps / v as f64) as f32).to_device(device);
     let mut start = 0;
     while start < n {
         let len = rows.min(n - start);
@@ -100,24 +110,21 @@ pub(super) fn fused_projection_loss(
             onednn::product_t(&hc, &wk, bk.as_ref())
         } else {
             hc.linear(&wk, bk.as_ref())
-        }
-        .to_kind(Kind::Float);
-        // p = softmax(z) and lse = logsumexp(z) with one exp over the chunk: e = exp(z - max),
-        // lse = max + log(sum e), p = e / sum e (logsumexp, then exp(z - lse), took two).
-        let max = z.amax([-1], true);
-        let mut g = (&z - &max).exp_();
-        let total = g.sum_dim_intlist(-1, true, Kind::Float);
-        let lse = max + total.log();
-        let _ = g.g_div_(&total);
-        loss += lse.sum(Kind::Double)
-            - z.gather(1, &y, false).sum(Kind::Double) * (1.0 - eps)
-            - z.sum(Kind::Double) * (eps / v as f64);
-        if eps != 0.0 {
-            let _ = g.g_sub_scalar_(eps / v as f64);
-        }
-        let hit = Tensor::full([len, 1], eps - 1.0, (Kind::Float, device));
-        let _ = g.scatter_add_(1, &y, &hit);
-        let gk = g.to_kind(kind);
+        };
+        // p = softmax(z) and lse = logsumexp(z) with one exp over the chunk: e = exp(z - max)
+        // in fp32 (z stays in the compute dtype), lse = max + log(sum e), p = e / sum e.
+        let max = z.amax([-1], true).to_kind(Kind::Float);
+        let e = (&z - &max).exp_();
+        let total = e.sum_dim_intlist(-1, true, Kind::Float);
+        let lse = &max + total.log();
+        loss += lse.sum(Kind::Double) - z.gather(1, &y, false).sum(Kind::Double) * (1.0 - eps);
+        // dL/dz = p - e/V - (1 - e) onehot(y), written once in the compute dtype: p - e/V for
+        // every column (addcdiv into a `kind` tensor: one pass, one rounding), then the target
+        // column computed in fp32 and written over it.
+        let at_y = (e.gather(1, &y, false) / &total - eps / v as f64) + (eps - 1.0);
+        let mut gk = Tensor::empty([len, v], (kind, device));
+        let _ = offset.addcdiv_out(&gk, &e, &total);
+        let _ = gk.scatter_(1, &y, &at_y.to_kind(kind));
         let mut rows_d_h = d_h.narrow(0, start, len);
         let (rows_of_d_h, chunk_d_weight) = match &wk_t {
             Some(w_t) => (
@@ -129,7 +136,7 @@ pub(super) fn fused_projection_loss(
         rows_d_h.copy_(&rows_of_d_h.to_kind(Kind::Float));
         d_weight += chunk_d_weight.to_kind(Kind::Float);
         if bias.is_some() {
-            d_bias += g.sum_dim_intlist(0, false, Kind::Float);
+            d_bias += gk.sum_dim_intlist(0, false, Kind::Float);
         }
         start += len;
     }
