@@ -3,10 +3,10 @@
 //! decoder layers built from them. Matrix multiplies run in the compute dtype (`dense`).
 
 use ferrotrain_api::config::{ModelConfig, Precision};
-
-use super::onednn;
 use tch::nn;
 use tch::{Kind, Tensor};
+
+use super::onednn;
 
 /// Multi-head attention. Self-attention projects q, k, v with one matrix; cross-attention
 /// projects q from the decoder and k, v (one matrix) from the encoder output.

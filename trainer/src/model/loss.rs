@@ -63,7 +63,9 @@ pub(super) struct FusedLoss {
 
 /// Label-smoothed cross-entropy (PyTorch's definition, summed) of the logits
 /// `h W^T + b` against `targets` [N], with its gradients, `rows` rows at a time. Matrix
-/// multiplies run in `kind`, like `dense`; logits, softmax and gradients are fp32.
+/// multiplies run in `kind`, like `dense` (fp32 on a CPU through oneDNN); the logits stay in
+/// `kind`, softmax and log-sum-exp are fp32, and dL/dz is rounded to `kind` once. The returned
+/// loss and gradients are fp32 (the loss accumulated in f64).
 ///
 /// With p = softmax(z) and smoothing e over V classes, per row:
 ///   loss  = logsumexp(z) - (1 - e) z[y] - (e / V) sum(z)
@@ -85,19 +87,18 @@ pub(super) fn fused_projection_loss(
     let wk = weight.to_kind(kind);
     let bk = bias.map(|b| b.to_kind(kind));
     // fp32 on a CPU: the three products through oneDNN (onednn.rs), W^T copied once.
-    let onednn = onednn::applies(&hk);
-    let wk_t = onednn.then(|| wk.tr().contiguous());
+    let through_onednn = onednn::applies(&hk);
+    let wk_t = through_onednn.then(|| wk.tr().contiguous());
     let d_h = Tensor::empty([n, d], (Kind::Float, device));
     let mut d_weight = Tensor::zeros([v, d], (Kind::Float, device));
     let mut d_bias = Tensor::zeros([v], (Kind::Float, device));
     // The smoothing term's sum over every logit, sum(z) = sum_rows(h) . sum_vocab(W) + n sum(b),
     // from the inputs instead of a pass over the [n, V] logits.
-    let f64_of = |t: &Tensor| t.to_kind(Kind::Double);
-    let mut z_total = f64_of(&hk)
+    let mut z_total = hk
         .sum_dim_intlist(0, false, Kind::Double)
-        .dot(&f64_of(&wk).sum_dim_intlist(0, false, Kind::Double));
+        .dot(&wk.sum_dim_intlist(0, false, Kind::Double));
     if let Some(b) = &bk {
-        z_total += f64_of(b).sum(Kind::Double) * n as f64;
+        z_total += b.sum(Kind::Double) * n as f64;
     }
     let mut loss = -z_total * (eps / v as f64);
     let offset = Tensor::from(-(eps / v as f64) as f32).to_device(device);
@@ -106,7 +107,7 @@ pub(super) fn fused_projection_loss(
         let len = rows.min(n - start);
         let hc = hk.narrow(0, start, len);
         let y = targets.narrow(0, start, len).unsqueeze(1);
-        let z = if onednn {
+        let z = if through_onednn {
             onednn::product_t(&hc, &wk, bk.as_ref())
         } else {
             hc.linear(&wk, bk.as_ref())
@@ -119,8 +120,8 @@ pub(super) fn fused_projection_loss(
         let lse = &max + total.log();
         loss += lse.sum(Kind::Double) - z.gather(1, &y, false).sum(Kind::Double) * (1.0 - eps);
         // dL/dz = p - e/V - (1 - e) onehot(y), written once in the compute dtype: p - e/V for
-        // every column (addcdiv into a `kind` tensor: one pass, one rounding), then the target
-        // column computed in fp32 and written over it.
+        // every column (addcdiv into a `kind` tensor: computed in fp32, rounded once), then the
+        // target column computed in fp32 and written over it.
         let at_y = (e.gather(1, &y, false) / &total - eps / v as f64) + (eps - 1.0);
         let mut gk = Tensor::empty([len, v], (kind, device));
         let _ = offset.addcdiv_out(&gk, &e, &total);
