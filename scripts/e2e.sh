@@ -245,6 +245,14 @@ say "PyTorch image $PYTORCH_IMAGE ${pytorch_did:-already built and loaded} in $(
 
 . scripts/lib/keep-images.sh
 keep_images "$TAG" "$S3_IMAGE" "$PYTORCH_IMAGE"
+# Earlier runs' tags of the images this script builds leave Docker: each changed tree adds
+# a tag (a trainer and, when its inputs change, a 1.4 GB PyTorch image), and the disk is the
+# one the kubelets' eviction threshold measures (check_disk). CI once failed there with 5.4
+# GB free. Docker's build cache stays, so a rebuild of a removed tag costs seconds.
+docker images --format '{{.Repository}}:{{.Tag}}' \
+  | grep -E '^ferrotrain/(operator|trainer|pytorch):e2e-' \
+  | grep -vxF -e "ferrotrain/operator:$TAG" -e "ferrotrain/trainer:$TAG" -e "$PYTORCH_IMAGE" \
+  | xargs -r docker rmi >/dev/null 2>&1 || true
 
 # --- the CRD and the chart, as the README installs them --------------------------------------
 install_started=$SECONDS
