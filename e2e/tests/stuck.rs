@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingStatus, Phase};
+use ferrotrain_api::crd::{DistributedTraining, DistributedTrainingStatus, Phase, condition};
+use ferrotrain_api::reason;
 use ferrotrain_e2e::{TestNamespace, WAIT, copy_job, wait_for, wait_status};
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams};
@@ -61,12 +62,12 @@ async fn restarted_for_unschedulable(jobs: &Api<DistributedTraining>) -> Distrib
         .last_failure
         .as_ref()
         .expect("the failure that ended attempt 0");
-    assert_eq!(failure.reason, "Unschedulable", "{failure:?}");
+    assert_eq!(failure.reason, reason::UNSCHEDULABLE, "{failure:?}");
     restarted
 }
 
 fn running_condition(s: &DistributedTrainingStatus) -> (String, String, String) {
-    s.condition("Running")
+    s.condition(condition::RUNNING)
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
         .unwrap_or_default()
 }
@@ -113,7 +114,9 @@ async fn an_unpullable_image_is_shown_on_the_job_then_fails_it_at_the_startup_ti
         |s| s.phase == Phase::Failed,
     )
     .await;
-    let c = failed.condition("Failed").expect("a Failed condition");
+    let c = failed
+        .condition(condition::FAILED)
+        .expect("a Failed condition");
     eprintln!("Failed {}: {}", c.reason, c.message);
     assert!(PULL_REASONS.contains(&c.reason.as_str()), "{c:?}");
     assert!(c.message.contains("after its creation"), "{c:?}");
@@ -133,8 +136,8 @@ async fn an_unschedulable_gang_shows_the_schedulers_message_and_restarts_at_the_
     ns.create_job("huge", spec).await;
 
     let waiting = wait_status(&jobs, "huge", "Running=False/Unschedulable", WAIT, |s| {
-        let (status, reason, _) = running_condition(s);
-        status == "False" && reason == "Unschedulable"
+        let (status, why, _) = running_condition(s);
+        status == "False" && why == reason::UNSCHEDULABLE
     })
     .await;
     let (_, _, message) = running_condition(&waiting);
@@ -143,12 +146,15 @@ async fn an_unschedulable_gang_shows_the_schedulers_message_and_restarts_at_the_
     assert!(message.contains("nodes are available"), "{message}");
     assert!(message.contains("Insufficient cpu"), "{message}");
     assert_eq!(waiting.phase, Phase::Starting);
-    let event = wait_warning(&ns, "huge", &["Unschedulable"]).await;
+    let event = wait_warning(&ns, "huge", &[reason::UNSCHEDULABLE]).await;
     assert!(event.contains("Insufficient cpu"), "{event}");
 
     // Past the start-up timeout the gang is restarted afresh (a new attempt may fit).
     let restarted = restarted_for_unschedulable(&jobs).await;
-    assert_eq!(restarted.restarts_by_cause.get("Unschedulable"), Some(&1));
+    assert_eq!(
+        restarted.restarts_by_cause.get(reason::UNSCHEDULABLE),
+        Some(&1)
+    );
 }
 
 #[tokio::test]
@@ -165,11 +171,15 @@ async fn an_elastic_job_whose_node_0_cannot_be_placed_creates_no_other_pod_and_r
 
     // The kit serves no gang scheduler: node 0's pod first, the other once it has a node.
     let waiting = wait_status(&jobs, "huge", "Created=False/Node0First", WAIT, |s| {
-        s.condition("Created")
-            .is_some_and(|c| c.status == "False" && c.reason == "Node0First")
+        s.condition(condition::CREATED)
+            .is_some_and(|c| c.status == "False" && c.reason == reason::NODE_0_FIRST)
     })
     .await;
-    let message = waiting.condition("Created").unwrap().message.clone();
+    let message = waiting
+        .condition(condition::CREATED)
+        .unwrap()
+        .message
+        .clone();
     eprintln!("Created False Node0First: {message}");
     assert!(message.contains("huge-0-0"), "{message}");
     assert!(message.contains("Insufficient cpu"), "{message}");
